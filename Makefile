@@ -1,0 +1,30 @@
+# pgrelay — the two commands: `make demo` (see it work) and `make test` (what CI runs).
+SHELL := /bin/bash
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.Version=$(VERSION) -X main.DateBuilt=$(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+
+.PHONY: build test demo setup bench lint clean
+
+build:
+	go build -ldflags "$(LDFLAGS)" -o bin/pgrelay .
+
+setup:
+	scripts/setup
+
+# Setup, vet, gofmt, unit + integration tests with -race (PostgreSQL 17 + Redis), the
+# PostgreSQL-dependent tests again on 15 and 18, fault tests, and lint of config/.
+test: setup build
+	scripts/test
+
+lint: build
+	bin/pgrelay lint config/*.yaml config/demo/*.yaml
+
+# Runs the demo on a local PostgreSQL 17 and Redis under .demo/ (Ctrl-C stops everything).
+demo: setup build
+	scripts/demo
+
+bench: setup build
+	scripts/bench
+
+clean:
+	rm -rf bin .demo

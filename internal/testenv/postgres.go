@@ -1,0 +1,265 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Postgres is a throwaway PostgreSQL server with wal_level=logical and trust auth on loopback.
+type Postgres struct {
+	t       testing.TB
+	BinDir  string // the bin directory the server runs from
+	Version int    // major version
+	Port    int
+	DataDir string
+	mu      sync.Mutex
+	proc    *proc
+	pool    *pgxpool.Pool
+}
+
+// PGOption changes how StartPostgres starts a server.
+type PGOption func(*pgOptions)
+
+type pgOptions struct {
+	binDir string
+	conf   []string
+}
+
+// WithPGBin runs the server from the given bin directory instead of the default.
+func WithPGBin(dir string) PGOption { return func(o *pgOptions) { o.binDir = dir } }
+
+// WithPGVersion runs the given major version (15, 17, 18, ...), found as PostgresBins does.
+func WithPGVersion(major int) PGOption {
+	return func(o *pgOptions) { o.binDir = PostgresBins()[major] }
+}
+
+// WithPGSetting adds a server setting (`name=value`) to the command line.
+func WithPGSetting(kv string) PGOption { return func(o *pgOptions) { o.conf = append(o.conf, kv) } }
+
+// PostgresBins lists installed PostgreSQL bin directories by major version: the cache that
+// scripts/setup fills (.cache/pg/<major>/bin) and Debian's /usr/lib/postgresql/<major>/bin.
+func PostgresBins() map[int]string {
+	out := map[int]string{}
+	candidates, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	more, _ := filepath.Glob(filepath.Join(RepoRoot(), ".cache", "pg", "*", "bin"))
+	candidates = append(candidates, more...)
+	for _, dir := range candidates {
+		major, err := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+		if err != nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			out[major] = dir
+		}
+	}
+	return out
+}
+
+// DefaultPostgresBin is PGRELAY_PG_BIN when set, else the newest installed version.
+func DefaultPostgresBin() string {
+	if d := os.Getenv("PGRELAY_PG_BIN"); d != "" {
+		return d
+	}
+	bins := PostgresBins()
+	var majors []int
+	for m := range bins {
+		majors = append(majors, m)
+	}
+	if len(majors) == 0 {
+		return ""
+	}
+	sort.Ints(majors)
+	return bins[majors[len(majors)-1]]
+}
+
+// StartPostgres initialises and starts a new server; it is stopped when the test ends.
+func StartPostgres(t testing.TB, opts ...PGOption) *Postgres {
+	t.Helper()
+	o := pgOptions{binDir: DefaultPostgresBin()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.binDir == "" {
+		missing(t, "PostgreSQL (set PGRELAY_PG_BIN or install one)")
+	}
+	if _, err := os.Stat(filepath.Join(o.binDir, "postgres")); err != nil {
+		missing(t, "PostgreSQL in "+o.binDir)
+	}
+	base := tempDir(t, "pg")
+	pg := &Postgres{t: t, BinDir: o.binDir, DataDir: filepath.Join(base, "data"), Port: FreePort(t)}
+	initdb, err := command(filepath.Join(o.binDir, "initdb"), "-D", pg.DataDir, "-U", "postgres",
+		"--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("testenv: initdb: %v\n%s", err, out)
+	}
+	conf := []string{
+		"listen_addresses = '127.0.0.1'",
+		fmt.Sprintf("port = %d", pg.Port),
+		fmt.Sprintf("unix_socket_directories = '%s'", base),
+		"wal_level = logical",
+		"max_replication_slots = 64",
+		"max_wal_senders = 64",
+		"max_connections = 300",
+		"shared_buffers = 64MB",
+		"fsync = off", // a SIGKILLed server keeps its data in the page cache; only the OS could lose it
+		"full_page_writes = off",
+		"wal_sender_timeout = 60s",
+		"log_min_messages = warning",
+		"log_line_prefix = '%m [%p] '",
+	}
+	for _, kv := range o.conf {
+		conf = append(conf, kv)
+	}
+	f, err := os.OpenFile(filepath.Join(pg.DataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	fmt.Fprintln(f, strings.Join(conf, "\n"))
+	f.Close()
+	pg.Version = pgVersion(pg.DataDir)
+	pg.start()
+	t.Cleanup(pg.Stop)
+	return pg
+}
+
+func pgVersion(dataDir string) int {
+	b, _ := os.ReadFile(filepath.Join(dataDir, "PG_VERSION"))
+	v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return v
+}
+
+func (pg *Postgres) start() {
+	pg.t.Helper()
+	cmd, err := command(filepath.Join(pg.BinDir, "postgres"), "-D", pg.DataDir)
+	if err != nil {
+		pg.t.Fatalf("testenv: %v", err)
+	}
+	p, err := startProc(cmd, filepath.Join(filepath.Dir(pg.DataDir), "postgres.log"))
+	if err != nil {
+		pg.t.Fatalf("testenv: start postgres: %v", err)
+	}
+	pg.mu.Lock()
+	pg.proc = p
+	pg.mu.Unlock()
+	if err := pg.waitReady(60 * time.Second); err != nil {
+		pg.t.Fatalf("testenv: postgres %s: %v", pg.BinDir, err)
+	}
+}
+
+func (pg *Postgres) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if pg.proc.exited() {
+			return fmt.Errorf("exited: %s", tail(pg.proc.log))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		conn, err := pgx.Connect(ctx, pg.DSN())
+		if err == nil {
+			conn.Close(ctx)
+			cancel()
+			return nil
+		}
+		cancel()
+		last = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("not ready after %s: %v\n%s", timeout, last, tail(pg.proc.log))
+}
+
+// DSN is the connection string of the postgres database as the postgres superuser.
+func (pg *Postgres) DSN() string { return pg.DatabaseDSN("postgres") }
+
+// DatabaseDSN is the connection string of another database on the same server.
+func (pg *Postgres) DatabaseDSN(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", pg.Port, db)
+}
+
+// Pool returns a superuser connection pool to the postgres database, closed when the test ends.
+// After Kill and Restart the pool reconnects on its own.
+func (pg *Postgres) Pool() *pgxpool.Pool {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	if pg.pool == nil {
+		pool, err := pgxpool.New(context.Background(), pg.DSN())
+		if err != nil {
+			pg.t.Fatalf("testenv: pool: %v", err)
+		}
+		pg.pool = pool
+	}
+	return pg.pool
+}
+
+// Exec runs SQL statements as the superuser and fails the test on error.
+func (pg *Postgres) Exec(sql string, args ...any) {
+	pg.t.Helper()
+	if _, err := pg.Pool().Exec(context.Background(), sql, args...); err != nil {
+		pg.t.Fatalf("testenv: exec %q: %v", sql, err)
+	}
+}
+
+var dbName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// CreateDatabase creates a second database on the server and returns its DSN.
+func (pg *Postgres) CreateDatabase(name string) string {
+	pg.t.Helper()
+	if !dbName.MatchString(name) {
+		pg.t.Fatalf("testenv: database name %q: use [a-z0-9_]", name)
+	}
+	pg.Exec("CREATE DATABASE " + pgx.Identifier{name}.Sanitize())
+	return pg.DatabaseDSN(name)
+}
+
+// Kill stops the server with SIGKILL (the whole process group), as a crash would.
+func (pg *Postgres) Kill() {
+	pg.mu.Lock()
+	p := pg.proc
+	pg.mu.Unlock()
+	p.signal(syscall.SIGKILL, 10*time.Second)
+}
+
+// Restart starts the server again on the same data directory and port (after Kill or Stop).
+func (pg *Postgres) Restart() {
+	pg.t.Helper()
+	pg.mu.Lock()
+	p := pg.proc
+	pg.mu.Unlock()
+	if p != nil && !p.exited() {
+		p.signal(syscall.SIGINT, 30*time.Second)
+	}
+	// A SIGKILLed postmaster leaves its pid file: PostgreSQL recovers from it by itself.
+	pg.start()
+	pg.mu.Lock()
+	if pg.pool != nil {
+		pg.pool.Reset() // drop the connections to the old server
+	}
+	pg.mu.Unlock()
+}
+
+// Stop shuts the server down (fast shutdown, SIGKILL if it does not stop in time).
+func (pg *Postgres) Stop() {
+	pg.mu.Lock()
+	p, pool := pg.proc, pg.pool
+	pg.pool = nil
+	pg.mu.Unlock()
+	if pool != nil {
+		pool.Close()
+	}
+	p.signal(syscall.SIGINT, 15*time.Second)
+}

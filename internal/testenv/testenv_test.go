@@ -1,0 +1,143 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestPostgresVersionsDecodeOneChange starts each supported PostgreSQL, creates a pgoutput slot and
+// decodes one insert through pglogrepl.
+func TestPostgresVersionsDecodeOneChange(t *testing.T) {
+	for _, major := range []int{15, 17, 18} {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			t.Parallel()
+			bin := PostgresBins()[major]
+			if bin == "" {
+				missing(t, fmt.Sprintf("PostgreSQL %d", major))
+			}
+			pg := StartPostgres(t, WithPGBin(bin))
+			if pg.Version != major {
+				t.Fatalf("version %d, want %d", pg.Version, major)
+			}
+			decodeOneInsert(t, pg)
+		})
+	}
+}
+
+func decodeOneInsert(t *testing.T, pg *Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pg.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	pg.Exec(`CREATE PUBLICATION p FOR TABLE t`)
+	conn, err := pgconn.Connect(ctx, pg.DSN()+"&replication=database")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, "s", "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pg.Exec(`INSERT INTO t VALUES (42, 'hello')`)
+	err = pglogrepl.StartReplication(ctx, conn, "s", 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'p'"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rels := map[uint32]*pglogrepl.RelationMessage{}
+	for {
+		msg, err := conn.ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cd, ok := msg.(*pgproto3.CopyData)
+		if !ok || cd.Data[0] != pglogrepl.XLogDataByteID {
+			continue
+		}
+		xld, err := pglogrepl.ParseXLogData(cd.Data[1:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		lm, err := pglogrepl.Parse(xld.WALData)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := lm.(type) {
+		case *pglogrepl.RelationMessage:
+			rels[m.RelationID] = m
+		case *pglogrepl.InsertMessage:
+			rel := rels[m.RelationID]
+			if rel == nil || rel.RelationName != "t" {
+				t.Fatalf("insert for unknown relation %d", m.RelationID)
+			}
+			got := fmt.Sprintf("%s=%s %s=%s", rel.Columns[0].Name, m.Tuple.Columns[0].Data,
+				rel.Columns[1].Name, m.Tuple.Columns[1].Data)
+			if got != "id=42 v=hello" {
+				t.Fatalf("decoded %q", got)
+			}
+			return
+		}
+	}
+}
+
+func TestRedisXAddRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	check := func(t *testing.T, c redis.Cmdable, stream string) {
+		id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []string{"d", "payload"}}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.XRange(ctx, stream, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0].ID != id || got[0].Values["d"] != "payload" {
+			t.Fatalf("read back %+v", got)
+		}
+	}
+	t.Run("plain", func(t *testing.T) {
+		t.Parallel()
+		r := StartRedis(t)
+		check(t, r.Client(), "pgrelay:{q}:s:0")
+		// The write survives a SIGKILL (appendfsync always).
+		r.Kill()
+		r.Restart()
+		n, err := r.Client().XLen(ctx, "pgrelay:{q}:s:0").Result()
+		if err != nil || n != 1 {
+			t.Fatalf("after restart: len %d err %v", n, err)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		rc := StartRedisCluster(t)
+		c := rc.Client(t)
+		for _, q := range []string{"a", "b", "c", "d"} {
+			check(t, c, "pgrelay:{"+q+"}:s:0")
+		}
+	})
+}
+
+func TestPostgresKillRestartAndSecondDatabase(t *testing.T) {
+	pg := StartPostgres(t)
+	pg.Exec(`CREATE TABLE k (id int)`)
+	pg.Exec(`INSERT INTO k VALUES (1)`)
+	pg.Kill()
+	pg.Restart()
+	var n int
+	if err := pg.Pool().QueryRow(context.Background(), `SELECT count(*) FROM k`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("after restart: %d %v", n, err)
+	}
+	dsn := pg.CreateDatabase("second")
+	conn, err := pgconn.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(context.Background())
+}

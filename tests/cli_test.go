@@ -1,0 +1,90 @@
+// Package tests holds end-to-end and fault tests that run the real pgrelay binary.
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+func TestVersionNamesPgrelayAndEngine(t *testing.T) {
+	out, err := exec.Command(testenv.Binary(t), "--version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !strings.Contains(string(out), "benthos engine v4.60.0") {
+		t.Fatalf("--version printed %q", out)
+	}
+}
+
+func TestLintReportsUnknownFieldWithFileAndLine(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("input:\n  generate:\n    mapping: 'root = 1'\n    cuont: 3\noutput:\n  drop: {}\n"), 0o644)
+	out, err := exec.Command(testenv.Binary(t), "lint", bad).CombinedOutput()
+	if err == nil {
+		t.Fatalf("lint passed a bad config: %s", out)
+	}
+	if !regexp.MustCompile(regexp.QuoteMeta(bad) + `\(4,\d+\) .*cuont`).Match(out) {
+		t.Fatalf("lint output lacks file(line,col): %s", out)
+	}
+}
+
+func TestLintPassesShippedConfigs(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "*.yaml"))
+	demo, _ := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "demo", "*.yaml"))
+	files = append(files, demo...)
+	if len(files) == 0 {
+		t.Fatal("no configs in config/")
+	}
+	args := append([]string{"lint"}, files...)
+	if out, err := exec.Command(testenv.Binary(t), args...).CombinedOutput(); err != nil {
+		t.Fatalf("lint config/: %v\n%s", err, out)
+	}
+}
+
+// TestMetricsEndpointServesPrometheus runs pgrelay and scrapes /metrics.
+func TestMetricsEndpointServesPrometheus(t *testing.T) {
+	port := testenv.FreePort(t)
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`
+http:
+  address: 127.0.0.1:%d
+input:
+  label: gen
+  generate:
+    interval: 10ms
+    mapping: 'root = {"n": counter()}'
+output:
+  label: sink
+  drop: {}
+metrics:
+  prometheus: {}
+`, port)), 0o644)
+	testenv.StartProcess(t, nil, testenv.Binary(t), "-c", cfg)
+	re := regexp.MustCompile(`(?m)^output_sent\{label="sink",path="root.output"\} ([0-9.e+]+)$`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		body, err := testenv.HTTPGet(context.Background(), fmt.Sprintf("http://127.0.0.1:%d/metrics", port), 20*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := re.FindStringSubmatch(body); m != nil && m[1] != "0" &&
+			strings.Contains(body, "# TYPE input_received counter") &&
+			strings.Contains(body, `input_received{label="gen",path="root.input"}`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Benthos counters in /metrics:\n%s", body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
