@@ -8,8 +8,8 @@ func prometheusSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Stable().
 		Summary("Serves metrics in the Prometheus text format on the HTTP server's `/metrics` endpoint.").
-		Description("Every Benthos metric (input_received, output_sent, ...) and pgrelay's own keep their " +
-			"labels (`label`, `path`, ...). Timers are reported in seconds. Bind the HTTP server to " +
+		Description("Every Benthos metric (input_received, output_sent, ...) and pgrelay's own keep their "+
+			"labels (`label`, `path`, ...). Timers are reported in seconds. Bind the HTTP server to "+
 			"loopback (`http: {address: 127.0.0.1:4195}`) unless something else must scrape it.").
 		Fields(
 			service.NewStringField("prefix").Description("Prefix for every metric name, joined with `_`.").Default("").
