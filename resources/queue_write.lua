@@ -1,0 +1,138 @@
+#!lua
+-- queue_write.lua: write one batch to a pgrelay queue atomically (DESIGN §4, docs/batch-contract.md).
+-- Every check runs before the first write (Lua has no rollback), so a refused call writes nothing.
+--
+-- KEYS, in this order:
+--   [lease key]      only when ARGV[1] (the fence) is not empty
+--   [pointer key]    only when ARGV[2] (the cover's pos) is not empty
+--   meta keys        ARGV[4] of them: <prefix>:{q}:meta, one per queue of the batch
+--   stream keys      ARGV[5] of them: <prefix>:{q}:s:<n>, one per (queue, shard) the batch touches
+-- ARGV:
+--   1 fence: the lease token that KEYS' lease key must hold ('' = not fenced)
+--   2 pos: the cover's position ('' = no cover); the stored pointer's pos must be strictly below it
+--   3 pointer: the new pointer JSON to SET ('' = check only, e.g. the first pieces of a split batch)
+--   4 Q: number of meta keys
+--   5 K: number of stream keys
+--   6 N: number of messages
+--   7 touch: '1' = on duplicate, rewrite the stored pointer unchanged (a write for WAIT to wait for)
+--   then Q values: the shard count the caller computed shards with, per meta key
+--   then K pairs: meta index (1..Q), shard number n
+--   then N groups of 7: stream index (1..K), p, id, tx, ts, h, d
+-- Reply: 'ok', 'duplicate' (the pointer is already at or past the cover: nothing written),
+-- 'fenced' (the lease key does not hold the fence: nothing written).
+-- Errors: 'pgrelay_shards_mismatch <meta key> <stored> <given>', 'pgrelay_layout_version <meta key> <v>',
+-- 'pgrelay_pointer_corrupt <pointer key>', 'pgrelay_bad_args <what>'.
+
+local fence, pos, pointer = ARGV[1], ARGV[2], ARGV[3]
+local nq, nk, nm = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local touch = ARGV[7]
+local k = 0
+local leaseKey, pointerKey
+if fence ~= '' then
+  k = k + 1
+  leaseKey = KEYS[k]
+end
+if pos ~= '' then
+  k = k + 1
+  pointerKey = KEYS[k]
+end
+local metaBase, streamBase = k, k + nq
+if #KEYS ~= k + nq + nk or #ARGV ~= 7 + nq + 2 * nk + 7 * nm then
+  return redis.error_reply('pgrelay_bad_args key or argument count')
+end
+
+-- byte-wise a < b (Lua's < follows the locale)
+local function less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a < #b
+end
+
+-- 1. the fence
+if leaseKey then
+  if redis.call('GET', leaseKey) ~= fence then
+    return 'fenced'
+  end
+end
+
+-- 2. the cover: only a strictly greater position moves the pointer
+if pointerKey then
+  local stored = redis.call('GET', pointerKey)
+  if stored then
+    local ok, doc = pcall(cjson.decode, stored)
+    if not ok or type(doc) ~= 'table' or type(doc.pos) ~= 'string' then
+      return redis.error_reply('pgrelay_pointer_corrupt ' .. pointerKey)
+    end
+    if not less(doc.pos, pos) then
+      if touch == '1' then
+        redis.call('SET', pointerKey, stored, 'KEEPTTL')
+      end
+      return 'duplicate'
+    end
+  end
+end
+
+-- 3. each queue's layout: shard count fixed at creation, layout version 1
+local a = 7
+local create = {}
+for i = 1, nq do
+  local want = ARGV[a + i]
+  local meta = KEYS[metaBase + i]
+  local cur = redis.call('HMGET', meta, 'shards', 'version')
+  if cur[1] then
+    if cur[1] ~= want then
+      return redis.error_reply('pgrelay_shards_mismatch ' .. meta .. ' ' .. cur[1] .. ' ' .. want)
+    end
+    if cur[2] and cur[2] ~= '1' then
+      return redis.error_reply('pgrelay_layout_version ' .. meta .. ' ' .. cur[2])
+    end
+  else
+    create[i] = want
+  end
+end
+a = a + nq
+
+-- 4. the next offset of every shard touched
+local off, metaOf, shardOf = {}, {}, {}
+for j = 1, nk do
+  local mi, n = tonumber(ARGV[a + 2 * j - 1]), ARGV[a + 2 * j]
+  if not mi or mi < 1 or mi > nq then
+    return redis.error_reply('pgrelay_bad_args meta index')
+  end
+  metaOf[j], shardOf[j] = KEYS[metaBase + mi], n
+  off[j] = tonumber(redis.call('HGET', metaOf[j], 'off:' .. n) or '0')
+end
+a = a + 2 * nk
+for m = 0, nm - 1 do
+  local j = tonumber(ARGV[a + 7 * m + 1])
+  if not j or j < 1 or j > nk then
+    return redis.error_reply('pgrelay_bad_args stream index')
+  end
+end
+
+-- writes: meta, entries, offsets, pointer
+for i = 1, nq do
+  if create[i] then
+    redis.call('HSET', KEYS[metaBase + i], 'shards', create[i], 'version', '1')
+  end
+end
+for m = 0, nm - 1 do
+  local b = a + 7 * m
+  local j = tonumber(ARGV[b + 1])
+  off[j] = off[j] + 1
+  redis.call('XADD', KEYS[streamBase + j], '*',
+    'off', string.format('%d', off[j]), 'p', ARGV[b + 2], 'id', ARGV[b + 3], 'tx', ARGV[b + 4],
+    'ts', ARGV[b + 5], 'h', ARGV[b + 6], 'd', ARGV[b + 7])
+end
+for j = 1, nk do
+  redis.call('HSET', metaOf[j], 'off:' .. shardOf[j], string.format('%d', off[j]))
+end
+if pointerKey and pointer ~= '' then
+  redis.call('SET', pointerKey, pointer)
+end
+return 'ok'
