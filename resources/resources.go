@@ -8,7 +8,7 @@ import (
 
 // Files holds every embedded resource, by file name.
 //
-//go:embed *.lua
+//go:embed *.lua *.sql
 var Files embed.FS
 
 // MustRead returns an embedded file's contents; a missing name is a programming error.
