@@ -1,0 +1,183 @@
+// Package pointer is the source's position in the queue (DESIGN §3, docs/batch-contract.md): the
+// pointer JSON stored in Redis, its totally ordered `pos` string, and the message ids derived from
+// positions. The pointer moves only inside the atomic write of the messages it covers.
+//
+// Meaning of a pointer: every source transaction whose commit LSN is at or below `lsn` is in the
+// queue; with `in_txn`, so are the first `done` changes (by seq) of the transaction committing at
+// `in_txn.commit_lsn`. An idle advance to a WAL position W (keepalive) stores W-1, so a commit
+// record starting exactly at W is still read.
+package pointer
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+// Version is the pointer format version (`v`).
+const Version = 1
+
+// Complete is the in-transaction index of a complete transaction in `pos`.
+const Complete = ^uint64(0)
+
+// InTxn records how far into one transaction a split transaction's pieces got.
+type InTxn struct {
+	CommitLSN string `json:"commit_lsn"`
+	Done      uint64 `json:"done"` // changes with seq < Done are in the queue
+}
+
+// Pointer is the JSON document stored under the source's `...:ptr` key.
+type Pointer struct {
+	V         int             `json:"v"`
+	Epoch     string          `json:"epoch"`
+	SystemID  string          `json:"system_id"`
+	Slot      string          `json:"slot"`
+	LSN       string          `json:"lsn"`
+	InTxn     *InTxn          `json:"in_txn"`
+	Snapshot  json.RawMessage `json:"snapshot"` // null until the snapshotter (a later issue) fills it
+	UpdatedAt string          `json:"updated_at"`
+	Pos       string          `json:"pos"`
+
+	// Gen is the epoch generation (1 on the first start, +1 per resync); it travels inside Pos.
+	Gen uint32 `json:"-"`
+	// SnapshotChunks counts the snapshot chunks completed in this epoch; it travels inside Pos.
+	SnapshotChunks uint64 `json:"-"`
+}
+
+// New returns the first pointer of a fresh epoch at lsn.
+func New(gen uint32, epoch, systemID, slot string, lsn pglogrepl.LSN) Pointer {
+	return Pointer{V: Version, Gen: gen, Epoch: epoch, SystemID: systemID, Slot: slot, LSN: lsn.String()}
+}
+
+// NewEpoch returns 8 random lower-case hex digits.
+func NewEpoch() string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// LSNValue parses the pointer's `lsn`.
+func (p Pointer) LSNValue() pglogrepl.LSN {
+	l, _ := pglogrepl.ParseLSN(p.LSN)
+	return l
+}
+
+// CommitValue parses in_txn.commit_lsn (0 without in_txn).
+func (p Pointer) CommitValue() pglogrepl.LSN {
+	if p.InTxn == nil {
+		return 0
+	}
+	l, _ := pglogrepl.ParseLSN(p.InTxn.CommitLSN)
+	return l
+}
+
+// Position returns the sortable position string (docs/batch-contract.md):
+// GGGGGGGG/LLLLLLLLLLLLLLLL/IIIIIIIIIIIIIIII/SSSSSSSSSSSSSSSS.
+func (p Pointer) Position() string {
+	l, i := uint64(p.LSNValue()), Complete
+	if p.InTxn != nil {
+		l, i = uint64(p.CommitValue()), p.InTxn.Done
+	}
+	return fmt.Sprintf("%08x/%016x/%016x/%016x", p.Gen, l, i, p.SnapshotChunks)
+}
+
+// Covered reports whether change seq of the transaction committing at commit is already in.
+func (p Pointer) Covered(commit pglogrepl.LSN, seq uint64) bool {
+	if commit <= p.LSNValue() {
+		return true
+	}
+	return p.InTxn != nil && commit == p.CommitValue() && seq < p.InTxn.Done
+}
+
+// AtCommit returns p moved past the whole transaction committing at commit.
+func (p Pointer) AtCommit(commit pglogrepl.LSN) Pointer {
+	p.LSN, p.InTxn = commit.String(), nil
+	return p
+}
+
+// InsideTxn returns p moved to the first done changes of the transaction committing at commit.
+func (p Pointer) InsideTxn(commit pglogrepl.LSN, done uint64) Pointer {
+	p.InTxn = &InTxn{CommitLSN: commit.String(), Done: done}
+	return p
+}
+
+// Less reports whether p is strictly before q.
+func (p Pointer) Less(q Pointer) bool { return p.Position() < q.Position() }
+
+// Marshal returns the JSON stored in Redis, with updated_at and pos filled in.
+func (p Pointer) Marshal(now time.Time) []byte {
+	p.UpdatedAt = now.UTC().Format("2006-01-02T15:04:05.000000Z")
+	p.Pos = p.Position()
+	if p.Snapshot == nil {
+		p.Snapshot = json.RawMessage("null")
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		panic(err) // a Pointer always marshals
+	}
+	return b
+}
+
+// Parse reads a stored pointer; anything unreadable is the coded error pointer_corrupt.
+func Parse(b []byte) (Pointer, error) {
+	var p Pointer
+	corrupt := func(why string) (Pointer, error) {
+		return Pointer{}, errcode.New("pointer_corrupt", "the stored pointer is unreadable ("+why+")",
+			"inspect it with `pgrelay status`; if the queue was written by an incompatible version, run `pgrelay resync`")
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return corrupt(err.Error())
+	}
+	if p.V != Version {
+		return corrupt("version " + strconv.Itoa(p.V))
+	}
+	if _, err := pglogrepl.ParseLSN(p.LSN); err != nil || p.Epoch == "" {
+		return corrupt("lsn or epoch")
+	}
+	parts := strings.Split(p.Pos, "/")
+	if len(parts) != 4 {
+		return corrupt("pos")
+	}
+	g, err1 := strconv.ParseUint(parts[0], 16, 32)
+	s, err2 := strconv.ParseUint(parts[3], 16, 64)
+	if err1 != nil || err2 != nil {
+		return corrupt("pos")
+	}
+	p.Gen, p.SnapshotChunks = uint32(g), s
+	if p.InTxn != nil {
+		if _, err := pglogrepl.ParseLSN(p.InTxn.CommitLSN); err != nil {
+			return corrupt("in_txn")
+		}
+	}
+	if p.Position() != p.Pos {
+		return corrupt("pos does not match the fields")
+	}
+	return p, nil
+}
+
+// hex16 prints an LSN as 16 upper-case hex digits.
+func hex16(l pglogrepl.LSN) string { return fmt.Sprintf("%016X", uint64(l)) }
+
+// TxID is the id shared by the messages of one source transaction: `pg:<epoch>:<commit LSN hex16>`.
+func TxID(epoch string, commit pglogrepl.LSN) string {
+	return "pg:" + epoch + ":" + hex16(commit)
+}
+
+// MessageID is the stable id of the k-th event (k ≥ 0) of change seq: `pg:<epoch>:<LSN>:<seq>[.k]`.
+func MessageID(epoch string, commit pglogrepl.LSN, seq uint64, k int) string {
+	id := TxID(epoch, commit) + ":" + strconv.FormatUint(seq, 10)
+	if k > 0 {
+		id += "." + strconv.Itoa(k)
+	}
+	return id
+}

@@ -1,0 +1,93 @@
+package pointer
+
+import (
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+func TestPositionsSortLikeTheStreamAndRoundTrip(t *testing.T) {
+	base := New(1, "0a1b2c3d", "7300000000000000001", "pgrelay_x", 0x1570EA0)
+	// In stream order: a complete txn, pieces of the next one, its end, an idle advance, a resync.
+	ordered := []Pointer{
+		base,
+		base.InsideTxn(0x1580000, 0),
+		base.InsideTxn(0x1580000, 500),
+		base.InsideTxn(0x1580000, 1000),
+		base.AtCommit(0x1580000),
+		base.AtCommit(0x1_0000_0000),
+		func() Pointer { p := base.AtCommit(0x10); p.Gen = 2; return p }(),
+	}
+	var positions []string
+	for i, p := range ordered {
+		positions = append(positions, p.Position())
+		if i > 0 && !ordered[i-1].Less(p) {
+			t.Errorf("%d: %s not after %s", i, p.Position(), ordered[i-1].Position())
+		}
+		got, err := Parse(p.Marshal(time.Unix(0, 0)))
+		if err != nil {
+			t.Fatalf("%d: %v", i, err)
+		}
+		if got.Position() != p.Position() || got.Epoch != p.Epoch || got.SystemID != p.SystemID {
+			t.Errorf("%d: round trip %+v != %+v", i, got, p)
+		}
+	}
+	if !sort.StringsAreSorted(positions) {
+		t.Errorf("positions do not sort: %v", positions)
+	}
+	if want := "00000001/0000000001580000/00000000000001f4/0000000000000000"; positions[2] != want {
+		t.Errorf("pos = %s, want %s", positions[2], want)
+	}
+}
+
+func TestMarshalFieldOrderAndNullSnapshot(t *testing.T) {
+	p := New(1, "0a1b2c3d", "42", "s", 0x1570EA0).InsideTxn(0x1580000, 3)
+	got := string(p.Marshal(time.Date(2026, 10, 3, 6, 15, 3, 583036000, time.UTC)))
+	want := `{"v":1,"epoch":"0a1b2c3d","system_id":"42","slot":"s","lsn":"0/1570EA0",` +
+		`"in_txn":{"commit_lsn":"0/1580000","done":3},"snapshot":null,` +
+		`"updated_at":"2026-10-03T06:15:03.583036Z","pos":"00000001/0000000001580000/0000000000000003/0000000000000000"}`
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+func TestCovered(t *testing.T) {
+	p := New(1, "e", "s", "x", 100).InsideTxn(200, 5)
+	for _, c := range []struct {
+		commit pglogrepl.LSN
+		seq    uint64
+		want   bool
+	}{{99, 0, true}, {100, 9, true}, {200, 4, true}, {200, 5, false}, {201, 0, false}, {150, 0, false}} {
+		if got := p.Covered(c.commit, c.seq); got != c.want {
+			t.Errorf("Covered(%d,%d) = %v", c.commit, c.seq, got)
+		}
+	}
+}
+
+func TestParseRefusesCorruptPointers(t *testing.T) {
+	for _, in := range []string{`nope`, `{"v":2}`, `{"v":1,"epoch":"e","lsn":"zz","pos":"x"}`,
+		`{"v":1,"epoch":"e","lsn":"0/10","pos":"00000001/0000000000000011/ffffffffffffffff/0000000000000000"}`} {
+		if _, err := Parse([]byte(in)); !errcode.Is(err, "pointer_corrupt") {
+			t.Errorf("%s: %v", in, err)
+		}
+	}
+}
+
+func TestMessageIDs(t *testing.T) {
+	if got := MessageID("0a1b2c3d", 0x1570EA0, 7, 0); got != "pg:0a1b2c3d:0000000001570EA0:7" {
+		t.Error(got)
+	}
+	if got := MessageID("0a1b2c3d", 0x1570EA0, 7, 1); got != "pg:0a1b2c3d:0000000001570EA0:7.1" {
+		t.Error(got)
+	}
+	if got := TxID("0a1b2c3d", 0x1570EA0); got != "pg:0a1b2c3d:0000000001570EA0" {
+		t.Error(got)
+	}
+	if e := NewEpoch(); len(e) != 8 {
+		t.Error(e)
+	}
+}
