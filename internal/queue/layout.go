@@ -1,0 +1,62 @@
+package queue
+
+import (
+	"hash/crc32"
+	"strconv"
+
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+)
+
+// DefaultPrefix is the key prefix used when none is configured.
+const DefaultPrefix = "pgrelay"
+
+// DefaultShards is the shard count of a queue created without an explicit count.
+const DefaultShards = 16
+
+// LayoutVersion is the value of the meta hash's `version` field this code reads and writes.
+const LayoutVersion = 1
+
+// Layout names the Redis keys of the queues under one prefix (DESIGN §4). Every key of one queue
+// carries the hash tag {queue}, so one script call touches one Cluster slot.
+type Layout struct {
+	Prefix string
+}
+
+// NewLayout returns the layout for prefix ("" means DefaultPrefix).
+func NewLayout(prefix string) Layout {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return Layout{Prefix: prefix}
+}
+
+// Meta is the hash holding `shards`, `version` and `off:<n>` of queue q.
+func (l Layout) Meta(q string) string { return redisconn.Key(l.Prefix, q, "meta") }
+
+// Stream is the stream of shard n of queue q.
+func (l Layout) Stream(q string, n int) string {
+	return redisconn.Key(l.Prefix, q, "s", strconv.Itoa(n))
+}
+
+// GroupLease is the lease of shard n for consumer group g of queue q.
+func (l Layout) GroupLease(q, g string, n int) string {
+	return redisconn.Key(l.Prefix, q, "g", g, "lease", strconv.Itoa(n))
+}
+
+// Attempts is the hash of failed-attempt counts (field: entry id) of group g on queue q.
+func (l Layout) Attempts(q, g string) string { return redisconn.Key(l.Prefix, q, "g", g, "attempts") }
+
+// DLQ is the dead-letter stream of queue q.
+func (l Layout) DLQ(q string) string { return redisconn.Key(l.Prefix, q, "dlq") }
+
+// ConsumerName is the consumer name of shard n in every group: the pending entries belong to the
+// shard, not to a process, so a new owner of the shard finds them.
+func ConsumerName(n int) string { return "shard-" + strconv.Itoa(n) }
+
+// Shard maps a partition to its shard: CRC-32 (IEEE) of the partition name mod shards.
+func Shard(partition string, shards int) int {
+	if shards <= 1 {
+		return 0
+	}
+	return int(crc32.ChecksumIEEE([]byte(partition)) % uint32(shards))
+}

@@ -1,0 +1,491 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/resources"
+)
+
+// writeScript is resources/queue_write.lua, sent once per connection (EVALSHA, EVAL on NOSCRIPT).
+var writeScript = redis.NewScript(resources.MustRead("queue_write.lua"))
+
+// Message is one queue entry to write.
+type Message struct {
+	Queue     string // queue name: the hash tag of every key of the queue
+	Partition string // ordering unit; its shard is Shard(Partition, shards)
+	ID        string // stable message id (DESIGN §3)
+	Tx        string // id shared by the messages of one source transaction; "" for plain producers
+	CreatedMs int64  // created-at, Unix milliseconds
+	Header    []byte // optional JSON object (entry field h); empty is written as ""
+	Payload   []byte // entry field d
+}
+
+// size is the message's share of MaxScriptBytes.
+func (m *Message) size() int {
+	return len(m.Payload) + len(m.Header) + len(m.Partition) + len(m.ID) + len(m.Tx) + 32
+}
+
+// Cover makes a batch fenced and pointer-moving (docs/batch-contract.md). The zero value (or a nil
+// *Cover) is a plain producer: no fence, no pointer.
+type Cover struct {
+	LeaseKey   string // full key of the source's lease; "" = not fenced
+	Fence      string // the token LeaseKey must hold
+	PointerKey string // full key of the source's pointer; "" = no pointer
+	Pointer    []byte // the new pointer JSON, SET when the batch is written
+	Pos        string // the new pointer's `pos`; the stored one must be strictly below it
+}
+
+// Result is the outcome of a successful Write.
+type Result int
+
+const (
+	// ResultOK means the batch (and the pointer, if covered) was written.
+	ResultOK Result = iota
+	// ResultDuplicate means the stored pointer is already at or past the cover: nothing was
+	// written, and the batch counts as delivered.
+	ResultDuplicate
+)
+
+// String names the result as the script replies it.
+func (r Result) String() string {
+	if r == ResultDuplicate {
+		return "duplicate"
+	}
+	return "ok"
+}
+
+// Durability says what an acknowledged write must survive.
+type Durability struct {
+	// AOF requires every master to run appendonly yes with appendfsync always (checked by Connect).
+	AOF bool
+	// Replicas > 0 makes every write WAIT for that many replicas; a shortfall is an error.
+	Replicas int
+	// WaitTimeout bounds the WAIT (default 5 s).
+	WaitTimeout time.Duration
+}
+
+// WriterConfig configures a Writer.
+type WriterConfig struct {
+	Prefix string // key prefix (DefaultPrefix when "")
+	// Shards is the shard count of a queue this writer creates (DefaultShards when 0). An existing
+	// queue's count wins, unless StrictShards: then a different existing count is a shards_mismatch error.
+	Shards       int
+	StrictShards bool
+	// MaxScriptMessages and MaxScriptBytes bound one script call (defaults 1000 and 8 MiB). A batch
+	// over them is written in several calls; only the last carries the pointer, so only such a
+	// batch is not atomic (a crash between calls repeats the earlier pieces under the same ids).
+	MaxScriptMessages int
+	MaxScriptBytes    int
+	Durability        Durability
+	// RetryFor bounds how long Write retries transient failures (lost connection, LOADING, ...)
+	// with backoff; 0 means 30 s, negative means no retry.
+	RetryFor time.Duration
+}
+
+func (c *WriterConfig) defaults() {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Shards <= 0 {
+		c.Shards = DefaultShards
+	}
+	if c.MaxScriptMessages <= 0 {
+		c.MaxScriptMessages = 1000
+	}
+	if c.MaxScriptBytes <= 0 {
+		c.MaxScriptBytes = 8 << 20
+	}
+	if c.Durability.WaitTimeout <= 0 {
+		c.Durability.WaitTimeout = 5 * time.Second
+	}
+	if c.RetryFor == 0 {
+		c.RetryFor = 30 * time.Second
+	}
+}
+
+// Writer writes batches to queues with resources/queue_write.lua: one call per batch, all checks
+// (fence, cover, shard count) before the first write. It is safe for concurrent use.
+type Writer struct {
+	rdb    redis.UniversalClient
+	conf   WriterConfig
+	layout Layout
+
+	mu     sync.Mutex
+	shards map[string]int // shard count per queue, read from meta (or conf.Shards for a new queue)
+}
+
+// NewWriter returns a Writer over rdb; nothing is sent until Connect or Write.
+func NewWriter(rdb redis.UniversalClient, conf WriterConfig) *Writer {
+	conf.defaults()
+	return &Writer{rdb: rdb, conf: conf, layout: NewLayout(conf.Prefix), shards: map[string]int{}}
+}
+
+// Layout is the writer's key layout.
+func (w *Writer) Layout() Layout { return w.layout }
+
+// Connect checks the server: it answers, and meets the configured durability.
+func (w *Writer) Connect(ctx context.Context) error {
+	if err := w.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis ping: %w", err)
+	}
+	if w.conf.Durability.AOF {
+		return CheckAOF(ctx, w.rdb)
+	}
+	return nil
+}
+
+// CheckAOF returns a coded error unless every master runs appendonly yes with appendfsync always.
+func CheckAOF(ctx context.Context, rdb redis.UniversalClient) error {
+	check := func(ctx context.Context, c *redis.Client) error {
+		vals, err := c.ConfigGet(ctx, "append*").Result()
+		if err != nil {
+			return fmt.Errorf("redis %s: CONFIG GET appendfsync: %w", c.Options().Addr, err)
+		}
+		if vals["appendonly"] != "yes" || vals["appendfsync"] != "always" {
+			return errcode.New("durability_aof",
+				fmt.Sprintf("durability: aof needs appendonly yes and appendfsync always, but redis %s has appendonly %s, appendfsync %s",
+					c.Options().Addr, vals["appendonly"], vals["appendfsync"]),
+				"run CONFIG SET appendonly yes and CONFIG SET appendfsync always (and put them in redis.conf), or choose another durability")
+		}
+		return nil
+	}
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, check)
+	case *redis.Client:
+		return check(ctx, c)
+	default:
+		return fmt.Errorf("durability: aof: unsupported client type %T", rdb)
+	}
+}
+
+// Write writes msgs, fenced and moving the pointer when cover says so. With no messages and a
+// cover it only compares-and-sets the pointer. A fenced write is an error with code "fenced";
+// ResultDuplicate (the cover is already in) is a success with nothing written.
+func (w *Writer) Write(ctx context.Context, msgs []Message, cover *Cover) (Result, error) {
+	if cover == nil {
+		cover = &Cover{}
+	}
+	if err := validate(msgs, cover); err != nil {
+		return ResultOK, err
+	}
+	if len(msgs) == 0 && cover.PointerKey == "" {
+		return ResultOK, nil
+	}
+	pieces := w.split(msgs)
+	for i, piece := range pieces {
+		last := i == len(pieces)-1
+		res, err := w.writePiece(ctx, piece, cover, last)
+		if err != nil {
+			if len(pieces) > 1 {
+				return ResultOK, fmt.Errorf("piece %d of %d: %w", i+1, len(pieces), err)
+			}
+			return ResultOK, err
+		}
+		if res == ResultDuplicate {
+			return ResultDuplicate, nil
+		}
+	}
+	return ResultOK, nil
+}
+
+func validate(msgs []Message, c *Cover) error {
+	for i := range msgs {
+		if err := ValidQueueName(msgs[i].Queue); err != nil {
+			return fmt.Errorf("message %d (id %q): %w", i, msgs[i].ID, err)
+		}
+	}
+	if (c.LeaseKey == "") != (c.Fence == "") {
+		return errors.New("cover: lease key and fence go together")
+	}
+	if c.PointerKey != "" && (c.Pos == "" || len(c.Pointer) == 0) {
+		return errors.New("cover: a pointer key needs the new pointer and its pos")
+	}
+	return nil
+}
+
+// ValidQueueName returns a coded error unless q can be a queue name (the hash tag of its keys).
+func ValidQueueName(q string) error {
+	if q == "" || strings.ContainsAny(q, "{}") || len(q) > 256 {
+		return errcode.New("bad_queue", fmt.Sprintf("queue name %q is empty, too long or contains { or }", q),
+			"name queues with 1 to 256 characters other than { and }")
+	}
+	return nil
+}
+
+// split cuts msgs into pieces within the script limits (at least one piece, maybe empty).
+func (w *Writer) split(msgs []Message) [][]Message {
+	var out [][]Message
+	start, bytes := 0, 0
+	for i := range msgs {
+		sz := msgs[i].size()
+		if i > start && (i-start >= w.conf.MaxScriptMessages || bytes+sz > w.conf.MaxScriptBytes) {
+			out = append(out, msgs[start:i])
+			start, bytes = i, 0
+		}
+		bytes += sz
+	}
+	return append(out, msgs[start:])
+}
+
+// writePiece runs the script for one piece, retrying transient failures and a stale shard count.
+func (w *Writer) writePiece(ctx context.Context, msgs []Message, c *Cover, last bool) (Result, error) {
+	deadline := time.Now().Add(w.conf.RetryFor)
+	wait := 50 * time.Millisecond
+	refreshed := false
+	for {
+		keys, args, err := w.build(ctx, msgs, c, last)
+		if err != nil {
+			if !isTransient(err) || !w.sleepRetry(ctx, deadline, &wait) {
+				return ResultOK, err
+			}
+			continue
+		}
+		reply, err := w.run(ctx, keys, args)
+		if err == nil {
+			return w.reply(reply, c)
+		}
+		if strings.Contains(err.Error(), "pgrelay_shards_mismatch") && !refreshed {
+			refreshed = true
+			w.forgetShards(msgs)
+			continue
+		}
+		err = classify(err)
+		if !isTransient(err) || !w.sleepRetry(ctx, deadline, &wait) {
+			return ResultOK, err
+		}
+	}
+}
+
+func (w *Writer) sleepRetry(ctx context.Context, deadline time.Time, wait *time.Duration) bool {
+	if w.conf.RetryFor < 0 || time.Now().Add(*wait).After(deadline) {
+		return false
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(*wait):
+	}
+	*wait = min(*wait*2, 2*time.Second)
+	return true
+}
+
+func (w *Writer) reply(reply string, c *Cover) (Result, error) {
+	switch reply {
+	case "ok":
+		return ResultOK, nil
+	case "duplicate":
+		return ResultDuplicate, nil
+	case "fenced":
+		return ResultOK, errcode.New("fenced",
+			fmt.Sprintf("lease %s no longer holds this writer's fence; nothing was written", c.LeaseKey),
+			"none needed: another replica owns the source now; this one re-acquires the lease and restarts from the pointer")
+	default:
+		return ResultOK, fmt.Errorf("queue write script: unexpected reply %q", reply)
+	}
+}
+
+// build lays out KEYS and ARGV for queue_write.lua.
+func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool) ([]string, []any, error) {
+	type streamRef struct {
+		queue string
+		shard int
+	}
+	var queues []string
+	queueIdx := map[string]int{}
+	streamIdx := map[streamRef]int{}
+	var streams []streamRef
+	msgStream := make([]int, len(msgs))
+	for i := range msgs {
+		q := msgs[i].Queue
+		if _, ok := queueIdx[q]; !ok {
+			queues = append(queues, q)
+			queueIdx[q] = len(queues)
+		}
+		n, err := w.shardCount(ctx, q)
+		if err != nil {
+			return nil, nil, err
+		}
+		ref := streamRef{q, Shard(msgs[i].Partition, n)}
+		j, ok := streamIdx[ref]
+		if !ok {
+			streams = append(streams, ref)
+			j = len(streams)
+			streamIdx[ref] = j
+		}
+		msgStream[i] = j
+	}
+	keys := make([]string, 0, 2+len(queues)+len(streams))
+	pointer := ""
+	if c.LeaseKey != "" {
+		keys = append(keys, c.LeaseKey)
+	}
+	if c.PointerKey != "" {
+		keys = append(keys, c.PointerKey)
+		if last {
+			pointer = string(c.Pointer)
+		}
+	}
+	touch := "0"
+	if w.conf.Durability.Replicas > 0 {
+		touch = "1"
+	}
+	args := make([]any, 0, 7+len(queues)+2*len(streams)+7*len(msgs))
+	args = append(args, c.Fence, c.Pos, pointer, len(queues), len(streams), len(msgs), touch)
+	for _, q := range queues {
+		keys = append(keys, w.layout.Meta(q))
+		n, _ := w.shardCount(ctx, q)
+		args = append(args, n)
+	}
+	for _, s := range streams {
+		keys = append(keys, w.layout.Stream(s.queue, s.shard))
+		args = append(args, queueIdx[s.queue], s.shard)
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		args = append(args, msgStream[i], m.Partition, m.ID, m.Tx, strconv.FormatInt(m.CreatedMs, 10), m.Header, m.Payload)
+	}
+	return keys, args, nil
+}
+
+// shardCount returns the shard count of queue q: the stored one, or conf.Shards for a new queue.
+func (w *Writer) shardCount(ctx context.Context, q string) (int, error) {
+	w.mu.Lock()
+	n, ok := w.shards[q]
+	w.mu.Unlock()
+	if ok {
+		return n, nil
+	}
+	s, err := w.rdb.HGet(ctx, w.layout.Meta(q), "shards").Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		n = w.conf.Shards
+	case err != nil:
+		return 0, fmt.Errorf("queue %q: read shard count: %w", q, err)
+	default:
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
+			return 0, fmt.Errorf("queue %q: meta shards %q is not a positive number", q, s)
+		}
+		if w.conf.StrictShards && n != w.conf.Shards {
+			return 0, shardsMismatch(q, n, w.conf.Shards)
+		}
+	}
+	w.mu.Lock()
+	w.shards[q] = n
+	w.mu.Unlock()
+	return n, nil
+}
+
+func shardsMismatch(q string, stored, configured int) error {
+	return errcode.New("shards_mismatch",
+		fmt.Sprintf("queue %q exists with %d shards but shards: %d is configured", q, stored, configured),
+		fmt.Sprintf("set shards: %d (or remove the shards field); a queue is never resharded in place", stored))
+}
+
+func (w *Writer) forgetShards(msgs []Message) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range msgs {
+		delete(w.shards, msgs[i].Queue)
+	}
+}
+
+// run executes the script; with Durability.Replicas it pipelines EVALSHA and WAIT on one
+// connection of the queue's master (WAIT counts the replicas that have this connection's writes).
+func (w *Writer) run(ctx context.Context, keys []string, args []any) (string, error) {
+	if w.conf.Durability.Replicas <= 0 {
+		return writeScript.Run(ctx, w.rdb, keys, args...).Text()
+	}
+	var node redis.Cmdable = w.rdb
+	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
+		c, err := cc.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return "", fmt.Errorf("find the master of %s: %w", keys[0], err)
+		}
+		node = c
+	}
+	for attempt := 0; ; attempt++ {
+		var ev *redis.Cmd
+		var wt *redis.Cmd
+		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			ev = writeScript.EvalSha(ctx, p, keys, args...)
+			wt = p.Do(ctx, "wait", w.conf.Durability.Replicas, w.conf.Durability.WaitTimeout.Milliseconds())
+			return nil
+		})
+		if ev != nil && redis.HasErrorPrefix(ev.Err(), "NOSCRIPT") && attempt == 0 {
+			if err := writeScript.Load(ctx, node).Err(); err != nil {
+				return "", fmt.Errorf("load queue_write.lua: %w", err)
+			}
+			continue
+		}
+		if err != nil && ev.Err() != nil {
+			return "", ev.Err()
+		}
+		reply, err := ev.Text()
+		if err != nil {
+			return "", err
+		}
+		if reply == "fenced" {
+			return reply, nil
+		}
+		got, err := wt.Int64()
+		if err != nil {
+			return "", fmt.Errorf("WAIT %d replicas: %w", w.conf.Durability.Replicas, err)
+		}
+		if got < int64(w.conf.Durability.Replicas) {
+			return "", errcode.New("replicas_shortfall",
+				fmt.Sprintf("the write reached %d of %d replicas within %s", got, w.conf.Durability.Replicas, w.conf.Durability.WaitTimeout),
+				"check the replicas' health and link, lower durability.replicas, or raise durability.wait_timeout")
+		}
+		return reply, nil
+	}
+}
+
+// classify turns script and cluster errors into coded errors.
+func classify(err error) error {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "CROSSSLOT") || strings.Contains(msg, "hash to the same slot") ||
+		strings.Contains(msg, "different slots"):
+		return errcode.Wrap("crossslot", err,
+			"one batch names queues (or a source pointer) in different Redis Cluster slots",
+			"on Redis Cluster give each source one queue (every queue of a source must hash to its first queue's slot), or use a single Redis server")
+	case strings.Contains(msg, "pgrelay_shards_mismatch"):
+		return errcode.Wrap("shards_mismatch", err, "the queue's stored shard count changed while writing",
+			"a queue is never resharded in place: drain it and delete its keys, then recreate it")
+	case strings.Contains(msg, "pgrelay_layout_version"):
+		return errcode.Wrap("layout_version", err, "the queue was created by an incompatible pgrelay version",
+			"use a pgrelay version that reads this layout, or a new queue name")
+	case strings.Contains(msg, "pgrelay_pointer_corrupt"):
+		return errcode.Wrap("pointer_corrupt", err, "the stored source pointer is not JSON with a pos field",
+			"run pgrelay resync for the source, or delete the pointer key if the source is being reset")
+	}
+	return err
+}
+
+// isTransient reports whether a failed write may succeed when retried: connection trouble or a
+// server that is loading, failing over or busy. Coded (user-caused) errors never are.
+func isTransient(err error) bool {
+	if err == nil || errcode.Code(err) != "" || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var rErr redis.Error
+	if errors.As(err, &rErr) {
+		for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS"} {
+			if redis.HasErrorPrefix(err, p) {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}

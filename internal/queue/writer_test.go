@@ -1,0 +1,327 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+func TestShard(t *testing.T) {
+	cases := []struct {
+		partition string
+		shards    int
+		want      int
+	}{
+		{"", 16, 0}, // crc32("") = 0
+		{"a", 16, 0xe8b7be43 % 16},
+		{"42", 16, 0x3224b088 % 16},
+		{"anything", 1, 0},
+		{"a", 7, 0xe8b7be43 % 7},
+	}
+	for _, c := range cases {
+		if got := Shard(c.partition, c.shards); got != c.want {
+			t.Errorf("Shard(%q, %d) = %d, want %d", c.partition, c.shards, got, c.want)
+		}
+	}
+}
+
+func TestLayoutKeys(t *testing.T) {
+	l := NewLayout("")
+	for got, want := range map[string]string{
+		l.Meta("orders"):                  "pgrelay:{orders}:meta",
+		l.Stream("orders", 3):             "pgrelay:{orders}:s:3",
+		l.GroupLease("orders", "sink", 2): "pgrelay:{orders}:g:sink:lease:2",
+		l.Attempts("orders", "sink"):      "pgrelay:{orders}:g:sink:attempts",
+		l.DLQ("orders"):                   "pgrelay:{orders}:dlq",
+	} {
+		if got != want {
+			t.Errorf("key %q, want %q", got, want)
+		}
+	}
+}
+
+// msgs makes n messages on queue q spread over partitions p0..p(parts-1).
+func msgs(q string, n, parts int) []Message {
+	out := make([]Message, n)
+	for i := range out {
+		out[i] = Message{Queue: q, Partition: fmt.Sprintf("p%d", i%parts), ID: fmt.Sprintf("m%d", i),
+			Tx: "tx1", CreatedMs: 1700000000000 + int64(i), Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}
+	}
+	return out
+}
+
+// readAll reads every entry of queue q, shard by shard.
+func readAll(t *testing.T, rdb redis.Cmdable, l Layout, q string, shards int) map[int][]redis.XMessage {
+	t.Helper()
+	out := map[int][]redis.XMessage{}
+	for n := 0; n < shards; n++ {
+		xs, err := rdb.XRange(context.Background(), l.Stream(q, n), "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(xs) > 0 {
+			out[n] = xs
+		}
+	}
+	return out
+}
+
+func count(m map[int][]redis.XMessage) int {
+	c := 0
+	for _, xs := range m {
+		c += len(xs)
+	}
+	return c
+}
+
+func TestWriteLayout(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 4})
+	batch := msgs("orders", 20, 5)
+	batch[0].Header = []byte(`{"k":"v"}`)
+	if res, err := w.Write(ctx, batch, nil); err != nil || res != ResultOK {
+		t.Fatalf("write: %v %v", res, err)
+	}
+	if _, err := w.Write(ctx, msgs("orders", 20, 5), nil); err != nil {
+		t.Fatal(err)
+	}
+	meta := rdb.HGetAll(ctx, "pgrelay:{orders}:meta").Val()
+	if meta["shards"] != "4" || meta["version"] != "1" {
+		t.Fatalf("meta %v", meta)
+	}
+	got := readAll(t, rdb, w.Layout(), "orders", 4)
+	if count(got) != 40 {
+		t.Fatalf("%d entries, want 40", count(got))
+	}
+	for n, xs := range got {
+		if meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(xs)) {
+			t.Errorf("shard %d: meta off %q, %d entries", n, meta["off:"+strconv.Itoa(n)], len(xs))
+		}
+		for i, x := range xs {
+			if x.Values["off"] != strconv.Itoa(i+1) {
+				t.Errorf("shard %d entry %d: off %v", n, i, x.Values["off"])
+			}
+			if Shard(x.Values["p"].(string), 4) != n {
+				t.Errorf("partition %v in shard %d", x.Values["p"], n)
+			}
+		}
+	}
+	// field order on the wire: off p id tx ts h d
+	raw, err := rdb.Do(ctx, "XRANGE", w.Layout().Stream("orders", Shard("p0", 4)), "-", "+", "COUNT", 1).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := raw[0].([]any)[1].([]any)
+	var names []string
+	for i := 0; i < len(fields); i += 2 {
+		names = append(names, fields[i].(string))
+	}
+	if fmt.Sprint(names) != "[off p id tx ts h d]" {
+		t.Errorf("fields %v", names)
+	}
+	if fields[11] != `{"k":"v"}` || fields[13] != `{"i":0}` || fields[9] != "1700000000000" {
+		t.Errorf("entry %v", fields)
+	}
+}
+
+func TestWriteFenceAndCover(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 2})
+	leaseKey, ptrKey := "pgrelay:{q}:src:s1:lease", "pgrelay:{q}:src:s1:ptr"
+	l := lease.New(rdb, leaseKey, 10*time.Second, "me")
+	if ok, err := l.TryAcquire(ctx); !ok || err != nil {
+		t.Fatalf("acquire %v %v", ok, err)
+	}
+	cover := func(pos string) *Cover {
+		return &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey,
+			Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
+	}
+	type step struct {
+		name    string
+		cover   *Cover
+		n       int
+		want    Result
+		code    string
+		total   int    // entries in the queue afterwards
+		pointer string // pos stored afterwards
+	}
+	stale := cover("0002")
+	stale.Fence = "someone|0"
+	steps := []step{
+		{"first", cover("0001"), 3, ResultOK, "", 3, "0001"},
+		{"repeat", cover("0001"), 3, ResultDuplicate, "", 3, "0001"},
+		{"behind", cover("0000"), 3, ResultDuplicate, "", 3, "0001"},
+		{"stale fence", stale, 3, ResultOK, "fenced", 3, "0001"},
+		{"pointer only", cover("0002"), 0, ResultOK, "", 3, "0002"},
+		{"pointer only again", cover("0002"), 0, ResultDuplicate, "", 3, "0002"},
+		{"next", cover("0003"), 4, ResultOK, "", 7, "0003"},
+		{"fenced plain", &Cover{LeaseKey: leaseKey, Fence: "x|1"}, 2, ResultOK, "fenced", 7, "0003"},
+		{"unfenced plain", nil, 2, ResultOK, "", 9, "0003"},
+	}
+	for _, s := range steps {
+		res, err := w.Write(ctx, msgs("q", s.n, 3), s.cover)
+		if s.code != "" {
+			if !errcode.Is(err, s.code) {
+				t.Fatalf("%s: err %v, want code %s", s.name, err, s.code)
+			}
+		} else if err != nil || res != s.want {
+			t.Fatalf("%s: %v %v, want %v", s.name, res, err, s.want)
+		}
+		if got := count(readAll(t, rdb, w.Layout(), "q", 2)); got != s.total {
+			t.Fatalf("%s: %d entries, want %d", s.name, got, s.total)
+		}
+		if got := rdb.Get(ctx, ptrKey).Val(); got != `{"pos":"`+s.pointer+`"}` {
+			t.Fatalf("%s: pointer %s", s.name, got)
+		}
+	}
+	// a stale fence on an empty queue creates nothing, not even meta
+	_, err := w.Write(ctx, msgs("fresh", 2, 2), &Cover{LeaseKey: leaseKey, Fence: "x|1"})
+	if !errcode.Is(err, "fenced") || rdb.Exists(ctx, w.Layout().Meta("fresh")).Val() != 0 {
+		t.Fatalf("fenced write on a new queue: %v, meta exists %d", err, rdb.Exists(ctx, w.Layout().Meta("fresh")).Val())
+	}
+	// a corrupt pointer is a coded error and writes nothing
+	rdb.Set(ctx, ptrKey, "not json", 0)
+	if _, err := w.Write(ctx, msgs("q", 2, 2), cover("0009")); !errcode.Is(err, "pointer_corrupt") {
+		t.Fatalf("corrupt pointer: %v", err)
+	}
+	if got := count(readAll(t, rdb, w.Layout(), "q", 2)); got != 9 {
+		t.Fatalf("corrupt pointer wrote: %d entries", got)
+	}
+}
+
+func TestWriteSplit(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	for _, c := range []struct {
+		name      string
+		conf      WriterConfig
+		n, pieces int
+	}{
+		{"by count", WriterConfig{Shards: 3, MaxScriptMessages: 3}, 10, 4},
+		{"by bytes", WriterConfig{Shards: 3, MaxScriptBytes: 100}, 10, 5},
+		{"one piece", WriterConfig{Shards: 3}, 10, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := NewWriter(rdb, c.conf)
+			if got := len(w.split(msgs(c.name, c.n, 4))); got != c.pieces {
+				t.Errorf("%d pieces, want %d", got, c.pieces)
+			}
+			cov := &Cover{PointerKey: "pgrelay:{" + c.name + "}:src:x:ptr", Pointer: []byte(`{"pos":"1"}`), Pos: "1"}
+			if res, err := w.Write(ctx, msgs(c.name, c.n, 4), cov); err != nil || res != ResultOK {
+				t.Fatalf("%v %v", res, err)
+			}
+			if got := count(readAll(t, rdb, w.Layout(), c.name, 3)); got != c.n {
+				t.Errorf("%d entries, want %d", got, c.n)
+			}
+			if res, _ := w.Write(ctx, msgs(c.name, c.n, 4), cov); res != ResultDuplicate {
+				t.Errorf("repeat: %v", res)
+			}
+			if got := count(readAll(t, rdb, w.Layout(), c.name, 3)); got != c.n {
+				t.Errorf("after repeat: %d entries, want %d", got, c.n)
+			}
+		})
+	}
+}
+
+func TestWriteShardCount(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	if _, err := NewWriter(rdb, WriterConfig{Shards: 4}).Write(ctx, msgs("q", 8, 8), nil); err != nil {
+		t.Fatal(err)
+	}
+	// existing count wins for a lenient writer
+	w := NewWriter(rdb, WriterConfig{Shards: 8})
+	if _, err := w.Write(ctx, msgs("q", 8, 8), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, rdb, w.Layout(), "q", 8); len(got) > 4 || count(got) != 16 {
+		t.Errorf("shards used %d, entries %d", len(got), count(got))
+	}
+	// a strict writer refuses
+	_, err := NewWriter(rdb, WriterConfig{Shards: 8, StrictShards: true}).Write(ctx, msgs("q", 1, 1), nil)
+	if !errcode.Is(err, "shards_mismatch") {
+		t.Fatalf("strict: %v", err)
+	}
+	// a writer whose cache went stale (queue recreated) re-reads the count
+	if _, err := w.Write(ctx, msgs("q", 1, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	rdb.HSet(ctx, w.Layout().Meta("q"), "shards", "2")
+	if _, err := w.Write(ctx, msgs("q", 1, 1), nil); err != nil {
+		t.Fatalf("after recreate: %v", err)
+	}
+}
+
+func TestWriteSeveralQueues(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 2})
+	batch := append(msgs("a", 3, 2), msgs("b", 4, 2)...)
+	cov := &Cover{PointerKey: "pgrelay:{a}:src:x:ptr", Pointer: []byte(`{"pos":"1"}`), Pos: "1"}
+	if _, err := w.Write(ctx, batch, cov); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := count(readAll(t, rdb, w.Layout(), "a", 2)), count(readAll(t, rdb, w.Layout(), "b", 2)); a != 3 || b != 4 {
+		t.Fatalf("a %d b %d", a, b)
+	}
+	if _, err := w.Write(ctx, []Message{{Queue: "bad{x}"}}, nil); !errcode.Is(err, "bad_queue") {
+		t.Fatalf("bad queue: %v", err)
+	}
+}
+
+func TestCheckAOF(t *testing.T) {
+	ctx := context.Background()
+	good := testenv.StartRedis(t)
+	if err := NewWriter(good.Client(), WriterConfig{Durability: Durability{AOF: true}}).Connect(ctx); err != nil {
+		t.Fatalf("appendfsync always: %v", err)
+	}
+	bad := testenv.StartRedis(t, "--appendfsync", "everysec")
+	err := NewWriter(bad.Client(), WriterConfig{Durability: Durability{AOF: true}}).Connect(ctx)
+	if !errcode.Is(err, "durability_aof") {
+		t.Fatalf("appendfsync everysec: %v", err)
+	}
+}
+
+func TestWriteReplicas(t *testing.T) {
+	ctx := context.Background()
+	primary := testenv.StartRedis(t)
+	replica := testenv.StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(primary.Client().Info(ctx, "replication").Val(), "connected_slaves:1") {
+		if time.Now().After(deadline) {
+			t.Fatal("replica never connected")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	w := NewWriter(primary.Client(), WriterConfig{Shards: 2, Durability: Durability{Replicas: 1, WaitTimeout: 5 * time.Second}})
+	cov := &Cover{PointerKey: "pgrelay:{q}:src:x:ptr", Pointer: []byte(`{"pos":"1"}`), Pos: "1"}
+	if _, err := w.Write(ctx, msgs("q", 5, 2), cov); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(readAll(t, replica.Client(), w.Layout(), "q", 2)); got != 5 {
+		t.Fatalf("replica has %d entries right after the write", got)
+	}
+	if res, err := w.Write(ctx, msgs("q", 5, 2), cov); err != nil || res != ResultDuplicate {
+		t.Fatalf("duplicate with WAIT: %v %v", res, err)
+	}
+	w2 := NewWriter(primary.Client(), WriterConfig{Shards: 2, RetryFor: -1, Durability: Durability{Replicas: 2, WaitTimeout: 200 * time.Millisecond}})
+	if _, err := w2.Write(ctx, msgs("q", 1, 1), nil); !errcode.Is(err, "replicas_shortfall") {
+		t.Fatalf("shortfall: %v", err)
+	}
+}
