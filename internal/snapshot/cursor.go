@@ -1,0 +1,36 @@
+package snapshot
+
+// Cursor is where a snapshot stands, as the pointer carries it (DESIGN §3: snapshot{tables, table,
+// after, rows}). It moves only inside the atomic write of the chunk's events, so a crash repeats at
+// most one chunk.
+type Cursor struct {
+	Tables []string `json:"tables"` // every table of the snapshot, in order ("schema.name")
+	Table  string   `json:"table"`  // the table being read
+	After  []string `json:"after"`  // key values of the last row read; null at the table's start
+	Rows   int64    `json:"rows"`   // rows read so far in this table
+}
+
+// Start is the cursor of a new snapshot of tables; false when there is nothing to read.
+func Start(tables []string) (Cursor, bool) {
+	if len(tables) == 0 {
+		return Cursor{}, false
+	}
+	return Cursor{Tables: tables, Table: tables[0]}, true
+}
+
+// Advance moves the cursor past a chunk of n rows whose last key is lastKey; a short chunk
+// (n < limit) finishes the table and moves to the next. done is true after the last table.
+func (c Cursor) Advance(n int, lastKey []string, limit int) (next Cursor, done bool) {
+	if n >= limit && lastKey != nil {
+		next = c
+		next.After = lastKey
+		next.Rows = c.Rows + int64(n)
+		return next, false
+	}
+	for i, t := range c.Tables {
+		if t == c.Table && i+1 < len(c.Tables) {
+			return Cursor{Tables: c.Tables, Table: c.Tables[i+1]}, false
+		}
+	}
+	return Cursor{}, true
+}

@@ -1,0 +1,252 @@
+package snapshot
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+func TestParseSnapshotAndSees(t *testing.T) {
+	snap, err := ParseSnapshot("100:110:102,105")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		xid  uint32
+		sees bool
+	}{{99, true}, {100, true}, {101, true}, {102, false}, {105, false}, {109, true}, {110, false}, {200, false}}
+	for _, c := range cases {
+		if got := snap.Sees(c.xid); got != c.sees {
+			t.Errorf("Sees(%d) = %v, want %v", c.xid, got, c.sees)
+		}
+	}
+	for _, bad := range []string{"", "1:2", "a:2:", "1:b:", "1:2:x"} {
+		if _, err := ParseSnapshot(bad); err == nil {
+			t.Errorf("ParseSnapshot(%q) accepted", bad)
+		}
+	}
+}
+
+func TestWidenAcrossEpochs(t *testing.T) {
+	const e = uint64(3) << 32
+	snap := Snapshot{Xmin: e + 5, Xmax: e + 10}
+	cases := []struct {
+		xid  uint32
+		want uint64
+	}{
+		{5, e + 5},
+		{9, e + 9},
+		{0xFFFFFFF0, e - 16}, // just before the 32-bit wraparound: previous epoch
+	}
+	for _, c := range cases {
+		if got := snap.Widen(c.xid); got != c.want {
+			t.Errorf("Widen(%d) = %d, want %d", c.xid, got, c.want)
+		}
+	}
+}
+
+func TestWindowResolve(t *testing.T) {
+	snap := Snapshot{Xmin: 100, Xmax: 110, Xip: []uint64{105}}
+	rows := []Row{{Key: "1"}, {Key: "2"}, {Key: "3"}, {Key: "4"}, {Key: "5"}}
+	cols := []string{"a", "big", "doc"}
+	type obs struct {
+		between bool
+		c       Commit
+	}
+	upd := func(key string, unchanged ...string) Effect { return Effect{Key: key, Unchanged: unchanged} }
+	cases := []struct {
+		name      string
+		observed  []obs
+		survivors []string
+		fills     map[string][]string
+	}{
+		{"quiet window keeps all", nil, []string{"1", "2", "3", "4", "5"}, nil},
+		{"commit between watermarks drops its keys",
+			[]obs{{true, Commit{Xid: 108, Effects: []Effect{upd("2"), {Key: "4", Delete: true}}}}},
+			[]string{"1", "3", "5"}, nil},
+		{"commit before low watermark seen by the snapshot is kept",
+			[]obs{{false, Commit{Xid: 101, Effects: []Effect{upd("2")}}}},
+			[]string{"1", "2", "3", "4", "5"}, nil},
+		{"commit before low watermark invisible to the snapshot drops",
+			[]obs{{false, Commit{Xid: 105, Effects: []Effect{upd("3")}}}},
+			[]string{"1", "2", "4", "5"}, nil},
+		{"truncate drops the whole chunk",
+			[]obs{{true, Commit{Xid: 108, Truncate: true}}}, nil, nil},
+		{"update leaving TOAST unchanged gets a fill",
+			[]obs{{true, Commit{Xid: 108, Effects: []Effect{upd("1", "big", "doc")}}}},
+			[]string{"2", "3", "4", "5"}, map[string][]string{"1": {"big", "doc"}}},
+		{"fill keeps only columns unchanged by every update",
+			[]obs{{true, Commit{Xid: 108, Effects: []Effect{upd("1", "big", "doc")}}},
+				{true, Commit{Xid: 109, Effects: []Effect{upd("1", "doc")}}}},
+			[]string{"2", "3", "4", "5"}, map[string][]string{"1": {"doc"}}},
+		{"insert carries every column: no fill",
+			[]obs{{true, Commit{Xid: 108, Effects: []Effect{{Key: "1", Put: true}, upd("1", "big")}}}},
+			[]string{"2", "3", "4", "5"}, nil},
+		{"row deleted at the end: no fill",
+			[]obs{{true, Commit{Xid: 108, Effects: []Effect{upd("1", "big"), {Key: "1", Delete: true}}}}},
+			[]string{"2", "3", "4", "5"}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := NewWindow()
+			for _, o := range c.observed {
+				if o.between && !w.Seen() {
+					w.LowWatermark()
+				}
+				w.Observe(o.c)
+			}
+			surv, fills := w.Resolve(rows, snap, cols)
+			var got []string
+			for _, r := range surv {
+				got = append(got, r.Key)
+			}
+			if !reflect.DeepEqual(got, c.survivors) {
+				t.Errorf("survivors %v, want %v", got, c.survivors)
+			}
+			gotFills := map[string][]string{}
+			for _, f := range fills {
+				gotFills[f.Row.Key] = f.Columns
+			}
+			if len(c.fills) == 0 && len(gotFills) == 0 {
+				return
+			}
+			if !reflect.DeepEqual(gotFills, c.fills) {
+				t.Errorf("fills %v, want %v", gotFills, c.fills)
+			}
+		})
+	}
+}
+
+func TestCursorAdvance(t *testing.T) {
+	c, ok := Start([]string{"public.a", "public.b"})
+	if !ok {
+		t.Fatal("no start")
+	}
+	c, done := c.Advance(100, []string{"k100"}, 100)
+	if done || c.Table != "public.a" || c.Rows != 100 || c.After[0] != "k100" {
+		t.Fatalf("full chunk: %+v", c)
+	}
+	c, done = c.Advance(7, []string{"k107"}, 100)
+	if done || c.Table != "public.b" || c.After != nil || c.Rows != 0 {
+		t.Fatalf("short chunk: %+v", c)
+	}
+	if _, done = c.Advance(0, nil, 100); !done {
+		t.Fatal("last table not done")
+	}
+	if _, ok := Start(nil); ok {
+		t.Fatal("empty start")
+	}
+}
+
+// TestReadPagesCompositeKeyInOrder reads a table with a composite text+bpchar+int key whose values
+// contain | and \ in chunks of 7 and checks every row comes once, in key order, with bpchar padding.
+func TestReadPagesCompositeKeyInOrder(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	pg.Exec(`CREATE TABLE odd (a text, b character(6), c int, v numeric, PRIMARY KEY (a, b, c))`)
+	pg.Exec(`INSERT INTO odd SELECT
+	           (ARRAY['x|y', 'x\y', 'plain', '', 'x\|'])[1 + i % 5], chr(97 + i % 3), i, i * 1.5
+	         FROM generate_series(1, 60) i`)
+	ctx := context.Background()
+	conn, err := pgconn.Connect(ctx, pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	spec := Spec{Schema: "public", Name: "odd", Key: []string{"a", "b", "c"}, Columns: []Column{
+		{Name: "a", SQLType: "text"}, {Name: "b", SQLType: "character(6)"}, {Name: "c", SQLType: "integer"}, {Name: "v", SQLType: "numeric"}}}
+	var got []string
+	var after []string
+	for i := 0; i < 20; i++ {
+		ch, err := spec.Read(ctx, conn, after, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range ch.Rows {
+			got = append(got, fmt.Sprintf("%s/%s/%s/%s", r[0], r[1], r[2], r[3]))
+		}
+		if len(ch.Rows) < 7 {
+			break
+		}
+		after = ch.LastKey
+	}
+	var want []string
+	res := conn.Exec(ctx, `SELECT a || '/' || b::text || repeat(' ', 6 - length(b)) || '/' || c || '/' || v FROM odd ORDER BY a, b, c`)
+	rs, err := res.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs[0].Rows {
+		want = append(want, string(r[0]))
+	}
+	if len(got) != 60 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("chunks read %d rows:\n%s\nwant:\n%s", len(got), strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestReadRecordsInProgressTransactions checks a chunk's snapshot does not see a transaction that
+// was open while it read.
+func TestReadRecordsInProgressTransactions(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	pg.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	ctx := context.Background()
+	open, err := pg.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx)
+	var xid uint32
+	if err := open.QueryRow(ctx, `INSERT INTO t VALUES (1) RETURNING xmin::text::bigint`).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgconn.Connect(ctx, pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	spec := Spec{Schema: "public", Name: "t", Key: []string{"id"}, Columns: []Column{{Name: "id", SQLType: "integer"}}}
+	ch, err := spec.Read(ctx, conn, nil, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch.Rows) != 0 || ch.Snapshot.Sees(xid) {
+		t.Fatalf("chunk saw the open transaction %d: rows %d snapshot %+v", xid, len(ch.Rows), ch.Snapshot)
+	}
+	var committed uint32
+	if err := pg.Pool().QueryRow(ctx, `INSERT INTO t VALUES (2) RETURNING xmin::text::bigint`).Scan(&committed); err != nil {
+		t.Fatal(err)
+	}
+	ch, err = spec.Read(ctx, conn, nil, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch.Rows) != 1 || !ch.Snapshot.Sees(committed) || ch.Snapshot.Sees(xid) {
+		t.Fatalf("second chunk: rows %d snapshot %+v", len(ch.Rows), ch.Snapshot)
+	}
+}
+
+func TestQueryRefusesBadSpecs(t *testing.T) {
+	cases := []struct {
+		name  string
+		spec  Spec
+		after []string
+	}{
+		{"no key", Spec{Schema: "s", Name: "t", Columns: []Column{{Name: "a", SQLType: "int"}}}, nil},
+		{"key not read", Spec{Schema: "s", Name: "t", Key: []string{"b"}, Columns: []Column{{Name: "a", SQLType: "int"}}}, nil},
+		{"cursor arity", Spec{Schema: "s", Name: "t", Key: []string{"a"}, Columns: []Column{{Name: "a", SQLType: "int"}}}, []string{"1", "2"}},
+	}
+	for _, c := range cases {
+		if _, _, err := c.spec.Query(c.after, 10); err == nil {
+			t.Errorf("%s: accepted", c.name)
+		}
+	}
+	q, args, err := Spec{Schema: "we\"ird", Name: "T", Key: []string{"K"}, Columns: []Column{{Name: "K", SQLType: "character(3)"}}}.Query([]string{"a  "}, 5)
+	if err != nil || q != `SELECT "K" FROM "we""ird"."T" WHERE ("K") > ($1::character(3)) ORDER BY "K" LIMIT 5` || args[0] != "a  " {
+		t.Fatalf("query %q %v %v", q, args, err)
+	}
+}
