@@ -1,0 +1,377 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+// Message is one queue message as the sink sees it (metadata of DESIGN §6 plus the payload).
+type Message struct {
+	Queue       string
+	Shard       int32
+	Offset      int64
+	HasPosition bool // queue, shard and offset are known: the message is deduplicated by the progress table
+	Partition   string
+	MessageID   string
+	// TransactionID is the id shared by the messages of one source transaction (may be empty).
+	TransactionID string
+	CreatedAt     int64 // milliseconds since the epoch; 0 = unknown
+	Payload       []byte
+}
+
+func (m *Message) shardKey() ShardKey { return ShardKey{Queue: m.Queue, Shard: m.Shard} }
+
+// Outcome is what happened to one message of a batch.
+type Outcome int
+
+// The outcomes of one message.
+const (
+	Applied Outcome = iota // its effects are committed with its progress row
+	Skipped                // at or below its shard's last_offset: already applied earlier
+	Failed                 // a data error: Errs holds "SQLSTATE: message (detail)" or bad_payload
+	Blocked                // after a failed message of the same shard: not applied, no attempt counted
+)
+
+// Result reports a committed batch message by message.
+type Result struct {
+	Outcomes []Outcome
+	Errs     []error // for Failed and Blocked messages
+	Applied, Skipped, Failed, Blocked int
+}
+
+// RetryHook is told about every error the applier retries, with its class and the wait before the
+// next attempt; the plugin logs and counts them.
+type RetryHook func(err error, class Class, wait time.Duration)
+
+// Applier writes batches of messages into the target exactly once (DESIGN §7).
+type Applier struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	progress *Progress
+	onRetry  RetryHook
+
+	mu      sync.Mutex
+	handler modeHandler
+	target  *Target
+	stale   bool // re-read the target before the next attempt
+}
+
+// NewApplier checks the configuration, creates or checks the progress table and inspects the target.
+func NewApplier(ctx context.Context, pool *pgxpool.Pool, cfg Config, onRetry RetryHook) (*Applier, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	prog, err := NewProgress(cfg.Name, cfg.ProgressTable)
+	if err != nil {
+		return nil, err
+	}
+	if onRetry == nil {
+		onRetry = func(error, Class, time.Duration) {}
+	}
+	a := &Applier{pool: pool, cfg: cfg, progress: prog, onRetry: onRetry}
+	if err := prog.Ensure(ctx, pool, cfg.CreateProgressTable); err != nil {
+		return nil, err
+	}
+	if err := a.refresh(ctx); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Target is the target table as last inspected (nil in sql mode).
+func (a *Applier) Target() *Target {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.target
+}
+
+// needs lists what the mode requires of the table.
+func (a *Applier) needs() TargetNeeds {
+	n := TargetNeeds{Key: a.cfg.Key, Columns: a.cfg.Metadata.names(), Privileges: []string{"INSERT"}}
+	switch a.cfg.Mode {
+	case ModeUpsert:
+		n.NeedKey = true
+		n.Privileges = append(n.Privileges, "UPDATE", "SELECT")
+	case ModeCDC:
+		n.NeedKey = true
+		n.Privileges = append(n.Privileges, "UPDATE", "SELECT", "DELETE")
+	}
+	return n
+}
+
+// refresh re-reads the target and rebuilds the mode (its statement cache goes with the old shape).
+func (a *Applier) refresh(ctx context.Context) error {
+	var t *Target
+	if a.cfg.Mode != ModeSQL {
+		var err error
+		if t, err = Inspect(ctx, a.pool, a.cfg.Table, a.needs()); err != nil {
+			return err
+		}
+	}
+	h, err := newModeHandler(&a.cfg, t)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.target, a.handler, a.stale = t, h, false
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *Applier) current(ctx context.Context) (modeHandler, error) {
+	a.mu.Lock()
+	stale, h := a.stale, a.handler
+	a.mu.Unlock()
+	if !stale {
+		return h, nil
+	}
+	if err := a.refresh(ctx); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.handler, nil
+}
+
+// Write applies a batch: one transaction with the progress rows, retried inside on transient and
+// environment errors until it commits or ctx ends (then a "paused" error: nothing was applied and
+// no message is to blame). Data errors come back in the Result, not as the error.
+func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
+	if err := a.checkPositions(msgs); err != nil {
+		return nil, err
+	}
+	isolate := false
+	wait := 100 * time.Millisecond
+	for {
+		res, err := a.attempt(ctx, msgs, isolate)
+		if err == nil {
+			return res, nil
+		}
+		if isCtxErr(ctx, err) {
+			return nil, errcode.Wrap("paused", err, "the batch was not written before shutdown", "none: the input redelivers it")
+		}
+		class := Classify(err)
+		if class == Data && !isolate {
+			isolate = true // find the culprit message by message, at once
+			continue
+		}
+		if class != Transient {
+			class = Environment
+			err = environmentError(err)
+			a.mu.Lock()
+			a.stale = true
+			a.mu.Unlock()
+		}
+		sleep := wait/2 + rand.N(wait/2+1)
+		a.onRetry(err, class, sleep)
+		select {
+		case <-ctx.Done():
+			return nil, errcode.Wrap("paused", err, "the sink is paused by an error and the batch was not written",
+				"fix the cause; the input redelivers the batch and nothing is dead-lettered")
+		case <-time.After(sleep):
+		}
+		wait = min(2*wait, a.cfg.RetryMax)
+	}
+}
+
+// checkPositions refuses messages without queue/shard/offset unless require_progress is false.
+func (a *Applier) checkPositions(msgs []*Message) error {
+	if !a.cfg.RequireProgress {
+		return nil
+	}
+	for _, m := range msgs {
+		if !m.HasPosition {
+			return errcode.New("no_progress_metadata",
+				"a message has no queue/shard/offset metadata, so the sink cannot write it exactly once",
+				"read from the redis_queue input, or set require_progress: false to write such messages at-least-once")
+		}
+	}
+	return nil
+}
+
+// batchState tracks one attempt's decisions per message.
+type batchState struct {
+	res      *Result
+	blocked  map[ShardKey]int64 // shard → offset of the failed message that blocks it
+	advanced map[ShardKey]int64
+}
+
+func (s *batchState) set(i int, o Outcome, err error) {
+	s.res.Outcomes[i], s.res.Errs[i] = o, err
+}
+
+func (s *batchState) fail(i int, m *Message, err error) {
+	s.set(i, Failed, err)
+	if m.HasPosition {
+		s.blocked[m.shardKey()] = m.Offset
+	}
+}
+
+func (s *batchState) block(i int, m *Message) bool {
+	at, ok := s.blocked[m.shardKey()]
+	if !m.HasPosition || !ok {
+		return false
+	}
+	s.set(i, Blocked, errcode.New("blocked",
+		fmt.Sprintf("not applied: offset %d of shard %d of queue %s failed before it in this batch", at, m.Shard, m.Queue),
+		"none: it is redelivered after the failed message is resolved"))
+	return true
+}
+
+func (s *batchState) applied(i int, m *Message) {
+	s.set(i, Applied, nil)
+	if m.HasPosition && m.Offset > s.advanced[m.shardKey()] {
+		s.advanced[m.shardKey()] = m.Offset
+	}
+}
+
+// attempt runs the batch's transaction once. With isolate, each message runs under its own
+// savepoint so a data error is charged to its message only.
+func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*Result, error) {
+	h, err := a.current(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st := &batchState{res: &Result{Outcomes: make([]Outcome, len(msgs)), Errs: make([]error, len(msgs))},
+		blocked: map[ShardKey]int64{}, advanced: map[ShardKey]int64{}}
+	ops := make([]op, len(msgs))
+	decodeErr := make([]error, len(msgs))
+	var shards []ShardKey
+	seen := map[ShardKey]bool{}
+	for i, m := range msgs {
+		ops[i], decodeErr[i] = h.decode(m)
+		if m.HasPosition && !seen[m.shardKey()] {
+			seen[m.shardKey()] = true
+			shards = append(shards, m.shardKey())
+		}
+	}
+	tx, err := a.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer rollback(tx)
+	last, err := a.progress.Lock(ctx, tx, shards)
+	if err != nil {
+		return nil, err
+	}
+	pending := a.sortOut(msgs, decodeErr, last, st)
+	if isolate {
+		err = a.applyEach(ctx, tx, h, msgs, ops, pending, st)
+	} else {
+		err = a.applyAll(ctx, tx, h, msgs, ops, pending, st)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := a.progress.Advance(ctx, tx, st.advanced); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	st.res.count()
+	return st.res, nil
+}
+
+// sortOut marks skipped, unreadable and blocked messages and returns the rest in batch order.
+func (a *Applier) sortOut(msgs []*Message, decodeErr []error, last map[ShardKey]int64, st *batchState) []int {
+	high := make(map[ShardKey]int64, len(last))
+	for k, v := range last {
+		high[k] = v
+	}
+	var pending []int
+	for i, m := range msgs {
+		if st.block(i, m) {
+			continue
+		}
+		if m.HasPosition && m.Offset <= high[m.shardKey()] {
+			st.set(i, Skipped, nil)
+			continue
+		}
+		if decodeErr[i] != nil {
+			st.fail(i, m, decodeErr[i])
+			continue
+		}
+		if m.HasPosition {
+			high[m.shardKey()] = m.Offset
+		}
+		pending = append(pending, i)
+	}
+	return pending
+}
+
+// applyAll is the fast path: every pending message in set-based statements.
+func (a *Applier) applyAll(ctx context.Context, tx pgx.Tx, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
+	batch := make([]op, len(pending))
+	for j, i := range pending {
+		batch[j] = ops[i]
+	}
+	if err := h.apply(ctx, tx, batch); err != nil {
+		return err
+	}
+	for _, i := range pending {
+		st.applied(i, msgs[i])
+	}
+	return nil
+}
+
+// applyEach applies message by message under savepoints: a data error rolls back that message
+// only and blocks the rest of its shard; any other error aborts the attempt.
+func (a *Applier) applyEach(ctx context.Context, tx pgx.Tx, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
+	for _, i := range pending {
+		if st.block(i, msgs[i]) {
+			continue
+		}
+		if _, err := tx.Exec(ctx, "SAVEPOINT pgrelay_msg"); err != nil {
+			return err
+		}
+		err := h.apply(ctx, tx, ops[i:i+1])
+		if err == nil {
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT pgrelay_msg"); err != nil {
+				return err
+			}
+			st.applied(i, msgs[i])
+			continue
+		}
+		if Classify(err) != Data {
+			return err
+		}
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgrelay_msg"); rerr != nil {
+			return rerr
+		}
+		st.fail(i, msgs[i], DataError(err))
+	}
+	return nil
+}
+
+func (r *Result) count() {
+	for _, o := range r.Outcomes {
+		switch o {
+		case Applied:
+			r.Applied++
+		case Skipped:
+			r.Skipped++
+		case Failed:
+			r.Failed++
+		case Blocked:
+			r.Blocked++
+		}
+	}
+}
+
+func rollback(tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		_ = err // the connection is discarded by pgx when rollback fails
+	}
+}

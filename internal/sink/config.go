@@ -1,0 +1,196 @@
+// Package sink is the machinery of the pg_sink output: it writes queue messages into a PostgreSQL
+// table exactly once, by committing each batch's rows together with the per-shard progress rows
+// (DESIGN §7). The Benthos plugin (output/pg_sink.go) is a thin shell over Applier.
+//
+// Files by job: target.go reads the target table from pg_catalog; progress.go creates, checks, locks
+// and advances the progress table; payload.go decodes payloads and params paths exactly; writer.go
+// builds and runs the set-based statements per column set; modes.go turns messages into operations
+// (append, upsert, cdc, sql) and folds repeated keys; classify.go sorts errors by SQLSTATE class;
+// applier.go runs one batch: the transaction, skipping, isolation of bad messages, retries.
+package sink
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+// Mode is how messages become changes of the target table.
+type Mode string
+
+// The modes of DESIGN §7.
+const (
+	ModeAppend Mode = "append"
+	ModeUpsert Mode = "upsert"
+	ModeCDC    Mode = "cdc"
+	ModeSQL    Mode = "sql"
+)
+
+// MetadataColumns names target columns filled from each message's metadata; empty names are unused.
+type MetadataColumns struct {
+	Partition, Shard, Offset, MessageID, TransactionID, CreatedAt, Payload string
+}
+
+// names lists the configured column names.
+func (m MetadataColumns) names() []string {
+	var out []string
+	for _, n := range []string{m.Partition, m.Shard, m.Offset, m.MessageID, m.TransactionID, m.CreatedAt, m.Payload} {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Config is a parsed pg_sink configuration (without the connection).
+type Config struct {
+	Name                string // the sink's identity in the progress table
+	Table               string // target table, schema.name (SQL quoting rules)
+	Mode                Mode
+	Key                 []string // conflict key; empty = primary key, else replica-identity index
+	Statement           string   // sql mode
+	Params              []string // sql mode: paths and @metadata
+	Metadata            MetadataColumns
+	ProgressTable       string // default DefaultProgressTable
+	CreateProgressTable bool
+	RequireProgress     bool          // messages without queue/shard/offset metadata are refused
+	RetryMax            time.Duration // the longest wait between retries (default 10s)
+}
+
+// Validate checks the combinations the linter also catches, for users of the Go API.
+func (c *Config) Validate() error {
+	if c.Name == "" {
+		return errcode.New("sink_config", "name is empty", "set `name`, the sink's identity in the progress table")
+	}
+	switch c.Mode {
+	case ModeAppend, ModeUpsert, ModeCDC:
+		if c.Table == "" {
+			return errcode.New("sink_config", fmt.Sprintf("mode %s needs a table", c.Mode), "set `table`")
+		}
+		if c.Statement != "" || len(c.Params) > 0 {
+			return errcode.New("sink_config", fmt.Sprintf("statement and params are for mode sql, not %s", c.Mode), "remove them or use mode: sql")
+		}
+	case ModeSQL:
+		if c.Statement == "" {
+			return errcode.New("sink_config", "mode sql needs a statement", "set `statement`")
+		}
+		if len(c.Key) > 0 || c.Metadata != (MetadataColumns{}) {
+			return errcode.New("sink_config", "key and metadata columns are not used in mode sql", "pass metadata as @params instead")
+		}
+		if err := checkParamCount(c.Statement, c.Params); err != nil {
+			return err
+		}
+	default:
+		return errcode.New("sink_config", fmt.Sprintf("unknown mode %q", c.Mode), "use append, upsert, cdc or sql")
+	}
+	if c.Mode == ModeAppend && len(c.Key) > 0 {
+		return errcode.New("sink_config", "key is not used in mode append", "remove `key` or use mode upsert")
+	}
+	if c.ProgressTable == "" {
+		c.ProgressTable = DefaultProgressTable
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 10 * time.Second
+	}
+	return nil
+}
+
+// checkParamCount requires exactly len(params) distinct placeholders $1..$n in the statement.
+func checkParamCount(stmt string, params []string) error {
+	max, seen := placeholders(stmt)
+	for i := 1; i <= max; i++ {
+		if !seen[i] {
+			return errcode.New("sql_params_mismatch", fmt.Sprintf("statement uses $%d but not $%d", max, i),
+				"number the placeholders $1..$n without gaps")
+		}
+	}
+	if max != len(params) {
+		return errcode.New("sql_params_mismatch", fmt.Sprintf("statement has %d placeholders ($1..$%d) but params lists %d paths", max, max, len(params)),
+			"give exactly one params entry per $n, in order")
+	}
+	for _, p := range params {
+		if _, err := newParam(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// placeholders finds $n outside string literals, quoted identifiers, dollar quotes and comments.
+func placeholders(s string) (int, map[int]bool) {
+	seen := map[int]bool{}
+	max := 0
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '\'' || s[i] == '"':
+			q := s[i]
+			for i++; i < len(s) && s[i] != q; i++ {
+			}
+		case s[i] == '-' && i+1 < len(s) && s[i+1] == '-':
+			for i < len(s) && s[i] != '\n' {
+				i++
+			}
+		case s[i] == '/' && i+1 < len(s) && s[i+1] == '*':
+			end := indexFrom(s, "*/", i+2)
+			if end < 0 {
+				return max, seen
+			}
+			i = end + 1
+		case s[i] == '$':
+			j := i + 1
+			for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+				j++
+			}
+			if j > i+1 && (i == 0 || !isIdentChar(s[i-1])) {
+				n, _ := strconv.Atoi(s[i+1 : j])
+				seen[n] = true
+				if n > max {
+					max = n
+				}
+				i = j - 1
+				continue
+			}
+			if tag, ok := dollarTag(s, i); ok {
+				end := indexFrom(s, tag, i+len(tag))
+				if end < 0 {
+					return max, seen
+				}
+				i = end + len(tag) - 1
+			}
+		}
+	}
+	return max, seen
+}
+
+func isIdentChar(b byte) bool {
+	return b == '_' || b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9'
+}
+
+// dollarTag returns the $tag$ opening a dollar-quoted string at i.
+func dollarTag(s string, i int) (string, bool) {
+	if i > 0 && isIdentChar(s[i-1]) {
+		return "", false
+	}
+	j := i + 1
+	for j < len(s) && isIdentChar(s[j]) && !(j == i+1 && s[j] >= '0' && s[j] <= '9') {
+		j++
+	}
+	if j < len(s) && s[j] == '$' {
+		return s[i : j+1], true
+	}
+	return "", false
+}
+
+func indexFrom(s, sub string, from int) int {
+	if from > len(s) {
+		return -1
+	}
+	for k := from; k+len(sub) <= len(s); k++ {
+		if s[k:k+len(sub)] == sub {
+			return k
+		}
+	}
+	return -1
+}

@@ -1,0 +1,330 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// opKind is what one message does to the target.
+type opKind int
+
+const (
+	opWrite    opKind = iota // insert (append) or upsert (upsert, cdc c/r/u) of row
+	opDelete                 // cdc d: delete by key
+	opMove                   // cdc u whose key changed: move the row, then upsert row
+	opTruncate               // cdc t
+	opSQL                    // sql mode: the user's statement with params
+	opNone                   // nothing to do (cdc m)
+)
+
+// op is one decoded message.
+type op struct {
+	msg    *Message
+	kind   opKind
+	row    Row       // opWrite/opMove: the columns to write
+	vals   rowVals   // append: the mapped row
+	key    string    // fold identity of the (new) key
+	oldKey []*string // opMove: the old key; opDelete: the key
+	newKey []*string // opMove: the new key
+	params []any     // opSQL
+}
+
+// modeHandler decodes messages (data errors per message) and applies decoded ops in offset order.
+type modeHandler interface {
+	decode(m *Message) (op, error)
+	apply(ctx context.Context, tx pgx.Tx, ops []op) error
+}
+
+// newModeHandler returns the handler of cfg.Mode for the target's shape (nil target in sql mode).
+func newModeHandler(cfg *Config, t *Target) (modeHandler, error) {
+	switch cfg.Mode {
+	case ModeAppend:
+		return appendMode{w: newWriter(t, cfg.Metadata)}, nil
+	case ModeUpsert:
+		return upsertMode{w: newWriter(t, cfg.Metadata)}, nil
+	case ModeCDC:
+		return cdcMode{w: newWriter(t, cfg.Metadata)}, nil
+	case ModeSQL:
+		return newSQLMode(cfg.Statement, cfg.Params)
+	}
+	return nil, fmt.Errorf("unknown mode %q", cfg.Mode)
+}
+
+// appendMode inserts every message as a new row.
+type appendMode struct{ w *writer }
+
+func (a appendMode) decode(m *Message) (op, error) {
+	r, err := decodeObject(m.Payload)
+	if err != nil {
+		return op{}, err
+	}
+	vals, err := a.w.rowFrom(r, m)
+	return op{msg: m, kind: opWrite, vals: vals}, err
+}
+
+func (a appendMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
+	rows := make([]rowVals, len(ops))
+	for i := range ops {
+		rows[i] = ops[i].vals
+	}
+	return run(ctx, tx, a.w.insertStmts(rows, false))
+}
+
+// upsertMode inserts or updates on the key; repeated keys are folded in offset order first.
+type upsertMode struct{ w *writer }
+
+func (u upsertMode) decode(m *Message) (op, error) {
+	r, err := decodeObject(m.Payload)
+	if err != nil {
+		return op{}, err
+	}
+	key, ok := u.w.keyText(r)
+	if !ok {
+		return op{}, badPayload("payload has no non-null value for key column(s) %v", u.w.t.Key)
+	}
+	return op{msg: m, kind: opWrite, row: r, key: key}, nil
+}
+
+func (u upsertMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
+	f := newFolder(u.w)
+	for i := range ops {
+		f.write(&ops[i])
+	}
+	return f.flush(ctx, tx)
+}
+
+// folder merges the ops of one key inside a batch, in offset order: a later value of a column
+// replaces an earlier one, a delete discards what came before it. The result has each key once,
+// so ON CONFLICT never meets the same key twice (no 21000).
+type folder struct {
+	w     *writer
+	order []string
+	state map[string]*folded
+}
+
+type folded struct {
+	deleteFirst bool
+	delKey      []*string
+	row         Row
+	msg         *Message
+}
+
+func newFolder(w *writer) *folder { return &folder{w: w, state: map[string]*folded{}} }
+
+func (f *folder) get(key string) *folded {
+	s, ok := f.state[key]
+	if !ok {
+		s = &folded{}
+		f.state[key] = s
+		f.order = append(f.order, key)
+	}
+	return s
+}
+
+func (f *folder) write(o *op) {
+	s := f.get(o.key)
+	if s.row == nil {
+		s.row = make(Row, len(o.row))
+	}
+	for k, v := range o.row {
+		s.row[k] = v
+	}
+	s.msg = o.msg
+}
+
+func (f *folder) del(o *op) {
+	s := f.get(o.key)
+	s.deleteFirst, s.delKey, s.row, s.msg = true, o.oldKey, nil, o.msg
+}
+
+// flush writes the folded state: deletes first, then the upserts grouped by column set.
+func (f *folder) flush(ctx context.Context, tx pgx.Tx) error {
+	var dels [][]*string
+	var rows []rowVals
+	for _, k := range f.order {
+		s := f.state[k]
+		if s.deleteFirst {
+			dels = append(dels, s.delKey)
+		}
+		if s.row != nil {
+			rv, err := f.w.rowFrom(s.row, s.msg)
+			if err != nil {
+				return err
+			}
+			rows = append(rows, rv)
+		}
+	}
+	var stmts []stmt
+	if len(dels) > 0 {
+		stmts = append(stmts, f.w.deleteStmt(dels))
+	}
+	stmts = append(stmts, f.w.insertStmts(rows, true)...)
+	f.order, f.state = nil, map[string]*folded{}
+	return run(ctx, tx, stmts)
+}
+
+// cdcMode applies change events (DESIGN §2): c/r/u upsert `after` (absent and `unchanged` columns
+// keep their value), a key change moves the row, d deletes by key, t truncates, m is ignored.
+type cdcMode struct{ w *writer }
+
+// event is the part of a change event the sink reads.
+type event struct {
+	Op        string          `json:"op"`
+	Key       Row             `json:"key"`
+	After     json.RawMessage `json:"after"`
+	Before    json.RawMessage `json:"before"`
+	Unchanged []string        `json:"unchanged"`
+}
+
+func (c cdcMode) decode(m *Message) (op, error) {
+	if _, err := decodeObject(m.Payload); err != nil {
+		return op{}, err
+	}
+	var ev event
+	if err := json.Unmarshal(bytes.TrimSpace(m.Payload), &ev); err != nil {
+		return op{}, badPayload("not a change event: %v", err)
+	}
+	switch ev.Op {
+	case "c", "r", "u":
+		return c.decodeWrite(m, &ev)
+	case "d":
+		src := ev.Key
+		if len(src) == 0 && !isNull(ev.Before) {
+			if b, err := decodeObject(ev.Before); err == nil {
+				src = b
+			}
+		}
+		key, err := c.w.keyValues(src)
+		if err != nil {
+			return op{}, badPayload("delete event: %v", err)
+		}
+		kt, _ := c.w.keyText(src)
+		return op{msg: m, kind: opDelete, oldKey: key, key: kt}, nil
+	case "t":
+		return op{msg: m, kind: opTruncate}, nil
+	case "m":
+		return op{msg: m, kind: opNone}, nil
+	case "":
+		return op{}, badPayload("change event has no op (DESIGN §2 needs op, table, key, after, ...)")
+	}
+	return op{}, badPayload("unknown change event op %q (expected c, r, u, d, t or m)", ev.Op)
+}
+
+func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {
+	if isNull(ev.After) {
+		return op{}, badPayload("%s event without an after object", ev.Op)
+	}
+	after, err := decodeObject(ev.After)
+	if err != nil {
+		return op{}, badPayload("%s event: after: %v", ev.Op, err)
+	}
+	for _, u := range ev.Unchanged {
+		delete(after, u)
+	}
+	for k, v := range ev.Key {
+		if _, ok := after[k]; !ok {
+			after[k] = v
+		}
+	}
+	key, ok := c.w.keyText(after)
+	if !ok {
+		return op{}, badPayload("%s event has no non-null value for key column(s) %v", ev.Op, c.w.t.Key)
+	}
+	o := op{msg: m, kind: opWrite, row: after, key: key}
+	if ev.Op != "u" || isNull(ev.Before) {
+		return o, nil
+	}
+	before, err := decodeObject(ev.Before)
+	if err != nil {
+		return op{}, badPayload("u event: before: %v", err)
+	}
+	oldText, ok := c.w.keyText(before)
+	if !ok || oldText == key {
+		return o, nil
+	}
+	if o.oldKey, err = c.w.keyValues(before); err != nil {
+		return op{}, err
+	}
+	if o.newKey, err = c.w.keyValues(after); err != nil {
+		return op{}, err
+	}
+	o.kind = opMove
+	return o, nil
+}
+
+func (c cdcMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
+	f := newFolder(c.w)
+	for i := range ops {
+		o := &ops[i]
+		switch o.kind {
+		case opWrite:
+			f.write(o)
+		case opDelete:
+			f.del(o)
+		case opMove, opTruncate:
+			if err := f.flush(ctx, tx); err != nil {
+				return err
+			}
+			if o.kind == opTruncate {
+				if _, err := tx.Exec(ctx, "TRUNCATE "+c.w.t.Ident()); err != nil {
+					return err
+				}
+				continue
+			}
+			s := c.w.moveStmt(o.oldKey, o.newKey)
+			if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
+				return err
+			}
+			f.write(o)
+		}
+	}
+	return f.flush(ctx, tx)
+}
+
+// sqlMode runs the user's statement once per message with params as text.
+type sqlMode struct {
+	statement string
+	params    []param
+	needJSON  bool
+}
+
+func newSQLMode(statement string, paths []string) (*sqlMode, error) {
+	if err := checkParamCount(statement, paths); err != nil {
+		return nil, err
+	}
+	s := &sqlMode{statement: statement}
+	for _, p := range paths {
+		pp, _ := newParam(p)
+		s.params = append(s.params, pp)
+		s.needJSON = s.needJSON || pp.needsJSON()
+	}
+	return s, nil
+}
+
+func (s *sqlMode) decode(m *Message) (op, error) {
+	doc := json.RawMessage(bytes.TrimSpace(m.Payload))
+	if s.needJSON && !json.Valid(doc) {
+		return op{}, badPayload("payload is not JSON, but params read paths inside it: %s", excerpt(doc))
+	}
+	args := make([]any, len(s.params))
+	for i, p := range s.params {
+		v, err := p.value(m, doc)
+		if err != nil {
+			return op{}, err
+		}
+		args[i] = v
+	}
+	return op{msg: m, kind: opSQL, params: args}, nil
+}
+
+func (s *sqlMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
+	stmts := make([]stmt, len(ops))
+	for i := range ops {
+		stmts[i] = stmt{sql: s.statement, args: ops[i].params}
+	}
+	return run(ctx, tx, stmts)
+}

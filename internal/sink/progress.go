@@ -1,0 +1,233 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/resources"
+)
+
+// DefaultProgressTable is where sinks record the last committed offset of each shard (DESIGN §7).
+const DefaultProgressTable = "pgrelay.sink_progress"
+
+// Progress is the progress table of one sink: it locks, reads and moves per-shard offsets inside the
+// batch's transaction.
+type Progress struct {
+	sink  string
+	ident string // quoted schema.table
+	ddl   string
+}
+
+// ShardKey names one shard of one queue.
+type ShardKey struct {
+	Queue string
+	Shard int32
+}
+
+// NewProgress describes the progress table `table` ("schema.name") for the sink named sink.
+func NewProgress(sink, table string) (*Progress, error) {
+	schema, name, ok := strings.Cut(table, ".")
+	if !ok || schema == "" || name == "" || strings.Contains(name, ".") {
+		return nil, errcode.New("progress_table_name", fmt.Sprintf("progress_table %q is not schema.name", table),
+			"write progress_table as schema.name, e.g. pgrelay.sink_progress")
+	}
+	ident := pgx.Identifier{schema, name}.Sanitize()
+	ddl := resources.MustRead("sink_progress.sql")
+	ddl = strings.ReplaceAll(ddl, "CREATE SCHEMA IF NOT EXISTS pgrelay;", "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()+";")
+	ddl = strings.ReplaceAll(ddl, "pgrelay.sink_progress (", ident+" (")
+	return &Progress{sink: sink, ident: ident, ddl: ddl}, nil
+}
+
+// DDL is the statement that creates the table, printed when a hand-made one is wrong.
+func (p *Progress) DDL() string { return ddlStatements(p.ddl) }
+
+// ddlStatements drops the SQL comments of the resource file.
+func ddlStatements(s string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "--") && strings.TrimSpace(l) != "" {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// Ensure creates the table when create is true (serialised by an advisory lock, so replicas starting
+// together are fine) and checks its shape either way.
+func (p *Progress) Ensure(ctx context.Context, pool *pgxpool.Pool, create bool) error {
+	exists, err := p.exists(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if !exists && !create {
+		return errcode.New("progress_table_missing", fmt.Sprintf("progress table %s does not exist", p.ident),
+			"create it with:\n"+p.DDL()+"\nor set create_progress_table: true")
+	}
+	if !exists {
+		if err := p.create(ctx, pool); err != nil {
+			return err
+		}
+	}
+	return p.check(ctx, pool)
+}
+
+func (p *Progress) exists(ctx context.Context, q Querier) (bool, error) {
+	var ok bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.ident).Scan(&ok); err != nil {
+		return false, fmt.Errorf("look up progress table %s: %w", p.ident, err)
+	}
+	return ok, nil
+}
+
+func (p *Progress) create(ctx context.Context, pool *pgxpool.Pool) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('pgrelay.sink_progress:' || $1))`, p.ident); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, p.ddl)
+		return err
+	})
+	if err != nil {
+		return errcode.Wrap("progress_table_create", err, fmt.Sprintf("cannot create progress table %s", p.ident),
+			"grant CREATE on the database (and the schema) to the sink's user, or create the table by hand:\n"+p.DDL())
+	}
+	return nil
+}
+
+// check compares the table with the expected columns and primary key.
+func (p *Progress) check(ctx context.Context, q Querier) error {
+	rows, err := q.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod),
+		  coalesce(a.attnum = ANY (i.indkey::int2[]), false)
+		FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, p.ident)
+	if err != nil {
+		return fmt.Errorf("check progress table %s: %w", p.ident, err)
+	}
+	got := map[string]string{}
+	var pk []string
+	for rows.Next() {
+		var name, typ string
+		var inPK bool
+		if err := rows.Scan(&name, &typ, &inPK); err != nil {
+			rows.Close()
+			return fmt.Errorf("check progress table %s: %w", p.ident, err)
+		}
+		got[name] = typ
+		if inPK {
+			pk = append(pk, name)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check progress table %s: %w", p.ident, err)
+	}
+	want := map[string][]string{"sink": {"text"}, "queue": {"text"}, "shard": {"integer", "bigint"},
+		"last_offset": {"bigint"}, "updated_at": {"timestamp with time zone"}}
+	var problems []string
+	for col, types := range want {
+		if typ, ok := got[col]; !ok {
+			problems = append(problems, "no column "+col)
+		} else if !contains(types, typ) {
+			problems = append(problems, fmt.Sprintf("column %s is %s, not %s", col, typ, types[0]))
+		}
+	}
+	if !sameSet(pk, []string{"sink", "queue", "shard"}) {
+		problems = append(problems, fmt.Sprintf("primary key is %v, not (sink, queue, shard)", pk))
+	}
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		return errcode.New("progress_table_mismatch", fmt.Sprintf("progress table %s does not have the expected shape: %s", p.ident, strings.Join(problems, "; ")),
+			"drop it (when no sink uses it) or point progress_table elsewhere; the expected table is:\n"+p.DDL())
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Lock inserts the missing progress rows of shards, locks all of them in key order (so two writers
+// of the same shards queue instead of deadlocking) and returns each shard's last_offset.
+func (p *Progress) Lock(ctx context.Context, tx pgx.Tx, shards []ShardKey) (map[ShardKey]int64, error) {
+	out := make(map[ShardKey]int64, len(shards))
+	if len(shards) == 0 {
+		return out, nil
+	}
+	sorted := append([]ShardKey(nil), shards...)
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].Queue != sorted[j].Queue {
+			return sorted[i].Queue < sorted[j].Queue
+		}
+		return sorted[i].Shard < sorted[j].Shard
+	})
+	queues := make([]string, len(sorted))
+	nums := make([]int32, len(sorted))
+	for i, s := range sorted {
+		queues[i], nums[i] = s.Queue, s.Shard
+	}
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO `+p.ident+` (sink, queue, shard, last_offset)
+		SELECT $1, u.q, u.s, 0 FROM unnest($2::text[], $3::int[]) WITH ORDINALITY AS u(q, s, n) ORDER BY u.n
+		ON CONFLICT (sink, queue, shard) DO NOTHING`, p.sink, queues, nums)
+	b.Queue(`SELECT p.queue, p.shard, p.last_offset FROM `+p.ident+` p
+		JOIN unnest($2::text[], $3::int[]) AS u(q, s) ON p.queue = u.q AND p.shard = u.s
+		WHERE p.sink = $1 ORDER BY p.queue COLLATE "C", p.shard FOR UPDATE OF p`, p.sink, queues, nums)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("insert progress rows: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("lock progress rows: %w", err)
+	}
+	for rows.Next() {
+		var k ShardKey
+		var off int64
+		if err := rows.Scan(&k.Queue, &k.Shard, &off); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("lock progress rows: %w", err)
+		}
+		out[k] = off
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock progress rows: %w", err)
+	}
+	if len(out) != len(sorted) {
+		return nil, errors.New("lock progress rows: a progress row vanished inside the transaction")
+	}
+	return out, br.Close()
+}
+
+// Advance moves each shard's last_offset up to offsets[shard]; it never moves one backwards.
+func (p *Progress) Advance(ctx context.Context, tx pgx.Tx, offsets map[ShardKey]int64) error {
+	if len(offsets) == 0 {
+		return nil
+	}
+	var queues []string
+	var nums []int32
+	var offs []int64
+	for k, o := range offsets {
+		queues, nums, offs = append(queues, k.Queue), append(nums, k.Shard), append(offs, o)
+	}
+	_, err := tx.Exec(ctx, `UPDATE `+p.ident+` p SET last_offset = u.o, updated_at = now()
+		FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(q, s, o)
+		WHERE p.sink = $1 AND p.queue = u.q AND p.shard = u.s AND p.last_offset < u.o`, p.sink, queues, nums, offs)
+	if err != nil {
+		return fmt.Errorf("advance progress rows: %w", err)
+	}
+	return nil
+}

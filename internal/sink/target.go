@@ -1,0 +1,255 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+// valueKind says how a column's value travels from the payload's JSON to PostgreSQL.
+type valueKind int
+
+const (
+	// kindText: the JSON string unquoted (or the number/bool as written), cast by the column type's input function.
+	kindText valueKind = iota
+	// kindJSON: json/jsonb columns get the JSON value exactly as the producer wrote it.
+	kindJSON
+	// kindPopulate: arrays and composites are built by jsonb_populate_record from the JSON value.
+	kindPopulate
+)
+
+// Column is one column of the target table as the catalog describes it.
+type Column struct {
+	Name           string    // exact attname
+	Num            int       // attnum
+	CastType       string    // format_type(atttypid, NULL): the type to cast text to (typmod applied by assignment)
+	Type           string    // format_type(atttypid, atttypmod), for messages
+	Kind           valueKind // how values are converted
+	Generated      bool      // attgenerated <> '': never written
+	IdentityAlways bool      // attidentity = 'a': written with OVERRIDING SYSTEM VALUE, never updated
+	Datetime       bool      // base type is in the datetime category (metadata created_at as a timestamp)
+}
+
+// Target is the sink's table as read from pg_catalog at start and after schema errors.
+type Target struct {
+	Schema, Name string
+	Columns      []Column
+	byName       map[string]int
+	Key          []string // columns of the conflict key (primary key, replica-identity index or configured)
+}
+
+// Ident is the quoted, schema-qualified table name.
+func (t *Target) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// Column returns the column named exactly name.
+func (t *Target) Column(name string) (*Column, bool) {
+	i, ok := t.byName[name]
+	if !ok {
+		return nil, false
+	}
+	return &t.Columns[i], true
+}
+
+// TargetNeeds lists what a mode needs from the table; Inspect turns each miss into a coded error.
+type TargetNeeds struct {
+	Key        []string // configured key; empty = primary key, else replica-identity index
+	NeedKey    bool     // upsert and cdc
+	Privileges []string // INSERT, UPDATE, DELETE, SELECT
+	Columns    []string // columns that must exist and be writable (metadata columns)
+}
+
+const columnsQuery = `
+WITH RECURSIVE base(attnum, typ, depth) AS (
+    SELECT a.attnum, a.atttypid, 0 FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+    SELECT b.attnum, t.typbasetype, b.depth + 1 FROM base b JOIN pg_type t ON t.oid = b.typ WHERE t.typtype = 'd'
+)
+SELECT a.attname, a.attnum, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod),
+       a.attgenerated <> '', a.attidentity = 'a',
+       bt.typname IN ('json', 'jsonb'), bt.typcategory = 'A' OR bt.typtype = 'c', bt.typcategory = 'D'
+FROM pg_attribute a
+JOIN LATERAL (SELECT typ FROM base WHERE base.attnum = a.attnum ORDER BY depth DESC LIMIT 1) b ON true
+JOIN pg_type bt ON bt.oid = b.typ
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum`
+
+// Inspect reads the target table's shape and checks it against needs. It never changes anything.
+func Inspect(ctx context.Context, q Querier, table string, needs TargetNeeds) (*Target, error) {
+	var oid uint32
+	var relkind string
+	t := &Target{byName: map[string]int{}}
+	err := q.QueryRow(ctx, `SELECT c.oid, n.nspname, c.relname, c.relkind::text FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, table).
+		Scan(&oid, &t.Schema, &t.Name, &relkind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errcode.New("target_missing", fmt.Sprintf("table %q does not exist (or is not on the search_path)", table),
+			"create the table first (pg_sink never creates or alters it) or fix `table` (schema.name, quoted as in SQL)")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inspect table %q: %w", table, err)
+	}
+	if relkind != "r" && relkind != "p" {
+		return nil, errcode.New("target_not_table", fmt.Sprintf("%s is not a table (relkind %s)", t.Ident(), relkind),
+			"point `table` at an ordinary or partitioned table")
+	}
+	if err := t.readColumns(ctx, q, oid); err != nil {
+		return nil, err
+	}
+	if err := t.checkColumns(needs.Columns); err != nil {
+		return nil, err
+	}
+	if err := t.resolveKey(ctx, q, oid, needs); err != nil {
+		return nil, err
+	}
+	return t, t.checkPrivileges(ctx, q, oid, needs.Privileges)
+}
+
+// Querier is what Inspect and the progress table need: a pool, a connection or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func (t *Target) readColumns(ctx context.Context, q Querier, oid uint32) error {
+	rows, err := q.Query(ctx, columnsQuery, oid)
+	if err != nil {
+		return fmt.Errorf("read columns of %s: %w", t.Ident(), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c Column
+		var isJSON, isPopulate bool
+		if err := rows.Scan(&c.Name, &c.Num, &c.CastType, &c.Type, &c.Generated, &c.IdentityAlways,
+			&isJSON, &isPopulate, &c.Datetime); err != nil {
+			return fmt.Errorf("read columns of %s: %w", t.Ident(), err)
+		}
+		switch {
+		case isJSON:
+			c.Kind = kindJSON
+		case isPopulate:
+			c.Kind = kindPopulate
+		}
+		t.byName[c.Name] = len(t.Columns)
+		t.Columns = append(t.Columns, c)
+	}
+	return rows.Err()
+}
+
+func (t *Target) checkColumns(names []string) error {
+	for _, n := range names {
+		c, ok := t.Column(n)
+		if !ok {
+			return errcode.New("target_column_missing", fmt.Sprintf("%s has no column %q", t.Ident(), n),
+				"add the column to the table or change the `metadata` column names (names are exact and case-sensitive)")
+		}
+		if c.Generated {
+			return errcode.New("target_column_generated", fmt.Sprintf("column %q of %s is generated and cannot be written", n, t.Ident()),
+				"name a writable column in `metadata`")
+		}
+	}
+	return nil
+}
+
+// resolveKey fills t.Key: the configured key (which must match a unique index usable by ON CONFLICT),
+// else the primary key, else the replica-identity index.
+func (t *Target) resolveKey(ctx context.Context, q Querier, oid uint32, needs TargetNeeds) error {
+	rows, err := q.Query(ctx, `SELECT i.indisprimary, i.indisreplident,
+		  i.indisunique AND i.indimmediate AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL,
+		  array(SELECT a.attname FROM unnest(i.indkey::int2[]) WITH ORDINALITY k(num, ord)
+		        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.num ORDER BY k.ord)
+		FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique ORDER BY i.indisprimary DESC, i.indisreplident DESC`, oid)
+	if err != nil {
+		return fmt.Errorf("read indexes of %s: %w", t.Ident(), err)
+	}
+	type index struct {
+		primary, replident, usable bool
+		cols                       []string
+	}
+	var idx []index
+	for rows.Next() {
+		var x index
+		if err := rows.Scan(&x.primary, &x.replident, &x.usable, &x.cols); err != nil {
+			rows.Close()
+			return fmt.Errorf("read indexes of %s: %w", t.Ident(), err)
+		}
+		idx = append(idx, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read indexes of %s: %w", t.Ident(), err)
+	}
+	if len(needs.Key) > 0 {
+		for _, k := range needs.Key {
+			if _, ok := t.Column(k); !ok {
+				return errcode.New("key_column_missing", fmt.Sprintf("key column %q is not a column of %s", k, t.Ident()),
+					"fix `key` (exact, case-sensitive column names)")
+			}
+		}
+		for _, x := range idx {
+			if x.usable && sameSet(x.cols, needs.Key) {
+				t.Key = append([]string(nil), needs.Key...)
+				return nil
+			}
+		}
+		if needs.NeedKey {
+			return errcode.New("key_not_unique", fmt.Sprintf("no unique, non-partial, non-deferrable index of %s covers exactly the key %v", t.Ident(), needs.Key),
+				"create a unique index (or primary key) on exactly those columns, or change `key`")
+		}
+		t.Key = append([]string(nil), needs.Key...)
+		return nil
+	}
+	for _, x := range idx {
+		if (x.primary || x.replident) && x.usable {
+			t.Key = x.cols
+			return nil
+		}
+	}
+	if needs.NeedKey {
+		return errcode.New("target_no_key", fmt.Sprintf("%s has no primary key and no replica-identity index", t.Ident()),
+			"add a primary key, set REPLICA IDENTITY USING INDEX, or name a unique index's columns in `key`")
+	}
+	return nil
+}
+
+func (t *Target) checkPrivileges(ctx context.Context, q Querier, oid uint32, privs []string) error {
+	var missing []string
+	for _, p := range privs {
+		var ok bool
+		sql := `SELECT has_any_column_privilege($1::oid, $2)`
+		if p == "DELETE" || p == "TRUNCATE" {
+			sql = `SELECT has_table_privilege($1::oid, $2)`
+		}
+		if err := q.QueryRow(ctx, sql, oid, p).Scan(&ok); err != nil {
+			return fmt.Errorf("check privileges on %s: %w", t.Ident(), err)
+		}
+		if !ok {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		return errcode.New("target_privileges", fmt.Sprintf("the sink's user lacks %s on %s", strings.Join(missing, ", "), t.Ident()),
+			fmt.Sprintf("GRANT %s ON %s TO <the sink's user>", strings.Join(missing, ", "), t.Ident()))
+	}
+	return nil
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	seen := map[string]bool{}
+	for _, x := range a {
+		seen[x] = true
+	}
+	for _, x := range b {
+		if !seen[x] {
+			return false
+		}
+	}
+	return true
+}

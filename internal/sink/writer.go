@@ -1,0 +1,330 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// writer builds the set-based statements for one shape of the target table and caches their SQL
+// per column set; pgx prepares each distinct SQL text once per connection (statement cache).
+type writer struct {
+	t       *Target
+	meta    map[int]string // column index → metadata field (partition, shard, ...)
+	keyIdx  []int          // column indexes of t.Key
+	mu      sync.Mutex
+	sqlByID map[string]string
+}
+
+// rowVals is one row to write: the target columns it names (ascending index) and their texts.
+type rowVals struct {
+	cols []int
+	vals []*string
+	sig  string // the column set, as "i,j,k"
+}
+
+// stmt is one statement of a batch.
+type stmt struct {
+	sql  string
+	args []any
+}
+
+func newWriter(t *Target, mc MetadataColumns) *writer {
+	w := &writer{t: t, meta: map[int]string{}, sqlByID: map[string]string{}}
+	for field, name := range map[string]string{"partition": mc.Partition, "shard": mc.Shard, "offset": mc.Offset,
+		"message_id": mc.MessageID, "transaction_id": mc.TransactionID, "created_at": mc.CreatedAt, "payload": mc.Payload} {
+		if name != "" {
+			w.meta[t.byName[name]] = field
+		}
+	}
+	for _, k := range t.Key {
+		w.keyIdx = append(w.keyIdx, t.byName[k])
+	}
+	return w
+}
+
+// rowFrom maps a payload object (plus metadata columns) onto the target: exact column names,
+// unknown keys ignored, generated columns never written, absent keys left out of the column set.
+func (w *writer) rowFrom(r Row, m *Message) (rowVals, error) {
+	var rv rowVals
+	var sig strings.Builder
+	for i := range w.t.Columns {
+		c := &w.t.Columns[i]
+		if c.Generated {
+			continue
+		}
+		var v *string
+		if field, ok := w.meta[i]; ok {
+			v = metaValue(field, c, m)
+		} else if raw, ok := r[c.Name]; ok {
+			var err error
+			if v, err = valueFor(c, raw); err != nil {
+				return rv, err
+			}
+		} else {
+			continue
+		}
+		rv.cols = append(rv.cols, i)
+		rv.vals = append(rv.vals, v)
+		sig.WriteString(strconv.Itoa(i))
+		sig.WriteByte(',')
+	}
+	rv.sig = sig.String()
+	return rv, nil
+}
+
+// metaValue is the text of a metadata column for message m.
+func metaValue(field string, c *Column, m *Message) *string {
+	var s string
+	switch field {
+	case "partition":
+		s = m.Partition
+	case "message_id":
+		s = m.MessageID
+	case "transaction_id":
+		if m.TransactionID == "" {
+			return nil
+		}
+		s = m.TransactionID
+	case "shard":
+		if !m.HasPosition {
+			return nil
+		}
+		s = strconv.Itoa(int(m.Shard))
+	case "offset":
+		if !m.HasPosition {
+			return nil
+		}
+		s = strconv.FormatInt(m.Offset, 10)
+	case "created_at":
+		if m.CreatedAt == 0 {
+			return nil
+		}
+		if c.Datetime {
+			s = time.UnixMilli(m.CreatedAt).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+		} else {
+			s = strconv.FormatInt(m.CreatedAt, 10)
+		}
+	case "payload":
+		s = string(m.Payload)
+	}
+	return &s
+}
+
+// keyText identifies the row's key for folding, or ok=false when a key column is absent or null.
+func (w *writer) keyText(r Row) (string, bool) {
+	var b strings.Builder
+	for _, i := range w.keyIdx {
+		raw, ok := r[w.t.Columns[i].Name]
+		if !ok || isNull(raw) {
+			return "", false
+		}
+		v, err := textOf(raw)
+		if err != nil || v == nil {
+			return "", false
+		}
+		b.WriteString(strconv.Itoa(len(*v)))
+		b.WriteByte(':')
+		b.WriteString(*v)
+	}
+	return b.String(), true
+}
+
+// expr is the SQL that turns the text src into a value of column i.
+func (w *writer) expr(i int, src string) string {
+	c := &w.t.Columns[i]
+	if c.Kind == kindPopulate {
+		return fmt.Sprintf("(jsonb_populate_record(NULL::%s, jsonb_build_object(%s, %s::jsonb))).%s",
+			w.t.Ident(), quoteLiteral(c.Name), src, pgx.Identifier{c.Name}.Sanitize())
+	}
+	return src + "::" + c.CastType
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func (w *writer) colName(i int) string { return pgx.Identifier{w.t.Columns[i].Name}.Sanitize() }
+
+func (w *writer) isKey(i int) bool {
+	for _, k := range w.keyIdx {
+		if k == i {
+			return true
+		}
+	}
+	return false
+}
+
+// cached returns the SQL for id, building it once.
+func (w *writer) cached(id string, build func() string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s, ok := w.sqlByID[id]; ok {
+		return s
+	}
+	s := build()
+	w.sqlByID[id] = s
+	return s
+}
+
+// insertSQL is INSERT ... SELECT FROM unnest(text arrays) for one column set, with ON CONFLICT on
+// the key for upserts: present non-key columns are updated, absent ones keep their stored value.
+func (w *writer) insertSQL(cols []int, upsert bool) string {
+	if len(cols) == 0 {
+		return "INSERT INTO " + w.t.Ident() + " SELECT FROM generate_series(1, $1::int)"
+	}
+	var names, exprs, params, aliases, sets []string
+	overriding := ""
+	for n, i := range cols {
+		alias := "c" + strconv.Itoa(n)
+		names = append(names, w.colName(i))
+		exprs = append(exprs, w.expr(i, "u."+alias))
+		params = append(params, "$"+strconv.Itoa(n+1)+"::text[]")
+		aliases = append(aliases, alias)
+		c := &w.t.Columns[i]
+		if c.IdentityAlways {
+			overriding = " OVERRIDING SYSTEM VALUE"
+		} else if upsert && !w.isKey(i) {
+			sets = append(sets, w.colName(i)+" = EXCLUDED."+w.colName(i))
+		}
+	}
+	sql := "INSERT INTO " + w.t.Ident() + " (" + strings.Join(names, ", ") + ")" + overriding +
+		" SELECT " + strings.Join(exprs, ", ") + " FROM unnest(" + strings.Join(params, ", ") + ") AS u(" + strings.Join(aliases, ", ") + ")"
+	if !upsert {
+		return sql
+	}
+	var keys []string
+	for _, i := range w.keyIdx {
+		keys = append(keys, w.colName(i))
+	}
+	sql += " ON CONFLICT (" + strings.Join(keys, ", ") + ")"
+	if len(sets) == 0 {
+		return sql + " DO NOTHING"
+	}
+	return sql + " DO UPDATE SET " + strings.Join(sets, ", ")
+}
+
+// insertStmts groups rows by column set (first appearance order) into one statement per set.
+func (w *writer) insertStmts(rows []rowVals, upsert bool) []stmt {
+	var order []string
+	groups := map[string][]rowVals{}
+	for _, r := range rows {
+		if _, ok := groups[r.sig]; !ok {
+			order = append(order, r.sig)
+		}
+		groups[r.sig] = append(groups[r.sig], r)
+	}
+	out := make([]stmt, 0, len(order))
+	for _, sig := range order {
+		g := groups[sig]
+		cols := g[0].cols
+		id := "i:" + sig
+		if upsert {
+			id = "u:" + sig
+		}
+		sql := w.cached(id, func() string { return w.insertSQL(cols, upsert) })
+		if len(cols) == 0 {
+			out = append(out, stmt{sql: sql, args: []any{len(g)}})
+			continue
+		}
+		args := make([]any, len(cols))
+		for n := range cols {
+			arr := make([]*string, len(g))
+			for j, r := range g {
+				arr[j] = r.vals[n]
+			}
+			args[n] = arr
+		}
+		out = append(out, stmt{sql: sql, args: args})
+	}
+	return out
+}
+
+// deleteStmt deletes the rows whose keys are given (one text per key column per row).
+func (w *writer) deleteStmt(keys [][]*string) stmt {
+	sql := w.cached("d", func() string {
+		var params, aliases, conds []string
+		for n, i := range w.keyIdx {
+			alias := "k" + strconv.Itoa(n)
+			params = append(params, "$"+strconv.Itoa(n+1)+"::text[]")
+			aliases = append(aliases, alias)
+			conds = append(conds, "t."+w.colName(i)+" = "+w.expr(i, "u."+alias))
+		}
+		return "DELETE FROM " + w.t.Ident() + " AS t USING unnest(" + strings.Join(params, ", ") + ") AS u(" +
+			strings.Join(aliases, ", ") + ") WHERE " + strings.Join(conds, " AND ")
+	})
+	args := make([]any, len(w.keyIdx))
+	for n := range w.keyIdx {
+		arr := make([]*string, len(keys))
+		for j, k := range keys {
+			arr[j] = k[n]
+		}
+		args[n] = arr
+	}
+	return stmt{sql: sql, args: args}
+}
+
+// moveStmt changes a row's key from old to new in place (cdc key change), keeping its other columns.
+func (w *writer) moveStmt(oldKey, newKey []*string) stmt {
+	sql := w.cached("m", func() string {
+		var sets, conds []string
+		n := len(w.keyIdx)
+		for j, i := range w.keyIdx {
+			sets = append(sets, w.colName(i)+" = "+w.expr(i, "$"+strconv.Itoa(j+1)+"::text"))
+			conds = append(conds, w.colName(i)+" = "+w.expr(i, "$"+strconv.Itoa(n+j+1)+"::text"))
+		}
+		return "UPDATE " + w.t.Ident() + " SET " + strings.Join(sets, ", ") + " WHERE " + strings.Join(conds, " AND ")
+	})
+	args := make([]any, 0, 2*len(newKey))
+	for _, v := range newKey {
+		args = append(args, v)
+	}
+	for _, v := range oldKey {
+		args = append(args, v)
+	}
+	return stmt{sql: sql, args: args}
+}
+
+// keyValues extracts the key columns' texts from r (nil when absent or null).
+func (w *writer) keyValues(r Row) ([]*string, error) {
+	out := make([]*string, len(w.keyIdx))
+	for n, i := range w.keyIdx {
+		c := &w.t.Columns[i]
+		raw, ok := r[c.Name]
+		if !ok || isNull(raw) {
+			return nil, badPayload("key column %q is missing or null", c.Name)
+		}
+		v, err := valueFor(c, raw)
+		if err != nil {
+			return nil, err
+		}
+		out[n] = v
+	}
+	return out, nil
+}
+
+// run sends statements in one round trip (pgx batch) inside tx and returns the first error.
+func run(ctx context.Context, tx pgx.Tx, stmts []stmt) error {
+	if len(stmts) == 0 {
+		return nil
+	}
+	if len(stmts) == 1 {
+		_, err := tx.Exec(ctx, stmts[0].sql, stmts[0].args...)
+		return err
+	}
+	b := &pgx.Batch{}
+	for _, s := range stmts {
+		b.Queue(s.sql, s.args...)
+	}
+	br := tx.SendBatch(ctx, b)
+	for range stmts {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+	}
+	return br.Close()
+}
