@@ -60,3 +60,9 @@ func Shard(partition string, shards int) int {
 	}
 	return int(crc32.ChecksumIEEE([]byte(partition)) % uint32(shards))
 }
+
+// Members is the sorted set of the live replicas of group g on queue q (member: lease owner id,
+// score: expiry in Unix ms); each replica takes ceil(shards / live replicas) shards.
+func (l Layout) Members(q, g string) string { return l.key(q, "g", g, "members") }
+
+func (l Layout) key(q string, parts ...string) string { return redisconn.Key(l.Prefix, q, parts...) }

@@ -1,0 +1,269 @@
+package queue
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/resources"
+)
+
+// failScript is resources/queue_fail.lua: attempts and dead letters, fenced by the shard lease.
+var failScript = redis.NewScript(resources.MustRead("queue_fail.lua"))
+
+// Logger is the logging the consumer needs; *service.Logger satisfies it.
+type Logger interface {
+	Debugf(format string, args ...any)
+	Infof(format string, args ...any)
+	Warnf(format string, args ...any)
+	Errorf(format string, args ...any)
+}
+
+type nopLogger struct{}
+
+func (nopLogger) Debugf(string, ...any) {}
+func (nopLogger) Infof(string, ...any)  {}
+func (nopLogger) Warnf(string, ...any)  {}
+func (nopLogger) Errorf(string, ...any) {}
+
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig struct {
+	Prefix      string        // key prefix (DefaultPrefix when "")
+	Queue       string        // queue to consume
+	Group       string        // consumer group: one per pipeline
+	StartFrom   string        // "earliest" (default) or "latest": where a new group starts
+	BatchCount  int           // most entries per delivery (default 500)
+	BatchBytes  int           // most payload bytes per delivery, at least one entry (default 4 MiB)
+	Block       time.Duration // how long one read waits for new entries (default 1 s)
+	MaxAttempts int           // failed attempts before a message is dead-lettered (default 3)
+	LeaseTTL    time.Duration // shard lease TTL, renewed every TTL/3 (default 10 s)
+	Owner       string        // this replica's lease owner id (default host:pid:random)
+	// Backoff is the first wait before a nacked shard is read again; it doubles per consecutive
+	// nack of the shard up to MaxBackoff (defaults 100 ms and 5 s).
+	Backoff, MaxBackoff time.Duration
+	Logger              Logger
+	// OnGone is called with the number of pending entries found trimmed away (acked and skipped).
+	OnGone func(n int)
+	// OnDeadLetter is called with the number of messages moved to the dead-letter stream.
+	OnDeadLetter func(n int)
+}
+
+func (c *ConsumerConfig) defaults() error {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if err := ValidQueueName(c.Queue); err != nil {
+		return err
+	}
+	if c.Group == "" || strings.ContainsAny(c.Group, "{}:") {
+		return errcode.New("bad_group", fmt.Sprintf("consumer group %q is empty or contains {, } or :", c.Group),
+			"name the group after the pipeline, e.g. orders_sink")
+	}
+	switch c.StartFrom {
+	case "":
+		c.StartFrom = "earliest"
+	case "earliest", "latest":
+	default:
+		return errcode.New("bad_start_from", fmt.Sprintf("start_from %q", c.StartFrom), "use earliest or latest")
+	}
+	setDefault(&c.BatchCount, 500)
+	setDefault(&c.BatchBytes, 4<<20)
+	setDefault(&c.MaxAttempts, 3)
+	setDefaultDur(&c.Block, time.Second)
+	setDefaultDur(&c.LeaseTTL, 10*time.Second)
+	setDefaultDur(&c.Backoff, 100*time.Millisecond)
+	setDefaultDur(&c.MaxBackoff, 5*time.Second)
+	if c.Owner == "" {
+		c.Owner = DefaultOwner()
+	}
+	if c.Logger == nil {
+		c.Logger = nopLogger{}
+	}
+	if c.OnGone == nil {
+		c.OnGone = func(int) {}
+	}
+	if c.OnDeadLetter == nil {
+		c.OnDeadLetter = func(int) {}
+	}
+	return nil
+}
+
+func setDefault(v *int, d int) {
+	if *v <= 0 {
+		*v = d
+	}
+}
+
+func setDefaultDur(v *time.Duration, d time.Duration) {
+	if *v <= 0 {
+		*v = d
+	}
+}
+
+// DefaultOwner is a lease owner id unique to this process life: host:pid:random.
+func DefaultOwner() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// Entry is one message read from a shard.
+type Entry struct {
+	ID        string // stream entry id
+	Offset    int64  // off: per-shard offset
+	Partition string
+	MessageID string
+	Tx        string
+	CreatedMs int64
+	Header    []byte // h ("" when absent)
+	Payload   []byte // d
+	Attempts  int64  // failed attempts counted before this delivery
+}
+
+// Delivery is one batch of entries of one shard; exactly one per shard is unacknowledged at a time.
+// Finish it with Consumer.Ack or Consumer.Nack.
+type Delivery struct {
+	Shard   int
+	Entries []Entry
+	run     *shardRun
+	pending bool // read from the shard's pending entries (or cut short): read pending next
+}
+
+type ackResult struct{ nacked bool }
+
+// shardRun is one holding of one shard's lease: a goroutine reading the shard while it is held.
+type shardRun struct {
+	n      int
+	lease  *lease.Lease
+	cancel context.CancelFunc
+	done   chan struct{}
+	acks   chan ackResult // the in-flight delivery's outcome
+	mu     sync.Mutex
+	busy   bool // a delivery is in flight
+}
+
+func (r *shardRun) setBusy(b bool) {
+	r.mu.Lock()
+	r.busy = b
+	r.mu.Unlock()
+}
+
+func (r *shardRun) isBusy() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.busy
+}
+
+// Consumer reads a queue for one consumer group, spreading the shards over every replica of the
+// group through leases (DESIGN §6). Read returns deliveries of one shard at a time; different
+// shards may be in flight at once. It is safe for concurrent use.
+type Consumer struct {
+	rdb    redis.UniversalClient
+	reader redis.UniversalClient // blocking reads: a pool with room for one read per shard
+	conf   ConsumerConfig
+	layout Layout
+
+	out    chan *Delivery
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	closed sync.Once
+
+	mu     sync.Mutex
+	shards int // 0 until the queue exists
+	runs   map[int]*shardRun
+	err    error // a fatal setup error, returned by Read
+}
+
+// NewConsumer validates conf and returns a consumer; Start begins the work.
+func NewConsumer(rdb redis.UniversalClient, conf ConsumerConfig) (*Consumer, error) {
+	if err := conf.defaults(); err != nil {
+		return nil, err
+	}
+	return &Consumer{rdb: rdb, conf: conf, layout: NewLayout(conf.Prefix),
+		out: make(chan *Delivery), stop: make(chan struct{}), runs: map[int]*shardRun{}}, nil
+}
+
+// Start checks the connection and starts the lease keeper, which waits for the queue to exist,
+// creates the group on every shard and acquires this replica's fair share of shards.
+func (c *Consumer) Start(ctx context.Context) error {
+	if err := c.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis ping: %w", err)
+	}
+	c.wg.Add(1)
+	go c.keepLeases()
+	return nil
+}
+
+// Read blocks until a delivery is ready, ctx is done, or the consumer is closed.
+func (c *Consumer) Read(ctx context.Context) (*Delivery, error) {
+	select {
+	case d := <-c.out:
+		return d, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-c.stop:
+		c.mu.Lock()
+		err := c.err
+		c.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		return nil, errClosed
+	}
+}
+
+var errClosed = errors.New("queue consumer closed")
+
+// IsClosed reports whether err is Read's error after Close.
+func IsClosed(err error) bool { return errors.Is(err, errClosed) }
+
+// Close stops reading, releases every shard lease at once (another replica takes the shards
+// without waiting for the TTL) and leaves the group's membership. Safe to call while Read runs.
+func (c *Consumer) Close(ctx context.Context) error {
+	c.closed.Do(func() { close(c.stop) })
+	c.wg.Wait()
+	c.mu.Lock()
+	runs := c.runs
+	c.runs = map[int]*shardRun{}
+	c.mu.Unlock()
+	for _, r := range runs {
+		r.cancel()
+		<-r.done
+		if err := r.lease.Release(ctx); err != nil {
+			c.conf.Logger.Warnf("queue %s: release shard %d: %v", c.conf.Queue, r.n, err)
+		}
+	}
+	c.rdb.ZRem(ctx, c.membersKey(), c.conf.Owner)
+	if c.reader != nil && c.reader != c.rdb {
+		return c.reader.Close()
+	}
+	return nil
+}
+
+// membersKey is the sorted set of the group's live replicas (score: expiry, Unix ms), used to
+// compute each replica's fair share of shards.
+func (c *Consumer) membersKey() string {
+	return c.layout.Members(c.conf.Queue, c.conf.Group)
+}
+
+// Held lists the shards this replica holds now.
+func (c *Consumer) Held() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]int, 0, len(c.runs))
+	for n := range c.runs {
+		out = append(out, n)
+	}
+	return out
+}

@@ -1,0 +1,268 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+func newConsumer(t *testing.T, rdb redis.UniversalClient, conf ConsumerConfig) *Consumer {
+	t.Helper()
+	if conf.Queue == "" {
+		conf.Queue = "q"
+	}
+	if conf.Group == "" {
+		conf.Group = "g"
+	}
+	if conf.LeaseTTL == 0 {
+		conf.LeaseTTL = 900 * time.Millisecond
+	}
+	if conf.Block == 0 {
+		conf.Block = 100 * time.Millisecond
+	}
+	if conf.Backoff == 0 {
+		conf.Backoff = 10 * time.Millisecond
+	}
+	c, err := NewConsumer(rdb, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+func read(t *testing.T, c *Consumer, timeout time.Duration) *Delivery {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	d, err := c.Read(ctx)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return d
+}
+
+func TestConsumeInOrder(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 3})
+	if _, err := w.Write(ctx, msgs("q", 30, 6), nil); err != nil {
+		t.Fatal(err)
+	}
+	c := newConsumer(t, rdb, ConsumerConfig{BatchCount: 4})
+	got := map[string][]string{}
+	lastOff := map[int]int64{}
+	nacked := map[int]bool{}
+	for total := 0; total < 30; {
+		d := read(t, c, 10*time.Second)
+		if len(d.Entries) == 0 || len(d.Entries) > 4 {
+			t.Fatalf("delivery of %d entries", len(d.Entries))
+		}
+		if !nacked[d.Shard] { // nack each shard's first delivery once: it must come back whole
+			nacked[d.Shard] = true
+			if err := c.Nack(ctx, d, nil); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		for _, e := range d.Entries {
+			if e.Offset != lastOff[d.Shard]+1 {
+				t.Fatalf("shard %d: offset %d after %d", d.Shard, e.Offset, lastOff[d.Shard])
+			}
+			lastOff[d.Shard] = e.Offset
+			got[e.Partition] = append(got[e.Partition], e.MessageID)
+			if Shard(e.Partition, 3) != d.Shard || e.Tx != "tx1" || e.CreatedMs < 1700000000000 {
+				t.Fatalf("entry %+v", e)
+			}
+		}
+		total += len(d.Entries)
+		if err := c.Ack(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p, ids := range got {
+		for i := 1; i < len(ids); i++ {
+			var a, b int
+			fmt.Sscanf(ids[i-1], "m%d", &a)
+			fmt.Sscanf(ids[i], "m%d", &b)
+			if a >= b {
+				t.Fatalf("partition %s out of order: %v", p, ids)
+			}
+		}
+	}
+	for n := 0; n < 3; n++ {
+		p, err := rdb.XPending(ctx, w.Layout().Stream("q", n), "g").Result()
+		if err != nil || p.Count != 0 {
+			t.Fatalf("shard %d pending %v %v", n, p, err)
+		}
+	}
+}
+
+func TestConsumePoison(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 2})
+	if _, err := w.Write(ctx, msgs("q", 20, 4), nil); err != nil {
+		t.Fatal(err)
+	}
+	poison := map[string]bool{"m3": true, "m10": true, "m17": true}
+	c := newConsumer(t, rdb, ConsumerConfig{BatchCount: 5, MaxAttempts: 3})
+	done := map[string]int{}
+	attemptsSeen := map[string]int64{}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(done) < 17 {
+		if time.Now().After(deadline) {
+			t.Fatalf("delivered %d of 17", len(done))
+		}
+		d := read(t, c, 10*time.Second)
+		failed := map[int]error{}
+		for i, e := range d.Entries {
+			if poison[e.MessageID] {
+				failed[i] = fmt.Errorf("bad message %s", e.MessageID)
+				attemptsSeen[e.MessageID] = max(attemptsSeen[e.MessageID], e.Attempts)
+			}
+		}
+		if len(failed) > 0 {
+			if err := c.Nack(ctx, d, failed); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		for _, e := range d.Entries {
+			done[e.MessageID]++
+		}
+		if err := c.Ack(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dlq, err := rdb.XRange(ctx, w.Layout().DLQ("q"), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, x := range dlq {
+		id := x.Values["id"].(string)
+		ids = append(ids, id)
+		if x.Values["error"] != "bad message "+id || x.Values["attempts"] != "3" || x.Values["group"] != "g" ||
+			x.Values["d"] == "" || x.Values["failed_at"] == "" {
+			t.Errorf("dead letter %v", x.Values)
+		}
+	}
+	sort.Strings(ids)
+	if fmt.Sprint(ids) != "[m10 m17 m3]" {
+		t.Fatalf("dead letters %v", ids)
+	}
+	for id, n := range done {
+		if n != 1 {
+			t.Errorf("%s delivered and acked %d times", id, n)
+		}
+	}
+	if attemptsSeen["m3"] != 2 {
+		t.Errorf("attempts metadata of m3 reached %d, want 2", attemptsSeen["m3"])
+	}
+	if n := rdb.HLen(ctx, w.Layout().Attempts("q", "g")).Val(); n != 0 {
+		t.Errorf("%d attempt counts left", n)
+	}
+}
+
+func TestConsumeShareAndHandOver(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 8})
+	if _, err := w.Write(ctx, msgs("q", 8, 64), nil); err != nil {
+		t.Fatal(err)
+	}
+	a := newConsumer(t, rdb, ConsumerConfig{})
+	waitFor(t, "a holds 8", func() bool { return len(a.Held()) == 8 })
+	b := newConsumer(t, rdb, ConsumerConfig{})
+	// both drain and ack whatever they read, so shards are idle and can be handed over
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, c := range []*Consumer{a, b} {
+		wg.Add(1)
+		go func(c *Consumer) {
+			defer wg.Done()
+			for {
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				d, err := c.Read(ctx)
+				cancel()
+				select {
+				case <-stop:
+					if d != nil {
+						_ = c.Ack(context.Background(), d)
+					}
+					return
+				default:
+				}
+				if err != nil {
+					continue
+				}
+				_ = c.Ack(context.Background(), d)
+			}
+		}(c)
+	}
+	waitFor(t, "4 and 4", func() bool { return len(a.Held()) == 4 && len(b.Held()) == 4 })
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// b takes a's shards without waiting for the TTL to run out (only for its next tick)
+	waitFor(t, "b holds 8", func() bool { return len(b.Held()) == 8 })
+	close(stop)
+	wg.Wait()
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestConsumeTrimmedPending(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 1})
+	if _, err := w.Write(ctx, msgs("q", 5, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	gone := 0
+	var mu sync.Mutex
+	c := newConsumer(t, rdb, ConsumerConfig{OnGone: func(n int) { mu.Lock(); gone += n; mu.Unlock() }})
+	d := read(t, c, 10*time.Second)
+	if len(d.Entries) != 5 {
+		t.Fatalf("%d entries", len(d.Entries))
+	}
+	// trim the first three while they are pending, then nack: the rest comes back
+	rdb.XTrimMinID(ctx, w.Layout().Stream("q", 0), d.Entries[3].ID)
+	_ = c.Nack(ctx, d, nil)
+	d = read(t, c, 10*time.Second)
+	if len(d.Entries) != 2 || d.Entries[0].MessageID != "m3" {
+		t.Fatalf("after trim: %+v", d.Entries)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if gone != 3 {
+		t.Fatalf("gone %d", gone)
+	}
+	if p := rdb.XPending(ctx, w.Layout().Stream("q", 0), "g").Val(); p.Count != 2 {
+		t.Fatalf("pending %d", p.Count)
+	}
+}

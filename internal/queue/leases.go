@@ -1,0 +1,250 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/lease"
+)
+
+// errNoQueue means the queue's meta does not exist yet (no producer has written to it).
+var errNoQueue = errors.New("queue does not exist yet")
+
+// keepLeases runs until Close: every LeaseTTL/3 it renews held shards, drops lost ones, gives
+// back shards above this replica's fair share and takes free shards up to it.
+func (c *Consumer) keepLeases() {
+	defer c.wg.Done()
+	every := c.conf.LeaseTTL / 3
+	waiting := false
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		err := c.tick(ctx)
+		cancel()
+		switch {
+		case errors.Is(err, errNoQueue):
+			if !waiting {
+				c.conf.Logger.Infof("queue %s: waiting for a producer to create the queue", c.conf.Queue)
+			}
+			waiting = true
+		case err != nil:
+			c.conf.Logger.Warnf("queue %s group %s: leases: %v", c.conf.Queue, c.conf.Group, err)
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+func (c *Consumer) tick(ctx context.Context) error {
+	c.mu.Lock()
+	shards := c.shards
+	c.mu.Unlock()
+	if shards == 0 {
+		var err error
+		if shards, err = c.setup(ctx); err != nil {
+			return err
+		}
+	}
+	fair, err := c.fairShare(ctx, shards)
+	if err != nil {
+		return err
+	}
+	c.renew(ctx)
+	c.giveBack(ctx, fair)
+	return c.take(ctx, shards, fair)
+}
+
+// setup reads the shard count, creates the group on every shard and the reader client.
+func (c *Consumer) setup(ctx context.Context) (int, error) {
+	s, err := c.rdb.HGet(ctx, c.layout.Meta(c.conf.Queue), "shards").Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, errNoQueue
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read meta: %w", err)
+	}
+	shards, err := strconv.Atoi(s)
+	if err != nil || shards < 1 {
+		return 0, fmt.Errorf("meta %s: shards %q is not a positive number", c.layout.Meta(c.conf.Queue), s)
+	}
+	for n := 0; n < shards; n++ {
+		if err := c.createGroup(ctx, n); err != nil {
+			return 0, err
+		}
+	}
+	c.mu.Lock()
+	c.shards = shards
+	c.reader = readerClient(c.rdb, shards)
+	c.mu.Unlock()
+	c.conf.Logger.Infof("queue %s: %d shards, group %s, replica %s", c.conf.Queue, shards, c.conf.Group, c.conf.Owner)
+	return shards, nil
+}
+
+// createGroup creates the group on shard n (start_from decides where), if it is not there.
+func (c *Consumer) createGroup(ctx context.Context, n int) error {
+	start := "0"
+	if c.conf.StartFrom == "latest" {
+		start = "$"
+	}
+	err := c.rdb.XGroupCreateMkStream(ctx, c.layout.Stream(c.conf.Queue, n), c.conf.Group, start).Err()
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+		return fmt.Errorf("create group %s on shard %d: %w", c.conf.Group, n, err)
+	}
+	return nil
+}
+
+// readerClient returns a client whose pool has room for a blocking read on every shard.
+func readerClient(rdb redis.UniversalClient, shards int) redis.UniversalClient {
+	need := shards + 8
+	switch cl := rdb.(type) {
+	case *redis.Client:
+		o := *cl.Options()
+		if o.PoolSize >= need {
+			return rdb
+		}
+		o.PoolSize = need
+		return redis.NewClient(&o)
+	case *redis.ClusterClient:
+		o := *cl.Options()
+		if o.PoolSize >= need {
+			return rdb
+		}
+		o.PoolSize = need
+		return redis.NewClusterClient(&o)
+	}
+	return rdb
+}
+
+// fairShare refreshes this replica's membership and returns ceil(shards / live replicas).
+func (c *Consumer) fairShare(ctx context.Context, shards int) (int, error) {
+	now := time.Now().UnixMilli()
+	key := c.membersKey()
+	var card *redis.IntCmd
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, key, redis.Z{Score: float64(now + c.conf.LeaseTTL.Milliseconds()), Member: c.conf.Owner})
+		p.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(now, 10))
+		card = p.ZCard(ctx, key)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("membership: %w", err)
+	}
+	replicas := max(int(card.Val()), 1)
+	return (shards + replicas - 1) / replicas, nil
+}
+
+// renew extends every held lease and stops the shards whose lease was lost.
+func (c *Consumer) renew(ctx context.Context) {
+	for _, r := range c.snapshotRuns() {
+		ok, err := r.lease.Renew(ctx)
+		if err != nil {
+			c.conf.Logger.Warnf("queue %s: renew shard %d: %v", c.conf.Queue, r.n, err)
+			continue
+		}
+		if !ok {
+			c.conf.Logger.Warnf("queue %s: lost the lease of shard %d; another replica reads it now", c.conf.Queue, r.n)
+			c.stopRun(r)
+		}
+	}
+}
+
+// giveBack releases idle shards above the fair share so new replicas get theirs at once.
+func (c *Consumer) giveBack(ctx context.Context, fair int) {
+	runs := c.snapshotRuns()
+	held := len(runs)
+	for _, r := range runs {
+		if held <= fair {
+			return
+		}
+		if r.isBusy() {
+			continue
+		}
+		c.stopRun(r)
+		held--
+		if err := r.lease.Release(ctx); err != nil {
+			c.conf.Logger.Warnf("queue %s: release shard %d: %v", c.conf.Queue, r.n, err)
+		}
+		c.conf.Logger.Debugf("queue %s: handed shard %d over (fair share %d)", c.conf.Queue, r.n, fair)
+	}
+}
+
+// take acquires free shards until this replica holds its fair share. The scan starts at a
+// point derived from the owner id so replicas starting together try different shards first.
+func (c *Consumer) take(ctx context.Context, shards, fair int) error {
+	first := int(crc32.ChecksumIEEE([]byte(c.conf.Owner)) % uint32(shards))
+	for i := 0; i < shards && len(c.Held()) < fair; i++ {
+		n := (first + i) % shards
+		if c.holds(n) {
+			continue
+		}
+		select {
+		case <-c.stop:
+			return nil
+		default:
+		}
+		l := lease.New(c.rdb, c.layout.GroupLease(c.conf.Queue, c.conf.Group, n), c.conf.LeaseTTL, c.conf.Owner)
+		ok, err := l.TryAcquire(ctx)
+		if err != nil {
+			return err
+		}
+		if ok {
+			c.startRun(n, l)
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) holds(n int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.runs[n]
+	return ok
+}
+
+func (c *Consumer) snapshotRuns() []*shardRun {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*shardRun, 0, len(c.runs))
+	for _, r := range c.runs {
+		out = append(out, r)
+	}
+	return out
+}
+
+// startRun starts reading shard n, whose lease l this replica now holds.
+func (c *Consumer) startRun(n int, l *lease.Lease) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &shardRun{n: n, lease: l, cancel: cancel, done: make(chan struct{}), acks: make(chan ackResult, 1)}
+	c.mu.Lock()
+	select {
+	case <-c.stop:
+		c.mu.Unlock()
+		cancel()
+		_ = l.Release(context.Background())
+		return
+	default:
+	}
+	c.runs[n] = r
+	c.mu.Unlock()
+	c.conf.Logger.Debugf("queue %s: took shard %d", c.conf.Queue, n)
+	go c.readShard(ctx, r)
+}
+
+// stopRun stops reading a shard and waits for its goroutine.
+func (c *Consumer) stopRun(r *shardRun) {
+	c.mu.Lock()
+	if c.runs[r.n] == r {
+		delete(c.runs, r.n)
+	}
+	c.mu.Unlock()
+	r.cancel()
+	<-r.done
+}

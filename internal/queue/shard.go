@@ -1,0 +1,270 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// readShard delivers the shard's entries while this replica holds it: pending entries (`0`)
+// first, then new ones (`>`), one delivery in flight at a time; a nack returns to the pending
+// entries after a backoff that doubles with every consecutive nack.
+func (c *Consumer) readShard(ctx context.Context, r *shardRun) {
+	defer close(r.done)
+	pending := true
+	backoff := c.conf.Backoff
+	for ctx.Err() == nil {
+		d, more, err := c.fetch(ctx, r, pending)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			c.conf.Logger.Warnf("queue %s: read shard %d: %v", c.conf.Queue, r.n, err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		if d == nil {
+			pending = pending && more
+			continue
+		}
+		r.setBusy(true)
+		select {
+		case c.out <- d:
+		case <-ctx.Done():
+			r.setBusy(false)
+			return
+		}
+		var res ackResult
+		select {
+		case res = <-r.acks:
+		case <-ctx.Done():
+			return
+		}
+		r.setBusy(false)
+		if res.nacked {
+			pending = true
+			sleep(ctx, backoff)
+			backoff = min(2*backoff, c.conf.MaxBackoff)
+			continue
+		}
+		backoff = c.conf.Backoff
+		pending = d.pending
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// fetch reads one delivery from shard r.n: its pending entries when pending, else new ones
+// (waiting up to Block). A nil delivery means nothing to deliver; more then says the pending
+// entries are not exhausted (all read ones had been trimmed away).
+func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Delivery, bool, error) {
+	stream := c.layout.Stream(c.conf.Queue, r.n)
+	args := &redis.XReadGroupArgs{Group: c.conf.Group, Consumer: ConsumerName(r.n),
+		Streams: []string{stream, ">"}, Count: int64(c.conf.BatchCount), Block: c.conf.Block}
+	if pending {
+		args.Streams[1], args.Block = "0", -1
+	}
+	c.mu.Lock()
+	reader := c.reader
+	c.mu.Unlock()
+	res, err := reader.XReadGroup(ctx, args).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, false, nil
+	}
+	if redis.HasErrorPrefix(err, "NOGROUP") {
+		c.conf.Logger.Warnf("queue %s: group %s missing on shard %d (stream deleted?); creating it", c.conf.Queue, c.conf.Group, r.n)
+		return nil, pending, c.createGroup(ctx, r.n)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	var msgs []redis.XMessage
+	if len(res) > 0 {
+		msgs = res[0].Messages
+	}
+	d := &Delivery{Shard: r.n, run: r, pending: pending}
+	var gone []string
+	bytes := 0
+	for _, m := range msgs {
+		if len(m.Values) == 0 {
+			gone = append(gone, m.ID)
+			continue
+		}
+		if len(d.Entries) > 0 && bytes >= c.conf.BatchBytes {
+			d.pending = true // the rest were delivered to this shard's consumer: read them as pending
+			break
+		}
+		e := entryOf(m)
+		bytes += len(e.Payload)
+		d.Entries = append(d.Entries, e)
+	}
+	if len(gone) > 0 {
+		if err := c.ackGone(ctx, r.n, gone); err != nil {
+			return nil, false, err
+		}
+	}
+	if len(d.Entries) == 0 {
+		return nil, pending && len(gone) > 0, nil
+	}
+	if pending {
+		if err := c.loadAttempts(ctx, d); err != nil {
+			return nil, false, err
+		}
+	}
+	return d, false, nil
+}
+
+// ackGone acks pending entries that were trimmed away before they were processed: logged, counted.
+func (c *Consumer) ackGone(ctx context.Context, n int, ids []string) error {
+	c.conf.Logger.Warnf("queue %s group %s: %d pending entries of shard %d were trimmed before being processed (first %s); acking them",
+		c.conf.Queue, c.conf.Group, len(ids), n, ids[0])
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAck(ctx, c.layout.Stream(c.conf.Queue, n), c.conf.Group, ids...)
+		p.HDel(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), ids...)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ack trimmed entries: %w", err)
+	}
+	c.conf.OnGone(len(ids))
+	return nil
+}
+
+// loadAttempts fills Entry.Attempts of a redelivery.
+func (c *Consumer) loadAttempts(ctx context.Context, d *Delivery) error {
+	ids := make([]string, len(d.Entries))
+	for i, e := range d.Entries {
+		ids[i] = e.ID
+	}
+	vals, err := c.rdb.HMGet(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), ids...).Result()
+	if err != nil {
+		return fmt.Errorf("read attempts: %w", err)
+	}
+	for i, v := range vals {
+		if s, ok := v.(string); ok {
+			d.Entries[i].Attempts, _ = strconv.ParseInt(s, 10, 64)
+		}
+	}
+	return nil
+}
+
+// entryOf converts a stream entry; fields a foreign producer left out stay zero.
+func entryOf(m redis.XMessage) Entry {
+	str := func(k string) string {
+		s, _ := m.Values[k].(string)
+		return s
+	}
+	e := Entry{ID: m.ID, Partition: str("p"), MessageID: str("id"), Tx: str("tx"),
+		Header: []byte(str("h")), Payload: []byte(str("d"))}
+	e.Offset, _ = strconv.ParseInt(str("off"), 10, 64)
+	e.CreatedMs, _ = strconv.ParseInt(str("ts"), 10, 64)
+	return e
+}
+
+// Ack acknowledges a delivery: XACK of its entries (and their attempt counts cleared). If the
+// XACK cannot be sent, the entries stay pending and are delivered again (at least once).
+func (c *Consumer) Ack(ctx context.Context, d *Delivery) error {
+	ids := make([]string, len(d.Entries))
+	retried := false
+	for i, e := range d.Entries {
+		ids[i] = e.ID
+		retried = retried || e.Attempts > 0
+	}
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.XAck(ctx, c.layout.Stream(c.conf.Queue, d.Shard), c.conf.Group, ids...)
+			if retried {
+				p.HDel(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), ids...)
+			}
+			return nil
+		})
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+	c.finish(d, err != nil)
+	if err != nil {
+		return fmt.Errorf("queue %s shard %d: XACK: %w (the entries will be delivered again)", c.conf.Queue, d.Shard, err)
+	}
+	return nil
+}
+
+// Nack returns the delivery's shard to its pending entries. failed maps an entry index to the
+// error that counts a failed attempt for it; entries not in failed count none. An entry that
+// reaches MaxAttempts moves to the dead-letter stream, atomically with its XACK.
+func (c *Consumer) Nack(ctx context.Context, d *Delivery, failed map[int]error) error {
+	defer c.finish(d, true)
+	if len(failed) == 0 {
+		return nil
+	}
+	token := d.run.lease.Token()
+	if token == "" {
+		return nil // the shard moved on: its new owner counts its own attempts
+	}
+	args := []any{token, c.conf.Group, c.conf.MaxAttempts, time.Now().UnixMilli()}
+	idx := make([]int, 0, len(failed))
+	for i := range d.Entries {
+		if err, ok := failed[i]; ok {
+			args = append(args, d.Entries[i].ID, errText(err))
+			idx = append(idx, i)
+		}
+	}
+	keys := []string{d.run.lease.Key(), c.layout.Attempts(c.conf.Queue, c.conf.Group),
+		c.layout.Stream(c.conf.Queue, d.Shard), c.layout.DLQ(c.conf.Queue)}
+	res, err := failScript.Run(ctx, c.rdb, keys, args...).Result()
+	if err != nil {
+		return fmt.Errorf("queue %s shard %d: count attempts: %w", c.conf.Queue, d.Shard, err)
+	}
+	counts, ok := res.([]any)
+	if !ok {
+		c.conf.Logger.Warnf("queue %s: shard %d was taken over before its attempts were counted", c.conf.Queue, d.Shard)
+		return nil
+	}
+	dead := 0
+	for k, v := range counts {
+		n, _ := v.(int64)
+		e := d.Entries[idx[k]]
+		if n < 0 {
+			dead++
+			c.conf.Logger.Errorf("queue %s group %s: message %s (shard %d offset %d) failed %d times, moved to the dead-letter stream: %v",
+				c.conf.Queue, c.conf.Group, e.MessageID, d.Shard, e.Offset, -n, failed[idx[k]])
+		}
+	}
+	if dead > 0 {
+		c.conf.OnDeadLetter(dead)
+	}
+	return nil
+}
+
+// errText bounds an error's text for the dead-letter stream.
+func errText(err error) string {
+	s := "failed"
+	if err != nil {
+		s = err.Error()
+	}
+	if len(s) > 4096 {
+		s = s[:4096]
+	}
+	return s
+}
+
+// finish tells the shard's reader the delivery's outcome (once; later calls are ignored).
+func (c *Consumer) finish(d *Delivery, nacked bool) {
+	select {
+	case d.run.acks <- ackResult{nacked: nacked}:
+	default:
+	}
+}
