@@ -43,8 +43,8 @@ const (
 
 // Result reports a committed batch message by message.
 type Result struct {
-	Outcomes []Outcome
-	Errs     []error // for Failed and Blocked messages
+	Outcomes                          []Outcome
+	Errs                              []error // for Failed and Blocked messages
 	Applied, Skipped, Failed, Blocked int
 }
 
