@@ -88,7 +88,7 @@ func TestMapping(t *testing.T) {
 			batches: [][]string{{`{"id":12,"total":1,"note":"a"}`, `{"id":12,"qty":5}`, `{"id":12,"total":3}`, `{"id":13,"total":1}`}},
 			wants:   []want{{"id=12", "total::text || note || qty", "3.00a5"}, {"id=13", "total::text", "1.00"}}},
 		{name: "metadata columns filled", mode: ModeUpsert,
-			meta: MetadataColumns{Partition: "part", Offset: "off", Shard: "sh", MessageID: "mid", TransactionID: "txid", CreatedAt: "created", Payload: "payload"},
+			meta:    MetadataColumns{Partition: "part", Offset: "off", Shard: "sh", MessageID: "mid", TransactionID: "txid", CreatedAt: "created", Payload: "payload"},
 			batches: [][]string{{`{"id":14,"total":1}`}},
 			wants: []want{{"id=14", "part || '/' || off || '/' || sh || '/' || mid", "p12/1/12/m-12-1"},
 				{"id=14", "coalesce(txid,'<null>')", "<null>"}, {"id=14", "created::text", "2026-10-03 06:15:03.583+00"},

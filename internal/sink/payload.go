@@ -107,7 +107,7 @@ func parsePath(p string) ([]pathStep, error) {
 		switch {
 		case rest[0] == '.':
 			end := 1
-			for end < len(rest) && rest[end] != '.' && rest[end] != '[' {
+			for end < len(rest) && rest[end] != '.' && rest[end] != '[' && rest[end] != ']' {
 				end++
 			}
 			if end == 1 {

@@ -1,0 +1,220 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+func TestCDC(t *testing.T) {
+	f := startPG(t)
+	newTable := func(t *testing.T) (string, *Applier) {
+		table := f.name("cdc")
+		f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, a text, b text DEFAULT 'dflt', big text)`)
+		return table, f.applier(t, Config{Table: table, Mode: ModeCDC})
+	}
+	rows := func(t *testing.T, table string) string {
+		return strings.Join(f.queryStrings(t, `SELECT concat_ws('/', id, a, b, big) FROM `+table+` ORDER BY id`), ",")
+	}
+	ev := func(op, key, after, before string, unchanged ...string) string {
+		s := `{"op":"` + op + `","table":"public.x","key":` + key + `,"after":` + after + `,"before":` + before
+		if len(unchanged) > 0 {
+			s += `,"unchanged":["` + strings.Join(unchanged, `","`) + `"]`
+		}
+		return s + `,"lsn":"0/1","ts":"2026-10-03T06:15:03.583036Z","seq":0}`
+	}
+	cases := []struct {
+		name    string
+		batches [][]string
+		want    string
+	}{
+		{"c and r insert, u merges keeping unchanged TOASTed columns", [][]string{
+			{ev("c", `{"id":1}`, `{"id":1,"a":"x","b":"y","big":"LONG"}`, "null"), ev("r", `{"id":2}`, `{"id":2,"a":"r","b":"r","big":"r"}`, "null")},
+			{ev("u", `{"id":1}`, `{"id":1,"a":"x2","b":"y2"}`, "null", "big")},
+		}, "1/x2/y2/LONG,2/r/r/r"},
+		{"d deletes by key", [][]string{
+			{ev("c", `{"id":1}`, `{"id":1,"a":"x","b":"y","big":"z"}`, "null"), ev("c", `{"id":2}`, `{"id":2,"a":"x","b":"y","big":"z"}`, "null")},
+			{ev("d", `{"id":1}`, "null", `{"id":1}`)},
+		}, "2/x/y/z"},
+		{"d then c of the same key in one batch recreates the row (absent columns DEFAULT)", [][]string{
+			{ev("c", `{"id":1}`, `{"id":1,"a":"old","b":"old","big":"old"}`, "null")},
+			{ev("d", `{"id":1}`, "null", `{"id":1}`), ev("c", `{"id":1}`, `{"id":1,"a":"new"}`, "null"), ev("u", `{"id":1}`, `{"id":1,"big":"B"}`, "null")},
+		}, "1/new/dflt/B"},
+		{"c then d in one batch leaves nothing", [][]string{
+			{ev("c", `{"id":5}`, `{"id":5,"a":"x"}`, "null"), ev("d", `{"id":5}`, "null", `{"id":5}`)},
+		}, ""},
+		{"key change in one u event moves the row and keeps unchanged columns", [][]string{
+			{ev("c", `{"id":1}`, `{"id":1,"a":"x","b":"y","big":"LONG"}`, "null")},
+			{ev("u", `{"id":7}`, `{"id":7,"a":"moved"}`, `{"id":1}`, "big"), ev("u", `{"id":7}`, `{"id":7,"b":"after-move"}`, "null")},
+		}, "7/moved/after-move/LONG"},
+		{"t truncates, later events of the batch apply", [][]string{
+			{ev("c", `{"id":1}`, `{"id":1,"a":"x"}`, "null"), ev("c", `{"id":2}`, `{"id":2,"a":"x"}`, "null")},
+			{ev("c", `{"id":3}`, `{"id":3,"a":"gone"}`, "null"), `{"op":"t","table":"public.x"}`, ev("c", `{"id":4}`, `{"id":4,"a":"kept"}`, "null")},
+		}, "4/kept/dflt"},
+		{"m (published message) is ignored", [][]string{
+			{`{"op":"m","table":"","key":null,"after":{"anything":1}}`, ev("c", `{"id":1}`, `{"id":1,"a":"x"}`, "null")},
+		}, "1/x/dflt"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			table, a := newTable(t)
+			off := int64(0)
+			for _, b := range c.batches {
+				var msgs []*Message
+				for _, p := range b {
+					off++
+					msgs = append(msgs, msg("q", 0, off, p))
+				}
+				if res := write(t, a, msgs...); res.Applied != len(b) {
+					t.Fatalf("applied %d of %d: %v", res.Applied, len(b), res.Errs)
+				}
+			}
+			if got := rows(t, table); got != c.want {
+				t.Fatalf("rows %q, want %q", got, c.want)
+			}
+		})
+	}
+	t.Run("unreadable events are data errors and block the rest of their shard", func(t *testing.T) {
+		table, a := newTable(t)
+		res := write(t, a,
+			msg("q", 0, 1, ev("c", `{"id":1}`, `{"id":1,"a":"ok"}`, "null")),
+			msg("q", 0, 2, `{"op":"x","key":{"id":1}}`),
+			msg("q", 0, 3, ev("c", `{"id":3}`, `{"id":3,"a":"blocked"}`, "null")),
+			msg("q", 1, 1, `not json at all`),
+			msg("q", 2, 1, `{"op":"c","after":{"a":"no key"}}`),
+			msg("q", 3, 1, ev("c", `{"id":4}`, `{"id":4,"a":"other shard"}`, "null")),
+		)
+		want := []Outcome{Applied, Failed, Blocked, Failed, Failed, Applied}
+		for i, o := range want {
+			if res.Outcomes[i] != o {
+				t.Fatalf("outcomes %v, want %v (errs %v)", res.Outcomes, want, res.Errs)
+			}
+		}
+		for i, sub := range map[int]string{1: `unknown change event op "x"`, 3: "payload is not JSON", 4: "no non-null value for key"} {
+			if !errcode.Is(res.Errs[i], "bad_payload") || !strings.Contains(res.Errs[i].Error(), sub) {
+				t.Errorf("message %d: %v lacks %q", i, res.Errs[i], sub)
+			}
+		}
+		if !errcode.Is(res.Errs[2], "blocked") {
+			t.Errorf("message 2: %v", res.Errs[2])
+		}
+		if got := rows(t, table); got != "1/ok/dflt,4/other shard/dflt" {
+			t.Fatalf("rows %q", got)
+		}
+		got := strings.Join(f.queryStrings(t, `SELECT shard || ':' || last_offset FROM pgrelay.sink_progress WHERE sink = $1 ORDER BY shard`, a.cfg.Name), ",")
+		if got != "0:1,1:0,2:0,3:1" {
+			t.Fatalf("progress %s", got)
+		}
+	})
+}
+
+func TestSQLMode(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE TABLE accounts (id bigint PRIMARY KEY, balance numeric NOT NULL DEFAULT 0 CHECK (balance < 1e40), memo text)`)
+	f.exec(t, `INSERT INTO accounts (id) SELECT generate_series(1, 3)`)
+	f.exec(t, `CREATE TABLE audit (id bigserial, part text, shard int, off bigint, mid text, tx text, created bigint, whole jsonb, first_line text, odd text)`)
+	t.Run("non-idempotent statement runs exactly once per message", func(t *testing.T) {
+		a := f.applier(t, Config{Mode: ModeSQL, Statement: `UPDATE accounts SET balance = balance + $1::numeric WHERE id = $2::bigint`,
+			Params: []string{"$.amount", "$.id"}})
+		b1 := []*Message{msg("q", 0, 1, `{"id":1,"amount":123456789012345678901234567890}`), msg("q", 0, 2, `{"id":1,"amount":"0.000000000000000000000000000001"}`),
+			msg("q", 1, 1, `{"id":2,"amount":5}`)}
+		write(t, a, b1...)
+		res := write(t, a, append(b1, msg("q", 1, 2, `{"id":2,"amount":-7}`))...) // redelivery + one new
+		if res.Skipped != 3 || res.Applied != 1 {
+			t.Fatalf("outcomes %v", res.Outcomes)
+		}
+		got := strings.Join(f.queryStrings(t, `SELECT balance::text FROM accounts ORDER BY id`), ",")
+		if got != "123456789012345678901234567890.000000000000000000000000000001,-2,0" {
+			t.Fatalf("balances %s", got)
+		}
+	})
+	t.Run("params from paths and metadata; a missing path is NULL", func(t *testing.T) {
+		a := f.applier(t, Config{Mode: ModeSQL,
+			Statement: `INSERT INTO audit (part, shard, off, mid, tx, created, whole, first_line, odd)
+			            VALUES ($1, $2::int, $3::bigint, $4, $5, $6::bigint, $7::jsonb, $8, $9)`,
+			Params: []string{"@partition", "@shard", "@offset", "@message_id", "@transaction_id", "@created_at", "$", "$.lines[0].sku", `$["odd.key"]`}})
+		m := msg("q", 4, 9, `{"lines":[{"sku":"A-1"}],"odd.key":"dotted"}`)
+		m.TransactionID, m.CreatedAt = "pg:1:2", 1700000000123
+		write(t, a, m, msg("q", 4, 10, `{}`))
+		got := strings.Join(f.queryStrings(t, `SELECT concat_ws('|', part, shard, off, mid, tx, created, whole->'lines'->0->>'sku', first_line, coalesce(odd, 'NULL')) FROM audit ORDER BY id`), ",")
+		if got != "p4|4|9|m-4-9|pg:1:2|1700000000123|A-1|A-1|dotted,p4|4|10|m-4-10|NULL" {
+			t.Fatalf("audit %s", got)
+		}
+	})
+	t.Run("a data error isolates its message, the rest of the batch commits", func(t *testing.T) {
+		a := f.applier(t, Config{Mode: ModeSQL, Statement: `UPDATE accounts SET balance = balance + $1::numeric WHERE id = $2::bigint`,
+			Params: []string{"$.amount", "$.id"}})
+		f.exec(t, `UPDATE accounts SET balance = 0`)
+		res := write(t, a,
+			msg("q", 0, 1, `{"id":3,"amount":1}`),
+			msg("q", 0, 2, `{"id":3,"amount":1e41}`), // CHECK violation
+			msg("q", 0, 3, `{"id":3,"amount":100}`),
+			msg("q", 1, 1, `{"id":2,"amount":"abc"}`), // 22P02
+			msg("q", 2, 1, `{"id":1,"amount":2}`),
+		)
+		want := []Outcome{Applied, Failed, Blocked, Failed, Applied}
+		for i, o := range want {
+			if res.Outcomes[i] != o {
+				t.Fatalf("outcomes %v, want %v (%v)", res.Outcomes, want, res.Errs)
+			}
+		}
+		if e := res.Errs[1].Error(); !strings.HasPrefix(e, `23514: new row for relation "accounts" violates check constraint`) || !strings.Contains(e, "(Failing row contains") {
+			t.Errorf("error text %q", e)
+		}
+		if e := res.Errs[3].Error(); !strings.HasPrefix(e, `22P02: invalid input syntax for type numeric: "abc"`) {
+			t.Errorf("error text %q", e)
+		}
+		if got := strings.Join(f.queryStrings(t, `SELECT balance::text FROM accounts ORDER BY id`), ","); got != "2,0,1" {
+			t.Fatalf("balances %s", got)
+		}
+		got := strings.Join(f.queryStrings(t, `SELECT shard || ':' || last_offset FROM pgrelay.sink_progress WHERE sink = $1 ORDER BY shard`, a.cfg.Name), ",")
+		if got != "0:1,1:0,2:1" {
+			t.Fatalf("progress %s", got)
+		}
+	})
+}
+
+func TestTransientErrorsRetried(t *testing.T) {
+	f := startPG(t)
+	table := f.name("flaky")
+	f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, v int)`)
+	f.exec(t, `CREATE SEQUENCE flaky_calls`)
+	// the first call raises a serialization failure, the second kills its own connection
+	f.exec(t, `CREATE FUNCTION flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+		DECLARE n bigint := nextval('flaky_calls');
+		BEGIN
+			IF n = 1 THEN RAISE EXCEPTION 'simulated' USING ERRCODE = '40001'; END IF;
+			IF n = 2 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+			RETURN NEW;
+		END $$`)
+	f.exec(t, `CREATE TRIGGER flaky BEFORE INSERT ON `+table+` FOR EACH STATEMENT EXECUTE FUNCTION flaky()`)
+	var mu sync.Mutex
+	var classes []string
+	cfg := Config{Name: "flaky", Table: table, Mode: ModeUpsert, ProgressTable: DefaultProgressTable, CreateProgressTable: true,
+		RequireProgress: true, RetryMax: 100 * time.Millisecond}
+	a, err := NewApplier(context.Background(), f.pool, cfg, func(err error, c Class, _ time.Duration) {
+		mu.Lock()
+		classes = append(classes, c.String())
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := write(t, a, msg("q", 0, 1, `{"id":1,"v":1}`), msg("q", 0, 2, `{"id":1,"v":2}`))
+	if res.Applied != 2 {
+		t.Fatalf("outcomes %v %v", res.Outcomes, res.Errs)
+	}
+	if got := f.one(t, `SELECT v::text FROM `+table); got != "2" {
+		t.Fatalf("v = %s", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(classes) != "[transient transient]" {
+		t.Fatalf("retries %v", classes)
+	}
+}

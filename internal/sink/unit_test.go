@@ -1,0 +1,138 @@
+package sink
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+func TestParamPaths(t *testing.T) {
+	doc := json.RawMessage(`{"a":{"b":"x"},"lines":[{"amt":12.50},{"amt":"3"}],"odd.key":7,"n":null,"big":123456789012345678901234567890}`)
+	m := &Message{Queue: "q", Shard: 3, Offset: 9, HasPosition: true, Partition: "p|1", MessageID: "id-1",
+		TransactionID: "tx", CreatedAt: 1700000000123, Payload: doc}
+	cases := []struct {
+		path string
+		want any
+	}{
+		{"$", string(doc)},
+		{"$.a.b", "x"},
+		{"$.a", `{"b":"x"}`},
+		{"$.lines[0].amt", "12.50"},
+		{"$.lines[1].amt", "3"},
+		{"$.lines[5]", nil},
+		{`$["odd.key"]`, "7"},
+		{"$.n", nil},
+		{"$.missing.deeper", nil},
+		{"$.big", "123456789012345678901234567890"},
+		{"@partition", "p|1"},
+		{"@shard", "3"},
+		{"@offset", "9"},
+		{"@message_id", "id-1"},
+		{"@transaction_id", "tx"},
+		{"@created_at", "1700000000123"},
+	}
+	for _, c := range cases {
+		p, err := newParam(c.path)
+		if err != nil {
+			t.Fatalf("%s: %v", c.path, err)
+		}
+		got, err := p.value(m, doc)
+		if err != nil {
+			t.Fatalf("%s: %v", c.path, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("%s = %v, want %v", c.path, got, c.want)
+		}
+	}
+	for _, bad := range []string{"a.b", "$.", "$[x]", `$["unterminated`, "@nope", "$.a]"} {
+		if _, err := newParam(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestParamCount(t *testing.T) {
+	cases := []struct {
+		stmt   string
+		params int
+		ok     bool
+	}{
+		{"UPDATE a SET b = b + $1::numeric WHERE id = $2::bigint", 2, true},
+		{"UPDATE a SET b = $1 WHERE id = $2", 1, false},
+		{"SELECT $1, $1", 1, true},
+		{"SELECT $2", 2, false},
+		{"SELECT '$3', \"$4\", $1 -- $5\n /* $6 */", 1, true},
+		{"SELECT $fn$ $9 $fn$, $1", 1, true},
+		{"SELECT $$ $2 $$ || $1", 1, true},
+	}
+	for _, c := range cases {
+		params := make([]string, c.params)
+		for i := range params {
+			params[i] = "$"
+		}
+		err := checkParamCount(c.stmt, params)
+		if (err == nil) != c.ok {
+			t.Errorf("%q with %d params: err = %v", c.stmt, c.params, err)
+		}
+		if err != nil && !errcode.Is(err, "sql_params_mismatch") {
+			t.Errorf("%q: error not coded: %v", c.stmt, err)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	cases := []struct {
+		err  error
+		want Class
+	}{
+		{&pgconn.PgError{Code: "23514"}, Data},
+		{&pgconn.PgError{Code: "22P02"}, Data},
+		{&pgconn.PgError{Code: "21000"}, Data},
+		{&pgconn.PgError{Code: "P0001"}, Data},
+		{&pgconn.PgError{Code: "54000"}, Data},
+		{&pgconn.PgError{Code: "40001"}, Transient},
+		{&pgconn.PgError{Code: "40P01"}, Transient},
+		{&pgconn.PgError{Code: "08006"}, Transient},
+		{&pgconn.PgError{Code: "53300"}, Transient},
+		{&pgconn.PgError{Code: "57P01"}, Transient},
+		{&pgconn.PgError{Code: "55P03"}, Transient},
+		{&pgconn.PgError{Code: "42P01"}, Environment},
+		{&pgconn.PgError{Code: "42501"}, Environment},
+		{&pgconn.PgError{Code: "42703"}, Environment},
+		{fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "23505"}), Data},
+		{badPayload("x"), Data},
+		{errcode.New("target_missing", "x", "y"), Environment},
+		{fmt.Errorf("read tcp: connection reset by peer"), Transient},
+	}
+	for _, c := range cases {
+		if got := Classify(c.err); got != c.want {
+			t.Errorf("%v: %v, want %v", c.err, got, c.want)
+		}
+	}
+	e := DataError(&pgconn.PgError{Code: "23514", Message: `new row for relation "t" violates check constraint "c"`, Detail: "Failing row contains (1)."})
+	if e.Error() != `23514: new row for relation "t" violates check constraint "c" (Failing row contains (1).)` {
+		t.Errorf("DataError = %q", e)
+	}
+}
+
+func TestDecodeObject(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{``, "empty"}, {`not json`, "not JSON"}, {`[1]`, "not an object"}, {`"s"`, "not an object"}, {`{"a":`, "not valid JSON"},
+	} {
+		_, err := decodeObject([]byte(c.in))
+		if !errcode.Is(err, "bad_payload") || !contains([]string{err.Error()}, err.Error()) {
+			t.Errorf("%q: %v", c.in, err)
+		}
+		if err != nil && !containsStr(err.Error(), c.want) {
+			t.Errorf("%q: %v lacks %q", c.in, err, c.want)
+		}
+	}
+}
+
+func containsStr(s, sub string) bool {
+	return len(sub) == 0 || (len(s) >= len(sub) && indexFrom(s, sub, 0) >= 0)
+}
