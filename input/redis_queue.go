@@ -1,0 +1,240 @@
+package input
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+)
+
+func redisQueueInputSpec() *service.ConfigSpec {
+	return service.NewConfigSpec().
+		Beta().
+		Categories("Services").
+		Summary("Consumes a pgrelay Redis Streams queue with a consumer group, in order per partition, with dead letters.").
+		Description(`
+Every replica running the same `+"`group`"+` shares the queue's shards through leases
+(`+"`<prefix>:{queue}:g:<group>:lease:<n>`"+`): each takes a fair share, a replica that dies loses its shards
+after `+"`lease_ttl`"+`, one that stops hands them over at once. The consumer on shard n is `+"`shard-<n>`"+`, so a new
+owner reads the shard's pending entries before new ones.
+
+A batch holds entries of one shard, and a shard has at most one unacknowledged batch, so order within a
+partition survives failures: a nack returns the shard to its pending entries (after a short backoff that
+grows with consecutive nacks). Errors count failed attempts per message when the output returns a
+`+"`*service.BatchError`"+` (only the failed messages), otherwise for every message of the batch. Errors coded
+`+"`blocked`"+` (held back behind an earlier failure) or `+"`paused`"+` count no attempt. After `+"`max_attempts`"+`
+a message moves to the dead-letter stream `+"`<prefix>:{queue}:dlq`"+` with its error, atomically with its XACK,
+and the shard carries on. Keep batches whole between this input and its output (no output `+"`batching`"+`),
+or per-message errors are lost.
+
+Metadata: `+"`queue`, `partition`, `message_id`, `transaction_id`"+` (strings), `+"`shard`, `offset`, `created_at`"+`
+(Unix ms), `+"`attempts`"+` (failed attempts before this delivery) as integers. Keys of the entry's `+"`h`"+` header
+(written by the redis_queue output's `+"`metadata`"+` option) are restored too, except these eight names.`).
+		Fields(redisconn.Fields()...).
+		Fields(
+			service.NewStringField("queue").Description("Queue to consume.").Example("orders"),
+			service.NewStringField("group").Description("Consumer group: one per pipeline; every replica of the pipeline uses the same name.").Example("orders_sink").
+				LintRule(`root = if this == "" || this.contains(":") || this.contains("{") || this.contains("}") { ["group must be non-empty without ':', '{' or '}'"] }`),
+			service.NewStringEnumField("start_from", "earliest", "latest").
+				Description("Where a new group starts: the oldest entry kept, or only entries written after it is created.").Default("earliest"),
+			service.NewIntField("batch_count").Description("Most messages per batch.").Default(500).
+				LintRule(`root = if this < 1 { ["batch_count must be at least 1"] }`),
+			service.NewIntField("batch_bytes").Description("Most payload bytes per batch (a batch holds at least one message).").Default(4<<20),
+			service.NewDurationField("block").Description("How long one read waits for new entries.").Default("1s").Advanced(),
+			service.NewIntField("max_attempts").Description("Failed attempts after which a message moves to the dead-letter stream.").Default(3).
+				LintRule(`root = if this < 1 { ["max_attempts must be at least 1"] }`),
+			service.NewDurationField("lease_ttl").Description("Shard lease TTL; renewed every third of it. A crashed replica's shards move after this.").Default("10s").Advanced(),
+		).
+		Example("Print a queue", "", `
+input:
+  redis_queue:
+    url: ${REDIS_URL:redis://127.0.0.1:6379}
+    queue: orders
+    group: printer
+output:
+  stdout: {}
+`)
+}
+
+func init() {
+	service.MustRegisterBatchInput("redis_queue", redisQueueInputSpec(),
+		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchInput, error) {
+			return newQueueInput(conf, mgr)
+		})
+}
+
+// queueInput is the redis_queue input: a thin shell over queue.Consumer.
+type queueInput struct {
+	conn redisconn.Config
+	conf queue.ConsumerConfig
+
+	mu       sync.Mutex
+	rdb      redis.UniversalClient
+	consumer *queue.Consumer
+}
+
+func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueInput, error) {
+	in := &queueInput{}
+	var err error
+	if in.conn, err = redisconn.Parse(conf); err != nil {
+		return nil, err
+	}
+	c := &in.conf
+	c.Prefix = in.conn.Prefix
+	if c.Queue, err = conf.FieldString("queue"); err != nil {
+		return nil, err
+	}
+	if c.Group, err = conf.FieldString("group"); err != nil {
+		return nil, err
+	}
+	if c.StartFrom, err = conf.FieldString("start_from"); err != nil {
+		return nil, err
+	}
+	if c.BatchCount, err = conf.FieldInt("batch_count"); err != nil {
+		return nil, err
+	}
+	if c.BatchBytes, err = conf.FieldInt("batch_bytes"); err != nil {
+		return nil, err
+	}
+	if c.Block, err = conf.FieldDuration("block"); err != nil {
+		return nil, err
+	}
+	if c.MaxAttempts, err = conf.FieldInt("max_attempts"); err != nil {
+		return nil, err
+	}
+	if c.LeaseTTL, err = conf.FieldDuration("lease_ttl"); err != nil {
+		return nil, err
+	}
+	c.Logger = mgr.Logger()
+	dead := mgr.Metrics().NewCounter("redis_queue_dead_letters")
+	gone := mgr.Metrics().NewCounter("redis_queue_trimmed_pending")
+	c.OnDeadLetter = func(n int) { dead.Incr(int64(n)) }
+	c.OnGone = func(n int) { gone.Incr(int64(n)) }
+	// validate now, so a bad queue or group name fails at start, not at connect
+	if _, err := queue.NewConsumer(nil, *c); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+func (in *queueInput) Connect(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.consumer != nil {
+		return nil
+	}
+	rdb, err := in.conn.Client()
+	if err != nil {
+		return err
+	}
+	c, err := queue.NewConsumer(rdb, in.conf)
+	if err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	if err := c.Start(ctx); err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	in.rdb, in.consumer = rdb, c
+	return nil
+}
+
+func (in *queueInput) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
+	in.mu.Lock()
+	c := in.consumer
+	in.mu.Unlock()
+	if c == nil {
+		return nil, nil, service.ErrNotConnected
+	}
+	d, err := c.Read(ctx)
+	if err != nil {
+		if queue.IsClosed(err) {
+			return nil, nil, service.ErrNotConnected
+		}
+		return nil, nil, err
+	}
+	batch := make(service.MessageBatch, len(d.Entries))
+	for i := range d.Entries {
+		batch[i] = in.message(d.Shard, &d.Entries[i])
+	}
+	idx := batch.Index()
+	return batch, func(ctx context.Context, err error) error {
+		if err == nil {
+			return c.Ack(ctx, d)
+		}
+		return c.Nack(ctx, d, failures(err, idx, len(d.Entries)))
+	}, nil
+}
+
+// standardMeta are the metadata keys the input sets itself; a header never overrides them.
+var standardMeta = map[string]bool{"queue": true, "shard": true, "offset": true, "partition": true,
+	"message_id": true, "transaction_id": true, "created_at": true, "attempts": true}
+
+func (in *queueInput) message(shard int, e *queue.Entry) *service.Message {
+	m := service.NewMessage(e.Payload)
+	if len(e.Header) > 0 {
+		var h map[string]any
+		if json.Unmarshal(e.Header, &h) == nil {
+			for k, v := range h {
+				if !standardMeta[k] {
+					m.MetaSetMut(k, v)
+				}
+			}
+		}
+	}
+	m.MetaSetMut("queue", in.conf.Queue)
+	m.MetaSetMut("shard", int64(shard))
+	m.MetaSetMut("offset", e.Offset)
+	m.MetaSetMut("partition", e.Partition)
+	m.MetaSetMut("message_id", e.MessageID)
+	m.MetaSetMut("transaction_id", e.Tx)
+	m.MetaSetMut("created_at", e.CreatedMs)
+	m.MetaSetMut("attempts", e.Attempts)
+	return m
+}
+
+// failures maps a nack's error to the messages it counts an attempt for: the failed ones of a
+// *service.BatchError, else all; errors coded blocked or paused count none.
+func failures(err error, idx *service.Indexer, n int) map[int]error {
+	counts := func(e error) bool { return e != nil && !errcode.Is(e, "blocked") && !errcode.Is(e, "paused") }
+	out := map[int]error{}
+	var bErr *service.BatchError
+	if errors.As(err, &bErr) {
+		bErr.WalkMessagesIndexedBy(idx, func(i int, _ *service.Message, e error) bool {
+			if i >= 0 && i < n && counts(e) {
+				out[i] = e
+			}
+			return true
+		})
+		return out
+	}
+	if counts(err) {
+		for i := 0; i < n; i++ {
+			out[i] = err
+		}
+	}
+	return out
+}
+
+func (in *queueInput) Close(ctx context.Context) error {
+	in.mu.Lock()
+	c, rdb := in.consumer, in.rdb
+	in.consumer, in.rdb = nil, nil
+	in.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	err := c.Close(ctx)
+	if cerr := rdb.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

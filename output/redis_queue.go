@@ -1,0 +1,418 @@
+package output
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+)
+
+func redisQueueOutputSpec() *service.ConfigSpec {
+	return service.NewConfigSpec().
+		Beta().
+		Categories("Services").
+		Summary("Writes messages to a pgrelay Redis Streams queue, one atomic script call per batch.").
+		Description(`
+Each batch is one call of the write script (resources/queue_write.lua): every check first, then an XADD of
+each message to its shard (CRC-32 of the partition mod shards) with the shard's next offset, then the source
+pointer when the batch carries one. See docs/queue.md for the layout, which any Redis client can consume.
+
+When the messages carry the metadata `+"`pgrelay_lease_key`, `pgrelay_fence`, `pgrelay_pointer_key`, `pgrelay_cover`"+`
+(set by `+"`pg_cdc`"+`, docs/batch-contract.md), the write is fenced by the source's lease and moves the
+source's pointer in the same atomic step: a stale fence is refused with an error coded `+"`fenced`"+`, and a cover
+that is already in is a `+"`duplicate`"+`, a success that writes nothing.
+
+A batch over `+"`max_script_messages`"+` or `+"`max_script_bytes`"+` is written in several calls; only then is it
+not atomic (a crash between the calls repeats the earlier ones under the same message ids).
+
+With any input other than `+"`pg_cdc`"+` this output is at-least-once: a write that fails after Redis ran it
+is retried and may repeat messages (same ids).`).
+		Fields(redisconn.Fields()...).
+		Fields(
+			service.NewInterpolatedStringField("queue").
+				Description("Queue name (1-256 characters, no `{` or `}`).").
+				Default(`${! meta("queue") }`).Example("orders"),
+			service.NewInterpolatedStringField("partition").
+				Description("Partition: messages of one partition are kept in order.").
+				Default(`${! meta("partition") }`).Example(`${! json("customer_id") }`),
+			service.NewInterpolatedStringField("id").
+				Description("Message id, stable across re-sends so consumers can recognise repeats.").
+				Default(`${! meta("message_id") }`).Example(`${! uuid_v4() }`),
+			service.NewIntField("shards").
+				Description("Shard count of a queue this output creates (default 16). An existing queue keeps its count; when this field is set and differs from an existing queue's count, writing fails with `shards_mismatch` (never a silent reshard).").
+				Optional().LintRule(`root = if this < 1 || this > 1024 { ["shards must be between 1 and 1024"] }`),
+			service.NewAnyField("durability").
+				Description("What an acknowledged write survives: `none`; `aof` (requires appendonly yes and appendfsync always on every master, checked at connect); or `{replicas: N, timeout: 5s}` (WAIT for N replicas; a shortfall is an error so the source never confirms a write that might vanish).").
+				Default("none").Example("aof").Example(map[string]any{"replicas": 1, "timeout": "5s"}).
+				LintRule(`root = if this.type() == "string" { if !["none", "aof"].contains(this) { ["durability must be none, aof or {replicas: N}"] } } else if this.type() == "object" { if this.replicas.or(0) < 1 { ["durability.replicas must be at least 1"] } } else { ["durability must be none, aof or {replicas: N}"] }`),
+			service.NewDurationField("max_age").
+				Description("Retention: entries older than this may be trimmed, but only once every consumer group has acked them. Empty: no age bound.").
+				Default("").Example("168h").Advanced(),
+			service.NewIntField("max_length").
+				Description("Retention: entries beyond the newest max_length of a shard may be trimmed, but only once every consumer group has acked them. 0: no length bound.").
+				Default(0).Advanced(),
+			service.NewDurationField("trim_interval").Description("How often retention runs.").Default("30s").Advanced(),
+			service.NewIntField("max_script_messages").Description("Most messages per script call.").Default(1000).Advanced().
+				LintRule(`root = if this < 1 { ["max_script_messages must be at least 1"] }`),
+			service.NewIntField("max_script_bytes").Description("Most bytes per script call.").Default(8<<20).Advanced().
+				LintRule(`root = if this < 1024 { ["max_script_bytes must be at least 1024"] }`),
+			service.NewMetadataFilterField("metadata").
+				Description("Metadata keys written into each entry's `h` header (a JSON object); the `redis_queue` input restores them. None by default; the `pgrelay_*` keys are never written.").
+				Optional().Advanced(),
+			service.NewOutputMaxInFlightField(),
+			service.NewBatchPolicyField("batching"),
+		).
+		Example("Generated messages into a queue", "Any Benthos pipeline can produce into a queue.", `
+input:
+  generate:
+    interval: 1s
+    mapping: 'root = {"n": counter()}'
+output:
+  redis_queue:
+    url: ${REDIS_URL:redis://127.0.0.1:6379}
+    queue: numbers
+    partition: ${! json("n") % 4 }
+    id: ${! uuid_v4() }
+`)
+}
+
+func init() {
+	service.MustRegisterBatchOutput("redis_queue", redisQueueOutputSpec(),
+		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchOutput, service.BatchPolicy, int, error) {
+			c, err := parseQueueOutput(conf)
+			if err != nil {
+				return nil, service.BatchPolicy{}, 0, err
+			}
+			pol, err := conf.FieldBatchPolicy("batching")
+			if err != nil {
+				return nil, pol, 0, err
+			}
+			mif, err := conf.FieldMaxInFlight()
+			if err != nil {
+				return nil, pol, 0, err
+			}
+			return newQueueOutput(c, mgr), pol, mif, nil
+		})
+}
+
+// queueOutputConfig is the parsed output config.
+type queueOutputConfig struct {
+	conn      redisconn.Config
+	queue     *service.InterpolatedString
+	partition *service.InterpolatedString
+	id        *service.InterpolatedString
+	writer    queue.WriterConfig
+	retention queue.Retention
+	trimEvery time.Duration
+	metadata  *service.MetadataFilter
+}
+
+func parseQueueOutput(conf *service.ParsedConfig) (c queueOutputConfig, err error) {
+	if c.conn, err = redisconn.Parse(conf); err != nil {
+		return c, err
+	}
+	if c.queue, err = conf.FieldInterpolatedString("queue"); err != nil {
+		return c, err
+	}
+	if c.partition, err = conf.FieldInterpolatedString("partition"); err != nil {
+		return c, err
+	}
+	if c.id, err = conf.FieldInterpolatedString("id"); err != nil {
+		return c, err
+	}
+	c.writer.Prefix = c.conn.Prefix
+	if conf.Contains("shards") {
+		if c.writer.Shards, err = conf.FieldInt("shards"); err != nil {
+			return c, err
+		}
+		c.writer.StrictShards = true
+	}
+	if c.writer.MaxScriptMessages, err = conf.FieldInt("max_script_messages"); err != nil {
+		return c, err
+	}
+	if c.writer.MaxScriptBytes, err = conf.FieldInt("max_script_bytes"); err != nil {
+		return c, err
+	}
+	if c.writer.Durability, err = parseDurability(conf); err != nil {
+		return c, err
+	}
+	if s, _ := conf.FieldString("max_age"); s != "" {
+		if c.retention.MaxAge, err = conf.FieldDuration("max_age"); err != nil {
+			return c, err
+		}
+	}
+	maxLen, err := conf.FieldInt("max_length")
+	if err != nil {
+		return c, err
+	}
+	c.retention.MaxLength = int64(maxLen)
+	if c.trimEvery, err = conf.FieldDuration("trim_interval"); err != nil {
+		return c, err
+	}
+	if conf.Contains("metadata") {
+		if c.metadata, err = conf.FieldMetadataFilter("metadata"); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// parseDurability reads `durability`: "none", "aof" or {replicas: N, timeout: D}.
+func parseDurability(conf *service.ParsedConfig) (queue.Durability, error) {
+	var d queue.Durability
+	v, err := conf.FieldAny("durability")
+	if err != nil {
+		return d, err
+	}
+	switch t := v.(type) {
+	case string:
+		switch t {
+		case "none", "":
+			return d, nil
+		case "aof":
+			d.AOF = true
+			return d, nil
+		}
+	case map[string]any:
+		n, err := strconv.Atoi(fmt.Sprint(t["replicas"]))
+		if err != nil || n < 1 {
+			return d, fmt.Errorf("durability.replicas: %v is not a positive number", t["replicas"])
+		}
+		d.Replicas = n
+		if s, ok := t["timeout"].(string); ok && s != "" {
+			if d.WaitTimeout, err = time.ParseDuration(s); err != nil {
+				return d, fmt.Errorf("durability.timeout: %w", err)
+			}
+		}
+		return d, nil
+	}
+	return d, fmt.Errorf("durability: %v: use none, aof or {replicas: N}", v)
+}
+
+// queueOutput is the redis_queue output: a thin shell over queue.Writer.
+type queueOutput struct {
+	conf queueOutputConfig
+	log  *service.Logger
+
+	written    *service.MetricCounter
+	duplicates *service.MetricCounter
+	trimmed    *service.MetricCounter
+
+	mu     sync.Mutex
+	rdb    redis.UniversalClient
+	writer *queue.Writer
+	queues map[string]struct{} // queues written, for retention
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+func newQueueOutput(c queueOutputConfig, mgr *service.Resources) *queueOutput {
+	m := mgr.Metrics()
+	return &queueOutput{conf: c, log: mgr.Logger(), queues: map[string]struct{}{},
+		written:    m.NewCounter("redis_queue_messages_written"),
+		duplicates: m.NewCounter("redis_queue_duplicate_batches"),
+		trimmed:    m.NewCounter("redis_queue_entries_trimmed")}
+}
+
+func (o *queueOutput) Connect(ctx context.Context) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.writer != nil {
+		return nil
+	}
+	rdb, err := o.conf.conn.Client()
+	if err != nil {
+		return err
+	}
+	w := queue.NewWriter(rdb, o.conf.writer)
+	if err := w.Connect(ctx); err != nil {
+		_ = rdb.Close()
+		return err
+	}
+	o.rdb, o.writer = rdb, w
+	if q, ok := o.conf.queue.Static(); ok {
+		o.queues[q] = struct{}{}
+	}
+	if o.conf.retention.Enabled() {
+		o.stop, o.done = make(chan struct{}), make(chan struct{})
+		go o.trimLoop(o.stop, o.done)
+	}
+	return nil
+}
+
+func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch) error {
+	o.mu.Lock()
+	w := o.writer
+	o.mu.Unlock()
+	if w == nil {
+		return service.ErrNotConnected
+	}
+	msgs, cover, err := o.toMessages(batch)
+	if err != nil {
+		return err
+	}
+	res, err := w.Write(ctx, msgs, cover)
+	if err != nil {
+		return err
+	}
+	if res == queue.ResultDuplicate {
+		o.duplicates.Incr(1)
+		return nil
+	}
+	o.written.Incr(int64(len(msgs)))
+	if o.conf.retention.Enabled() {
+		o.remember(msgs)
+	}
+	return nil
+}
+
+// remember notes the queues written, for retention (bounded, for interpolated queue names).
+func (o *queueOutput) remember(msgs []queue.Message) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i := range msgs {
+		if _, ok := o.queues[msgs[i].Queue]; !ok && len(o.queues) < 10000 {
+			o.queues[msgs[i].Queue] = struct{}{}
+		}
+	}
+}
+
+// toMessages converts a batch; the cover comes from the pgrelay_* metadata, the same on every message.
+func (o *queueOutput) toMessages(batch service.MessageBatch) ([]queue.Message, *queue.Cover, error) {
+	qe := batch.InterpolationExecutor(o.conf.queue)
+	pe := batch.InterpolationExecutor(o.conf.partition)
+	ie := batch.InterpolationExecutor(o.conf.id)
+	msgs := make([]queue.Message, len(batch))
+	var cover *queue.Cover
+	now := time.Now().UnixMilli()
+	for i, m := range batch {
+		var err error
+		qm := &msgs[i]
+		if qm.Queue, err = qe.TryString(i); err != nil {
+			return nil, nil, fmt.Errorf("message %d: queue: %w", i, err)
+		}
+		if qm.Partition, err = pe.TryString(i); err != nil {
+			return nil, nil, fmt.Errorf("message %d: partition: %w", i, err)
+		}
+		if qm.ID, err = ie.TryString(i); err != nil {
+			return nil, nil, fmt.Errorf("message %d: id: %w", i, err)
+		}
+		qm.Tx, _ = m.MetaGet("transaction_id")
+		qm.CreatedMs = now
+		if qm.Payload, err = m.AsBytes(); err != nil {
+			return nil, nil, fmt.Errorf("message %d: %w", i, err)
+		}
+		if qm.Header, err = o.header(m); err != nil {
+			return nil, nil, fmt.Errorf("message %d: header: %w", i, err)
+		}
+		c := coverOf(m)
+		if i == 0 {
+			cover = c
+		} else if !sameCover(cover, c) {
+			return nil, nil, errors.New("the messages of one batch carry different pgrelay_* cover metadata; a source batch must reach this output whole (no output batching across source batches)")
+		}
+	}
+	return msgs, cover, nil
+}
+
+func (o *queueOutput) header(m *service.Message) ([]byte, error) {
+	if o.conf.metadata == nil || o.conf.metadata.IsEmpty() {
+		return nil, nil
+	}
+	h := map[string]any{}
+	err := o.conf.metadata.WalkMut(m, func(k string, v any) error {
+		if len(k) < 8 || k[:8] != "pgrelay_" {
+			h[k] = v
+		}
+		return nil
+	})
+	if err != nil || len(h) == 0 {
+		return nil, err
+	}
+	return json.Marshal(h)
+}
+
+func coverOf(m *service.Message) *queue.Cover {
+	c := &queue.Cover{}
+	c.LeaseKey, _ = m.MetaGet("pgrelay_lease_key")
+	c.Fence, _ = m.MetaGet("pgrelay_fence")
+	c.PointerKey, _ = m.MetaGet("pgrelay_pointer_key")
+	if p, ok := m.MetaGet("pgrelay_cover"); ok && p != "" {
+		c.Pointer = []byte(p)
+		var doc struct {
+			Pos string `json:"pos"`
+		}
+		_ = json.Unmarshal(c.Pointer, &doc)
+		c.Pos = doc.Pos
+	}
+	if c.LeaseKey == "" && c.PointerKey == "" {
+		return nil
+	}
+	return c
+}
+
+func sameCover(a, b *queue.Cover) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.LeaseKey == b.LeaseKey && a.Fence == b.Fence && a.PointerKey == b.PointerKey && a.Pos == b.Pos
+}
+
+// trimLoop applies retention to the queues written, every trim_interval.
+func (o *queueOutput) trimLoop(stop, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(o.conf.trimEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		o.mu.Lock()
+		qs := make([]string, 0, len(o.queues))
+		for q := range o.queues {
+			qs = append(qs, q)
+		}
+		rdb := o.rdb
+		layout := queue.NewLayout(o.conf.writer.Prefix)
+		o.mu.Unlock()
+		for _, q := range qs {
+			ctx, cancel := context.WithTimeout(context.Background(), o.conf.trimEvery)
+			n, err := queue.Trim(ctx, rdb, layout, q, o.conf.retention)
+			cancel()
+			if err != nil {
+				o.log.Warnf("retention: %v", err)
+			}
+			o.trimmed.Incr(n)
+		}
+	}
+}
+
+func (o *queueOutput) Close(ctx context.Context) error {
+	o.mu.Lock()
+	stop, done := o.stop, o.done
+	o.stop = nil
+	o.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.rdb != nil {
+		err := o.rdb.Close()
+		o.rdb, o.writer = nil, nil
+		return err
+	}
+	return nil
+}
