@@ -1,0 +1,278 @@
+// Package source is the pg_cdc machinery (DESIGN §5): start checks, the managed publication and
+// slot, pgoutput decoding into change events (DESIGN §2), bundling with covers, lease ownership
+// and the ack path that tells PostgreSQL a position only once it is durably in the queue.
+//
+// The Benthos plugin (input/pg_cdc.go) is a thin shell over Source.
+package source
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+)
+
+// PartitionMode is how a table's changes are spread over partitions.
+type PartitionMode int
+
+// Partition modes (`partition_by`).
+const (
+	PartitionByKey     PartitionMode = iota // the key columns (default)
+	PartitionBySingle                       // one partition, `all`
+	PartitionByColumns                      // the listed columns
+)
+
+// Table is one configured table.
+type Table struct {
+	Schema, Name string
+	Queue        string
+	Mode         PartitionMode
+	Columns      []string // for PartitionByColumns
+}
+
+// Full is "schema.name" as it appears in events.
+func (t Table) Full() string { return t.Schema + "." + t.Name }
+
+// Config is a parsed pg_cdc configuration.
+type Config struct {
+	Name              string
+	PG                PGConfig
+	Tables            []Table
+	Publication       string
+	ManagePublication bool
+	Slot              string
+	SlotFailover      bool
+	Redis             redisconn.Config
+	LeaseTTL          time.Duration
+	MaxBundleMessages int
+	MaxBundleBytes    int
+	Linger            time.Duration
+	Heartbeat         time.Duration
+	TruncateEmit      bool
+	SnapshotInitial   bool
+}
+
+// PGConfig is how to reach PostgreSQL.
+type PGConfig struct {
+	DSN                           string // URL or key=value; the fields below fill what it leaves out
+	Host                          string
+	Port                          int
+	User, Password, Database      string
+	TLSMode                       string // disable, prefer, require, verify-full
+	RootCAFile, CertFile, KeyFile string
+	ConnectTimeout                time.Duration
+}
+
+// Limits of the numeric fields; a value outside is refused with its path, never clamped.
+const (
+	MinLeaseTTL, MaxLeaseTTL          = 3 * time.Second, 120 * time.Second
+	MinBundleMessages, MaxBundleMsgs  = 1, 50000
+	MinBundleBytes, MaxBundleBytesLim = 64 << 10, 64 << 20
+	MaxLinger                         = 5 * time.Second
+	MinHeartbeat, MaxHeartbeat        = 1 * time.Second, time.Hour
+	MaxTables                         = 256
+)
+
+var (
+	namePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,47}$`)
+	identPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+)
+
+// fieldErr is a config error naming the field's path.
+func fieldErr(path, format string, args ...any) error {
+	return fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...))
+}
+
+// DefaultObjectName is the slot and publication name for a connector: pgrelay_<name, - → _>.
+func DefaultObjectName(name string) string {
+	return "pgrelay_" + strings.ReplaceAll(name, "-", "_")
+}
+
+// ParseTable splits `schema.name` or `name` (schema public).
+func ParseTable(s string) (schema, name string) {
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		return s[:i], s[i+1:]
+	}
+	return "public", s
+}
+
+// Validate checks every field; the error starts with the field's path.
+func (c *Config) Validate() error {
+	if !namePattern.MatchString(c.Name) {
+		return fieldErr("name", "%q must match %s", c.Name, namePattern)
+	}
+	if c.Slot == "" {
+		c.Slot = DefaultObjectName(c.Name)
+	}
+	if c.Publication == "" {
+		c.Publication = DefaultObjectName(c.Name)
+	}
+	if !identPattern.MatchString(c.Slot) {
+		return fieldErr("slot.name", "%q must match %s", c.Slot, identPattern)
+	}
+	if len(c.Publication) == 0 || len(c.Publication) > 63 {
+		return fieldErr("publication.name", "%q must be 1-63 bytes", c.Publication)
+	}
+	if err := c.validateTables(); err != nil {
+		return err
+	}
+	if err := c.validateLimits(); err != nil {
+		return err
+	}
+	switch c.PG.TLSMode {
+	case "disable", "prefer", "require", "verify-full":
+	default:
+		return fieldErr("tls.mode", "%q is not one of disable, prefer, require, verify-full", c.PG.TLSMode)
+	}
+	if c.PG.RootCAFile != "" && c.PG.TLSMode != "verify-full" {
+		return fieldErr("tls.root_ca_file", "needs tls.mode verify-full")
+	}
+	if (c.PG.CertFile == "") != (c.PG.KeyFile == "") {
+		return fieldErr("tls.client_cert_file", "client_cert_file and client_key_file go together")
+	}
+	if c.PG.DSN == "" && c.PG.Host == "" {
+		return fieldErr("dsn", "set dsn or host")
+	}
+	if c.PG.Port < 0 || c.PG.Port > 65535 {
+		return fieldErr("port", "%d is not in 1-65535", c.PG.Port)
+	}
+	if _, err := c.PG.ConnConfig(); err != nil {
+		return fieldErr("dsn", "%v", err)
+	}
+	return nil
+}
+
+func (c *Config) validateTables() error {
+	if len(c.Tables) == 0 || len(c.Tables) > MaxTables {
+		return fieldErr("tables", "list 1-%d tables (got %d)", MaxTables, len(c.Tables))
+	}
+	seen := map[string]bool{}
+	allSingle := true
+	for i, t := range c.Tables {
+		path := fmt.Sprintf("tables[%d]", i)
+		if t.Schema == "" || t.Name == "" {
+			return fieldErr(path+".table", "use schema.name or name")
+		}
+		if seen[t.Full()] {
+			return fieldErr(path+".table", "%s is listed twice", t.Full())
+		}
+		seen[t.Full()] = true
+		if t.Queue == "" || len(t.Queue) > 128 || strings.ContainsAny(t.Queue, "{}") {
+			return fieldErr(path+".queue", "%q must be 1-128 bytes without { or }", t.Queue)
+		}
+		if t.Mode == PartitionByColumns && len(t.Columns) == 0 {
+			return fieldErr(path+".partition_by", "list at least one column, or use key or single")
+		}
+		if t.Mode != PartitionBySingle {
+			allSingle = false
+		}
+	}
+	if c.TruncateEmit && !allSingle {
+		return fieldErr("truncate", "emit needs partition_by: single on every table (a truncate has no key)")
+	}
+	return nil
+}
+
+func (c *Config) validateLimits() error {
+	switch {
+	case c.LeaseTTL < MinLeaseTTL || c.LeaseTTL > MaxLeaseTTL:
+		return fieldErr("lease_ttl", "%s is not in %s-%s", c.LeaseTTL, MinLeaseTTL, MaxLeaseTTL)
+	case c.MaxBundleMessages < MinBundleMessages || c.MaxBundleMessages > MaxBundleMsgs:
+		return fieldErr("max_bundle_messages", "%d is not in %d-%d", c.MaxBundleMessages, MinBundleMessages, MaxBundleMsgs)
+	case c.MaxBundleBytes < MinBundleBytes || c.MaxBundleBytes > MaxBundleBytesLim:
+		return fieldErr("max_bundle_bytes", "%d is not in %d-%d", c.MaxBundleBytes, MinBundleBytes, MaxBundleBytesLim)
+	case c.Linger < 0 || c.Linger > MaxLinger:
+		return fieldErr("linger", "%s is not in 0s-%s", c.Linger, MaxLinger)
+	case c.Heartbeat < MinHeartbeat || c.Heartbeat > MaxHeartbeat:
+		return fieldErr("heartbeat", "%s is not in %s-%s", c.Heartbeat, MinHeartbeat, MaxHeartbeat)
+	}
+	return nil
+}
+
+// ConnConfig builds the query connection's config, with the session settings of DESIGN §2.
+func (p PGConfig) ConnConfig() (*pgconn.Config, error) {
+	var kv []string
+	add := func(k, v string) {
+		if v != "" {
+			kv = append(kv, k+"='"+strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v)+"'")
+		}
+	}
+	add("host", p.Host)
+	if p.Port > 0 {
+		add("port", fmt.Sprint(p.Port))
+	}
+	add("user", p.User)
+	add("password", p.Password)
+	add("dbname", p.Database)
+	add("sslmode", p.TLSMode)
+	add("sslrootcert", p.RootCAFile)
+	add("sslcert", p.CertFile)
+	add("sslkey", p.KeyFile)
+	if p.ConnectTimeout > 0 {
+		add("connect_timeout", fmt.Sprint(int(p.ConnectTimeout.Seconds())))
+	}
+	dsn := p.DSN
+	if dsn == "" {
+		dsn = strings.Join(kv, " ")
+	}
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse connection settings: %w", redactErr(err, p.Password))
+	}
+	if p.DSN != "" && len(kv) > 0 { // explicit fields override the DSN's
+		over, err := pgconn.ParseConfig(strings.Join(kv, " "))
+		if err != nil {
+			return nil, fmt.Errorf("parse connection settings: %w", redactErr(err, p.Password))
+		}
+		mergeConfig(cfg, over, p)
+	}
+	convert.ApplySettings(cfg.RuntimeParams)
+	return cfg, nil
+}
+
+func mergeConfig(cfg, over *pgconn.Config, p PGConfig) {
+	if p.Host != "" || p.Port > 0 {
+		cfg.Host, cfg.Port, cfg.Fallbacks = over.Host, over.Port, over.Fallbacks
+	}
+	if p.User != "" {
+		cfg.User = over.User
+	}
+	if p.Password != "" {
+		cfg.Password = over.Password
+	}
+	if p.Database != "" {
+		cfg.Database = over.Database
+	}
+	if p.TLSMode != "" && p.TLSMode != "prefer" || p.RootCAFile != "" || p.CertFile != "" {
+		cfg.TLSConfig, cfg.Fallbacks = over.TLSConfig, over.Fallbacks
+	}
+}
+
+// ReplicationConfig is ConnConfig for a logical replication connection.
+func (p PGConfig) ReplicationConfig() (*pgconn.Config, error) {
+	cfg, err := p.ConnConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	return cfg, nil
+}
+
+func redactErr(err error, password string) error {
+	if password == "" {
+		return err
+	}
+	return fmt.Errorf("%s", strings.ReplaceAll(err.Error(), password, "xxxxx"))
+}
+
+// errSnapshotUnavailable refuses `snapshot: initial` until the snapshotter lands.
+func errSnapshotUnavailable() error {
+	return errcode.New("snapshot_unavailable", "snapshot: initial is not available in this version",
+		"set snapshot: never (stream changes from the slot's creation on)")
+}

@@ -1,0 +1,505 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pointer"
+)
+
+// statusEvery is how often the reader reports its position when nothing changed; a new flush
+// position is reported within flushReportDelay.
+const (
+	statusEvery      = 10 * time.Second
+	flushReportDelay = time.Second
+	idleWriteEvery   = time.Second
+)
+
+// session is one streaming life: from the pointer to an error, a fence or Close.
+type session struct {
+	src    *Source
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	q      *itemQueue
+	fence  string
+	flush  atomic.Uint64 // the acknowledged pointer's lsn, reported to PostgreSQL
+
+	// bundler state (used by Next/Ack, one batch at a time)
+	plan          pointer.Pointer // the cover of everything handed out so far
+	firstSeen     time.Time
+	lastIdleWrite time.Time
+
+	lastData atomic.Int64 // unix nanos of the last WAL data, for the heartbeat
+}
+
+// fail ends the session with err.
+func (ss *session) fail(err error) { ss.cancel(err) }
+
+// session connects, runs the start checks, and streams until an error; nil only when ctx ends.
+func (s *Source) session(ctx context.Context) error {
+	s.setPhase(PhaseConnecting, nil)
+	if err := s.waitAcked(ctx); err != nil {
+		return nil
+	}
+	qcfg, err := s.cfg.PG.ConnConfig()
+	if err != nil {
+		return err
+	}
+	pcfg, _ := pgxpool.ParseConfig("")
+	pcfg.ConnConfig.Config = *qcfg
+	pcfg.MaxConns = 3
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer pool.Close()
+	version, err := CheckServer(ctx, pool, s.cfg.SlotFailover)
+	if err != nil {
+		return err
+	}
+	tables, err := LoadTables(ctx, pool, s.cfg.Tables)
+	if err != nil {
+		return err
+	}
+	if err := EnsurePublication(ctx, pool, s.cfg.Publication, s.cfg.ManagePublication, tables, version); err != nil {
+		return err
+	}
+	rcfg, err := s.cfg.PG.ReplicationConfig()
+	if err != nil {
+		return err
+	}
+	repl, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return fmt.Errorf("open the replication connection: %w", err)
+	}
+	defer repl.Close(context.Background())
+	sys, err := pglogrepl.IdentifySystem(ctx, repl)
+	if err != nil {
+		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	start, err := s.startPointer(ctx, pool, sys)
+	if err != nil {
+		return err
+	}
+	return s.stream(ctx, pool, repl, tables, start)
+}
+
+// startPointer settles the pointer and the slot (DESIGN §5), creating both on the first start,
+// and waits while another process uses the slot.
+func (s *Source) startPointer(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.IdentifySystemResult) (pointer.Pointer, error) {
+	for {
+		ptr, err := s.readPointer(ctx)
+		if err != nil {
+			return pointer.Pointer{}, err
+		}
+		st, err := ReadSlot(ctx, pool, s.cfg.Slot)
+		if err != nil {
+			return pointer.Pointer{}, err
+		}
+		if ptr != nil {
+			if err := CheckPointer(*ptr, s.cfg.Slot, sys.SystemID, st); err != nil {
+				return pointer.Pointer{}, err
+			}
+		} else {
+			p, err := s.firstPointer(ctx, pool, sys, st)
+			if err != nil {
+				return pointer.Pointer{}, err
+			}
+			ptr = &p
+			if st, err = ReadSlot(ctx, pool, s.cfg.Slot); err != nil {
+				return pointer.Pointer{}, err
+			}
+		}
+		if err := CheckSlot(st, s.cfg.Slot, sys.DBName, *ptr); err != nil {
+			return pointer.Pointer{}, err
+		}
+		if st.ActivePID == 0 {
+			return *ptr, nil
+		}
+		s.setPhase(PhaseWaitingForSlot, fmt.Errorf("slot %s is in use by process %d", s.cfg.Slot, st.ActivePID))
+		sleep(ctx, 2*time.Second)
+		if ctx.Err() != nil {
+			return pointer.Pointer{}, ctx.Err()
+		}
+	}
+}
+
+// firstPointer creates the slot (or adopts an existing one) and writes the first pointer of a
+// new epoch. `snapshot: initial` plugs in here (a later issue): it would set pointer.snapshot.
+func (s *Source) firstPointer(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.IdentifySystemResult, st SlotState) (pointer.Pointer, error) {
+	at := st.ConfirmedFlush
+	if !st.Exists {
+		lsn, err := CreateSlot(ctx, pool, s.cfg.Slot, s.cfg.SlotFailover)
+		if err != nil {
+			return pointer.Pointer{}, err
+		}
+		at = lsn
+		s.log.Infof("pg_cdc %s: created slot %s at %s", s.cfg.Name, s.cfg.Slot, lsn)
+	}
+	// The slot sends commits at or after `at`; the pointer covers the ones before it.
+	p := pointer.New(1, pointer.NewEpoch(), sys.SystemID, s.cfg.Slot, at-1)
+	b := &Batch{Cover: p, CoverJSON: p.Marshal(time.Now()), LeaseKey: s.keys.Lease, Fence: s.lease.Token(), PointerKey: s.keys.Pointer}
+	if _, err := s.writer.Write(ctx, nil, b.cover()); err != nil {
+		return pointer.Pointer{}, fmt.Errorf("write the first pointer: %w", err)
+	}
+	stored, err := s.readPointer(ctx)
+	if err != nil || stored == nil {
+		return pointer.Pointer{}, fmt.Errorf("read the first pointer back: %v", err)
+	}
+	return *stored, nil
+}
+
+// stream starts replication at the pointer and runs the reader and heartbeat until one fails.
+func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, tables []TableInfo, start pointer.Pointer) error {
+	pub := strings.ReplaceAll(s.cfg.Publication, `"`, `""`)
+	err := pglogrepl.StartReplication(ctx, repl, s.cfg.Slot, start.LSNValue(), pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", fmt.Sprintf(`publication_names '"%s"'`, strings.ReplaceAll(pub, "'", "''")), "messages 'true'"},
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+			s.setPhase(PhaseWaitingForSlot, err)
+		}
+		return fmt.Errorf("START_REPLICATION: %w", err)
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	ss := &session{src: s, ctx: sctx, cancel: cancel, q: newItemQueue(s.cfg.MaxBundleMessages, s.cfg.MaxBundleBytes),
+		fence: s.lease.Token(), plan: start}
+	ss.flush.Store(uint64(start.LSNValue()))
+	ss.lastData.Store(time.Now().UnixNano())
+	byName := map[string]*TableInfo{}
+	for i := range tables {
+		byName[tables[i].Full()] = &tables[i]
+	}
+	reg := convert.NewRegistry()
+	dec := &decoder{epoch: start.Epoch, start: start, truncEm: s.cfg.TruncateEmit, tables: byName, reg: reg,
+		rels:     map[uint32]*relation{},
+		loadType: func(ctx context.Context, oids []uint32) error { return reg.Load(ctx, pool, oids) },
+		readback: func(ctx context.Context, rel *relation, key tuple, cols []int) (tuple, error) {
+			return readback(ctx, pool, rel, key, cols)
+		},
+	}
+	s.setSession(ss)
+	defer s.setSession(nil)
+	s.setPhase(PhaseStreaming, nil)
+	s.log.Infof("pg_cdc %s: streaming from %s (epoch %s)", s.cfg.Name, start.Position(), start.Epoch)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ss.heartbeat(pool, start.Epoch)
+	}()
+	err = ss.read(repl, dec)
+	cancel(err)
+	wg.Wait()
+	if ctx.Err() != nil { // Close: the last status was sent by read
+		return nil
+	}
+	if cause := context.Cause(sctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+// read receives the WAL, answers keepalives and reports the flush position; it returns when the
+// session ends (after sending the final position).
+func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
+	var sentFlush uint64
+	lastStatus := time.Time{}
+	sendStatus := func() error {
+		f := ss.flush.Load()
+		lsn := pglogrepl.LSN(f)
+		err := pglogrepl.SendStandbyStatusUpdate(context.Background(), repl, pglogrepl.StandbyStatusUpdate{
+			WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ClientTime: time.Now()})
+		sentFlush, lastStatus = f, time.Now()
+		return err
+	}
+	nextStatus := func() time.Time {
+		if ss.flush.Load() != sentFlush {
+			return lastStatus.Add(flushReportDelay)
+		}
+		return lastStatus.Add(statusEvery)
+	}
+	defer func() { _ = sendStatus() }()
+	var lastPos pglogrepl.LSN
+	position := func(lsn pglogrepl.LSN) error {
+		if dec.inTxn || lsn <= lastPos {
+			return nil
+		}
+		lastPos = lsn
+		return ss.push(item{kind: itemPosition, lsn: lsn}, sendStatus, nextStatus)
+	}
+	emit := func(it item) error {
+		if it.kind == itemCommit && it.commit > lastPos {
+			lastPos = it.commit
+		}
+		return ss.push(it, sendStatus, nextStatus)
+	}
+	for {
+		if !time.Now().Before(nextStatus()) {
+			if err := sendStatus(); err != nil {
+				return fmt.Errorf("send standby status: %w", err)
+			}
+		}
+		rctx, cancel := context.WithDeadline(ss.ctx, nextStatus())
+		raw, err := repl.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ss.ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive WAL: %w", err)
+		}
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyData:
+			if err := ss.copyData(m.Data, dec, emit, position, &lastStatus); err != nil {
+				if ss.ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+}
+
+func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, position func(pglogrepl.LSN) error, lastStatus *time.Time) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		if ka.ReplyRequested {
+			*lastStatus = time.Time{}
+		}
+		if ka.ServerWALEnd > 0 {
+			// Every record before ServerWALEnd was decoded and sent: commits ≤ end-1 are all here.
+			return position(ka.ServerWALEnd - 1)
+		}
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse XLogData: %w", err)
+		}
+		ss.lastData.Store(time.Now().UnixNano())
+		msg, err := pglogrepl.Parse(x.WALData)
+		if err != nil {
+			return fmt.Errorf("decode pgoutput: %w", err)
+		}
+		if lm, ok := msg.(*pglogrepl.LogicalDecodingMessage); ok {
+			if !lm.Transactional && lm.LSN > 0 {
+				return position(lm.LSN - 1)
+			}
+			return nil
+		}
+		return dec.handle(ss.ctx, msg, emit)
+	}
+	return nil
+}
+
+// push hands an item to the bundler, blocking while the queue is full but still reporting the
+// position to PostgreSQL on time, so a slow output never times the walsender out.
+func (ss *session) push(it item, sendStatus func() error, nextStatus func() time.Time) error {
+	for {
+		ok, changed := ss.q.tryPush(it)
+		if ok {
+			return nil
+		}
+		t := time.NewTimer(time.Until(nextStatus()))
+		select {
+		case <-changed:
+		case <-t.C:
+			if err := sendStatus(); err != nil {
+				t.Stop()
+				return fmt.Errorf("send standby status: %w", err)
+			}
+		case <-ss.ctx.Done():
+			t.Stop()
+			return ss.ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// heartbeat emits a non-transactional logical message when no WAL data arrived for a while, so
+// an idle publication still advances the pointer and the slot.
+func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
+	every := ss.src.cfg.Heartbeat
+	t := time.NewTicker(every / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ss.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, ss.lastData.Load())) < every {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ss.ctx, every)
+		_, err := pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'pgrelay_heartbeat', $1::text)`, epoch)
+		cancel()
+		if err != nil && ss.ctx.Err() == nil {
+			ss.src.log.Warnf("pg_cdc %s: heartbeat: %v", ss.src.cfg.Name, err)
+		}
+		ss.lastData.Store(time.Now().UnixNano())
+	}
+}
+
+// readback reads the current values of cols of the row whose key is in row (nil when gone).
+func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row tuple, cols []int) (tuple, error) {
+	var sel, where []string
+	var params [][]byte
+	for _, c := range cols {
+		sel = append(sel, pgx.Identifier{rel.cols[c].name}.Sanitize())
+	}
+	for i, k := range rel.key {
+		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{rel.cols[k].name}.Sanitize(), i+1))
+		params = append(params, row[k].Data)
+	}
+	schema, name, _ := strings.Cut(rel.full, ".")
+	sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + pgx.Identifier{schema, name}.Sanitize() + " WHERE " + strings.Join(where, " AND ")
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read back unchanged values: %w", err)
+	}
+	defer conn.Release()
+	res := conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	if res.Err != nil {
+		return nil, fmt.Errorf("read back unchanged values of %s: %w", rel.full, res.Err)
+	}
+	if len(res.Rows) == 0 {
+		return nil, nil
+	}
+	out := make(tuple, len(cols))
+	for i, v := range res.Rows[0] {
+		if v == nil {
+			out[i] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
+		} else {
+			out[i] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
+		}
+	}
+	return out, nil
+}
+
+// waitFor says what the bundler waits on when no batch is due.
+type waitFor struct {
+	ch    <-chan struct{}
+	after time.Duration
+}
+
+// bundle builds the next batch from the queued items, or does an idle pointer advance, or says
+// what to wait for. Only Next calls it, with no batch unacknowledged.
+func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
+	cfg := &ss.src.cfg
+	items, changed := ss.q.snapshot()
+	idle := waitFor{ch: changed, after: time.Hour}
+	if ss.ctx.Err() != nil {
+		return nil, idle, nil
+	}
+	cover := ss.plan
+	var events []Event
+	size, n, full := 0, 0, false
+	for ; n < len(items) && !full; n++ {
+		it := items[n]
+		switch it.kind {
+		case itemChange:
+			if len(events) > 0 && (len(events)+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
+				full = true
+				n--
+				continue
+			}
+			events = append(events, it.events...)
+			size += it.size
+			cover = cover.InsideTxn(it.commit, it.seq+1)
+		case itemCommit:
+			cover = cover.AtCommit(it.commit)
+		case itemPosition:
+			if cover.InTxn == nil && it.lsn > cover.LSNValue() {
+				cover = cover.AtCommit(it.lsn)
+			}
+		}
+	}
+	if len(events) == 0 {
+		if n == 0 || !ss.plan.Less(cover) {
+			ss.q.pop(n)
+			return nil, idle, nil
+		}
+		if wait := time.Until(ss.lastIdleWrite.Add(idleWriteEvery)); wait > 0 {
+			return nil, waitFor{ch: changed, after: wait}, nil
+		}
+		return nil, idle, ss.idleAdvance(ctx, cover, n)
+	}
+	if !full && (len(events) < cfg.MaxBundleMessages && size < cfg.MaxBundleBytes) {
+		if cover.InTxn != nil { // the rest of the transaction is on its way
+			return nil, idle, nil
+		}
+		if ss.firstSeen.IsZero() {
+			ss.firstSeen = time.Now()
+		}
+		if wait := time.Until(ss.firstSeen.Add(cfg.Linger)); wait > 0 {
+			return nil, waitFor{ch: changed, after: wait}, nil
+		}
+	}
+	ss.q.pop(n)
+	ss.plan = cover
+	ss.firstSeen = time.Time{}
+	return &Batch{Events: events, Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease,
+		Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss}, idle, nil
+}
+
+// idleAdvance moves the pointer over items without events (idle WAL, empty transactions).
+func (ss *session) idleAdvance(ctx context.Context, cover pointer.Pointer, n int) error {
+	b := &Batch{Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease, Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss}
+	ss.lastIdleWrite = time.Now()
+	if _, err := ss.src.writer.Write(ctx, nil, b.cover()); err != nil {
+		if errcode.Is(err, "fenced") {
+			return err
+		}
+		ss.src.log.Warnf("pg_cdc %s: idle pointer advance: %v", ss.src.cfg.Name, err)
+		return nil
+	}
+	ss.q.pop(n)
+	ss.plan = cover
+	ss.acked(b)
+	return nil
+}
+
+// acked records that b's cover is durably the pointer: PostgreSQL may now drop the WAL before it.
+func (ss *session) acked(b *Batch) {
+	ss.flush.Store(uint64(b.Cover.LSNValue()))
+	h := ss.src.hooks
+	if h.PointerLSN != nil {
+		h.PointerLSN(uint64(b.Cover.LSNValue()))
+	}
+	if len(b.Events) > 0 {
+		if h.Messages != nil {
+			h.Messages(int64(len(b.Events)))
+		}
+		if h.Bundles != nil {
+			h.Bundles(1)
+		}
+	}
+}
