@@ -1,0 +1,353 @@
+package output
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/sink"
+)
+
+func pgSinkSpec() *service.ConfigSpec {
+	return service.NewConfigSpec().
+		Beta().
+		Categories("Services").
+		Summary("Writes messages into a PostgreSQL table exactly once, in append, upsert, cdc or sql mode.").
+		Description(`Each batch is one PostgreSQL transaction that also moves the sink's progress rows
+(` + "`progress_table`" + `, one row per queue shard): messages at or below their shard's committed offset
+are skipped, so a redelivered batch changes nothing twice. With the ` + "`redis_queue`" + ` input this is
+exactly-once; messages without queue/shard/offset metadata are refused unless ` + "`require_progress: false`" + `
+(then they are written at-least-once).
+
+The target table is never created or altered; it is checked at start (exists, key, writable columns,
+privileges). Payload keys map to the columns of exactly the same name; a column the message does not
+name keeps its value on update and gets its DEFAULT on insert. Values are converted by PostgreSQL from
+the exact text the producer wrote. See docs/sink.md.
+
+Errors: transient ones (connection, deadlock, serialization) are retried inside the output; a data
+error (SQLSTATE classes 21, 22, 23, 27, 44, 54, P0 or an unreadable payload) fails that message only
+("SQLSTATE: message (detail)"), the rest of its shard in the batch is returned unapplied with code
+` + "`blocked`" + `, and the rest of the batch commits; environment errors (missing table, privileges,
+class 42) pause the sink with a coded error until fixed.`).
+		Fields(
+			service.NewStringField("dsn").Description("PostgreSQL connection string (URL or key=value). The fields below override what it says. Put passwords in `${ENV}` variables.").
+				Example("postgres://pgrelay@127.0.0.1:5432/app").Default("").Secret(),
+			service.NewStringField("host").Description("Host name or socket directory.").Default(""),
+			service.NewIntField("port").Description("Port; 0 keeps the DSN's (or 5432).").Default(0),
+			service.NewStringField("user").Description("User name.").Default(""),
+			service.NewStringField("password").Description("Password. Use `${ENV}`.").Default("").Secret(),
+			service.NewStringField("database").Description("Database name.").Default(""),
+			service.NewObjectField("tls",
+				service.NewStringEnumField("mode", "", "disable", "prefer", "require", "verify-ca", "verify-full").
+					Description("libpq sslmode; empty keeps the DSN's (libpq default: prefer).").Default(""),
+				service.NewStringField("root_ca_file").Description("CA certificate file (verify-ca, verify-full).").Default(""),
+				service.NewStringField("client_cert_file").Description("Client certificate file.").Default(""),
+				service.NewStringField("client_key_file").Description("Client key file.").Default(""),
+			).Description("TLS to PostgreSQL.").Advanced(),
+			service.NewStringField("name").Description("The sink's identity in the progress table. Keep it stable: a new name starts over from the queue's first offsets.").
+				LintRule(`root = if this == "" { ["name must not be empty"] }`),
+			service.NewStringField("table").Description("Target table, `schema.name` (quote as in SQL: `public.\"Orders\"`). Not used in mode sql.").Default(""),
+			service.NewStringAnnotatedEnumField("mode", map[string]string{
+				"append": "Insert every message as a new row.",
+				"upsert": "Insert, or update on the key the columns the message names.",
+				"cdc":    "Apply change events (DESIGN §2): c/r/u upsert `after` minus `unchanged`, a key change moves the row, d deletes, t truncates.",
+				"sql":    "Run `statement` once per message with `params`.",
+			}).Description("How messages change the table."),
+			service.NewStringListField("key").Description("Conflict key columns (upsert, cdc); default the primary key, else the replica-identity index. Must match a unique index.").Default([]any{}),
+			service.NewStringField("statement").Description("Mode sql: the statement, with `$1..$n` for `params`. Cast params in the statement (`$1::numeric`): they arrive as text.").
+				Example("UPDATE accounts SET balance = balance + $1::numeric WHERE id = $2::bigint").Default(""),
+			service.NewStringListField("params").Description("Mode sql: one entry per `$n`: a path into the JSON payload (`$`, `$.a.b`, `$.lines[0]`, `$[\"odd.key\"]`) or `@partition`, `@shard`, `@offset`, `@message_id`, `@transaction_id`, `@created_at` (ms), `@queue`. A missing path is NULL.").
+				Example([]string{"$.amount", "$.id"}).Default([]any{}),
+			service.NewObjectField("metadata",
+				service.NewStringField("partition").Description("Column for the message's partition.").Default(""),
+				service.NewStringField("shard").Description("Column for the queue shard.").Default(""),
+				service.NewStringField("offset").Description("Column for the shard offset.").Default(""),
+				service.NewStringField("message_id").Description("Column for the message id.").Default(""),
+				service.NewStringField("transaction_id").Description("Column for the source transaction id.").Default(""),
+				service.NewStringField("created_at").Description("Column for the created-at time (a timestamp column gets a timestamp, a number column milliseconds).").Default(""),
+				service.NewStringField("payload").Description("Column for the whole payload (json, jsonb or text).").Default(""),
+			).Description("Target columns filled from message metadata (append, upsert, cdc)."),
+			service.NewStringField("progress_table").Description("The progress table, `schema.name`.").Default(sink.DefaultProgressTable),
+			service.NewBoolField("create_progress_table").Description("Create the progress table (and its schema) when missing; with false a missing or wrong table is an error printing the DDL.").Default(true),
+			service.NewBoolField("require_progress").Description("Refuse messages without queue/shard/offset metadata (they cannot be deduplicated). With false they are written at-least-once.").Default(true).Advanced(),
+			service.NewIntField("max_in_flight").Description("Batches written in parallel (transactions over different shards).").Default(4).
+				LintRule(`root = if this < 1 || this > 256 { ["max_in_flight must be between 1 and 256"] }`),
+			service.NewDurationField("retry_max_wait").Description("Longest wait between retries of a transient or environment error.").Default("10s").Advanced(),
+		).
+		LintRule(pgSinkLint).
+		Example("Upsert orders from a queue", "", `
+input:
+  redis_queue:
+    url: ${REDIS_URL:redis://127.0.0.1:6379}
+    queue: orders
+    group: orders-copy
+output:
+  pg_sink:
+    dsn: ${TARGET_DSN:postgres://pgrelay@127.0.0.1:5432/copy}
+    name: orders-copy
+    table: public.orders
+    mode: cdc
+`).
+		Example("Non-idempotent statement, exactly once", "", `
+output:
+  pg_sink:
+    dsn: ${TARGET_DSN:postgres://pgrelay@127.0.0.1:5432/bank}
+    name: balances
+    mode: sql
+    statement: UPDATE accounts SET balance = balance + $1::numeric WHERE id = $2::bigint
+    params: [ $.amount, $.id ]
+`)
+}
+
+// pgSinkLint catches the impossible combinations of fields.
+const pgSinkLint = `
+let mode = this.mode.or("")
+let stmt = this.statement.or("")
+let params = this.params.or([])
+let meta = this.metadata.or({}).values().filter(v -> v != "")
+root = [
+  if $mode == "sql" && $stmt == "" { "mode sql needs a statement" },
+  if $mode != "sql" && this.table.or("") == "" { "mode " + $mode + " needs a table" },
+  if $mode != "sql" && ($stmt != "" || $params.length() > 0) { "statement and params are only used in mode sql" },
+  if ($mode == "sql" || $mode == "append") && this.key.or([]).length() > 0 { "key is only used in modes upsert and cdc" },
+  if $mode == "sql" && this.table.or("") != "" { "table is not used in mode sql: name it in the statement" },
+  if $mode == "sql" && $meta.length() > 0 { "metadata columns are not used in mode sql: use @partition, @offset... params" },
+  if $mode == "sql" && !$stmt.contains("'") && !$stmt.contains("--") && !$stmt.contains("/*") && $stmt.re_find_all("\\$[0-9]+").unique().length() != $params.length() { "params must have one entry per $n placeholder in statement" },
+  if !this.progress_table.or("pgrelay.sink_progress").re_match("^[^.]+[.][^.]+$") { "progress_table must be schema.name" },
+].filter(e -> e != null)
+`
+
+func init() {
+	service.MustRegisterBatchOutput("pg_sink", pgSinkSpec(),
+		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchOutput, service.BatchPolicy, int, error) {
+			c, err := parsePGSink(conf)
+			if err != nil {
+				return nil, service.BatchPolicy{}, 0, err
+			}
+			return newPGSink(c, mgr), service.BatchPolicy{}, c.maxInFlight, nil
+		})
+}
+
+// pgSinkConf is the parsed configuration.
+type pgSinkConf struct {
+	sink        sink.Config
+	conn        sink.ConnConfig
+	maxInFlight int
+}
+
+func parsePGSink(conf *service.ParsedConfig) (pgSinkConf, error) {
+	var c pgSinkConf
+	var mode string
+	var err error
+	str := func(dst *string, path ...string) {
+		if err == nil {
+			*dst, err = conf.FieldString(path...)
+		}
+	}
+	str(&c.conn.DSN, "dsn")
+	str(&c.conn.Host, "host")
+	str(&c.conn.User, "user")
+	str(&c.conn.Password, "password")
+	str(&c.conn.Database, "database")
+	str(&c.conn.TLSMode, "tls", "mode")
+	str(&c.conn.RootCAFile, "tls", "root_ca_file")
+	str(&c.conn.CertFile, "tls", "client_cert_file")
+	str(&c.conn.KeyFile, "tls", "client_key_file")
+	str(&c.sink.Name, "name")
+	str(&c.sink.Table, "table")
+	str(&mode, "mode")
+	str(&c.sink.Statement, "statement")
+	str(&c.sink.ProgressTable, "progress_table")
+	md := &c.sink.Metadata
+	for path, dst := range map[string]*string{"partition": &md.Partition, "shard": &md.Shard, "offset": &md.Offset,
+		"message_id": &md.MessageID, "transaction_id": &md.TransactionID, "created_at": &md.CreatedAt, "payload": &md.Payload} {
+		str(dst, "metadata", path)
+	}
+	if err != nil {
+		return c, err
+	}
+	c.sink.Mode = sink.Mode(mode)
+	if c.conn.Port, err = conf.FieldInt("port"); err != nil {
+		return c, err
+	}
+	if c.sink.Key, err = conf.FieldStringList("key"); err != nil {
+		return c, err
+	}
+	if c.sink.Params, err = conf.FieldStringList("params"); err != nil {
+		return c, err
+	}
+	if c.sink.CreateProgressTable, err = conf.FieldBool("create_progress_table"); err != nil {
+		return c, err
+	}
+	if c.sink.RequireProgress, err = conf.FieldBool("require_progress"); err != nil {
+		return c, err
+	}
+	if c.maxInFlight, err = conf.FieldInt("max_in_flight"); err != nil {
+		return c, err
+	}
+	if c.sink.RetryMax, err = conf.FieldDuration("retry_max_wait"); err != nil {
+		return c, err
+	}
+	if c.maxInFlight < 1 {
+		return c, errcode.New("sink_config", "max_in_flight must be at least 1", "set max_in_flight: 1 or more")
+	}
+	c.conn.MaxConns = c.maxInFlight + 1
+	c.conn.ApplicationName = "pgrelay-sink-" + c.sink.Name
+	return c, c.sink.Validate()
+}
+
+// pgSink is the Benthos shell over sink.Applier.
+type pgSink struct {
+	conf pgSinkConf
+	log  *service.Logger
+	m    sinkMetrics
+
+	mu      sync.Mutex
+	pool    *pgxpool.Pool
+	applier *sink.Applier
+}
+
+// sinkMetrics are the sink's counters (DESIGN §8); dead letters are counted by the input.
+type sinkMetrics struct {
+	applied, skipped, failed, blocked, batches, errors *service.MetricCounter
+	lastError                                          *service.MetricGauge
+}
+
+func newPGSink(c pgSinkConf, mgr *service.Resources) *pgSink {
+	m := mgr.Metrics()
+	return &pgSink{conf: c, log: mgr.Logger().With("sink", c.sink.Name), m: sinkMetrics{
+		applied:   m.NewCounter("pg_sink_applied", "sink"),
+		skipped:   m.NewCounter("pg_sink_skipped", "sink"),
+		failed:    m.NewCounter("pg_sink_failed", "sink"),
+		blocked:   m.NewCounter("pg_sink_blocked", "sink"),
+		batches:   m.NewCounter("pg_sink_batches", "sink"),
+		errors:    m.NewCounter("pg_sink_errors", "sink", "class", "code"),
+		lastError: m.NewGauge("pg_sink_last_error_timestamp_seconds", "sink"),
+	}}
+}
+
+// Connect opens the pool, creates or checks the progress table and inspects the target. Its coded
+// errors are logged by Benthos, which retries Connect with backoff.
+func (s *pgSink) Connect(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.applier != nil {
+		return nil
+	}
+	pool, err := s.conf.conn.Pool(ctx)
+	if err != nil {
+		return err
+	}
+	a, err := sink.NewApplier(ctx, pool, s.conf.sink, s.onRetry)
+	if err != nil {
+		pool.Close()
+		s.countError(err, sink.Environment)
+		return err
+	}
+	s.pool, s.applier = pool, a
+	return nil
+}
+
+func (s *pgSink) onRetry(err error, class sink.Class, wait time.Duration) {
+	s.countError(err, class)
+	if class == sink.Transient {
+		s.log.Warnf("retrying in %v after a transient error: %v", wait.Round(time.Millisecond), err)
+		return
+	}
+	s.log.Errorf("paused (retrying in %v): %v", wait.Round(time.Millisecond), err)
+}
+
+func (s *pgSink) countError(err error, class sink.Class) {
+	code := errcode.Code(err)
+	if code == "" {
+		code = "unknown"
+	}
+	s.m.errors.Incr(1, s.conf.sink.Name, class.String(), code)
+	s.m.lastError.Set(time.Now().Unix(), s.conf.sink.Name)
+}
+
+// WriteBatch writes the batch in one transaction; per-message data errors come back as a BatchError.
+func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) error {
+	s.mu.Lock()
+	a := s.applier
+	s.mu.Unlock()
+	if a == nil {
+		return service.ErrNotConnected
+	}
+	msgs := make([]*sink.Message, len(batch))
+	for i, m := range batch {
+		sm, err := toSinkMessage(m)
+		if err != nil {
+			return err
+		}
+		msgs[i] = sm
+	}
+	res, err := a.Write(ctx, msgs)
+	if err != nil {
+		s.countError(err, sink.Environment)
+		return err
+	}
+	name := s.conf.sink.Name
+	s.m.batches.Incr(1, name)
+	s.m.applied.Incr(int64(res.Applied), name)
+	s.m.skipped.Incr(int64(res.Skipped), name)
+	s.m.failed.Incr(int64(res.Failed), name)
+	s.m.blocked.Incr(int64(res.Blocked), name)
+	if res.Failed == 0 && res.Blocked == 0 {
+		return nil
+	}
+	var bErr *service.BatchError
+	for i, e := range res.Errs {
+		if e == nil {
+			continue
+		}
+		if res.Outcomes[i] == sink.Failed {
+			s.log.Warnf("message %s (queue %s shard %d offset %d) failed: %v", msgs[i].MessageID, msgs[i].Queue, msgs[i].Shard, msgs[i].Offset, e)
+		}
+		if bErr == nil {
+			bErr = service.NewBatchError(batch, e)
+		}
+		bErr = bErr.Failed(i, e)
+	}
+	return bErr
+}
+
+// toSinkMessage reads the redis_queue metadata (DESIGN §6) and the payload.
+func toSinkMessage(m *service.Message) (*sink.Message, error) {
+	payload, err := m.AsBytes()
+	if err != nil {
+		return nil, err
+	}
+	sm := &sink.Message{Payload: payload}
+	get := func(k string) string { v, _ := m.MetaGet(k); return v }
+	sm.Queue, sm.Partition, sm.MessageID, sm.TransactionID = get("queue"), get("partition"), get("message_id"), get("transaction_id")
+	shard, errS := strconv.ParseInt(get("shard"), 10, 32)
+	offset, errO := strconv.ParseInt(get("offset"), 10, 64)
+	if sm.Queue != "" && errS == nil && errO == nil {
+		sm.Shard, sm.Offset, sm.HasPosition = int32(shard), offset, true
+	} else if get("offset") != "" || get("shard") != "" {
+		return nil, errcode.New("bad_metadata", fmt.Sprintf("message metadata queue=%q shard=%q offset=%q is not a queue position", sm.Queue, get("shard"), get("offset")),
+			"leave queue, shard and offset metadata as the redis_queue input sets them")
+	}
+	if ms, err := strconv.ParseInt(get("created_at"), 10, 64); err == nil {
+		sm.CreatedAt = ms
+	}
+	return sm, nil
+}
+
+// Close closes the pool.
+func (s *pgSink) Close(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pool != nil {
+		s.pool.Close()
+		s.pool, s.applier = nil, nil
+	}
+	return nil
+}
