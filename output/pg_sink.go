@@ -20,9 +20,9 @@ func pgSinkSpec() *service.ConfigSpec {
 		Categories("Services").
 		Summary("Writes messages into a PostgreSQL table exactly once, in append, upsert, cdc or sql mode.").
 		Description(`Each batch is one PostgreSQL transaction that also moves the sink's progress rows
-(` + "`progress_table`" + `, one row per queue shard): messages at or below their shard's committed offset
-are skipped, so a redelivered batch changes nothing twice. With the ` + "`redis_queue`" + ` input this is
-exactly-once; messages without queue/shard/offset metadata are refused unless ` + "`require_progress: false`" + `
+(`+"`progress_table`"+`, one row per queue shard): messages at or below their shard's committed offset
+are skipped, so a redelivered batch changes nothing twice. With the `+"`redis_queue`"+` input this is
+exactly-once; messages without queue/shard/offset metadata are refused unless `+"`require_progress: false`"+`
 (then they are written at-least-once).
 
 The target table is never created or altered; it is checked at start (exists, key, writable columns,
@@ -33,7 +33,7 @@ the exact text the producer wrote. See docs/sink.md.
 Errors: transient ones (connection, deadlock, serialization) are retried inside the output; a data
 error (SQLSTATE classes 21, 22, 23, 27, 44, 54, P0 or an unreadable payload) fails that message only
 ("SQLSTATE: message (detail)"), the rest of its shard in the batch is returned unapplied with code
-` + "`blocked`" + `, and the rest of the batch commits; environment errors (missing table, privileges,
+`+"`blocked`"+`, and the rest of the batch commits; environment errors (missing table, privileges,
 class 42) pause the sink with a coded error until fixed.`).
 		Fields(
 			service.NewStringField("dsn").Description("PostgreSQL connection string (URL or key=value). The fields below override what it says. Put passwords in `${ENV}` variables.").

@@ -9,8 +9,8 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
-	_ "github.com/pgrelay/pgrelay/output"
 	"github.com/pgrelay/pgrelay/internal/testenv"
+	_ "github.com/pgrelay/pgrelay/output"
 )
 
 // TestSinkLintRules: the linter catches the impossible combinations of pg_sink fields.
