@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	_ "github.com/pgrelay/pgrelay/input"

@@ -1,0 +1,283 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/lease"
+)
+
+// Info describes a queue for `pgrelay queue info`.
+type Info struct {
+	Queue       string      `json:"queue"`
+	Shards      int         `json:"shards"`
+	Version     string      `json:"version"`
+	Length      int64       `json:"length"` // entries kept, all shards
+	ShardInfo   []ShardInfo `json:"shard_info"`
+	Groups      []GroupInfo `json:"groups"`
+	DeadLetters int64       `json:"dead_letters"`
+}
+
+// ShardInfo describes one shard stream.
+type ShardInfo struct {
+	Shard       int   `json:"shard"`
+	Length      int64 `json:"length"`
+	FirstOffset int64 `json:"first_offset"` // offset of the oldest entry kept (0 when empty)
+	LastOffset  int64 `json:"last_offset"`  // last offset assigned (meta off:<n>)
+}
+
+// GroupInfo describes one consumer group over all shards.
+type GroupInfo struct {
+	Name     string           `json:"name"`
+	Lag      int64            `json:"lag"`     // entries not yet delivered
+	Pending  int64            `json:"pending"` // delivered, not yet acked
+	Replicas int64            `json:"replicas"`
+	Shards   []GroupShardInfo `json:"shards"`
+}
+
+// GroupShardInfo is one group's state on one shard.
+type GroupShardInfo struct {
+	Shard         int    `json:"shard"`
+	Lag           int64  `json:"lag"`
+	Pending       int64  `json:"pending"`
+	LastDelivered string `json:"last_delivered_id"`
+	Owner         string `json:"owner,omitempty"` // lease holder, "" when free
+}
+
+// Inspect reads queue q's shards, groups and dead letters.
+func Inspect(ctx context.Context, rdb redis.UniversalClient, l Layout, q string) (*Info, error) {
+	meta, err := rdb.HGetAll(ctx, l.Meta(q)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("queue %s: read meta: %w", q, err)
+	}
+	if meta["shards"] == "" {
+		return nil, errcode.New("no_queue", fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
+			"check the queue name and --prefix; a queue exists once a producer has written to it")
+	}
+	shards, err := strconv.Atoi(meta["shards"])
+	if err != nil || shards < 1 {
+		return nil, fmt.Errorf("queue %s: meta shards %q is not a positive number", q, meta["shards"])
+	}
+	info := &Info{Queue: q, Shards: shards, Version: meta["version"]}
+	groups := map[string]*GroupInfo{}
+	for n := 0; n < shards; n++ {
+		si, gs, err := inspectShard(ctx, rdb, l, q, n, meta)
+		if err != nil {
+			return nil, err
+		}
+		info.ShardInfo = append(info.ShardInfo, si)
+		info.Length += si.Length
+		for name, g := range gs {
+			gi := groups[name]
+			if gi == nil {
+				gi = &GroupInfo{Name: name}
+				groups[name] = gi
+			}
+			gi.Lag += g.Lag
+			gi.Pending += g.Pending
+			gi.Shards = append(gi.Shards, g)
+		}
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	for _, g := range groups {
+		g.Replicas, _ = rdb.ZCount(ctx, l.Members(q, g.Name), strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
+		info.Groups = append(info.Groups, *g)
+	}
+	sort.Slice(info.Groups, func(i, j int) bool { return info.Groups[i].Name < info.Groups[j].Name })
+	if info.DeadLetters, err = rdb.XLen(ctx, l.DLQ(q)).Result(); err != nil {
+		return nil, err
+	}
+	return info, nil
+}
+
+func inspectShard(ctx context.Context, rdb redis.UniversalClient, l Layout, q string, n int, meta map[string]string) (ShardInfo, map[string]GroupShardInfo, error) {
+	stream := l.Stream(q, n)
+	si := ShardInfo{Shard: n}
+	si.LastOffset, _ = strconv.ParseInt(meta["off:"+strconv.Itoa(n)], 10, 64)
+	var err error
+	if si.Length, err = rdb.XLen(ctx, stream).Result(); err != nil {
+		return si, nil, err
+	}
+	if first, err := rdb.XRangeN(ctx, stream, "-", "+", 1).Result(); err == nil && len(first) > 0 {
+		si.FirstOffset = offsetOf(first[0])
+	}
+	out := map[string]GroupShardInfo{}
+	groups, err := rdb.XInfoGroups(ctx, stream).Result()
+	if err != nil {
+		if strings.Contains(err.Error(), "no such key") {
+			return si, out, nil
+		}
+		return si, nil, err
+	}
+	for _, g := range groups {
+		gs := GroupShardInfo{Shard: n, Pending: g.Pending, LastDelivered: g.LastDeliveredID, Lag: g.Lag}
+		if gs.Lag < 0 {
+			gs.Lag = lagByOffset(ctx, rdb, stream, g.LastDeliveredID, si)
+		}
+		gs.Owner, _, _ = lease.Holder(ctx, rdb, l.GroupLease(q, g.Name, n))
+		out[g.Name] = gs
+	}
+	return si, out, nil
+}
+
+// lagByOffset counts entries after lastDelivered from the offsets, when Redis cannot say.
+func lagByOffset(ctx context.Context, rdb redis.Cmdable, stream, lastDelivered string, si ShardInfo) int64 {
+	xs, err := rdb.XRangeN(ctx, stream, lastDelivered, lastDelivered, 1).Result()
+	if err == nil && len(xs) == 1 {
+		return si.LastOffset - offsetOf(xs[0])
+	}
+	// the last delivered entry is gone: count what is kept after it
+	after, err := rdb.XRange(ctx, stream, "("+lastDelivered, "+").Result()
+	if err != nil {
+		return -1
+	}
+	return int64(len(after))
+}
+
+func offsetOf(x redis.XMessage) int64 {
+	s, _ := x.Values["off"].(string)
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+// DeadLetter is one entry of a queue's dead-letter stream.
+type DeadLetter struct {
+	EntryID   string `json:"entry_id"`
+	Group     string `json:"group"`
+	Error     string `json:"error"`
+	Attempts  int64  `json:"attempts"`
+	FailedAt  int64  `json:"failed_at"`
+	Offset    int64  `json:"offset"`
+	Partition string `json:"partition"`
+	MessageID string `json:"message_id"`
+	Tx        string `json:"transaction_id"`
+	CreatedMs int64  `json:"created_at"`
+	Header    string `json:"header,omitempty"`
+	Payload   string `json:"payload"`
+}
+
+// ListDeadLetters returns up to limit dead letters of queue q (oldest first; limit <= 0: all),
+// optionally only those of group.
+func ListDeadLetters(ctx context.Context, rdb redis.Cmdable, l Layout, q, group string, limit int64) ([]DeadLetter, error) {
+	var out []DeadLetter
+	start := "-"
+	for {
+		xs, err := rdb.XRangeN(ctx, l.DLQ(q), start, "+", 1000).Result()
+		if err != nil {
+			return nil, fmt.Errorf("queue %s: read dead letters: %w", q, err)
+		}
+		for _, x := range xs {
+			d := deadLetterOf(x)
+			if group == "" || d.Group == group {
+				out = append(out, d)
+				if limit > 0 && int64(len(out)) >= limit {
+					return out, nil
+				}
+			}
+		}
+		if len(xs) < 1000 {
+			return out, nil
+		}
+		start = "(" + xs[len(xs)-1].ID
+	}
+}
+
+func deadLetterOf(x redis.XMessage) DeadLetter {
+	s := func(k string) string { v, _ := x.Values[k].(string); return v }
+	i := func(k string) int64 { n, _ := strconv.ParseInt(s(k), 10, 64); return n }
+	return DeadLetter{EntryID: x.ID, Group: s("group"), Error: s("error"), Attempts: i("attempts"),
+		FailedAt: i("failed_at"), Offset: i("off"), Partition: s("p"), MessageID: s("id"), Tx: s("tx"),
+		CreatedMs: i("ts"), Header: s("h"), Payload: s("d")}
+}
+
+// ReplayDeadLetters writes dead letters back into queue q (new offsets, same partition, id,
+// transaction id, created-at, header and payload), then deletes them from the dead-letter stream.
+// A crash between the two repeats the replay of those entries (same message ids). Every group of the
+// queue sees a replayed message again, so with several groups it refuses unless allGroups.
+func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, l Layout, q string, dls []DeadLetter, allGroups bool) (int, error) {
+	if len(dls) == 0 {
+		return 0, nil
+	}
+	if !allGroups {
+		names, err := groupNames(ctx, rdb, l, q)
+		if err != nil {
+			return 0, err
+		}
+		if len(names) > 1 {
+			return 0, errcode.New("replay_all_groups",
+				fmt.Sprintf("queue %q has %d consumer groups (%s) and a replayed message reaches every one of them", q, len(names), strings.Join(names, ", ")),
+				"add --all-groups if every group should see the replayed messages again (consumers that already processed them must skip repeats by message id)")
+		}
+	}
+	w := NewWriter(rdb, WriterConfig{Prefix: l.Prefix})
+	done := 0
+	for start := 0; start < len(dls); start += 500 {
+		chunk := dls[start:min(start+500, len(dls))]
+		msgs := make([]Message, len(chunk))
+		ids := make([]string, len(chunk))
+		for i, d := range chunk {
+			msgs[i] = Message{Queue: q, Partition: d.Partition, ID: d.MessageID, Tx: d.Tx, CreatedMs: d.CreatedMs,
+				Header: []byte(d.Header), Payload: []byte(d.Payload)}
+			ids[i] = d.EntryID
+		}
+		if _, err := w.Write(ctx, msgs, nil); err != nil {
+			return done, fmt.Errorf("replay: write: %w", err)
+		}
+		if err := rdb.XDel(ctx, l.DLQ(q), ids...).Err(); err != nil {
+			return done, fmt.Errorf("replay: remove from the dead-letter stream: %w (these entries are now in the queue twice if replayed again)", err)
+		}
+		done += len(chunk)
+	}
+	return done, nil
+}
+
+// DropDeadLetters deletes dead letters from the dead-letter stream.
+func DropDeadLetters(ctx context.Context, rdb redis.Cmdable, l Layout, q string, dls []DeadLetter) (int64, error) {
+	var n int64
+	for start := 0; start < len(dls); start += 1000 {
+		chunk := dls[start:min(start+1000, len(dls))]
+		ids := make([]string, len(chunk))
+		for i, d := range chunk {
+			ids[i] = d.EntryID
+		}
+		k, err := rdb.XDel(ctx, l.DLQ(q), ids...).Result()
+		if err != nil {
+			return n, fmt.Errorf("drop dead letters: %w", err)
+		}
+		n += k
+	}
+	return n, nil
+}
+
+// groupNames lists the consumer groups of queue q (from shard 0, where every group exists).
+func groupNames(ctx context.Context, rdb redis.Cmdable, l Layout, q string) ([]string, error) {
+	shards, err := ShardCount(ctx, rdb, l, q)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for n := 0; n < shards; n++ {
+		gs, err := rdb.XInfoGroups(ctx, l.Stream(q, n)).Result()
+		if err != nil && !strings.Contains(err.Error(), "no such key") {
+			return nil, err
+		}
+		for _, g := range gs {
+			seen[g.Name] = true
+		}
+	}
+	var out []string
+	for g := range seen {
+		out = append(out, g)
+	}
+	sort.Strings(out)
+	return out, nil
+}

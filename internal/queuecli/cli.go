@@ -1,0 +1,198 @@
+// Package queuecli is `pgrelay queue`: inspect a queue (`info`) and manage its dead letters
+// (`dlq`, with --replay or --drop), human-readable or --json. It registers itself with
+// internal/cli; the output package imports it.
+package queuecli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/urfave/cli/v2"
+
+	pcli "github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+)
+
+func init() { pcli.Register(Command()) }
+
+// connFlags are the connection flags of every queue subcommand.
+func connFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "url", Usage: "Redis URL (redis:// or rediss://)", Value: "redis://127.0.0.1:6379", EnvVars: []string{"REDIS_URL"}},
+		&cli.StringSliceFlag{Name: "cluster-url", Usage: "seed node of a Redis Cluster (repeat for several); overrides --url"},
+		&cli.StringFlag{Name: "prefix", Usage: "key prefix", Value: queue.DefaultPrefix},
+		&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+		&cli.DurationFlag{Name: "timeout", Usage: "give up after this long", Value: 30 * time.Second},
+	}
+}
+
+// Command is the `queue` command with its subcommands.
+func Command() *cli.Command {
+	return &cli.Command{
+		Name:  "queue",
+		Usage: "Inspect a pgrelay queue and manage its dead letters",
+		Description: "Flags go before the queue name, e.g. `pgrelay queue info --url redis://127.0.0.1:6379 --json orders`.\n" +
+			"The connection comes from --url (or $REDIS_URL) or --cluster-url, with --prefix as in the pipeline config.",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "info",
+				Usage:     "Shards, lengths, groups (lag, pending, owners) and dead letters of a queue",
+				ArgsUsage: "<queue>",
+				Flags:     connFlags(),
+				Action:    func(c *cli.Context) error { return run(c, info) },
+			},
+			{
+				Name:      "dlq",
+				Usage:     "List a queue's dead letters, or --replay them into the queue, or --drop them",
+				ArgsUsage: "<queue>",
+				Flags: append(connFlags(),
+					&cli.StringFlag{Name: "group", Usage: "only the dead letters of this consumer group"},
+					&cli.Int64Flag{Name: "limit", Usage: "at most this many dead letters (0: all)"},
+					&cli.BoolFlag{Name: "replay", Usage: "write the dead letters back into the queue and remove them from the dead-letter stream"},
+					&cli.BoolFlag{Name: "all-groups", Usage: "with --replay on a queue with several groups: every group sees the replayed messages again"},
+					&cli.BoolFlag{Name: "drop", Usage: "delete the dead letters"},
+				),
+				Action: func(c *cli.Context) error { return run(c, dlq) },
+			},
+		},
+	}
+}
+
+// env is what a subcommand works with.
+type env struct {
+	c      *cli.Context
+	rdb    redis.UniversalClient
+	layout queue.Layout
+	queue  string
+	out    io.Writer
+}
+
+func run(c *cli.Context, fn func(context.Context, *env) error) error {
+	if c.NArg() != 1 {
+		return cli.Exit(fmt.Sprintf("usage: pgrelay queue %s [flags] <queue>", c.Command.Name), 2)
+	}
+	conn := redisconn.Config{URL: c.String("url"), ClusterURLs: c.StringSlice("cluster-url"), Prefix: c.String("prefix")}
+	if err := conn.Validate(); err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+	rdb, err := conn.Client()
+	if err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
+	defer cancel()
+	out := c.App.Writer
+	if out == nil {
+		out = os.Stdout
+	}
+	e := &env{c: c, rdb: rdb, layout: queue.NewLayout(conn.Prefix), queue: c.Args().First(), out: out}
+	if err := fn(ctx, e); err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
+	return nil
+}
+
+func info(ctx context.Context, e *env) error {
+	in, err := queue.Inspect(ctx, e.rdb, e.layout, e.queue)
+	if err != nil {
+		return err
+	}
+	if e.c.Bool("json") {
+		return printJSON(e.out, in)
+	}
+	fmt.Fprintf(e.out, "queue %s: %d shards, %d entries kept, %d dead letters (layout version %s)\n\n",
+		in.Queue, in.Shards, in.Length, in.DeadLetters, in.Version)
+	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SHARD\tLENGTH\tFIRST OFFSET\tLAST OFFSET")
+	for _, s := range in.ShardInfo {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\n", s.Shard, s.Length, s.FirstOffset, s.LastOffset)
+	}
+	tw.Flush()
+	if len(in.Groups) == 0 {
+		fmt.Fprintln(e.out, "\nno consumer groups")
+		return nil
+	}
+	for _, g := range in.Groups {
+		fmt.Fprintf(e.out, "\ngroup %s: lag %d, pending %d, %d live replicas\n", g.Name, g.Lag, g.Pending, g.Replicas)
+		tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SHARD\tLAG\tPENDING\tOWNER")
+		for _, s := range g.Shards {
+			owner := s.Owner
+			if owner == "" {
+				owner = "-"
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%s\n", s.Shard, s.Lag, s.Pending, owner)
+		}
+		tw.Flush()
+	}
+	return nil
+}
+
+func dlq(ctx context.Context, e *env) error {
+	replay, drop := e.c.Bool("replay"), e.c.Bool("drop")
+	if replay && drop {
+		return fmt.Errorf("choose one of --replay and --drop")
+	}
+	dls, err := queue.ListDeadLetters(ctx, e.rdb, e.layout, e.queue, e.c.String("group"), e.c.Int64("limit"))
+	if err != nil {
+		return err
+	}
+	switch {
+	case replay:
+		n, err := queue.ReplayDeadLetters(ctx, e.rdb, e.layout, e.queue, dls, e.c.Bool("all-groups"))
+		if err != nil {
+			return err
+		}
+		return report(e, "replayed", int64(n))
+	case drop:
+		n, err := queue.DropDeadLetters(ctx, e.rdb, e.layout, e.queue, dls)
+		if err != nil {
+			return err
+		}
+		return report(e, "dropped", n)
+	}
+	if e.c.Bool("json") {
+		if dls == nil {
+			dls = []queue.DeadLetter{}
+		}
+		return printJSON(e.out, dls)
+	}
+	fmt.Fprintf(e.out, "queue %s: %d dead letters\n", e.queue, len(dls))
+	for _, d := range dls {
+		fmt.Fprintf(e.out, "\n%s  group %s  partition %s  offset %d  message %s  attempts %d  failed %s\n  error: %s\n  payload: %s\n",
+			d.EntryID, d.Group, d.Partition, d.Offset, d.MessageID, d.Attempts,
+			time.UnixMilli(d.FailedAt).UTC().Format(time.RFC3339), d.Error, abbreviate(d.Payload, 200))
+	}
+	return nil
+}
+
+func report(e *env, what string, n int64) error {
+	if e.c.Bool("json") {
+		return printJSON(e.out, map[string]any{"queue": e.queue, what: n})
+	}
+	fmt.Fprintf(e.out, "queue %s: %s %d dead letters\n", e.queue, what, n)
+	return nil
+}
+
+func abbreviate(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
