@@ -1,0 +1,272 @@
+// Package oracle is the replay oracle of DESIGN §10, a test helper shared by the source's tests
+// (stream now, snapshot later): it reads a queue back with plain Redis commands, checks the
+// queue's invariants, replays every partition (c/r set the row, u merges keeping `unchanged`
+// columns, d deletes, t clears) and compares the result with the source table, column by column,
+// through the same text converter, so numbers are compared exactly.
+package oracle
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+)
+
+// Entry is one queue entry.
+type Entry struct {
+	Shard     int
+	Off       int64
+	Partition string
+	ID, Tx    string
+	Payload   []byte
+}
+
+// Event is a decoded change event (DESIGN §2).
+type Event struct {
+	Op        string                     `json:"op"`
+	Table     string                     `json:"table"`
+	Key       map[string]json.RawMessage `json:"key"`
+	After     map[string]json.RawMessage `json:"after"`
+	Before    map[string]json.RawMessage `json:"before"`
+	Unchanged []string                   `json:"unchanged"`
+	LSN       string                     `json:"lsn"`
+	Xid       *uint64                    `json:"xid"`
+	TS        string                     `json:"ts"`
+	Seq       uint64                     `json:"seq"`
+}
+
+// ReadQueue reads every entry of every shard of queue, in shard then offset order.
+func ReadQueue(ctx context.Context, rdb redis.Cmdable, prefix, queue string) ([]Entry, error) {
+	shardsText, err := rdb.HGet(ctx, redisconn.Key(prefix, queue, "meta"), "shards").Result()
+	if err == redis.Nil {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	shards, _ := strconv.Atoi(shardsText)
+	var out []Entry
+	for n := 0; n < shards; n++ {
+		msgs, err := rdb.XRange(ctx, redisconn.Key(prefix, queue, "s", strconv.Itoa(n)), "-", "+").Result()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			off, _ := strconv.ParseInt(fmt.Sprint(m.Values["off"]), 10, 64)
+			out = append(out, Entry{Shard: n, Off: off, Partition: fmt.Sprint(m.Values["p"]), ID: fmt.Sprint(m.Values["id"]),
+				Tx: fmt.Sprint(m.Values["tx"]), Payload: []byte(fmt.Sprint(m.Values["d"]))})
+		}
+	}
+	return out, nil
+}
+
+// Row is a row as column → JSON value text.
+type Row map[string]string
+
+// missing marks a column whose value the queue never gave (unchanged with no earlier value).
+const missing = "<MISSING>"
+
+// Result is a replay: table → key text → row, plus every invariant broken on the way.
+type Result struct {
+	Tables   map[string]map[string]Row
+	Problems []string
+	Events   int
+	ByID     map[string]int
+}
+
+// Replay checks the invariants of entries and replays them.
+func Replay(entries []Entry) *Result {
+	r := &Result{Tables: map[string]map[string]Row{}, ByID: map[string]int{}}
+	lastOff := map[int]int64{}
+	lastLSN := map[string]pglogrepl.LSN{}
+	keyPart := map[string]string{}
+	for _, e := range entries {
+		r.ByID[e.ID]++
+		if r.ByID[e.ID] == 2 {
+			r.problem("id %s appears more than once", e.ID)
+		}
+		if want := lastOff[e.Shard] + 1; e.Off != want && lastOff[e.Shard] != 0 {
+			r.problem("shard %d: offset %d after %d", e.Shard, e.Off, lastOff[e.Shard])
+		}
+		lastOff[e.Shard] = e.Off
+		var ev Event
+		if err := json.Unmarshal(e.Payload, &ev); err != nil {
+			r.problem("id %s: payload is not an event: %v", e.ID, err)
+			continue
+		}
+		r.Events++
+		lsn, err := pglogrepl.ParseLSN(ev.LSN)
+		if err != nil {
+			r.problem("id %s: lsn %q", e.ID, ev.LSN)
+		}
+		if lsn < lastLSN[e.Partition] {
+			r.problem("partition %q: lsn %s after %s (id %s)", e.Partition, ev.LSN, lastLSN[e.Partition], e.ID)
+		}
+		lastLSN[e.Partition] = lsn
+		if ev.Op == "t" {
+			r.Tables[ev.Table] = map[string]Row{}
+			continue
+		}
+		k := ev.Table + " " + KeyText(ev.Key)
+		if p, seen := keyPart[k]; seen && p != e.Partition {
+			r.problem("key %s in partitions %q and %q", k, p, e.Partition)
+		}
+		keyPart[k] = e.Partition
+		r.apply(e, ev)
+	}
+	return r
+}
+
+func (r *Result) problem(format string, args ...any) {
+	if len(r.Problems) < 50 {
+		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *Result) apply(e Entry, ev Event) {
+	rows := r.Tables[ev.Table]
+	if rows == nil {
+		rows = map[string]Row{}
+		r.Tables[ev.Table] = rows
+	}
+	key := KeyText(ev.Key)
+	switch ev.Op {
+	case "c", "r":
+		row := Row{}
+		for c, v := range ev.After {
+			row[c] = string(v)
+		}
+		for _, c := range ev.Unchanged {
+			row[c] = missing
+		}
+		rows[key] = row
+	case "u":
+		prev := rows[key]
+		if ev.Before != nil && prev == nil { // a key change under partition_by single
+			prev = rows[KeyText(pick(ev.Before, ev.Key))]
+			delete(rows, KeyText(pick(ev.Before, ev.Key)))
+		}
+		row := Row{}
+		for c, v := range ev.After {
+			row[c] = string(v)
+		}
+		for _, c := range ev.Unchanged {
+			if prev == nil || prev[c] == "" {
+				r.problem("id %s: %s unchanged with no earlier value", e.ID, c)
+				row[c] = missing
+			} else {
+				row[c] = prev[c]
+			}
+		}
+		rows[key] = row
+	case "d":
+		delete(rows, key)
+	default:
+		r.problem("id %s: op %q", e.ID, ev.Op)
+	}
+}
+
+// pick returns the entries of from named by the keys of like.
+func pick(from, like map[string]json.RawMessage) map[string]json.RawMessage {
+	out := map[string]json.RawMessage{}
+	for k := range like {
+		out[k] = from[k]
+	}
+	return out
+}
+
+// KeyText renders a key object canonically (columns sorted).
+func KeyText(key map[string]json.RawMessage) string {
+	cols := make([]string, 0, len(key))
+	for c := range key {
+		cols = append(cols, c)
+	}
+	sort.Strings(cols)
+	var b strings.Builder
+	for _, c := range cols {
+		b.WriteString(c)
+		b.WriteByte('=')
+		b.Write(key[c])
+		b.WriteByte(';')
+	}
+	return b.String()
+}
+
+// TableRows reads a table through the converter: key text → row. conn must use the session
+// settings of convert.SessionSettings.
+func TableRows(ctx context.Context, conn *pgx.Conn, table string, keyCols []string) (map[string]Row, error) {
+	schema, name, _ := strings.Cut(table, ".")
+	res := conn.PgConn().ExecParams(ctx, "SELECT * FROM "+pgx.Identifier{schema, name}.Sanitize(), nil, nil, nil, nil).Read()
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	reg := convert.NewRegistry()
+	var oids []uint32
+	for _, f := range res.FieldDescriptions {
+		oids = append(oids, f.DataTypeOID)
+	}
+	if err := reg.Load(ctx, conn, oids); err != nil {
+		return nil, err
+	}
+	out := map[string]Row{}
+	for _, vals := range res.Rows {
+		row := Row{}
+		key := map[string]json.RawMessage{}
+		for i, f := range res.FieldDescriptions {
+			var v []byte
+			if vals[i] == nil {
+				v = convert.AppendNull(nil)
+			} else {
+				v = convert.Append(nil, reg.Lookup(f.DataTypeOID), vals[i])
+			}
+			row[f.Name] = string(v)
+			for _, k := range keyCols {
+				if k == f.Name {
+					key[k] = v
+				}
+			}
+		}
+		out[KeyText(key)] = row
+	}
+	return out, nil
+}
+
+// Compare lists the differences between a replayed table and the real one.
+func Compare(replayed, actual map[string]Row) []string {
+	var diffs []string
+	for k, want := range actual {
+		got, ok := replayed[k]
+		if !ok {
+			diffs = append(diffs, "missing row "+k)
+			continue
+		}
+		for c, v := range want {
+			if got[c] != v {
+				diffs = append(diffs, fmt.Sprintf("row %s column %s: queue %s, table %s", k, c, got[c], v))
+			}
+		}
+		if len(got) != len(want) {
+			diffs = append(diffs, fmt.Sprintf("row %s: %d columns in the queue, %d in the table", k, len(got), len(want)))
+		}
+	}
+	for k := range replayed {
+		if _, ok := actual[k]; !ok {
+			diffs = append(diffs, "extra row "+k)
+		}
+	}
+	sort.Strings(diffs)
+	return diffs
+}
+
+// Equal reports whether two payloads are the same JSON text.
+func Equal(a, b []byte) bool { return bytes.Equal(a, b) }

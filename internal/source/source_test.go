@@ -1,0 +1,347 @@
+package source_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	_ "github.com/pgrelay/pgrelay/input"
+	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/source"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+	_ "github.com/pgrelay/pgrelay/output"
+)
+
+type env struct {
+	t   *testing.T
+	pg  *testenv.Postgres
+	rd  *testenv.Redis
+	ctx context.Context
+}
+
+func newEnv(t *testing.T) *env {
+	return &env{t: t, pg: testenv.StartPostgres(t), rd: testenv.StartRedis(t), ctx: context.Background()}
+}
+
+// run starts pg_cdc → redis_queue with the given tables block and extra pg_cdc fields.
+func (e *env) run(name, tables, extra string) func() {
+	e.t.Helper()
+	yaml := fmt.Sprintf(`
+input:
+  pg_cdc:
+    name: %s
+    dsn: %s
+    tls: {mode: disable}
+    tables: %s
+    redis: {url: %s}
+    lease_ttl: 3s
+    heartbeat: 1s
+%s
+output:
+  redis_queue:
+    url: %s
+logger:
+  level: warn
+`, name, e.pg.DSN(), tables, e.rd.URL(), indent(extra), e.rd.URL())
+	b := service.NewStreamBuilder()
+	if err := b.SetYAML(yaml); err != nil {
+		e.t.Fatal(err)
+	}
+	stream, err := b.Build()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := stream.Run(context.Background()); err != nil {
+			e.t.Logf("stream: %v", err)
+		}
+	}()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			if err := stream.StopWithin(20 * time.Second); err != nil {
+				e.t.Errorf("stop: %v", err)
+			}
+			<-done
+		}
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+func indent(s string) string {
+	if s == "" {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return "    " + strings.Join(lines, "\n    ")
+}
+
+// waitPointer waits until the source's pointer exists (the slot was created).
+func (e *env) waitPointer(name, queue string) {
+	e.t.Helper()
+	key := "pgrelay:{" + queue + "}:src:" + name + ":ptr"
+	deadline := time.Now().Add(30 * time.Second)
+	for e.rd.Client().Exists(e.ctx, key).Val() == 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("no pointer %s", key)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitEntries waits until queue holds at least n entries and returns them.
+func (e *env) waitEntries(queue string, n int) []oracle.Entry {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", queue)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("queue %s: %d entries, want %d", queue, len(got), n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *env) conn() *pgx.Conn {
+	cfg, _ := pgx.ParseConfig(e.pg.DSN())
+	convert.ApplySettings(cfg.RuntimeParams)
+	c, err := pgx.ConnectConfig(e.ctx, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// checkOracle replays queue and compares it with table.
+func (e *env) checkOracle(queue, table string, key ...string) {
+	e.t.Helper()
+	entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", queue)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	res := oracle.Replay(entries)
+	for _, p := range res.Problems {
+		e.t.Error(p)
+	}
+	rows, err := oracle.TableRows(e.ctx, e.conn(), table, key)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, d := range oracle.Compare(res.Tables[table], rows) {
+		e.t.Error(d)
+	}
+}
+
+func event(t *testing.T, en oracle.Entry) map[string]json.RawMessage {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(en.Payload, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// sortByTx orders entries of several shards by commit lsn then seq (their id).
+func byID(entries []oracle.Entry) map[string]oracle.Entry {
+	out := map[string]oracle.Entry{}
+	for _, e := range entries {
+		out[e.ID] = e
+	}
+	return out
+}
+
+func TestWalkthrough(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text, n numeric, big text);
+		ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL`)
+	e.run("walk", `[{table: t, queue: q}]`, "")
+	e.waitPointer("walk", "q")
+	big := strings.Repeat("0123456789", 10000)
+	e.pg.Exec(`INSERT INTO t VALUES (1, 'a', 123456789012345678901234567890, $1)`, big)
+	e.pg.Exec(`UPDATE t SET v = 'b' WHERE id = 1`)
+	e.pg.Exec(`BEGIN; INSERT INTO t VALUES (2, 'x', -1.5, NULL); DELETE FROM t WHERE id = 1; COMMIT`)
+	e.pg.Exec(`INSERT INTO t VALUES (5, 'toast', 0, $1)`, big)
+	e.pg.Exec(`UPDATE t SET id = 3 WHERE id = 2`)
+	e.pg.Exec(`UPDATE t SET id = 6 WHERE id = 5`)
+	entries := e.waitEntries("q", 9)
+	if len(entries) != 9 {
+		t.Fatalf("%d entries, want 9", len(entries))
+	}
+	var ins, upd, ins2, del []oracle.Entry
+	for _, en := range entries {
+		ev := event(t, en)
+		switch {
+		case string(ev["op"]) == `"c"` && string(ev["key"]) == `{"id":1}`:
+			ins = append(ins, en)
+		case string(ev["op"]) == `"u"`:
+			upd = append(upd, en)
+		case string(ev["op"]) == `"c"` && string(ev["key"]) == `{"id":2}`:
+			ins2 = append(ins2, en)
+		case string(ev["op"]) == `"d"` && string(ev["key"]) == `{"id":1}`:
+			del = append(del, en)
+		}
+	}
+	if len(ins) != 1 || len(upd) != 1 || len(ins2) != 1 || len(del) != 1 {
+		t.Fatalf("unexpected events: %d %d %d %d", len(ins), len(upd), len(ins2), len(del))
+	}
+	// The update left the TOASTed column out and listed it.
+	u := event(t, upd[0])
+	if string(u["unchanged"]) != `["big"]` || string(u["after"]) != `{"id":1,"v":"b","n":123456789012345678901234567890}` || string(u["before"]) != "null" {
+		t.Errorf("update event: %s", upd[0].Payload)
+	}
+	if !strings.HasPrefix(string(ins[0].Payload), `{"op":"c","table":"public.t","key":{"id":1},"after":{"id":1,"v":"a","n":123456789012345678901234567890,"big":"0123`) {
+		t.Errorf("insert event: %.200s", ins[0].Payload)
+	}
+	// Insert and delete of one transaction: same lsn, xid and tx, seq 0 and 1.
+	a, d := event(t, ins2[0]), event(t, del[0])
+	if string(a["lsn"]) != string(d["lsn"]) || string(a["xid"]) != string(d["xid"]) || ins2[0].Tx != del[0].Tx ||
+		string(a["seq"]) != "0" || string(d["seq"]) != "1" {
+		t.Errorf("one transaction: %s / %s", ins2[0].Payload, del[0].Payload)
+	}
+	if string(d["before"]) != `{"id":1}` || string(d["after"]) != "null" {
+		t.Errorf("delete: %s", del[0].Payload)
+	}
+	// Key changes: d to the old partition, then c (id .1) to the new one, the TOAST value read back.
+	ids := byID(entries)
+	var moves int
+	for id, en := range ids {
+		if !strings.HasSuffix(id, ".1") {
+			continue
+		}
+		moves++
+		c := event(t, en)
+		dEntry, ok := ids[strings.TrimSuffix(id, ".1")]
+		if !ok {
+			t.Fatalf("no d for %s", id)
+		}
+		dd := event(t, dEntry)
+		if string(dd["op"]) != `"d"` || string(c["op"]) != `"c"` || dEntry.Partition == en.Partition {
+			t.Errorf("key change: %s / %s", dEntry.Payload, en.Payload)
+		}
+		if string(c["key"]) == `{"id":6}` && !strings.Contains(string(c["after"]), `"big":"0123`) {
+			t.Errorf("key change of a TOASTed row lost the value: %.300s", en.Payload)
+		}
+		if _, listed := c["unchanged"]; listed {
+			t.Errorf("c of a key change lists unchanged: %.300s", en.Payload)
+		}
+	}
+	if moves != 2 {
+		t.Errorf("%d key changes, want 2", moves)
+	}
+	e.checkOracle("q", "public.t", "id")
+}
+
+func TestOutOfOrderCommitArrivesInCommitOrder(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY, v text)`)
+	e.run("ooo", `[{table: s, queue: q, partition_by: single}]`, "")
+	e.waitPointer("ooo", "q")
+	t1, err := e.pg.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := t1.Exec(e.ctx, `INSERT INTO s VALUES (1, 'T1')`); err != nil {
+		t.Fatal(err)
+	}
+	e.pg.Exec(`INSERT INTO s VALUES (2, 'T2')`)
+	if err := t1.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	entries := e.waitEntries("q", 2)
+	if len(entries) != 2 || entries[0].Partition != "all" {
+		t.Fatalf("entries: %+v", entries)
+	}
+	if !strings.Contains(string(entries[0].Payload), `"T2"`) || !strings.Contains(string(entries[1].Payload), `"T1"`) {
+		t.Errorf("not in commit order: %s then %s", entries[0].Payload, entries[1].Payload)
+	}
+	e.checkOracle("q", "public.s", "id")
+}
+
+func TestDroppedSlotIsSlotLostAndNotRecreated(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY)`)
+	stop := e.run("lost", `[{table: s, queue: q}]`, "")
+	e.waitPointer("lost", "q")
+	e.pg.Exec(`INSERT INTO s VALUES (1)`)
+	e.waitEntries("q", 1)
+	stop()
+	e.pg.Exec(`SELECT pg_drop_replication_slot('pgrelay_lost')`)
+	e.run("lost", `[{table: s, queue: q}]`, "")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{q}:src:lost:status").Result()
+		found := false
+		for _, v := range st {
+			found = found || strings.Contains(v, `"code":"slot_lost"`)
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no slot_lost in status: %v", st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := 0; i < 20; i++ {
+		var n int
+		if err := e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pgrelay_lost'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatal("the slot was recreated")
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+}
+
+func TestConfigRefusesOutOfRangeValuesWithThePath(t *testing.T) {
+	base := "name: x\ndsn: postgres://127.0.0.1/db\ntables: [{table: t, queue: q}]\n"
+	for _, c := range []struct{ extra, want string }{
+		{"lease_ttl: 1s", "lease_ttl:"},
+		{"max_bundle_messages: 0", "max_bundle_messages:"},
+		{"max_bundle_bytes: 100", "max_bundle_bytes:"},
+		{"heartbeat: 2h", "heartbeat:"},
+		{"linger: 6s", "linger:"},
+		{"truncate: emit", "truncate:"},
+		{"snapshot: initial", "snapshot_unavailable"},
+		{"tables: [{table: t, queue: q}, {table: public.t, queue: r}]", "tables[1].table:"},
+		{"tables: [{table: t, queue: q, partition_by: nope}]", "tables[0].partition_by:"},
+		{"tls: {mode: verify-full, root_ca_file: /x, client_cert_file: /c}", "tls.client_cert_file:"},
+	} {
+		yaml := base + c.extra
+		if strings.HasPrefix(c.extra, "tables:") {
+			yaml = "name: x\ndsn: postgres://127.0.0.1/db\n" + c.extra
+		}
+		conf, err := source.Spec().ParseYAML(yaml, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", c.extra, err)
+		}
+		_, err = source.ParseConfig(conf)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want %q", c.extra, err, c.want)
+		}
+	}
+	conf, _ := source.Spec().ParseYAML(base, nil)
+	c, err := source.ParseConfig(conf)
+	if err != nil || c.Slot != "pgrelay_x" || c.Publication != "pgrelay_x" || c.LeaseTTL != 10*time.Second || c.MaxBundleMessages != 1000 {
+		t.Errorf("defaults: %+v %v", c, err)
+	}
+}
