@@ -1,0 +1,178 @@
+package tests
+
+import (
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/oracle"
+)
+
+const writerTable = `CREATE TABLE w (id int PRIMARY KEY, v text, n numeric, j jsonb, g int)`
+
+// TestSourceSurvivesSIGKILLUnderRandomWriter kills pgrelay three times while two writers run
+// random transactions; the queue must replay to the table with every id once, and the slot
+// must never be confirmed past the pointer.
+func TestSourceSurvivesSIGKILLUnderRandomWriter(t *testing.T) {
+	e := newCDCEnv(t, "kill", `[{table: w, queue: q}]`, "max_bundle_messages: 7")
+	e.pg.Exec(writerTable)
+	p := e.start()
+	e.waitPointer()
+	stop := make(chan struct{})
+	samples, waitSampler := e.sampleSlot(stop)
+	stopWriter := make(chan struct{})
+	wait := e.randomWriter(42, stopWriter)
+	rng := rand.New(rand.NewPCG(7, 7))
+	for i := 0; i < 3; i++ {
+		time.Sleep(time.Duration(1000+rng.IntN(1500)) * time.Millisecond)
+		p.Kill()
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
+		p = e.start()
+	}
+	time.Sleep(time.Second)
+	close(stopWriter)
+	committed := wait()
+	res := e.converge("public.w", "id")
+	close(stop)
+	waitSampler()
+	if committed < 50 || samples.Load() < 10 {
+		t.Errorf("too little happened: %d transactions, %d slot samples", committed, samples.Load())
+	}
+	t.Logf("%d transactions, %d events, %d slot samples", committed, res.Events, samples.Load())
+}
+
+// TestSourceLargeTransactionKilledHalfway inserts 200,000 rows in one transaction, read in
+// pieces of 500, and kills pgrelay when the pointer is inside it: exactly 200,000 messages
+// must come out, seq 0..199,999 once each, with several covers seen.
+func TestSourceLargeTransactionKilledHalfway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("large transaction")
+	}
+	const rows = 200000
+	e := newCDCEnv(t, "big", `[{table: b, queue: q, partition_by: single}]`, "max_bundle_messages: 500")
+	e.pg.Exec(`CREATE TABLE b (id int PRIMARY KEY, v text)`)
+	p := e.start()
+	e.waitPointer()
+	e.pg.Exec(`INSERT INTO b SELECT g, 'row ' || g FROM generate_series(0, $1 - 1) g`, rows)
+	covers := map[uint64]bool{}
+	killed := false
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		ptr := e.pointer()
+		if ptr != nil && ptr.InTxn != nil {
+			covers[ptr.InTxn.Done] = true
+			if !killed && ptr.InTxn.Done > rows*4/10 {
+				p.Kill()
+				killed = true
+				p = e.start()
+			}
+		}
+		if killed && ptr != nil && ptr.InTxn == nil && len(covers) > 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pointer %+v after 5 minutes (killed %v)", ptr, killed)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != rows {
+		t.Errorf("%d messages, want %d", len(entries), rows)
+	}
+	seen := make([]int, rows)
+	tx := ""
+	for i, en := range entries {
+		if i > 0 && en.Off != entries[i-1].Off+1 {
+			t.Fatalf("offset %d after %d", en.Off, entries[i-1].Off)
+		}
+		if tx == "" {
+			tx = en.Tx
+		}
+		if en.Tx != tx {
+			t.Fatalf("two transactions: %s and %s", tx, en.Tx)
+		}
+		seq, err := strconv.Atoi(en.ID[strings.LastIndexByte(en.ID, ':')+1:])
+		if err != nil || seq >= rows {
+			t.Fatalf("id %s", en.ID)
+		}
+		seen[seq]++
+	}
+	for seq, n := range seen {
+		if n != 1 {
+			t.Fatalf("seq %d seen %d times", seq, n)
+		}
+	}
+	if len(covers) < 3 {
+		t.Errorf("only %d distinct covers seen", len(covers))
+	}
+	t.Logf("%d covers seen inside the transaction", len(covers))
+}
+
+// TestSourceTwoReplicasTakeOverAndHandOver runs two pgrelay processes on one config: SIGKILL of
+// the owner → the other takes over within 2×TTL; SIGTERM of the new owner → the lease is
+// released before it would have expired. The queue stays exact throughout.
+func TestSourceTwoReplicasTakeOverAndHandOver(t *testing.T) {
+	e := newCDCEnv(t, "pair", `[{table: w, queue: q}]`, "")
+	e.pg.Exec(writerTable)
+	a := e.start()
+	e.waitPointer()
+	b := e.start()
+	stopWriter := make(chan struct{})
+	wait := e.randomWriter(9, stopWriter)
+	time.Sleep(2 * time.Second)
+	owner := func() string { o, _, _ := lease.Holder(e.ctx, e.rd.Client(), e.leaseKey()); return o }
+	first := owner()
+	if first == "" {
+		t.Fatal("nobody owns the source")
+	}
+	// The owner logs that it took the lease.
+	victim, other := a, b
+	if !strings.Contains(a.Output(), "took the lease") {
+		victim, other = b, a
+	}
+	killedAt := time.Now()
+	victim.Kill()
+	for owner() == first || owner() == "" {
+		if time.Since(killedAt) > 2*3*time.Second+5*time.Second {
+			t.Fatalf("no takeover %s after the owner was killed", time.Since(killedAt))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("takeover after %s", time.Since(killedAt))
+	second := owner()
+	victim = e.start() // the old owner comes back as standby
+	time.Sleep(2 * time.Second)
+	_, ttl, _ := lease.Holder(e.ctx, e.rd.Client(), e.leaseKey())
+	termAt := time.Now()
+	expires := termAt.Add(ttl)
+	other.Signal(syscall.SIGTERM)
+	for owner() == second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if released := time.Now(); !released.Before(expires) {
+		t.Errorf("lease released at +%s, after it would have expired (+%s)", released.Sub(termAt), ttl)
+	}
+	if err := other.Wait(30 * time.Second); err != nil {
+		t.Errorf("SIGTERM exit: %v", err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for owner() == "" || owner() == second {
+		if time.Now().After(deadline) {
+			t.Fatal("nobody took over after the hand-over")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	close(stopWriter)
+	wait()
+	e.converge("public.w", "id")
+	_ = victim
+}
