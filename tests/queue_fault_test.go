@@ -1,0 +1,347 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// seqMsgs makes n messages over parts partitions; the payload carries the partition and its
+// sequence number (1, 2, 3... per partition), from which order is checked.
+type seqGen struct {
+	parts int
+	next  map[string]int
+	total int
+}
+
+func (g *seqGen) batch(q string, n int) []queue.Message {
+	if g.next == nil {
+		g.next = map[string]int{}
+	}
+	out := make([]queue.Message, n)
+	for i := range out {
+		p := fmt.Sprintf("p%d", rand.Intn(g.parts))
+		g.next[p]++
+		g.total++
+		out[i] = queue.Message{Queue: q, Partition: p, ID: fmt.Sprintf("%s-%d", p, g.next[p]), CreatedMs: time.Now().UnixMilli(),
+			Payload: []byte(fmt.Sprintf(`{"p":%q,"n":%d,"pad":"%0100d"}`, p, g.next[p], 0))}
+	}
+	return out
+}
+
+// checkDelivered reads the recording queue (one shard, so its order is the order of the writes) and
+// checks: every message of gen is in; per partition a message is never written before its
+// predecessor was (repeats of already written ones are allowed: at least once).
+func checkDelivered(t *testing.T, rdb redis.Cmdable, stream string, gen *seqGen) {
+	t.Helper()
+	xs, err := rdb.XRange(context.Background(), stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxSeen := map[string]int{}
+	distinct := map[string]bool{}
+	repeats := 0
+	for _, x := range xs {
+		var body struct {
+			P string
+			N int
+		}
+		if err := json.Unmarshal([]byte(x.Values["d"].(string)), &body); err != nil {
+			t.Fatalf("payload %v: %v", x.Values["d"], err)
+		}
+		if body.N > maxSeen[body.P]+1 {
+			t.Fatalf("partition %s: message %d written before %d", body.P, body.N, maxSeen[body.P]+1)
+		}
+		if body.N <= maxSeen[body.P] {
+			repeats++
+		}
+		maxSeen[body.P] = max(maxSeen[body.P], body.N)
+		distinct[fmt.Sprintf("%s-%d", body.P, body.N)] = true
+	}
+	if len(distinct) != gen.total {
+		t.Fatalf("%d distinct messages delivered, want %d", len(distinct), gen.total)
+	}
+	for p, n := range gen.next {
+		if maxSeen[p] != n {
+			t.Fatalf("partition %s: delivered up to %d of %d", p, maxSeen[p], n)
+		}
+	}
+	t.Logf("%d writes for %d messages (%d repeats after the kill and nacks)", len(xs), gen.total, repeats)
+}
+
+// groupDone reports whether group g has delivered and acked every entry of every shard.
+func groupDone(ctx context.Context, rdb *redis.Client, q, g string) bool {
+	in, err := queue.Inspect(ctx, rdb, queue.NewLayout(""), q)
+	if err != nil {
+		return false
+	}
+	for _, gi := range in.Groups {
+		if gi.Name == g {
+			return gi.Lag == 0 && gi.Pending == 0
+		}
+	}
+	return false
+}
+
+// inProcessConsumer runs the redis_queue input in this process; its consumer fails whole batches
+// at random (a nack), else records them into the "out" queue and acks.
+func inProcessConsumer(t *testing.T, url string, w *queue.Writer, nackRate float64) *service.Stream {
+	t.Helper()
+	b := service.NewStreamBuilder()
+	b.SetLoggerYAML("level: warn")
+	if err := b.AddInputYAML(fmt.Sprintf(`
+redis_queue:
+  url: %s
+  queue: src
+  group: g
+  batch_count: 20
+  block: 100ms
+  lease_ttl: 2s
+  max_attempts: 1000000
+`, url)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+	if err := b.AddBatchConsumerFunc(func(ctx context.Context, batch service.MessageBatch) error {
+		mu.Lock()
+		fail := rng.Float64() < nackRate
+		mu.Unlock()
+		if fail {
+			return errors.New("random nack")
+		}
+		msgs := make([]queue.Message, len(batch))
+		for i, m := range batch {
+			p, _ := m.MetaGet("partition")
+			id, _ := m.MetaGet("message_id")
+			d, _ := m.AsBytes()
+			msgs[i] = queue.Message{Queue: "out", Partition: p, ID: id, Payload: d}
+		}
+		_, err := w.Write(ctx, msgs, nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Run(context.Background()) }()
+	t.Cleanup(func() { _ = s.StopWithin(10 * time.Second) })
+	return s
+}
+
+// binaryConsumerConfig is a pgrelay pipeline: the redis_queue input into a redis_queue output that
+// records into the "out" queue.
+func binaryConsumerConfig(t *testing.T, url string) string {
+	path := filepath.Join(t.TempDir(), "consumer.yaml")
+	os.WriteFile(path, []byte(fmt.Sprintf(`
+http:
+  enabled: false
+logger:
+  level: warn
+input:
+  redis_queue:
+    url: %[1]s
+    queue: src
+    group: g
+    batch_count: 20
+    block: 100ms
+    lease_ttl: 2s
+    max_attempts: 1000000
+output:
+  redis_queue:
+    url: %[1]s
+    queue: out
+    shards: 1
+    partition: ${! meta("partition") }
+    id: ${! meta("message_id") }
+`, url)), 0o644)
+	return path
+}
+
+// TestQueueThreeConsumersRandomNacksAndSIGKILL: three replicas of one group (two in this process with
+// random nacks, one pgrelay process killed with SIGKILL mid-run and restarted) consume a queue being
+// written; every message is delivered and acked, and no partition's order is ever broken.
+func TestQueueThreeConsumersRandomNacksAndSIGKILL(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	src := queue.NewWriter(rdb, queue.WriterConfig{Shards: 8})
+	out := queue.NewWriter(rdb, queue.WriterConfig{Shards: 1})
+	gen := &seqGen{parts: 30}
+	if _, err := src.Write(ctx, gen.batch("src", 200), nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := binaryConsumerConfig(t, r.URL())
+	bin := testenv.Binary(t)
+	killed := testenv.StartProcess(t, nil, bin, "-c", cfg)
+	inProcessConsumer(t, r.URL(), out, 0.2)
+	inProcessConsumer(t, r.URL(), out, 0.2)
+
+	// keep producing while the consumers run; SIGKILL the pgrelay replica in the middle
+	for i := 0; i < 40; i++ {
+		if _, err := src.Write(ctx, gen.batch("src", 50), nil); err != nil {
+			t.Fatal(err)
+		}
+		if i == 15 {
+			waitOwners(t, rdb, 3) // the pgrelay replica holds its share of shards when it dies
+			killed.Kill()
+		}
+		if i == 25 {
+			testenv.StartProcess(t, nil, bin, "-c", cfg)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !groupDone(ctx, rdb, "src", "g") {
+		if time.Now().After(deadline) {
+			in, _ := queue.Inspect(ctx, rdb, queue.NewLayout(""), "src")
+			t.Fatalf("group not done: %+v", in.Groups)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // let in-flight recordings land
+	checkDelivered(t, rdb, "pgrelay:{out}:s:0", gen)
+}
+
+// TestQueuePoisonDeadLettersOnce: messages that always fail land in the dead-letter stream exactly
+// once each with their error; every other message is delivered.
+func TestQueuePoisonDeadLettersOnce(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	src := queue.NewWriter(rdb, queue.WriterConfig{Shards: 4})
+	gen := &seqGen{parts: 10}
+	msgs := gen.batch("src", 300)
+	poison := map[string]bool{}
+	for i := 7; i < len(msgs); i += 37 {
+		poison[msgs[i].ID] = true
+	}
+	if _, err := src.Write(ctx, msgs, nil); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	delivered := map[string]int{}
+	b := service.NewStreamBuilder()
+	b.SetLoggerYAML("level: error")
+	if err := b.AddInputYAML(fmt.Sprintf(`
+redis_queue:
+  url: %s
+  queue: src
+  group: g
+  batch_count: 25
+  block: 100ms
+  max_attempts: 3
+`, r.URL())); err != nil {
+		t.Fatal(err)
+	}
+	// the consumer fails a poison message, holds the rest of its partition back with a "blocked"
+	// error (no attempt counted) and processes everything else, like pg_sink does
+	if err := b.AddBatchConsumerFunc(func(ctx context.Context, batch service.MessageBatch) error {
+		var bErr *service.BatchError
+		blocked := map[string]bool{}
+		mu.Lock()
+		defer mu.Unlock()
+		for i, m := range batch {
+			id, _ := m.MetaGet("message_id")
+			p, _ := m.MetaGet("partition")
+			var err error
+			switch {
+			case poison[id]:
+				err = fmt.Errorf("poison %s", id)
+				blocked[p] = true
+			case blocked[p]:
+				err = errcode.New("blocked", "behind a failed message of partition "+p, "")
+			default:
+				delivered[id]++
+				continue
+			}
+			if bErr == nil {
+				bErr = service.NewBatchError(batch, err)
+			}
+			bErr = bErr.Failed(i, err)
+		}
+		if bErr != nil {
+			return bErr
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Run(context.Background()) }()
+	defer s.StopWithin(10 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
+	for !groupDone(ctx, rdb, "src", "g") {
+		if time.Now().After(deadline) {
+			t.Fatal("group not done")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	dls, err := queue.ListDeadLetters(ctx, rdb, queue.NewLayout(""), "src", "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	inDLQ := map[string]int{}
+	for _, d := range dls {
+		inDLQ[d.MessageID]++
+		if d.Attempts != 3 || d.Group != "g" || d.Error != "poison "+d.MessageID || !poison[d.MessageID] {
+			t.Fatalf("dead letter %+v", d)
+		}
+	}
+	for _, m := range msgs {
+		switch {
+		case poison[m.ID] && (inDLQ[m.ID] != 1 || delivered[m.ID] != 0):
+			t.Fatalf("poison %s: %d times in the dead-letter stream, delivered %d", m.ID, inDLQ[m.ID], delivered[m.ID])
+		case !poison[m.ID] && delivered[m.ID] == 0:
+			t.Fatalf("%s never delivered", m.ID)
+		}
+	}
+	t.Logf("%d poison, %d dead letters", len(poison), len(dls))
+}
+
+// waitOwners waits until the shards of src are held by n distinct replicas.
+func waitOwners(t *testing.T, rdb *redis.Client, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		owners := map[string]bool{}
+		if in, err := queue.Inspect(context.Background(), rdb, queue.NewLayout(""), "src"); err == nil {
+			for _, g := range in.Groups {
+				for _, s := range g.Shards {
+					if s.Owner != "" {
+						owners[s.Owner[:strings.LastIndex(s.Owner, "|")]] = true
+					}
+				}
+			}
+		}
+		if len(owners) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shards held by %d replicas, want %d", len(owners), n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
