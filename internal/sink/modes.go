@@ -74,7 +74,7 @@ func (a appendMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
 	return run(ctx, tx, a.w.insertStmts(rows, false))
 }
 
-// upsertMode inserts or updates on the key; repeated keys are folded in offset order first.
+// upsertMode inserts or updates on the key; repeated keys go in rounds (see folder).
 type upsertMode struct{ w *writer }
 
 func (u upsertMode) decode(m *Message) (op, error) {
@@ -97,73 +97,54 @@ func (u upsertMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
 	return f.flush(ctx, tx)
 }
 
-// folder merges the ops of one key inside a batch, in offset order: a later value of a column
-// replaces an earlier one, a delete discards what came before it. The result has each key once,
-// so ON CONFLICT never meets the same key twice (no 21000).
+// folder lays out the ops of a batch in rounds: round k holds the k-th op of every key, in offset
+// order, so no statement meets the same key twice (no 21000) and every message's write really runs
+// (a CHECK violated by one message is not hidden by a later message of the same key). With distinct
+// keys, the usual case, a batch is one round: one set-based statement per column set.
 type folder struct {
-	w     *writer
-	order []string
-	state map[string]*folded
+	w      *writer
+	seen   map[string]int
+	rounds [][]*op
 }
 
-type folded struct {
-	deleteFirst bool
-	delKey      []*string
-	row         Row
-	msg         *Message
-}
+func newFolder(w *writer) *folder { return &folder{w: w, seen: map[string]int{}} }
 
-func newFolder(w *writer) *folder { return &folder{w: w, state: map[string]*folded{}} }
-
-func (f *folder) get(key string) *folded {
-	s, ok := f.state[key]
-	if !ok {
-		s = &folded{}
-		f.state[key] = s
-		f.order = append(f.order, key)
+func (f *folder) add(o *op) {
+	r := f.seen[o.key]
+	f.seen[o.key] = r + 1
+	if r == len(f.rounds) {
+		f.rounds = append(f.rounds, nil)
 	}
-	return s
+	f.rounds[r] = append(f.rounds[r], o)
 }
 
-func (f *folder) write(o *op) {
-	s := f.get(o.key)
-	if s.row == nil {
-		s.row = make(Row, len(o.row))
-	}
-	for k, v := range o.row {
-		s.row[k] = v
-	}
-	s.msg = o.msg
-}
+func (f *folder) write(o *op) { f.add(o) }
 
-func (f *folder) del(o *op) {
-	s := f.get(o.key)
-	s.deleteFirst, s.delKey, s.row, s.msg = true, o.oldKey, nil, o.msg
-}
+func (f *folder) del(o *op) { f.add(o) }
 
-// flush writes the folded state: deletes first, then the upserts grouped by column set.
+// flush writes the rounds in order; inside a round, deletes first, then upserts by column set.
 func (f *folder) flush(ctx context.Context, tx pgx.Tx) error {
-	var dels [][]*string
-	var rows []rowVals
-	for _, k := range f.order {
-		s := f.state[k]
-		if s.deleteFirst {
-			dels = append(dels, s.delKey)
-		}
-		if s.row != nil {
-			rv, err := f.w.rowFrom(s.row, s.msg)
+	var stmts []stmt
+	for _, round := range f.rounds {
+		var dels [][]*string
+		var rows []rowVals
+		for _, o := range round {
+			if o.kind == opDelete {
+				dels = append(dels, o.oldKey)
+				continue
+			}
+			rv, err := f.w.rowFrom(o.row, o.msg)
 			if err != nil {
 				return err
 			}
 			rows = append(rows, rv)
 		}
+		if len(dels) > 0 {
+			stmts = append(stmts, f.w.deleteStmt(dels))
+		}
+		stmts = append(stmts, f.w.insertStmts(rows, true)...)
 	}
-	var stmts []stmt
-	if len(dels) > 0 {
-		stmts = append(stmts, f.w.deleteStmt(dels))
-	}
-	stmts = append(stmts, f.w.insertStmts(rows, true)...)
-	f.order, f.state = nil, map[string]*folded{}
+	f.seen, f.rounds = map[string]int{}, nil
 	return run(ctx, tx, stmts)
 }
 

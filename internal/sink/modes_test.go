@@ -218,3 +218,23 @@ func TestTransientErrorsRetried(t *testing.T) {
 		t.Fatalf("retries %v", classes)
 	}
 }
+
+// TestRepeatedKeyPoison: a message that violates a CHECK is caught even when a later message of the
+// same key in the batch would have fixed the row (each message's write really runs).
+func TestRepeatedKeyPoison(t *testing.T) {
+	f := startPG(t)
+	table := f.name("chk")
+	f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, v int CHECK (v >= 0))`)
+	a := f.applier(t, Config{Table: table, Mode: ModeUpsert})
+	res := write(t, a, msg("q", 0, 1, `{"id":1,"v":1}`), msg("q", 0, 2, `{"id":1,"v":-1}`), msg("q", 0, 3, `{"id":1,"v":5}`),
+		msg("q", 1, 1, `{"id":2,"v":-1}`), msg("q", 2, 1, `{"id":3,"v":3}`), msg("q", 2, 2, `{"id":3,"v":4}`))
+	want := []Outcome{Applied, Failed, Blocked, Failed, Applied, Applied}
+	for i, o := range want {
+		if res.Outcomes[i] != o {
+			t.Fatalf("outcomes %v, want %v (%v)", res.Outcomes, want, res.Errs)
+		}
+	}
+	if got := strings.Join(f.queryStrings(t, `SELECT id || '=' || v FROM `+table+` ORDER BY id`), ","); got != "1=1,3=4" {
+		t.Fatalf("rows %s", got)
+	}
+}

@@ -1,0 +1,387 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// sinkQueueProducer writes batches into a queue through the redis_queue output, with the
+// partition and message id taken from the metadata keys p and id.
+func sinkQueueProducer(t *testing.T, redisURL, q string, shards int) (service.MessageBatchHandlerFunc, func()) {
+	t.Helper()
+	b := service.NewStreamBuilder()
+	if err := b.SetLoggerYAML("level: warn"); err != nil {
+		t.Fatal(err)
+	}
+	send, err := b.AddBatchProducerFunc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.AddOutputYAML(fmt.Sprintf(`
+redis_queue:
+  url: %s
+  queue: %s
+  partition: ${! meta("p") }
+  id: ${! meta("id") }
+  shards: %d
+  max_in_flight: 1
+`, redisURL, q, shards)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Run(context.Background()) }()
+	return send, func() { _ = s.StopWithin(10 * time.Second) }
+}
+
+// sinkMessage is one payload for a partition.
+type sinkMessage struct{ partition, id, payload string }
+
+func sendAll(t *testing.T, send service.MessageBatchHandlerFunc, msgs []sinkMessage, per int) {
+	t.Helper()
+	for i := 0; i < len(msgs); i += per {
+		var batch service.MessageBatch
+		for _, m := range msgs[i:min(i+per, len(msgs))] {
+			bm := service.NewMessage([]byte(m.payload))
+			bm.MetaSetMut("p", m.partition)
+			bm.MetaSetMut("id", m.id)
+			batch = append(batch, bm)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := send(ctx, batch)
+		cancel()
+		if err != nil {
+			t.Fatalf("produce: %v", err)
+		}
+	}
+}
+
+// startSinkPipeline runs the pgrelay binary with a redis_queue → pg_sink config.
+func startSinkPipeline(t *testing.T, config string) *testenv.Process {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sink.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return testenv.StartProcess(t, nil, testenv.Binary(t), "-c", path)
+}
+
+// waitUntil polls cond until it is true or the deadline passes.
+func sinkWaitUntil(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s (last state: %s)", what, last)
+}
+
+// sinkOffsets reads a sink's progress rows: shard → last_offset.
+func sinkOffsets(t *testing.T, pg *testenv.Postgres, sinkName, q string) map[int]int64 {
+	t.Helper()
+	rows, err := pg.Pool().Query(context.Background(), `SELECT shard, last_offset FROM pgrelay.sink_progress WHERE sink = $1 AND queue = $2`, sinkName, q)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	out := map[int]int64{}
+	for rows.Next() {
+		var s int
+		var o int64
+		if err := rows.Scan(&s, &o); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = o
+	}
+	return out
+}
+
+// TestSinkAccountsExactlyOnceUnderSIGKILL: a non-idempotent UPDATE in sql mode, 20,000 messages over
+// 200 partitions (some amounts with 30 digits), pgrelay SIGKILLed 5 times while it applies them:
+// every balance equals its exact sum and each shard's progress row stands at the shard's last offset.
+func TestSinkAccountsExactlyOnceUnderSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault test")
+	}
+	pg := testenv.StartPostgres(t)
+	r := testenv.StartRedis(t)
+	const accounts, total, shards = 200, 20000, 16
+	pg.Exec(`CREATE TABLE accounts (id bigint PRIMARY KEY, balance numeric NOT NULL DEFAULT 0)`)
+	pg.Exec(`INSERT INTO accounts (id) SELECT generate_series(1, $1::int)`, accounts)
+
+	rng := rand.New(rand.NewPCG(7, 11))
+	want := make([]*big.Rat, accounts+1)
+	for i := range want {
+		want[i] = new(big.Rat)
+	}
+	msgs := make([]sinkMessage, total)
+	for i := range msgs {
+		acct := rng.IntN(accounts) + 1
+		var amount string
+		if i%40 == 0 {
+			amount = fmt.Sprintf("%d%029d", 1+rng.IntN(9), rng.Int64()) // 30 digits
+		} else {
+			amount = fmt.Sprintf("%d.%02d", rng.IntN(20001)-10000, rng.IntN(100))
+		}
+		v, ok := new(big.Rat).SetString(amount)
+		if !ok {
+			t.Fatalf("bad amount %s", amount)
+		}
+		want[acct].Add(want[acct], v)
+		msgs[i] = sinkMessage{partition: fmt.Sprint(acct), id: fmt.Sprintf("acct-%d", i),
+			payload: fmt.Sprintf(`{"id":%d,"amount":%s}`, acct, amount)}
+	}
+	send, stop := sinkQueueProducer(t, r.URL(), "accounts", shards)
+	sendAll(t, send, msgs, 500)
+	stop()
+
+	config := fmt.Sprintf(`
+http: { enabled: false }
+logger: { level: warn }
+input:
+  redis_queue:
+    url: %s
+    queue: accounts
+    group: balances
+    batch_count: 100
+    lease_ttl: 3s
+output:
+  pg_sink:
+    dsn: %q
+    name: balances
+    mode: sql
+    statement: UPDATE accounts SET balance = balance + $1::numeric WHERE id = $2::bigint
+    params: [ $.amount, $.id ]
+    max_in_flight: 4
+`, r.URL(), pg.DSN())
+	applied := func() int64 {
+		var n int64
+		for _, o := range sinkOffsets(t, pg, "balances", "accounts") {
+			n += o
+		}
+		return n
+	}
+	for kill := 1; kill <= 5; kill++ {
+		p := startSinkPipeline(t, config)
+		target := int64(kill) * total / 7
+		sinkWaitUntil(t, 90*time.Second, fmt.Sprintf("progress past %d before kill %d", target, kill), func() (bool, string) {
+			n := applied()
+			return n >= target, fmt.Sprintf("applied %d; output: %s", n, sinkLastLines(p.Output(), 5))
+		})
+		p.Kill()
+	}
+	p := startSinkPipeline(t, config)
+	info := func() *queue.Info {
+		i, err := queue.Inspect(context.Background(), r.Client(), queue.NewLayout("pgrelay"), "accounts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	qi := info()
+	sinkWaitUntil(t, 120*time.Second, "every shard applied to its last offset", func() (bool, string) {
+		got := sinkOffsets(t, pg, "balances", "accounts")
+		for _, s := range qi.ShardInfo {
+			if s.LastOffset > 0 && got[s.Shard] != s.LastOffset {
+				return false, fmt.Sprintf("shard %d at %d of %d; output: %s", s.Shard, got[s.Shard], s.LastOffset, sinkLastLines(p.Output(), 5))
+			}
+		}
+		return true, ""
+	})
+	p.Kill()
+
+	rows, err := pg.Pool().Query(context.Background(), `SELECT id, balance::text FROM accounts ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var id int
+		var bal string
+		if err := rows.Scan(&id, &bal); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := new(big.Rat).SetString(bal)
+		if got.Cmp(want[id]) != 0 {
+			t.Errorf("account %d: balance %s, want %s", id, bal, want[id].FloatString(2))
+		}
+		n++
+	}
+	rows.Close()
+	if n != accounts {
+		t.Fatalf("%d accounts", n)
+	}
+	got := sinkOffsets(t, pg, "balances", "accounts")
+	nonEmpty := 0
+	for _, s := range qi.ShardInfo {
+		if s.LastOffset > 0 {
+			nonEmpty++
+			if got[s.Shard] != s.LastOffset {
+				t.Errorf("shard %d: progress %d, last offset %d", s.Shard, got[s.Shard], s.LastOffset)
+			}
+		}
+	}
+	var progressRows int
+	if err := pg.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.sink_progress WHERE sink = 'balances'`).Scan(&progressRows); err != nil {
+		t.Fatal(err)
+	}
+	if progressRows != nonEmpty {
+		t.Errorf("%d progress rows for %d non-empty shards", progressRows, nonEmpty)
+	}
+	if dl := info().DeadLetters; dl != 0 {
+		t.Errorf("%d dead letters", dl)
+	}
+}
+
+// TestSinkPoisonMessages: a CHECK constraint violated by 3 messages (first of one partition, middle
+// of another, last of a third) among 950 good ones: the table holds the last good write per id, the
+// dead-letter stream holds exactly those 3 with the 23514 error, everything else is applied.
+func TestSinkPoisonMessages(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	r := testenv.StartRedis(t)
+	pg.Exec(`CREATE TABLE items (id int PRIMARY KEY, v int NOT NULL CHECK (v >= 0), seq int NOT NULL)`)
+	const ids, good = 30, 950
+	perID := map[int][]sinkMessage{}
+	seq := 0
+	for i := 0; i < good; i++ {
+		id := i%ids + 1
+		seq++
+		perID[id] = append(perID[id], sinkMessage{partition: fmt.Sprint(id), id: fmt.Sprintf("good-%d", seq),
+			payload: fmt.Sprintf(`{"id":%d,"v":%d,"seq":%d}`, id, seq, seq)})
+	}
+	wantSeq := map[int]int{}
+	for id, ms := range perID {
+		var last int
+		fmt.Sscanf(ms[len(ms)-1].id, "good-%d", &last)
+		wantSeq[id] = last
+	}
+	poison := func(id int, name string) sinkMessage {
+		return sinkMessage{partition: fmt.Sprint(id), id: name, payload: fmt.Sprintf(`{"id":%d,"v":-1,"seq":0}`, id)}
+	}
+	perID[1] = append([]sinkMessage{poison(1, "poison-first")}, perID[1]...)
+	mid := len(perID[2]) / 2
+	perID[2] = append(append(append([]sinkMessage{}, perID[2][:mid]...), poison(2, "poison-middle")), perID[2][mid:]...)
+	perID[3] = append(perID[3], poison(3, "poison-last"))
+	// interleave the partitions, keeping each partition's order
+	var all []sinkMessage
+	for round := 0; ; round++ {
+		added := false
+		for id := 1; id <= ids; id++ {
+			if round < len(perID[id]) {
+				all = append(all, perID[id][round])
+				added = true
+			}
+		}
+		if !added {
+			break
+		}
+	}
+	send, stop := sinkQueueProducer(t, r.URL(), "items", 4)
+	sendAll(t, send, all, 100)
+	stop()
+
+	p := startSinkPipeline(t, fmt.Sprintf(`
+http: { enabled: false }
+logger: { level: warn }
+input:
+  redis_queue:
+    url: %s
+    queue: items
+    group: items_copy
+    batch_count: 64
+    max_attempts: 3
+    lease_ttl: 3s
+output:
+  pg_sink:
+    dsn: %q
+    name: items_copy
+    table: items
+    mode: upsert
+`, r.URL(), pg.DSN()))
+	layout := queue.NewLayout("pgrelay")
+	sinkWaitUntil(t, 90*time.Second, "the queue drained with 3 dead letters", func() (bool, string) {
+		i, err := queue.Inspect(context.Background(), r.Client(), layout, "items")
+		if err != nil || len(i.Groups) == 0 {
+			return false, fmt.Sprint(err)
+		}
+		g := i.Groups[0]
+		return g.Lag == 0 && g.Pending == 0 && i.DeadLetters == 3,
+			fmt.Sprintf("lag %d pending %d dead %d; output: %s", g.Lag, g.Pending, i.DeadLetters, sinkLastLines(p.Output(), 5))
+	})
+	p.Kill()
+
+	dls, err := queue.ListDeadLetters(context.Background(), r.Client(), layout, "items", "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, d := range dls {
+		names = append(names, d.MessageID)
+		if !strings.HasPrefix(d.Error, `23514: new row for relation "items" violates check constraint "items_v_check"`) ||
+			!strings.Contains(d.Error, "(Failing row contains") {
+			t.Errorf("dead letter %s: error %q", d.MessageID, d.Error)
+		}
+	}
+	if got := strings.Join(sinkSorted(names), ","); got != "poison-first,poison-last,poison-middle" {
+		t.Fatalf("dead letters %s", got)
+	}
+	rows, err := pg.Pool().Query(context.Background(), `SELECT id, v, seq FROM items`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	seen := 0
+	for rows.Next() {
+		var id, v, s int
+		if err := rows.Scan(&id, &v, &s); err != nil {
+			t.Fatal(err)
+		}
+		if s != wantSeq[id] || v != s {
+			t.Errorf("item %d: v=%d seq=%d, want seq %d", id, v, s, wantSeq[id])
+		}
+		seen++
+	}
+	if seen != ids {
+		t.Fatalf("%d items, want %d", seen, ids)
+	}
+}
+
+func sinkSorted(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+func sinkLastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
