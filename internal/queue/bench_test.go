@@ -1,0 +1,146 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+const benchBatch = 500
+
+var benchPayload = []byte(`{"data":"` + strings.Repeat("x", 189) + `"}`) // 200 bytes
+
+func benchMsgs(q string, from int) []Message {
+	out := make([]Message, benchBatch)
+	for i := range out {
+		n := from + i
+		out[i] = Message{Queue: q, Partition: "p" + strconv.Itoa(n%64), ID: "pg:00000001:" + strconv.Itoa(n),
+			Tx: "pg:00000001:tx", CreatedMs: 1700000000000, Payload: benchPayload}
+	}
+	return out
+}
+
+// rawXAdd writes msgs with one pipeline of XADDs carrying the same fields the script writes: the
+// baseline of what Redis itself costs.
+func rawXAdd(ctx context.Context, rdb *redis.Client, l Layout, msgs []Message) error {
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, m := range msgs {
+			p.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(m.Queue, Shard(m.Partition, 16)), Values: []any{
+				"off", i, "p", m.Partition, "id", m.ID, "tx", m.Tx, "ts", m.CreatedMs, "h", "", "d", m.Payload}})
+		}
+		return nil
+	})
+	return err
+}
+
+// BenchmarkOutput compares Writer.Write (the redis_queue output's write: one script call per
+// batch of 500 messages of 200 bytes, fenced and moving a pointer) with raw pipelined XADD of the
+// same messages, alternating in the same run. Reported: msgs/s of each and their ratio.
+func BenchmarkOutput(b *testing.B) {
+	r := testenv.StartRedis(b, "--appendonly", "no")
+	rdb := r.Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	w := NewWriter(rdb, WriterConfig{Shards: 16})
+	lease, ptr := "pgrelay:{bq}:src:s:lease", "pgrelay:{bq}:src:s:ptr"
+	rdb.Set(ctx, lease, "me|1", 0)
+	if _, err := w.Write(ctx, benchMsgs("bq", 0), nil); err != nil { // load the script, create meta
+		b.Fatal(err)
+	}
+	var rawDur, scriptDur time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		msgs := benchMsgs("raw", i*benchBatch)
+		t0 := time.Now()
+		if err := rawXAdd(ctx, rdb, l, msgs); err != nil {
+			b.Fatal(err)
+		}
+		rawDur += time.Since(t0)
+		msgs = benchMsgs("bq", i*benchBatch)
+		pos := fmt.Sprintf("%016x", i+1)
+		cover := &Cover{LeaseKey: lease, Fence: "me|1", PointerKey: ptr, Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
+		t0 = time.Now()
+		if res, err := w.Write(ctx, msgs, cover); err != nil || res != ResultOK {
+			b.Fatal(res, err)
+		}
+		scriptDur += time.Since(t0)
+	}
+	b.StopTimer()
+	n := float64(b.N * benchBatch)
+	b.ReportMetric(n/rawDur.Seconds(), "raw-msgs/s")
+	b.ReportMetric(n/scriptDur.Seconds(), "output-msgs/s")
+	b.ReportMetric(rawDur.Seconds()/scriptDur.Seconds(), "ratio")
+}
+
+// BenchmarkInput compares the Consumer (Read + Ack of deliveries of up to 500 entries) with raw
+// XREADGROUP COUNT 500 + XACK over the same shards, on queues filled beforehand.
+func BenchmarkInput(b *testing.B) {
+	r := testenv.StartRedis(b, "--appendonly", "no")
+	rdb := r.Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	w := NewWriter(rdb, WriterConfig{Shards: 16})
+	for i := 0; i < b.N; i++ {
+		for _, q := range []string{"raw", "cq"} {
+			if _, err := w.Write(ctx, benchMsgs(q, i*benchBatch), nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	total := b.N * benchBatch
+	for n := 0; n < 16; n++ {
+		rdb.XGroupCreate(ctx, l.Stream("raw", n), "g", "0")
+	}
+	b.ResetTimer()
+	t0 := time.Now()
+	for got, n := 0, 0; got < total; n = (n + 1) % 16 {
+		res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: ConsumerName(n),
+			Streams: []string{l.Stream("raw", n), ">"}, Count: benchBatch, Block: -1}).Result()
+		if err == redis.Nil {
+			continue
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids := make([]string, len(res[0].Messages))
+		for i, m := range res[0].Messages {
+			ids[i] = m.ID
+		}
+		if len(ids) > 0 {
+			rdb.XAck(ctx, l.Stream("raw", n), "g", ids...)
+		}
+		got += len(ids)
+	}
+	rawDur := time.Since(t0)
+	c, err := NewConsumer(rdb, ConsumerConfig{Queue: "cq", Group: "g", BatchCount: benchBatch, Block: 50 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	t0 = time.Now()
+	if err := c.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	for got := 0; got < total; {
+		d, err := c.Read(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		got += len(d.Entries)
+		if err := c.Ack(ctx, d); err != nil {
+			b.Fatal(err)
+		}
+	}
+	consumerDur := time.Since(t0)
+	b.StopTimer()
+	_ = c.Close(ctx)
+	b.ReportMetric(float64(total)/rawDur.Seconds(), "raw-msgs/s")
+	b.ReportMetric(float64(total)/consumerDur.Seconds(), "input-msgs/s")
+	b.ReportMetric(rawDur.Seconds()/consumerDur.Seconds(), "ratio")
+}
