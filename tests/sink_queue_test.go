@@ -189,6 +189,7 @@ output:
 			return n >= target, fmt.Sprintf("applied %d; output: %s", n, sinkLastLines(p.Output(), 5))
 		})
 		p.Kill()
+		t.Logf("kill %d: SIGKILL with %d of %d messages applied", kill, applied(), total)
 	}
 	p := startSinkPipeline(t, config)
 	info := func() *queue.Info {
