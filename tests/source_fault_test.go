@@ -176,3 +176,27 @@ func TestSourceTwoReplicasTakeOverAndHandOver(t *testing.T) {
 	e.converge("public.w", "id")
 	_ = victim
 }
+
+// TestSourceResumesAfterPostgresAndRedisRestarts kills PostgreSQL and then Redis under a writer:
+// pg_cdc backs off, resumes from the pointer, and the queue still replays to the table exactly.
+func TestSourceResumesAfterPostgresAndRedisRestarts(t *testing.T) {
+	e := newCDCEnv(t, "restart", `[{table: w, queue: q}]`, "max_bundle_messages: 5")
+	e.pg.Exec(writerTable)
+	e.start()
+	e.waitPointer()
+	stopWriter := make(chan struct{})
+	wait := e.randomWriter(3, stopWriter)
+	time.Sleep(1500 * time.Millisecond)
+	e.pg.Kill()
+	time.Sleep(500 * time.Millisecond)
+	e.pg.Restart()
+	time.Sleep(2 * time.Second)
+	e.rd.Kill()
+	time.Sleep(500 * time.Millisecond)
+	e.rd.Restart()
+	time.Sleep(3 * time.Second)
+	close(stopWriter)
+	committed := wait()
+	res := e.converge("public.w", "id")
+	t.Logf("%d transactions, %d events", committed, res.Events)
+}
