@@ -151,6 +151,20 @@ type shardRun struct {
 	acks   chan ackResult // the in-flight delivery's outcome
 	mu     sync.Mutex
 	busy   bool // a delivery is in flight
+	drain  bool // hand the shard over once the in-flight delivery is finished
+}
+
+// handOverWhenIdle makes the reader stop and release the shard after its in-flight delivery.
+func (r *shardRun) handOverWhenIdle() {
+	r.mu.Lock()
+	r.drain = true
+	r.mu.Unlock()
+}
+
+func (r *shardRun) draining() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.drain
 }
 
 func (r *shardRun) setBusy(b bool) {

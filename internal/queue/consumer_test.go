@@ -266,3 +266,32 @@ func TestConsumeTrimmedPending(t *testing.T) {
 		t.Fatalf("pending %d", p.Count)
 	}
 }
+
+// TestConsumeHandOverBusyShards: shards with a delivery in flight are handed over to a new replica
+// only after that delivery is finished, never while it is in flight.
+func TestConsumeHandOverBusyShards(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 4})
+	if _, err := w.Write(ctx, msgs("q", 64, 64), nil); err != nil {
+		t.Fatal(err)
+	}
+	a := newConsumer(t, rdb, ConsumerConfig{BatchCount: 1})
+	waitFor(t, "a holds 4", func() bool { return len(a.Held()) == 4 })
+	var inFlight []*Delivery
+	for len(inFlight) < 4 {
+		inFlight = append(inFlight, read(t, a, 10*time.Second))
+	}
+	b := newConsumer(t, rdb, ConsumerConfig{BatchCount: 1})
+	time.Sleep(2 * time.Second) // several ticks: a is over its share but every shard is busy
+	if len(a.Held()) != 4 || len(b.Held()) != 0 {
+		t.Fatalf("busy shards moved: a %v b %v", a.Held(), b.Held())
+	}
+	for _, d := range inFlight {
+		if err := a.Ack(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "2 and 2", func() bool { return len(a.Held()) == 2 && len(b.Held()) == 2 })
+}

@@ -164,11 +164,12 @@ func (c *Consumer) giveBack(ctx context.Context, fair int) {
 		if held <= fair {
 			return
 		}
+		held--
 		if r.isBusy() {
+			r.handOverWhenIdle() // its reader releases it after the delivery in flight
 			continue
 		}
 		c.stopRun(r)
-		held--
 		if err := r.lease.Release(ctx); err != nil {
 			c.conf.Logger.Warnf("queue %s: release shard %d: %v", c.conf.Queue, r.n, err)
 		}
@@ -236,6 +237,22 @@ func (c *Consumer) startRun(n int, l *lease.Lease) {
 	c.mu.Unlock()
 	c.conf.Logger.Debugf("queue %s: took shard %d", c.conf.Queue, n)
 	go c.readShard(ctx, r)
+}
+
+// handOver is called by a draining shard's reader once its delivery is finished: the shard leaves
+// this replica and its lease is released for the replica that is short of its share.
+func (c *Consumer) handOver(r *shardRun) {
+	c.mu.Lock()
+	if c.runs[r.n] == r {
+		delete(c.runs, r.n)
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.lease.Release(ctx); err != nil {
+		c.conf.Logger.Warnf("queue %s: release shard %d: %v", c.conf.Queue, r.n, err)
+	}
+	c.conf.Logger.Debugf("queue %s: handed shard %d over", c.conf.Queue, r.n)
 }
 
 // stopRun stops reading a shard and waits for its goroutine.

@@ -45,6 +45,10 @@ func (c *Consumer) readShard(ctx context.Context, r *shardRun) {
 			return
 		}
 		r.setBusy(false)
+		if r.draining() {
+			c.handOver(r)
+			return
+		}
 		if res.nacked {
 			pending = true
 			sleep(ctx, backoff)
