@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // opKind is what one message does to the target.
@@ -25,12 +26,12 @@ const (
 type op struct {
 	msg    *Message
 	kind   opKind
-	row    Row       // opWrite/opMove: the columns to write
-	vals   rowVals   // append: the mapped row
-	key    string    // fold identity of the (new) key
-	oldKey []*string // opMove: the old key; opDelete: the key
-	newKey []*string // opMove: the new key
-	params []any     // opSQL
+	row    Row           // opWrite/opMove: the columns to write
+	vals   rowVals       // append: the mapped row
+	key    string        // fold identity of the (new) key
+	oldKey []pgtype.Text // opMove: the old key; opDelete: the key
+	newKey []pgtype.Text // opMove: the new key
+	params []any         // opSQL
 }
 
 // modeHandler decodes messages (data errors per message) and applies decoded ops in offset order.
@@ -126,7 +127,7 @@ func (f *folder) del(o *op) { f.add(o) }
 func (f *folder) flush(ctx context.Context, tx pgx.Tx) error {
 	var stmts []stmt
 	for _, round := range f.rounds {
-		var dels [][]*string
+		var dels [][]pgtype.Text
 		var rows []rowVals
 		for _, o := range round {
 			if o.kind == opDelete {

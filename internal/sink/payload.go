@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/pgrelay/pgrelay/internal/errcode"
 )
 
@@ -32,8 +34,8 @@ func decodeObject(b []byte) (Row, error) {
 		}
 		return nil, badPayload("payload is JSON but not an object: %s", excerpt(t))
 	}
-	var r Row
-	if err := json.Unmarshal(t, &r); err != nil {
+	r, err := scanObject(t)
+	if err != nil {
 		return nil, badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
 	}
 	return r, nil
@@ -56,37 +58,38 @@ func isNull(raw json.RawMessage) bool {
 
 // textOf turns a JSON value into the text PostgreSQL receives: nil for null, the unquoted string for
 // a JSON string, and the value exactly as written (numbers, booleans, objects, arrays) otherwise.
-func textOf(raw json.RawMessage) (*string, error) {
+func textOf(raw json.RawMessage) (pgtype.Text, error) {
 	t := bytes.TrimSpace(raw)
 	if isNull(t) {
-		return nil, nil
+		return pgtype.Text{}, nil
 	}
 	if t[0] == '"' {
+		if len(t) >= 2 && bytes.IndexByte(t, '\\') < 0 {
+			return pgtype.Text{String: string(t[1 : len(t)-1]), Valid: true}, nil
+		}
 		var s string
 		if err := json.Unmarshal(t, &s); err != nil {
-			return nil, err
+			return pgtype.Text{}, err
 		}
-		return &s, nil
+		return pgtype.Text{String: s, Valid: true}, nil
 	}
-	s := string(t)
-	return &s, nil
+	return pgtype.Text{String: string(t), Valid: true}, nil
 }
 
 // valueFor converts a payload value for column c (see valueKind).
-func valueFor(c *Column, raw json.RawMessage) (*string, error) {
+func valueFor(c *Column, raw json.RawMessage) (pgtype.Text, error) {
 	if c.Kind == kindText {
 		v, err := textOf(raw)
 		if err != nil {
-			return nil, badPayload("column %q: %v", c.Name, err)
+			return v, badPayload("column %q: %v", c.Name, err)
 		}
 		return v, nil
 	}
 	t := bytes.TrimSpace(raw)
 	if isNull(t) {
-		return nil, nil
+		return pgtype.Text{}, nil
 	}
-	s := string(t)
-	return &s, nil
+	return pgtype.Text{String: string(t), Valid: true}, nil
 }
 
 // pathStep is one step of a params path: an object key or an array index.

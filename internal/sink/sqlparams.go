@@ -80,10 +80,10 @@ func (p param) value(m *Message, doc json.RawMessage) (any, error) {
 	if err != nil {
 		return nil, badPayload("params %s: %v", p.text, err)
 	}
-	if v == nil {
+	if !v.Valid {
 		return nil, nil
 	}
-	return *v, nil
+	return v.String, nil
 }
 
 func nullIfEmpty(s string) any {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // writer builds the set-based statements for one shape of the target table and caches their SQL
@@ -17,6 +18,7 @@ type writer struct {
 	t       *Target
 	meta    map[int]string // column index → metadata field (partition, shard, ...)
 	keyIdx  []int          // column indexes of t.Key
+	colSig  []string       // "i," per column, the pieces of a column-set signature
 	mu      sync.Mutex
 	sqlByID map[string]string
 }
@@ -24,7 +26,7 @@ type writer struct {
 // rowVals is one row to write: the target columns it names (ascending index) and their texts.
 type rowVals struct {
 	cols []int
-	vals []*string
+	vals []pgtype.Text
 	sig  string // the column set, as "i,j,k"
 }
 
@@ -45,6 +47,9 @@ func newWriter(t *Target, mc MetadataColumns) *writer {
 	for _, k := range t.Key {
 		w.keyIdx = append(w.keyIdx, t.byName[k])
 	}
+	for i := range t.Columns {
+		w.colSig = append(w.colSig, strconv.Itoa(i)+",")
+	}
 	return w
 }
 
@@ -58,7 +63,7 @@ func (w *writer) rowFrom(r Row, m *Message) (rowVals, error) {
 		if c.Generated {
 			continue
 		}
-		var v *string
+		var v pgtype.Text
 		if field, ok := w.meta[i]; ok {
 			v = metaValue(field, c, m)
 		} else if raw, ok := r[c.Name]; ok {
@@ -71,15 +76,14 @@ func (w *writer) rowFrom(r Row, m *Message) (rowVals, error) {
 		}
 		rv.cols = append(rv.cols, i)
 		rv.vals = append(rv.vals, v)
-		sig.WriteString(strconv.Itoa(i))
-		sig.WriteByte(',')
+		sig.WriteString(w.colSig[i])
 	}
 	rv.sig = sig.String()
 	return rv, nil
 }
 
 // metaValue is the text of a metadata column for message m.
-func metaValue(field string, c *Column, m *Message) *string {
+func metaValue(field string, c *Column, m *Message) pgtype.Text {
 	var s string
 	switch field {
 	case "partition":
@@ -88,22 +92,22 @@ func metaValue(field string, c *Column, m *Message) *string {
 		s = m.MessageID
 	case "transaction_id":
 		if m.TransactionID == "" {
-			return nil
+			return pgtype.Text{}
 		}
 		s = m.TransactionID
 	case "shard":
 		if !m.HasPosition {
-			return nil
+			return pgtype.Text{}
 		}
 		s = strconv.Itoa(int(m.Shard))
 	case "offset":
 		if !m.HasPosition {
-			return nil
+			return pgtype.Text{}
 		}
 		s = strconv.FormatInt(m.Offset, 10)
 	case "created_at":
 		if m.CreatedAt == 0 {
-			return nil
+			return pgtype.Text{}
 		}
 		if c.Datetime {
 			s = time.UnixMilli(m.CreatedAt).UTC().Format("2006-01-02T15:04:05.000Z07:00")
@@ -113,7 +117,7 @@ func metaValue(field string, c *Column, m *Message) *string {
 	case "payload":
 		s = string(m.Payload)
 	}
-	return &s
+	return pgtype.Text{String: s, Valid: true}
 }
 
 // keyText identifies the row's key for folding, or ok=false when a key column is absent or null.
@@ -125,12 +129,12 @@ func (w *writer) keyText(r Row) (string, bool) {
 			return "", false
 		}
 		v, err := textOf(raw)
-		if err != nil || v == nil {
+		if err != nil || !v.Valid {
 			return "", false
 		}
-		b.WriteString(strconv.Itoa(len(*v)))
+		b.WriteString(strconv.Itoa(len(v.String)))
 		b.WriteByte(':')
-		b.WriteString(*v)
+		b.WriteString(v.String)
 	}
 	return b.String(), true
 }
@@ -232,7 +236,7 @@ func (w *writer) insertStmts(rows []rowVals, upsert bool) []stmt {
 		}
 		args := make([]any, len(cols))
 		for n := range cols {
-			arr := make([]*string, len(g))
+			arr := make(pgtype.FlatArray[pgtype.Text], len(g))
 			for j, r := range g {
 				arr[j] = r.vals[n]
 			}
@@ -244,7 +248,7 @@ func (w *writer) insertStmts(rows []rowVals, upsert bool) []stmt {
 }
 
 // deleteStmt deletes the rows whose keys are given (one text per key column per row).
-func (w *writer) deleteStmt(keys [][]*string) stmt {
+func (w *writer) deleteStmt(keys [][]pgtype.Text) stmt {
 	sql := w.cached("d", func() string {
 		var params, aliases, conds []string
 		for n, i := range w.keyIdx {
@@ -258,7 +262,7 @@ func (w *writer) deleteStmt(keys [][]*string) stmt {
 	})
 	args := make([]any, len(w.keyIdx))
 	for n := range w.keyIdx {
-		arr := make([]*string, len(keys))
+		arr := make(pgtype.FlatArray[pgtype.Text], len(keys))
 		for j, k := range keys {
 			arr[j] = k[n]
 		}
@@ -268,7 +272,7 @@ func (w *writer) deleteStmt(keys [][]*string) stmt {
 }
 
 // moveStmt changes a row's key from old to new in place (cdc key change), keeping its other columns.
-func (w *writer) moveStmt(oldKey, newKey []*string) stmt {
+func (w *writer) moveStmt(oldKey, newKey []pgtype.Text) stmt {
 	sql := w.cached("m", func() string {
 		var sets, conds []string
 		n := len(w.keyIdx)
@@ -289,8 +293,8 @@ func (w *writer) moveStmt(oldKey, newKey []*string) stmt {
 }
 
 // keyValues extracts the key columns' texts from r (nil when absent or null).
-func (w *writer) keyValues(r Row) ([]*string, error) {
-	out := make([]*string, len(w.keyIdx))
+func (w *writer) keyValues(r Row) ([]pgtype.Text, error) {
+	out := make([]pgtype.Text, len(w.keyIdx))
 	for n, i := range w.keyIdx {
 		c := &w.t.Columns[i]
 		raw, ok := r[c.Name]

@@ -1,0 +1,187 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// benchRow is one 7-column row (bigint PK, text, int, int, float8, text, jsonb), as typed values for
+// the hand-written baselines and as the JSON payload the sink reads.
+type benchRow struct {
+	id      int64
+	name    string
+	qty     int32
+	version int32
+	price   float64
+	status  string
+	attrs   string
+	payload []byte
+}
+
+func benchRows(n int, round int) []benchRow {
+	rows := make([]benchRow, n)
+	for i := range rows {
+		r := benchRow{id: int64(i + 1), name: fmt.Sprintf("item-%d-%d", i, round), qty: int32(i % 1000), version: int32(round),
+			price: float64(i%10000) / 7, status: []string{"new", "paid", "sent"}[i%3], attrs: fmt.Sprintf(`{"color": "c%d", "size": %d}`, i%17, i%5)}
+		r.payload = fmt.Appendf(nil, `{"id":%d,"name":%q,"qty":%d,"version":%d,"price":%v,"status":%q,"attrs":%s}`,
+			r.id, r.name, r.qty, r.version, r.price, r.status, r.attrs)
+		rows[i] = r
+	}
+	return rows
+}
+
+const benchDDL = `CREATE TABLE %s (id bigint PRIMARY KEY, name text, qty int, version int, price float8, status text, attrs jsonb)`
+
+// benchFixture is a server, its pool and a table name generator for benchmarks.
+type benchFixture struct {
+	pool *pgxpool.Pool
+	n    int
+}
+
+func newBench(b *testing.B) *benchFixture {
+	pg := testenv.StartPostgres(b)
+	return &benchFixture{pool: pg.Pool()}
+}
+
+func (f *benchFixture) table(b *testing.B) string {
+	f.n++
+	name := fmt.Sprintf("bench_%d", f.n)
+	if _, err := f.pool.Exec(context.Background(), fmt.Sprintf(benchDDL, name)); err != nil {
+		b.Fatal(err)
+	}
+	return name
+}
+
+// sinkPass writes rows through the Applier in batches; offsets continue from *off.
+func sinkPass(b *testing.B, a *Applier, rows []benchRow, batch int, off *int64) {
+	ctx := context.Background()
+	for i := 0; i < len(rows); i += batch {
+		msgs := make([]*Message, 0, batch)
+		for _, r := range rows[i:min(i+batch, len(rows))] {
+			*off++
+			msgs = append(msgs, &Message{Queue: "bench", Shard: int32(*off % 4), Offset: *off, HasPosition: true, Payload: r.payload})
+		}
+		res, err := a.Write(ctx, msgs)
+		if err != nil || res.Applied != len(msgs) {
+			b.Fatalf("write: %v %+v", err, res)
+		}
+	}
+}
+
+// unnestPass is the hand-written baseline: typed arrays, INSERT ... SELECT FROM unnest ... ON CONFLICT,
+// one transaction per batch.
+func unnestPass(b *testing.B, pool *pgxpool.Pool, table string, rows []benchRow, batch int) {
+	ctx := context.Background()
+	sql := `INSERT INTO ` + table + ` (id, name, qty, version, price, status, attrs)
+		SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::int[], $5::float8[], $6::text[], $7::jsonb[])
+		ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, qty = EXCLUDED.qty, version = EXCLUDED.version,
+		price = EXCLUDED.price, status = EXCLUDED.status, attrs = EXCLUDED.attrs`
+	for i := 0; i < len(rows); i += batch {
+		part := rows[i:min(i+batch, len(rows))]
+		ids, names, qtys, vers, prices, stats, attrs := make([]int64, len(part)), make([]string, len(part)), make([]int32, len(part)),
+			make([]int32, len(part)), make([]float64, len(part)), make([]string, len(part)), make([]string, len(part))
+		for j, r := range part {
+			ids[j], names[j], qtys[j], vers[j], prices[j], stats[j], attrs[j] = r.id, r.name, r.qty, r.version, r.price, r.status, r.attrs
+		}
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, sql, ids, names, qtys, vers, prices, stats, attrs)
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// copyPass is the append baseline: COPY of typed rows, one transaction per batch.
+func copyPass(b *testing.B, pool *pgxpool.Pool, table string, rows []benchRow, batch int) {
+	ctx := context.Background()
+	cols := []string{"id", "name", "qty", "version", "price", "status", "attrs"}
+	for i := 0; i < len(rows); i += batch {
+		part := rows[i:min(i+batch, len(rows))]
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{table}, cols, pgx.CopyFromSlice(len(part), func(j int) ([]any, error) {
+				r := part[j]
+				return []any{r.id, r.name, r.qty, r.version, r.price, r.status, r.attrs}, nil
+			}))
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkUpsert compares the sink's upsert mode (JSON payloads, progress rows, exactly-once) with
+// the hand-written unnest + ON CONFLICT loop over the same rows, in the same run: an insert pass and
+// an update pass of `rows` rows each. Reported: rows/s of both and their ratio (goal >= 0.7).
+func BenchmarkUpsert(b *testing.B) {
+	f := newBench(b)
+	const n = 20000
+	for _, batch := range []int{500, 2000} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			insert, update := benchRows(n, 1), benchRows(n, 2)
+			var sinkDur, baseDur time.Duration
+			for i := 0; i < b.N; i++ {
+				tSink, tBase := f.table(b), f.table(b)
+				a, err := NewApplier(context.Background(), f.pool, Config{Name: tSink, Table: tSink, Mode: ModeUpsert,
+					ProgressTable: DefaultProgressTable, CreateProgressTable: true, RequireProgress: true}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var off int64
+				t0 := time.Now()
+				unnestPass(b, f.pool, tBase, insert, batch)
+				unnestPass(b, f.pool, tBase, update, batch)
+				baseDur += time.Since(t0)
+				t0 = time.Now()
+				sinkPass(b, a, insert, batch, &off)
+				sinkPass(b, a, update, batch, &off)
+				sinkDur += time.Since(t0)
+			}
+			rows := float64(2 * n * b.N)
+			b.ReportMetric(rows/sinkDur.Seconds(), "sink_rows/s")
+			b.ReportMetric(rows/baseDur.Seconds(), "unnest_rows/s")
+			b.ReportMetric(baseDur.Seconds()/sinkDur.Seconds(), "ratio")
+		})
+	}
+}
+
+// BenchmarkAppend compares the sink's append mode with COPY of the same rows, one transaction per
+// batch each. Reported: rows/s of both and their ratio (goal >= 0.5).
+func BenchmarkAppend(b *testing.B) {
+	f := newBench(b)
+	const n = 20000
+	for _, batch := range []int{500, 2000} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			rows := benchRows(n, 1)
+			var sinkDur, baseDur time.Duration
+			for i := 0; i < b.N; i++ {
+				tSink, tBase := f.table(b), f.table(b)
+				a, err := NewApplier(context.Background(), f.pool, Config{Name: tSink, Table: tSink, Mode: ModeAppend,
+					ProgressTable: DefaultProgressTable, CreateProgressTable: true, RequireProgress: true}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var off int64
+				t0 := time.Now()
+				copyPass(b, f.pool, tBase, rows, batch)
+				baseDur += time.Since(t0)
+				t0 = time.Now()
+				sinkPass(b, a, rows, batch, &off)
+				sinkDur += time.Since(t0)
+			}
+			total := float64(n * b.N)
+			b.ReportMetric(total/sinkDur.Seconds(), "sink_rows/s")
+			b.ReportMetric(total/baseDur.Seconds(), "copy_rows/s")
+			b.ReportMetric(baseDur.Seconds()/sinkDur.Seconds(), "ratio")
+		})
+	}
+}
