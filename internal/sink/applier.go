@@ -272,9 +272,6 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*
 	if err != nil {
 		return nil, err
 	}
-	if err := a.progress.Advance(ctx, tx, st.advanced); err != nil {
-		return nil, err
-	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
@@ -309,19 +306,22 @@ func (a *Applier) sortOut(msgs []*Message, decodeErr []error, last map[ShardKey]
 	return pending
 }
 
-// applyAll is the fast path: every pending message in set-based statements.
+// applyAll is the fast path: every pending message in set-based statements, sent in one pipeline
+// with the progress update.
 func (a *Applier) applyAll(ctx context.Context, tx pgx.Tx, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
 	batch := make([]op, len(pending))
 	for j, i := range pending {
 		batch[j] = ops[i]
-	}
-	if err := h.apply(ctx, tx, batch); err != nil {
-		return err
-	}
-	for _, i := range pending {
 		st.applied(i, msgs[i])
 	}
-	return nil
+	stmts, err := h.plan(batch)
+	if err != nil {
+		return err
+	}
+	if adv, ok := a.progress.advanceStmt(st.advanced); ok {
+		stmts = append(stmts, adv)
+	}
+	return run(ctx, tx, stmts)
 }
 
 // applyEach applies message by message under savepoints: a data error rolls back that message
@@ -331,14 +331,12 @@ func (a *Applier) applyEach(ctx context.Context, tx pgx.Tx, h modeHandler, msgs 
 		if st.block(i, msgs[i]) {
 			continue
 		}
-		if _, err := tx.Exec(ctx, "SAVEPOINT pgrelay_msg"); err != nil {
-			return err
-		}
-		err := h.apply(ctx, tx, ops[i:i+1])
+		stmts, err := h.plan(ops[i : i+1])
 		if err == nil {
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT pgrelay_msg"); err != nil {
-				return err
-			}
+			stmts = append(append([]stmt{{sql: "SAVEPOINT pgrelay_msg"}}, stmts...), stmt{sql: "RELEASE SAVEPOINT pgrelay_msg"})
+			err = run(ctx, tx, stmts)
+		}
+		if err == nil {
 			st.applied(i, msgs[i])
 			continue
 		}
@@ -349,6 +347,9 @@ func (a *Applier) applyEach(ctx context.Context, tx pgx.Tx, h modeHandler, msgs 
 			return rerr
 		}
 		st.fail(i, msgs[i], DataError(err))
+	}
+	if adv, ok := a.progress.advanceStmt(st.advanced); ok {
+		return run(ctx, tx, []stmt{adv})
 	}
 	return nil
 }

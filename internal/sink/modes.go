@@ -2,11 +2,9 @@ package sink
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -34,10 +32,11 @@ type op struct {
 	params []any         // opSQL
 }
 
-// modeHandler decodes messages (data errors per message) and applies decoded ops in offset order.
+// modeHandler decodes messages (data errors per message) and plans decoded ops, in offset order,
+// as statements the applier sends in one pipeline.
 type modeHandler interface {
 	decode(m *Message) (op, error)
-	apply(ctx context.Context, tx pgx.Tx, ops []op) error
+	plan(ops []op) ([]stmt, error)
 }
 
 // newModeHandler returns the handler of cfg.Mode for the target's shape (nil target in sql mode).
@@ -67,12 +66,12 @@ func (a appendMode) decode(m *Message) (op, error) {
 	return op{msg: m, kind: opWrite, vals: vals}, err
 }
 
-func (a appendMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
+func (a appendMode) plan(ops []op) ([]stmt, error) {
 	rows := make([]rowVals, len(ops))
 	for i := range ops {
 		rows[i] = ops[i].vals
 	}
-	return run(ctx, tx, a.w.insertStmts(rows, false))
+	return a.w.insertStmts(rows, false), nil
 }
 
 // upsertMode inserts or updates on the key; repeated keys go in rounds (see folder).
@@ -90,12 +89,12 @@ func (u upsertMode) decode(m *Message) (op, error) {
 	return op{msg: m, kind: opWrite, row: r, key: key}, nil
 }
 
-func (u upsertMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
+func (u upsertMode) plan(ops []op) ([]stmt, error) {
 	f := newFolder(u.w)
 	for i := range ops {
 		f.write(&ops[i])
 	}
-	return f.flush(ctx, tx)
+	return f.flush(nil)
 }
 
 // folder lays out the ops of a batch in rounds: round k holds the k-th op of every key, in offset
@@ -123,9 +122,9 @@ func (f *folder) write(o *op) { f.add(o) }
 
 func (f *folder) del(o *op) { f.add(o) }
 
-// flush writes the rounds in order; inside a round, deletes first, then upserts by column set.
-func (f *folder) flush(ctx context.Context, tx pgx.Tx) error {
-	var stmts []stmt
+// flush appends the rounds' statements to stmts: inside a round, deletes first, then upserts by
+// column set.
+func (f *folder) flush(stmts []stmt) ([]stmt, error) {
 	for _, round := range f.rounds {
 		var dels [][]pgtype.Text
 		var rows []rowVals
@@ -136,7 +135,7 @@ func (f *folder) flush(ctx context.Context, tx pgx.Tx) error {
 			}
 			rv, err := f.w.rowFrom(o.row, o.msg)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			rows = append(rows, rv)
 		}
@@ -146,7 +145,7 @@ func (f *folder) flush(ctx context.Context, tx pgx.Tx) error {
 		stmts = append(stmts, f.w.insertStmts(rows, true)...)
 	}
 	f.seen, f.rounds = map[string]int{}, nil
-	return run(ctx, tx, stmts)
+	return stmts, nil
 }
 
 // cdcMode applies change events (DESIGN §2): c/r/u upsert `after` (absent and `unchanged` columns
@@ -238,8 +237,10 @@ func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {
 	return o, nil
 }
 
-func (c cdcMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
+func (c cdcMode) plan(ops []op) ([]stmt, error) {
 	f := newFolder(c.w)
+	var stmts []stmt
+	var err error
 	for i := range ops {
 		o := &ops[i]
 		switch o.kind {
@@ -248,23 +249,18 @@ func (c cdcMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
 		case opDelete:
 			f.del(o)
 		case opMove, opTruncate:
-			if err := f.flush(ctx, tx); err != nil {
-				return err
+			if stmts, err = f.flush(stmts); err != nil {
+				return nil, err
 			}
 			if o.kind == opTruncate {
-				if _, err := tx.Exec(ctx, "TRUNCATE "+c.w.t.Ident()); err != nil {
-					return err
-				}
+				stmts = append(stmts, stmt{sql: "TRUNCATE " + c.w.t.Ident()})
 				continue
 			}
-			s := c.w.moveStmt(o.oldKey, o.newKey)
-			if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
-				return err
-			}
+			stmts = append(stmts, c.w.moveStmt(o.oldKey, o.newKey))
 			f.write(o)
 		}
 	}
-	return f.flush(ctx, tx)
+	return f.flush(stmts)
 }
 
 // sqlMode runs the user's statement once per message with params as text.
@@ -303,10 +299,10 @@ func (s *sqlMode) decode(m *Message) (op, error) {
 	return op{msg: m, kind: opSQL, params: args}, nil
 }
 
-func (s *sqlMode) apply(ctx context.Context, tx pgx.Tx, ops []op) error {
+func (s *sqlMode) plan(ops []op) ([]stmt, error) {
 	stmts := make([]stmt, len(ops))
 	for i := range ops {
 		stmts[i] = stmt{sql: s.statement, args: ops[i].params}
 	}
-	return run(ctx, tx, stmts)
+	return stmts, nil
 }

@@ -212,10 +212,10 @@ func (p *Progress) Lock(ctx context.Context, tx pgx.Tx, shards []ShardKey) (map[
 	return out, br.Close()
 }
 
-// Advance moves each shard's last_offset up to offsets[shard]; it never moves one backwards.
-func (p *Progress) Advance(ctx context.Context, tx pgx.Tx, offsets map[ShardKey]int64) error {
+// advanceStmt moves each shard's last_offset up to offsets[shard]; it never moves one backwards.
+func (p *Progress) advanceStmt(offsets map[ShardKey]int64) (stmt, bool) {
 	if len(offsets) == 0 {
-		return nil
+		return stmt{}, false
 	}
 	var queues []string
 	var nums []int32
@@ -223,11 +223,8 @@ func (p *Progress) Advance(ctx context.Context, tx pgx.Tx, offsets map[ShardKey]
 	for k, o := range offsets {
 		queues, nums, offs = append(queues, k.Queue), append(nums, k.Shard), append(offs, o)
 	}
-	_, err := tx.Exec(ctx, `UPDATE `+p.ident+` p SET last_offset = u.o, updated_at = now()
+	return stmt{sql: `UPDATE ` + p.ident + ` p SET last_offset = u.o, updated_at = now()
 		FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(q, s, o)
-		WHERE p.sink = $1 AND p.queue = u.q AND p.shard = u.s AND p.last_offset < u.o`, p.sink, queues, nums, offs)
-	if err != nil {
-		return fmt.Errorf("advance progress rows: %w", err)
-	}
-	return nil
+		WHERE p.sink = $1 AND p.queue = u.q AND p.shard = u.s AND p.last_offset < u.o`,
+		args: []any{p.sink, queues, nums, offs}}, true
 }
