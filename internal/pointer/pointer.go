@@ -68,8 +68,22 @@ func NewEpoch() string {
 
 // LSNValue parses the pointer's `lsn`.
 func (p Pointer) LSNValue() pglogrepl.LSN {
-	l, _ := pglogrepl.ParseLSN(p.LSN)
+	l, _ := ParseLSN(p.LSN)
 	return l
+}
+
+// ParseLSN parses PostgreSQL's "X/X" LSN text (without fmt.Sscanf, which is slow on hot paths).
+func ParseLSN(s string) (pglogrepl.LSN, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, fmt.Errorf("lsn %q: want X/X", s)
+	}
+	h, err1 := strconv.ParseUint(hi, 16, 32)
+	l, err2 := strconv.ParseUint(lo, 16, 32)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("lsn %q: want X/X", s)
+	}
+	return pglogrepl.LSN(h<<32 | l), nil
 }
 
 // CommitValue parses in_txn.commit_lsn (0 without in_txn).
@@ -77,7 +91,7 @@ func (p Pointer) CommitValue() pglogrepl.LSN {
 	if p.InTxn == nil {
 		return 0
 	}
-	l, _ := pglogrepl.ParseLSN(p.InTxn.CommitLSN)
+	l, _ := ParseLSN(p.InTxn.CommitLSN)
 	return l
 }
 
@@ -141,7 +155,7 @@ func Parse(b []byte) (Pointer, error) {
 	if p.V != Version {
 		return corrupt("version " + strconv.Itoa(p.V))
 	}
-	if _, err := pglogrepl.ParseLSN(p.LSN); err != nil || p.Epoch == "" {
+	if _, err := ParseLSN(p.LSN); err != nil || p.Epoch == "" {
 		return corrupt("lsn or epoch")
 	}
 	parts := strings.Split(p.Pos, "/")
@@ -155,7 +169,7 @@ func Parse(b []byte) (Pointer, error) {
 	}
 	p.Gen, p.SnapshotChunks = uint32(g), s
 	if p.InTxn != nil {
-		if _, err := pglogrepl.ParseLSN(p.InTxn.CommitLSN); err != nil {
+		if _, err := ParseLSN(p.InTxn.CommitLSN); err != nil {
 			return corrupt("in_txn")
 		}
 	}
@@ -166,7 +180,15 @@ func Parse(b []byte) (Pointer, error) {
 }
 
 // hex16 prints an LSN as 16 upper-case hex digits.
-func hex16(l pglogrepl.LSN) string { return fmt.Sprintf("%016X", uint64(l)) }
+func hex16(l pglogrepl.LSN) string {
+	const digits = "0123456789ABCDEF"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[l&0xf]
+		l >>= 4
+	}
+	return string(b[:])
+}
 
 // TxID is the id shared by the messages of one source transaction: `pg:<epoch>:<commit LSN hex16>`.
 func TxID(epoch string, commit pglogrepl.LSN) string {

@@ -91,3 +91,18 @@ func TestMessageIDs(t *testing.T) {
 		t.Error(e)
 	}
 }
+
+func TestParseLSN(t *testing.T) {
+	for _, s := range []string{"0/0", "0/1570EA0", "16/B374D848", "FFFFFFFF/FFFFFFFF"} {
+		want, _ := pglogrepl.ParseLSN(s)
+		got, err := ParseLSN(s)
+		if err != nil || got != want || got.String() != s {
+			t.Errorf("%s: %v %v", s, got, err)
+		}
+	}
+	for _, s := range []string{"", "1", "x/1", "1/", "100000000/0"} {
+		if _, err := ParseLSN(s); err == nil {
+			t.Errorf("%q parsed", s)
+		}
+	}
+}

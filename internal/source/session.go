@@ -419,7 +419,11 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 	if ss.ctx.Err() != nil {
 		return nil, idle, nil
 	}
-	cover := ss.plan
+	// The cover is built once at the end: per-change pointer values would cost an allocation each.
+	complete, inTxn, txCommit, txDone := ss.plan.LSNValue(), ss.plan.InTxn != nil, ss.plan.CommitValue(), uint64(0)
+	if inTxn {
+		txDone = ss.plan.InTxn.Done
+	}
 	var events []Event
 	size, n, full := 0, 0, false
 	for ; n < len(items) && !full; n++ {
@@ -433,14 +437,18 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 			}
 			events = append(events, it.events...)
 			size += it.size
-			cover = cover.InsideTxn(it.commit, it.seq+1)
+			inTxn, txCommit, txDone = true, it.commit, it.seq+1
 		case itemCommit:
-			cover = cover.AtCommit(it.commit)
+			complete, inTxn = it.commit, false
 		case itemPosition:
-			if cover.InTxn == nil && it.lsn > cover.LSNValue() {
-				cover = cover.AtCommit(it.lsn)
+			if !inTxn && it.lsn > complete {
+				complete = it.lsn
 			}
 		}
+	}
+	cover := ss.plan.AtCommit(complete)
+	if inTxn {
+		cover = cover.InsideTxn(txCommit, txDone)
 	}
 	if len(events) == 0 {
 		if n == 0 || !ss.plan.Less(cover) {

@@ -21,7 +21,7 @@ import (
 )
 
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	pg  *testenv.Postgres
 	rd  *testenv.Redis
 	ctx context.Context
@@ -51,19 +51,24 @@ output:
 logger:
   level: warn
 `, name, e.pg.DSN(), tables, e.rd.URL(), indent(extra), e.rd.URL())
+	return startStream(e.t, yaml)
+}
+
+// startStream runs a pipeline until the returned stop (or the test's end).
+func startStream(tb testing.TB, yaml string) func() {
 	b := service.NewStreamBuilder()
 	if err := b.SetYAML(yaml); err != nil {
-		e.t.Fatal(err)
+		tb.Fatal(err)
 	}
 	stream, err := b.Build()
 	if err != nil {
-		e.t.Fatal(err)
+		tb.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := stream.Run(context.Background()); err != nil {
-			e.t.Logf("stream: %v", err)
+			tb.Logf("stream: %v", err)
 		}
 	}()
 	stopped := false
@@ -71,12 +76,12 @@ logger:
 		if !stopped {
 			stopped = true
 			if err := stream.StopWithin(20 * time.Second); err != nil {
-				e.t.Errorf("stop: %v", err)
+				tb.Errorf("stop: %v", err)
 			}
 			<-done
 		}
 	}
-	e.t.Cleanup(stop)
+	tb.Cleanup(stop)
 	return stop
 }
 
