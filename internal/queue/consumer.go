@@ -152,6 +152,8 @@ type shardRun struct {
 	mu     sync.Mutex
 	busy   bool // a delivery is in flight
 	drain  bool // hand the shard over once the in-flight delivery is finished
+	// renewed is when the lease was last taken or renewed; only the keeper goroutine uses it
+	renewed time.Time
 }
 
 // handOverWhenIdle makes the reader stop and release the shard after its in-flight delivery.

@@ -147,8 +147,15 @@ func (c *Consumer) renew(ctx context.Context) {
 		ok, err := r.lease.Renew(ctx)
 		if err != nil {
 			c.conf.Logger.Warnf("queue %s: renew shard %d: %v", c.conf.Queue, r.n, err)
+			if time.Since(r.renewed) > c.conf.LeaseTTL {
+				// the lease has surely expired: another replica may own the shard by now
+				c.conf.Logger.Warnf("queue %s: shard %d not renewed for %s; stopping it", c.conf.Queue, r.n, c.conf.LeaseTTL)
+				r.lease.Drop()
+				c.stopRun(r)
+			}
 			continue
 		}
+		r.renewed = time.Now()
 		if !ok {
 			c.conf.Logger.Warnf("queue %s: lost the lease of shard %d; another replica reads it now", c.conf.Queue, r.n)
 			c.stopRun(r)
@@ -223,7 +230,7 @@ func (c *Consumer) snapshotRuns() []*shardRun {
 // startRun starts reading shard n, whose lease l this replica now holds.
 func (c *Consumer) startRun(n int, l *lease.Lease) {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &shardRun{n: n, lease: l, cancel: cancel, done: make(chan struct{}), acks: make(chan ackResult, 1)}
+	r := &shardRun{n: n, lease: l, cancel: cancel, done: make(chan struct{}), acks: make(chan ackResult, 1), renewed: time.Now()}
 	c.mu.Lock()
 	select {
 	case <-c.stop:

@@ -1,0 +1,42 @@
+package input
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+func TestQueueInputFailures(t *testing.T) {
+	batch := service.MessageBatch{service.NewMessage([]byte("a")), service.NewMessage([]byte("b")), service.NewMessage([]byte("c"))}
+	idx := batch.Index()
+	plain := errors.New("boom")
+	blocked := errcode.New("blocked", "behind an earlier failure", "")
+	paused := errcode.New("paused", "sink paused", "fix the table")
+	cases := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"plain error: every message", plain, "[0 1 2]"},
+		{"wrapped blocked: none", fmt.Errorf("write: %w", blocked), "[]"},
+		{"paused as text: none", errors.New(paused.Error()), "[]"},
+		{"batch error: only the failed", service.NewBatchError(batch, plain).Failed(1, plain), "[1]"},
+		{"batch error: blocked ones count none", service.NewBatchError(batch, plain).Failed(0, plain).Failed(2, blocked), "[0]"},
+	}
+	for _, c := range cases {
+		got := failures(c.err, idx, len(batch))
+		var keys []int
+		for i := 0; i < len(batch); i++ {
+			if _, ok := got[i]; ok {
+				keys = append(keys, i)
+			}
+		}
+		if s := fmt.Sprint(keys); s != c.want && !(c.want == "[]" && len(keys) == 0) {
+			t.Errorf("%s: %v, want %s", c.name, keys, c.want)
+		}
+	}
+}
