@@ -295,3 +295,36 @@ func TestConsumeHandOverBusyShards(t *testing.T) {
 	}
 	waitFor(t, "2 and 2", func() bool { return len(a.Held()) == 2 && len(b.Held()) == 2 })
 }
+
+// TestConsumePendingFirst: entries a crashed owner of shard 0 had read but not acked come first,
+// before newer entries, to whoever takes the shard next.
+func TestConsumePendingFirst(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 1})
+	if _, err := w.Write(ctx, msgs("q", 10, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	stream := w.Layout().Stream("q", 0)
+	rdb.XGroupCreate(ctx, stream, "g", "0")
+	// the crashed owner: read 4 entries as shard-0, never acked
+	if _, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: ConsumerName(0),
+		Streams: []string{stream, ">"}, Count: 4, Block: -1}).Result(); err != nil {
+		t.Fatal(err)
+	}
+	c := newConsumer(t, rdb, ConsumerConfig{BatchCount: 3})
+	var offsets []int64
+	for len(offsets) < 10 {
+		d := read(t, c, 10*time.Second)
+		for _, e := range d.Entries {
+			offsets = append(offsets, e.Offset)
+		}
+		if err := c.Ack(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fmt.Sprint(offsets) != "[1 2 3 4 5 6 7 8 9 10]" {
+		t.Fatalf("offsets %v", offsets)
+	}
+}
