@@ -314,6 +314,14 @@ func (a *Applier) applyAll(ctx context.Context, tx pgx.Tx, h modeHandler, msgs [
 		batch[j] = ops[i]
 		st.applied(i, msgs[i])
 	}
+	if am, ok := h.(appendMode); ok {
+		if jobs, ok := am.copyPlan(batch); ok {
+			if err := runCopies(ctx, tx, jobs); err != nil {
+				return err
+			}
+			batch = nil
+		}
+	}
 	stmts, err := h.plan(batch)
 	if err != nil {
 		return err

@@ -96,6 +96,13 @@ func TestMapping(t *testing.T) {
 		{name: "append inserts every message, absent keys get DEFAULT", mode: ModeAppend,
 			batches: [][]string{{`{"id":15,"total":"1.005"}`, `{"id":16,"note":"n"}`}},
 			wants:   []want{{"id=15", "total::text || note", "1.01dflt"}, {"id=16", "coalesce(total::text,'<null>') || note", "<null>n"}}},
+		{name: "append (COPY path) keeps tabs, newlines, backslashes and a literal \\N", mode: ModeAppend,
+			batches: [][]string{{`{"id":17,"note":"tab\there\nnew\\back\r\\N","Name":null,"doc":{"a":"x\ty"}}`}},
+			wants: []want{{"id=17", "note", "tab\there\nnew\\back\r\\N"}, {"id=17", "coalesce(\"Name\",'<null>')", "<null>"},
+				{"id=17", "doc->>'a'", "x\ty"}}},
+		{name: "append with arrays and composites (INSERT path)", mode: ModeAppend,
+			batches: [][]string{{`{"id":18,"tags":["a","b\tc"],"addr":{"city":"Oslo"}}`}},
+			wants:   []want{{"id=18", "tags[2] || (addr).city", "b\tcOslo"}}},
 	}
 	for n, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,0 +1,96 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// copyJob is one COPY of rows with the same column set (append mode's fast path).
+type copyJob struct {
+	sql  string
+	data []byte // COPY text format
+}
+
+// copyPlan turns append rows into COPY jobs, one per column set, when every column can travel as
+// text (arrays and composites built from JSON, and identity ALWAYS columns, need INSERT).
+func (a appendMode) copyPlan(ops []op) ([]copyJob, bool) {
+	var order []string
+	groups := map[string][]*rowVals{}
+	for i := range ops {
+		rv := &ops[i].vals
+		if len(rv.cols) == 0 {
+			return nil, false
+		}
+		if _, ok := groups[rv.sig]; !ok {
+			for _, c := range rv.cols {
+				col := &a.w.t.Columns[c]
+				if col.Kind == kindPopulate || col.IdentityAlways {
+					return nil, false
+				}
+			}
+			order = append(order, rv.sig)
+		}
+		groups[rv.sig] = append(groups[rv.sig], rv)
+	}
+	jobs := make([]copyJob, 0, len(order))
+	for _, sig := range order {
+		g := groups[sig]
+		names := make([]string, len(g[0].cols))
+		for n, c := range g[0].cols {
+			names[n] = a.w.colName(c)
+		}
+		var buf bytes.Buffer
+		for _, r := range g {
+			for n, v := range r.vals {
+				if n > 0 {
+					buf.WriteByte('\t')
+				}
+				if !v.Valid {
+					buf.WriteString(`\N`)
+					continue
+				}
+				copyEscape(&buf, v.String)
+			}
+			buf.WriteByte('\n')
+		}
+		jobs = append(jobs, copyJob{sql: "COPY " + a.w.t.Ident() + " (" + strings.Join(names, ", ") + ") FROM STDIN", data: buf.Bytes()})
+	}
+	return jobs, true
+}
+
+// copyEscape writes s in COPY text format: backslash, tab, newline and carriage return escaped.
+func copyEscape(buf *bytes.Buffer, s string) {
+	start := 0
+	for i := 0; i < len(s); i++ {
+		var esc string
+		switch s[i] {
+		case '\\':
+			esc = `\\`
+		case '\t':
+			esc = `\t`
+		case '\n':
+			esc = `\n`
+		case '\r':
+			esc = `\r`
+		default:
+			continue
+		}
+		buf.WriteString(s[start:i])
+		buf.WriteString(esc)
+		start = i + 1
+	}
+	buf.WriteString(s[start:])
+}
+
+// runCopies sends the COPY jobs on the transaction's connection.
+func runCopies(ctx context.Context, tx pgx.Tx, jobs []copyJob) error {
+	for _, j := range jobs {
+		if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(j.data), j.sql); err != nil {
+			return err
+		}
+	}
+	return nil
+}
