@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +78,16 @@ func TestQueueCLIInfoAndDLQ(t *testing.T) {
 	if info.Shards != 2 || info.Length != 10 || info.DeadLetters != 3 || len(info.Groups) != 1 ||
 		info.Groups[0].Name != "g" || info.Groups[0].Lag != 0 || info.Groups[0].Pending != 0 {
 		t.Fatalf("info %+v", info)
+	}
+	// the same from a pipeline config (-c): connection and queue from its redis_queue input
+	cfg := filepath.Join(t.TempDir(), "p.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("input:\n  redis_queue:\n    url: ${PGRELAY_TEST_UNSET_URL:%s}\n    queue: cq\n    group: g\noutput:\n  drop: {}\n", r.URL())), 0o644)
+	var fromCfg queue.Info
+	if err := json.Unmarshal([]byte(runCLI(t, "queue", "info", "-c", cfg, "--json")), &fromCfg); err != nil {
+		t.Fatal(err)
+	}
+	if fromCfg.Queue != "cq" || fromCfg.Length != 10 {
+		t.Fatalf("info -c: %+v", fromCfg)
 	}
 	human := runCLI(t, "queue", "info", "--url", r.URL(), "cq")
 	for _, want := range []string{"queue cq: 2 shards, 10 entries kept, 3 dead letters", "group g: lag 0, pending 0"} {

@@ -26,6 +26,7 @@ func init() { pcli.Register(Command()) }
 // connFlags are the connection flags of every queue subcommand.
 func connFlags() []cli.Flag {
 	return []cli.Flag{
+		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "take the connection (and queue, when static) from the first redis_queue input or output of this pipeline config"},
 		&cli.StringFlag{Name: "url", Usage: "Redis URL (redis:// or rediss://)", Value: "redis://127.0.0.1:6379", EnvVars: []string{"REDIS_URL"}},
 		&cli.StringSliceFlag{Name: "cluster-url", Usage: "seed node of a Redis Cluster (repeat for several); overrides --url"},
 		&cli.StringFlag{Name: "prefix", Usage: "key prefix", Value: queue.DefaultPrefix},
@@ -40,7 +41,8 @@ func Command() *cli.Command {
 		Name:  "queue",
 		Usage: "Inspect a pgrelay queue and manage its dead letters",
 		Description: "Flags go before the queue name, e.g. `pgrelay queue info --url redis://127.0.0.1:6379 --json orders`.\n" +
-			"The connection comes from --url (or $REDIS_URL) or --cluster-url, with --prefix as in the pipeline config.",
+			"The connection comes from --url (or $REDIS_URL) or --cluster-url, with --prefix as in the pipeline config,\n" +
+			"or from -c <pipeline config>: its first redis_queue input or output (then the queue name may be left out).",
 		Subcommands: []*cli.Command{
 			{
 				Name:      "info",
@@ -76,10 +78,24 @@ type env struct {
 }
 
 func run(c *cli.Context, fn func(context.Context, *env) error) error {
-	if c.NArg() != 1 {
+	conn := redisconn.Config{URL: c.String("url"), ClusterURLs: c.StringSlice("cluster-url"), Prefix: c.String("prefix")}
+	name := c.Args().First()
+	if path := c.String("config"); path != "" {
+		fromFile, q, err := fromConfig(path)
+		if err != nil {
+			return cli.Exit(err.Error(), 2)
+		}
+		conn = fromFile
+		if c.IsSet("prefix") {
+			conn.Prefix = c.String("prefix")
+		}
+		if name == "" {
+			name = q
+		}
+	}
+	if name == "" || c.NArg() > 1 {
 		return cli.Exit(fmt.Sprintf("usage: pgrelay queue %s [flags] <queue>", c.Command.Name), 2)
 	}
-	conn := redisconn.Config{URL: c.String("url"), ClusterURLs: c.StringSlice("cluster-url"), Prefix: c.String("prefix")}
 	if err := conn.Validate(); err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
@@ -94,7 +110,7 @@ func run(c *cli.Context, fn func(context.Context, *env) error) error {
 	if out == nil {
 		out = os.Stdout
 	}
-	e := &env{c: c, rdb: rdb, layout: queue.NewLayout(conn.Prefix), queue: c.Args().First(), out: out}
+	e := &env{c: c, rdb: rdb, layout: queue.NewLayout(conn.Prefix), queue: name, out: out}
 	if err := fn(ctx, e); err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
