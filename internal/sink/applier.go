@@ -63,7 +63,12 @@ type Applier struct {
 	handler modeHandler
 	target  *Target
 	stale   bool // re-read the target before the next attempt
+	checked time.Time
 }
+
+// shapeCheckInterval is how often a batch compares the target's catalog version with the one the
+// statements were built for, so an ALTER TABLE (say, a new column) is seen within about a second.
+const shapeCheckInterval = time.Second
 
 // NewApplier checks the configuration, creates or checks the progress table and inspects the target.
 func NewApplier(ctx context.Context, pool *pgxpool.Pool, cfg Config, onRetry RetryHook) (*Applier, error) {
@@ -129,8 +134,19 @@ func (a *Applier) refresh(ctx context.Context) error {
 
 func (a *Applier) current(ctx context.Context) (modeHandler, error) {
 	a.mu.Lock()
-	stale, h := a.stale, a.handler
+	stale, h, t := a.stale, a.handler, a.target
+	due := t != nil && time.Since(a.checked) > shapeCheckInterval
+	if due {
+		a.checked = time.Now()
+	}
 	a.mu.Unlock()
+	if due && !stale {
+		v, err := shapeVersion(ctx, a.pool, t.OID)
+		if err != nil {
+			return nil, err
+		}
+		stale = v != t.Version
+	}
 	if !stale {
 		return h, nil
 	}

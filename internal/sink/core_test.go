@@ -235,3 +235,22 @@ func TestCore(t *testing.T) {
 		}
 	})
 }
+
+// TestShapeChange: the sink re-reads the table after ALTER TABLE, whether PostgreSQL reports an
+// error (a dropped column) or not (a new column, seen within about a second).
+func TestShapeChange(t *testing.T) {
+	f := startPG(t)
+	table := f.name("shape")
+	f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, a text, b text)`)
+	a := f.applier(t, Config{Table: table, Mode: ModeUpsert})
+	write(t, a, msg("q", 0, 1, `{"id":1,"a":"x","b":"y","c":"ignored"}`))
+	f.exec(t, `ALTER TABLE `+table+` ADD COLUMN c text`)
+	time.Sleep(shapeCheckInterval + 100*time.Millisecond)
+	write(t, a, msg("q", 0, 2, `{"id":2,"c":"new column"}`))
+	f.exec(t, `ALTER TABLE `+table+` DROP COLUMN b`)
+	write(t, a, msg("q", 0, 3, `{"id":3,"a":"after drop","b":"gone"}`))
+	got := strings.Join(f.queryStrings(t, `SELECT concat_ws('/', id, a, c) FROM `+table+` ORDER BY id`), ",")
+	if got != "1/x,2/new column,3/after drop" {
+		t.Fatalf("rows %q", got)
+	}
+}

@@ -37,6 +37,8 @@ type Column struct {
 
 // Target is the sink's table as read from pg_catalog at start and after schema errors.
 type Target struct {
+	OID          uint32
+	Version      string // catalog row versions of the table and its columns (see shapeVersion)
 	Schema, Name string
 	Columns      []Column
 	byName       map[string]int
@@ -97,6 +99,10 @@ func Inspect(ctx context.Context, q Querier, table string, needs TargetNeeds) (*
 		return nil, errcode.New("target_not_table", fmt.Sprintf("%s is not a table (relkind %s)", t.Ident(), relkind),
 			"point `table` at an ordinary or partitioned table")
 	}
+	t.OID = oid
+	if t.Version, err = shapeVersion(ctx, q, oid); err != nil {
+		return nil, err
+	}
 	if err := t.readColumns(ctx, q, oid); err != nil {
 		return nil, err
 	}
@@ -113,6 +119,18 @@ func Inspect(ctx context.Context, q Querier, table string, needs TargetNeeds) (*
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// shapeVersion changes whenever ALTER TABLE touches the table or one of its columns: it is the
+// transaction ids that last wrote their catalog rows.
+func shapeVersion(ctx context.Context, q Querier, oid uint32) (string, error) {
+	var v string
+	err := q.QueryRow(ctx, `SELECT coalesce((SELECT xmin::text FROM pg_class WHERE oid = $1), 'gone') || ':' ||
+		coalesce((SELECT string_agg(xmin::text, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = $1 AND attnum > 0), '')`, oid).Scan(&v)
+	if err != nil {
+		return "", fmt.Errorf("read the table's catalog version: %w", err)
+	}
+	return v, nil
 }
 
 func (t *Target) readColumns(ctx context.Context, q Querier, oid uint32) error {
