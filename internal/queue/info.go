@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/resources"
 )
 
 // Info describes a queue for `pgrelay queue info`.
@@ -199,10 +200,14 @@ func deadLetterOf(x redis.XMessage) DeadLetter {
 		CreatedMs: i("ts"), Header: s("h"), Payload: s("d")}
 }
 
-// ReplayDeadLetters writes dead letters back into queue q (new offsets, same partition, id,
-// transaction id, created-at, header and payload), then deletes them from the dead-letter stream.
-// A crash between the two repeats the replay of those entries (same message ids). Every group of the
-// queue sees a replayed message again, so with several groups it refuses unless allGroups.
+// replayScript is resources/queue_replay.lua.
+var replayScript = redis.NewScript(resources.MustRead("queue_replay.lua"))
+
+// ReplayDeadLetters moves dead letters back into queue q with resources/queue_replay.lua: each gets
+// its shard's next offset (same partition, id, transaction id, created-at, header and payload) and
+// leaves the dead-letter stream in the same atomic step, so a replay is never doubled. Every group of
+// the queue sees a replayed message again, so with several groups it refuses unless allGroups.
+// It returns how many were replayed.
 func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, l Layout, q string, dls []DeadLetter, allGroups bool) (int, error) {
 	if len(dls) == 0 {
 		return 0, nil
@@ -218,26 +223,47 @@ func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, l Layout,
 				"add --all-groups if every group should see the replayed messages again (consumers that already processed them must skip repeats by message id)")
 		}
 	}
-	w := NewWriter(rdb, WriterConfig{Prefix: l.Prefix})
+	shards, err := ShardCount(ctx, rdb, l, q)
+	if err != nil {
+		return 0, err
+	}
+	if shards == 0 {
+		return 0, errcode.New("no_queue", fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
+			"check the queue name and --prefix")
+	}
 	done := 0
 	for start := 0; start < len(dls); start += 500 {
-		chunk := dls[start:min(start+500, len(dls))]
-		msgs := make([]Message, len(chunk))
-		ids := make([]string, len(chunk))
-		for i, d := range chunk {
-			msgs[i] = Message{Queue: q, Partition: d.Partition, ID: d.MessageID, Tx: d.Tx, CreatedMs: d.CreatedMs,
-				Header: []byte(d.Header), Payload: []byte(d.Payload)}
-			ids[i] = d.EntryID
+		n, err := replayChunk(ctx, rdb, l, q, shards, dls[start:min(start+500, len(dls))])
+		done += n
+		if err != nil {
+			return done, err
 		}
-		if _, err := w.Write(ctx, msgs, nil); err != nil {
-			return done, fmt.Errorf("replay: write: %w", err)
-		}
-		if err := rdb.XDel(ctx, l.DLQ(q), ids...).Err(); err != nil {
-			return done, fmt.Errorf("replay: remove from the dead-letter stream: %w (these entries are now in the queue twice if replayed again)", err)
-		}
-		done += len(chunk)
 	}
 	return done, nil
+}
+
+func replayChunk(ctx context.Context, rdb redis.UniversalClient, l Layout, q string, shards int, dls []DeadLetter) (int, error) {
+	keys := []string{l.Meta(q), l.DLQ(q)}
+	streamIdx := map[int]int{}
+	var shardArgs, pairs []any
+	for _, d := range dls {
+		n := Shard(d.Partition, shards)
+		j, ok := streamIdx[n]
+		if !ok {
+			keys = append(keys, l.Stream(q, n))
+			shardArgs = append(shardArgs, n)
+			j = len(shardArgs)
+			streamIdx[n] = j
+		}
+		pairs = append(pairs, d.EntryID, j)
+	}
+	args := append([]any{shards, len(shardArgs)}, shardArgs...)
+	args = append(args, pairs...)
+	res, err := replayScript.Run(ctx, rdb, keys, args...).Int64Slice()
+	if err != nil {
+		return 0, fmt.Errorf("replay: %w", classify(err))
+	}
+	return int(res[0]), nil
 }
 
 // DropDeadLetters deletes dead letters from the dead-letter stream.

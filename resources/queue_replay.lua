@@ -1,0 +1,42 @@
+#!lua
+-- queue_replay.lua: move dead letters back into their queue, each atomically with its removal from
+-- the dead-letter stream (`pgrelay queue dlq --replay`). A replayed message gets its shard's next
+-- offset and keeps its partition, id, tx, ts, h and d.
+--
+-- KEYS: 1 the queue's meta, 2 its dead-letter stream, then K shard streams
+-- ARGV: 1 the shard count the caller computed shards with, 2 K, then K shard numbers,
+--       then pairs: dead-letter entry id, stream index (1..K)
+-- Reply: {replayed, missing} (missing: entries no longer in the dead-letter stream).
+-- Errors: 'pgrelay_shards_mismatch <meta> <stored> <given>', 'pgrelay_bad_args <what>'.
+local shards = redis.call('HGET', KEYS[1], 'shards')
+if shards ~= ARGV[1] then
+  return redis.error_reply('pgrelay_shards_mismatch ' .. KEYS[1] .. ' ' .. tostring(shards) .. ' ' .. ARGV[1])
+end
+local k = tonumber(ARGV[2])
+if #KEYS ~= 2 + k or (#ARGV - 2 - k) % 2 ~= 0 then
+  return redis.error_reply('pgrelay_bad_args key or argument count')
+end
+local replayed, missing = 0, 0
+for i = 3 + k, #ARGV, 2 do
+  local id, j = ARGV[i], tonumber(ARGV[i + 1])
+  if not j or j < 1 or j > k then
+    return redis.error_reply('pgrelay_bad_args stream index')
+  end
+  local entry = redis.call('XRANGE', KEYS[2], id, id)
+  if #entry == 0 then
+    missing = missing + 1
+  else
+    local f = {}
+    local list = entry[1][2]
+    for x = 1, #list, 2 do
+      f[list[x]] = list[x + 1]
+    end
+    local n = ARGV[2 + j]
+    local off = redis.call('HINCRBY', KEYS[1], 'off:' .. n, 1)
+    redis.call('XADD', KEYS[2 + j], '*', 'off', string.format('%d', off), 'p', f.p or '', 'id', f.id or '',
+      'tx', f.tx or '', 'ts', f.ts or '', 'h', f.h or '', 'd', f.d or '')
+    redis.call('XDEL', KEYS[2], id)
+    replayed = replayed + 1
+  end
+end
+return {replayed, missing}
