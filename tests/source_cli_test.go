@@ -2,6 +2,9 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -61,5 +64,31 @@ func TestSourceStatusAndTeardown(t *testing.T) {
 	e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_publication`).Scan(&pubs)
 	if slots != 0 || pubs != 0 || e.pointer() != nil {
 		t.Errorf("after teardown: %d slots, %d publications, pointer %v", slots, pubs, e.pointer())
+	}
+}
+
+// TestSourceMetrics scrapes /metrics of a running pg_cdc: the source's counters and gauges move.
+func TestSourceMetrics(t *testing.T) {
+	e := newCDCEnv(t, "metrics", `[{table: w, queue: q}]`, "")
+	port := testenv.FreePort(t)
+	raw, _ := os.ReadFile(e.config)
+	cfg := strings.Replace(string(raw), "http:\n  enabled: false\n", fmt.Sprintf("http:\n  address: 127.0.0.1:%d\nmetrics:\n  prometheus: {}\n", port), 1)
+	os.WriteFile(e.config, []byte(cfg), 0o644)
+	e.pg.Exec(writerTable)
+	e.start()
+	e.waitPointer()
+	e.pg.Exec(`INSERT INTO w SELECT g, 'x' FROM generate_series(1, 10) g`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		body, err := testenv.HTTPGet(e.ctx, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), 5*time.Second)
+		if err == nil && regexp.MustCompile(`(?m)^pgrelay_source_messages\{[^}]*\} 10$`).MatchString(body) &&
+			regexp.MustCompile(`(?m)^pgrelay_source_owner\{[^}]*\} 1$`).MatchString(body) &&
+			regexp.MustCompile(`(?m)^pgrelay_source_pointer_lsn\{[^}]*\} [1-9]`).MatchString(body) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics: %v\n%s", err, body)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
