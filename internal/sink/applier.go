@@ -121,6 +121,8 @@ func (a *Applier) refresh(ctx context.Context) error {
 		if t, err = Inspect(ctx, a.pool, a.cfg.Table, a.needs()); err != nil {
 			return err
 		}
+	} else if err := a.checkStatement(ctx); err != nil {
+		return err
 	}
 	h, err := newModeHandler(&a.cfg, t)
 	if err != nil {
@@ -129,6 +131,29 @@ func (a *Applier) refresh(ctx context.Context) error {
 	a.mu.Lock()
 	a.target, a.handler, a.stale = t, h, false
 	a.mu.Unlock()
+	return nil
+}
+
+// checkStatement prepares the sql mode's statement once at start, so a typo, a missing table or a
+// wrong number of params is a coded error before any message is read.
+func (a *Applier) checkStatement(ctx context.Context) error {
+	conn, err := a.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("check statement: %w", err)
+	}
+	defer conn.Release()
+	sd, err := conn.Conn().Prepare(ctx, "", a.cfg.Statement)
+	if err != nil {
+		if Classify(err) == Transient {
+			return fmt.Errorf("check statement: %w", err)
+		}
+		return errcode.Wrap("sql_statement", DataError(err), "PostgreSQL refuses the statement",
+			"fix `statement` (and the objects it names, and the sink user's privileges)")
+	}
+	if len(sd.ParamOIDs) != len(a.cfg.Params) {
+		return errcode.New("sql_params_mismatch", fmt.Sprintf("the statement takes %d parameters but params lists %d", len(sd.ParamOIDs), len(a.cfg.Params)),
+			"give exactly one params entry per $n, in order")
+	}
 	return nil
 }
 

@@ -238,3 +238,20 @@ func TestRepeatedKeyPoison(t *testing.T) {
 		t.Fatalf("rows %s", got)
 	}
 }
+
+func TestSQLStatementCheckedAtStart(t *testing.T) {
+	f := startPG(t)
+	for stmt, code := range map[string]string{
+		"UPDAT accounts SET x = $1":            "sql_statement",
+		"UPDATE no_such_table SET x = $1::int": "sql_statement",
+	} {
+		_, err := f.applierErr(Config{Mode: ModeSQL, Statement: stmt, Params: []string{"$.x"}})
+		if !errcode.Is(err, code) {
+			t.Errorf("%q: %v, want %s", stmt, err, code)
+		}
+	}
+	_, err := f.applierErr(Config{Mode: ModeSQL, Statement: "SELECT $1::int, $3::int", Params: []string{"$.a", "$.b", "$.c"}})
+	if !errcode.Is(err, "sql_params_mismatch") {
+		t.Errorf("gap: %v", err)
+	}
+}
