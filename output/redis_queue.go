@@ -42,7 +42,7 @@ is retried and may repeat messages (same ids).`).
 				Description("Queue name (1-256 characters, no `{` or `}`).").
 				Default(`${! meta("queue") }`).Example("orders"),
 			service.NewInterpolatedStringField("partition").
-				Description("Partition: messages of one partition are kept in order.").
+				Description("Partition: messages of one partition go to one shard and are read back in the order written.").
 				Default(`${! meta("partition") }`).Example(`${! json("customer_id") }`),
 			service.NewInterpolatedStringField("id").
 				Description("Message id, stable across re-sends so consumers can recognise repeats.").
@@ -68,7 +68,8 @@ is retried and may repeat messages (same ids).`).
 			service.NewMetadataFilterField("metadata").
 				Description("Metadata keys written into each entry's `h` header (a JSON object); the `redis_queue` input restores them. None by default; the `pgrelay_*` keys are never written.").
 				Optional().Advanced(),
-			service.NewOutputMaxInFlightField(),
+			service.NewOutputMaxInFlightField().Default(1).
+				Description("Batches written at the same time. 1 (the default) keeps the order of a partition across batches; more trades that order for throughput (messages inside one batch always stay in order)."),
 			service.NewBatchPolicyField("batching"),
 		).
 		Example("Generated messages into a queue", "Any Benthos pipeline can produce into a queue.", `
