@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
@@ -211,5 +212,53 @@ func TestQueueConfigsLint(t *testing.T) {
 		if (c.want == "") != (len(lints) == 0) || (c.want != "" && !strings.Contains(text, c.want)) {
 			t.Errorf("%s: lints %q, want %q", c.name, text, c.want)
 		}
+	}
+}
+
+// TestQueueOutputRetention: the output's retention trims a shard to max_length only below what the
+// queue's group has acked.
+func TestQueueOutputRetention(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	stream := queue.NewLayout("").Stream("ret", 0)
+	rdb.XGroupCreateMkStream(ctx, stream, "slow", "0")
+	send, stop := produce(t, fmt.Sprintf(`
+redis_queue:
+  url: %s
+  queue: ret
+  partition: ${! meta("p") }
+  id: ${! meta("id") }
+  shards: 1
+  max_length: 5
+  trim_interval: 100ms
+`, r.URL()))
+	defer stop()
+	for i := 0; i < 40; i += 10 {
+		if err := send(ctx, batchOf(10, i, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := rdb.XLen(ctx, stream).Val(); n != 40 {
+		t.Fatalf("trimmed to %d while the group had acked nothing", n)
+	}
+	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "slow", Consumer: "c", Streams: []string{stream, ">"}, Count: 30, Block: -1}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range res[0].Messages {
+		rdb.XAck(ctx, stream, "slow", x.ID)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.XLen(ctx, stream).Val() != 11 { // entries 30..39 unread, plus the last delivered (29) kept
+		if time.Now().After(deadline) {
+			t.Fatalf("length %d, want 11", rdb.XLen(ctx, stream).Val())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	first := rdb.XRangeN(ctx, stream, "-", "+", 1).Val()[0]
+	if first.Values["id"] != "m29" {
+		t.Fatalf("oldest kept %v", first.Values["id"])
 	}
 }
