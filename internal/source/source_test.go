@@ -350,3 +350,72 @@ func TestConfigRefusesOutOfRangeValuesWithThePath(t *testing.T) {
 		t.Errorf("defaults: %+v %v", c, err)
 	}
 }
+
+func TestReplicaIdentityFullUsingIndexPartitionColumnsAndTruncate(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE f (id int PRIMARY KEY, grp text, v text);
+		ALTER TABLE f REPLICA IDENTITY FULL;
+		CREATE TABLE ix (id int NOT NULL, code text NOT NULL, v text);
+		CREATE UNIQUE INDEX ix_code ON ix (code);
+		ALTER TABLE ix REPLICA IDENTITY USING INDEX ix_code;
+		CREATE TABLE s (id int PRIMARY KEY, v text)`)
+	e.run("ident", `[{table: f, queue: qf, partition_by: [grp]}, {table: ix, queue: qi}]`, "")
+	e.run("trunc", `[{table: s, queue: qs, partition_by: single}]`, "truncate: emit")
+	e.waitPointer("ident", "qf")
+	e.waitPointer("trunc", "qs")
+	e.pg.Exec(`INSERT INTO f VALUES (1, 'a|b', 'one')`)
+	e.pg.Exec(`UPDATE f SET v = 'two' WHERE id = 1`)
+	e.pg.Exec(`UPDATE f SET grp = 'c' WHERE id = 1`)
+	e.pg.Exec(`DELETE FROM f WHERE id = 1`)
+	e.pg.Exec(`INSERT INTO ix VALUES (1, 'k1', 'x')`)
+	e.pg.Exec(`UPDATE ix SET v = 'y' WHERE code = 'k1'`)
+	e.pg.Exec(`UPDATE ix SET code = 'k2' WHERE code = 'k1'`)
+	e.pg.Exec(`INSERT INTO s VALUES (1, 'x')`)
+	e.pg.Exec(`TRUNCATE s`)
+	f := e.waitEntries("qf", 5)
+	var got []string
+	for _, en := range f {
+		got = append(got, en.Partition+" "+string(en.Payload[:strings.Index(string(en.Payload), `,"lsn"`)]))
+	}
+	want := []string{
+		`a|b {"op":"c","table":"public.f","key":{"id":1},"after":{"id":1,"grp":"a|b","v":"one"},"before":null`,
+		`a|b {"op":"u","table":"public.f","key":{"id":1},"after":{"id":1,"grp":"a|b","v":"two"},"before":{"id":1,"grp":"a|b","v":"one"}`,
+		`a|b {"op":"d","table":"public.f","key":{"id":1},"after":null,"before":{"id":1,"grp":"a|b","v":"two"}`,
+	}
+	// Partitions a|b and c may be on different shards: compare per partition.
+	var ab, c []string
+	for _, g := range got {
+		if strings.HasPrefix(g, "a|b ") {
+			ab = append(ab, g)
+		} else {
+			c = append(c, g)
+		}
+	}
+	if strings.Join(ab, "\n") != strings.Join(want, "\n") {
+		t.Errorf("partition a|b:\n%s\nwant\n%s", strings.Join(ab, "\n"), strings.Join(want, "\n"))
+	}
+	wantC := []string{
+		`c {"op":"c","table":"public.f","key":{"id":1},"after":{"id":1,"grp":"c","v":"two"},"before":null`,
+		`c {"op":"d","table":"public.f","key":{"id":1},"after":null,"before":{"id":1,"grp":"c","v":"two"}`,
+	}
+	if strings.Join(c, "\n") != strings.Join(wantC, "\n") {
+		t.Errorf("partition c:\n%s\nwant\n%s", strings.Join(c, "\n"), strings.Join(wantC, "\n"))
+	}
+	ix := e.waitEntries("qi", 4)
+	var ops []string
+	for _, en := range ix {
+		ev := event(t, en)
+		ops = append(ops, en.Partition+":"+string(ev["op"])+string(ev["key"])+string(ev["before"]))
+	}
+	joined := strings.Join(ops, " ")
+	for _, w := range []string{`k1:"c"{"code":"k1"}null`, `k1:"u"{"code":"k1"}null`, `k1:"d"{"code":"k1"}{"code":"k1"}`, `k2:"c"{"code":"k2"}null`} {
+		if !strings.Contains(joined, w) {
+			t.Errorf("USING INDEX events %s lack %s", joined, w)
+		}
+	}
+	sq := e.waitEntries("qs", 2)
+	if len(sq) != 2 || !strings.HasPrefix(string(sq[1].Payload), `{"op":"t","table":"public.s","key":null,"after":null,"before":null,"lsn":`) || sq[1].Partition != "all" {
+		t.Errorf("truncate: %s", sq[len(sq)-1].Payload)
+	}
+	e.checkOracle("qi", "public.ix", "code")
+}
