@@ -254,7 +254,9 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.runs = map[int]*shardRun{}
 	c.mu.Unlock()
 	for _, r := range runs {
-		r.cancel()
+		r.cancel() // all at once: each reader may be inside a blocking read of up to Block
+	}
+	for _, r := range runs {
 		<-r.done
 		if err := r.lease.Release(ctx); err != nil {
 			c.conf.Logger.Warnf("queue %s: release shard %d: %v", c.conf.Queue, r.n, err)
