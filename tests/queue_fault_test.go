@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,6 +150,10 @@ redis_queue:
 // binaryConsumerConfig is a pgrelay pipeline: the redis_queue input into a redis_queue output that
 // records into the "out" queue.
 func binaryConsumerConfig(t *testing.T, url string) string {
+	return binaryConsumerConfigTTL(t, url, "2s")
+}
+
+func binaryConsumerConfigTTL(t *testing.T, url, ttl string) string {
 	path := filepath.Join(t.TempDir(), "consumer.yaml")
 	os.WriteFile(path, []byte(fmt.Sprintf(`
 http:
@@ -162,7 +167,7 @@ input:
     group: g
     batch_count: 20
     block: 100ms
-    lease_ttl: 2s
+    lease_ttl: %[2]s
     max_attempts: 1000000
 output:
   redis_queue:
@@ -171,7 +176,7 @@ output:
     shards: 1
     partition: ${! meta("partition") }
     id: ${! meta("message_id") }
-`, url)), 0o644)
+`, url, ttl)), 0o644)
 	return path
 }
 
@@ -344,4 +349,48 @@ func waitOwners(t *testing.T, rdb *redis.Client, n int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestQueueSIGTERMHandsShardsOverAtOnce: a pgrelay replica stopped with SIGTERM releases its shard
+// leases, so another replica takes them well before the lease TTL (20 s here) could run out.
+func TestQueueSIGTERMHandsShardsOverAtOnce(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	if _, err := queue.NewWriter(rdb, queue.WriterConfig{Shards: 4}).Write(ctx, (&seqGen{parts: 8}).batch("src", 20), nil); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", binaryConsumerConfigTTL(t, r.URL(), "20s"))
+	waitOwners(t, rdb, 1)
+	c, err := queue.NewConsumer(rdb, queue.ConsumerConfig{Queue: "src", Group: "g", LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	go func() { // keep the in-process replica's shards flowing
+		for {
+			d, err := c.Read(ctx)
+			if err != nil {
+				return
+			}
+			_ = c.Ack(ctx, d)
+		}
+	}()
+	waitOwners(t, rdb, 2)
+	stopped := time.Now()
+	p.Signal(syscall.SIGTERM)
+	if err := p.Wait(15 * time.Second); err != nil {
+		t.Fatalf("pgrelay after SIGTERM: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(c.Held()) != 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the other replica holds %v, 10 s after SIGTERM", c.Held())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("all 4 shards moved %s after SIGTERM (lease TTL 20s)", time.Since(stopped).Round(time.Millisecond))
 }
