@@ -300,6 +300,7 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(tx)
+	useTextArrayCodec(tx.Conn())
 	last, err := a.progress.Lock(ctx, tx, shards)
 	if err != nil {
 		return nil, err

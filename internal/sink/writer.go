@@ -56,8 +56,10 @@ func newWriter(t *Target, mc MetadataColumns) *writer {
 // rowFrom maps a payload object (plus metadata columns) onto the target: exact column names,
 // unknown keys ignored, generated columns never written, absent keys left out of the column set.
 func (w *writer) rowFrom(r Row, m *Message) (rowVals, error) {
-	var rv rowVals
+	n := len(w.t.Columns)
+	rv := rowVals{cols: make([]int, 0, n), vals: make([]pgtype.Text, 0, n)}
 	var sig strings.Builder
+	sig.Grow(4 * n)
 	for i := range w.t.Columns {
 		c := &w.t.Columns[i]
 		if c.Generated {
@@ -236,7 +238,7 @@ func (w *writer) insertStmts(rows []rowVals, upsert bool) []stmt {
 		}
 		args := make([]any, len(cols))
 		for n := range cols {
-			arr := make(pgtype.FlatArray[pgtype.Text], len(g))
+			arr := make(textArray, len(g))
 			for j, r := range g {
 				arr[j] = r.vals[n]
 			}
@@ -262,7 +264,7 @@ func (w *writer) deleteStmt(keys [][]pgtype.Text) stmt {
 	})
 	args := make([]any, len(w.keyIdx))
 	for n := range w.keyIdx {
-		arr := make(pgtype.FlatArray[pgtype.Text], len(keys))
+		arr := make(textArray, len(keys))
 		for j, k := range keys {
 			arr[j] = k[n]
 		}
