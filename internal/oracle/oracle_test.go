@@ -1,0 +1,76 @@
+package oracle
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// ev builds an entry: shard 0, the given offset, partition = key text.
+func ev(off int64, id, payload string) Entry {
+	p := "p"
+	if i := strings.Index(payload, `"key":{"id":`); i >= 0 {
+		p = payload[i+12 : i+13]
+	}
+	return Entry{Shard: 0, Off: off, Partition: p, ID: id, Payload: []byte(payload)}
+}
+
+func payload(op, key, after, unchanged, lsn string) string {
+	u := ""
+	if unchanged != "" {
+		u = `,"unchanged":[` + unchanged + `]`
+	}
+	return fmt.Sprintf(`{"op":"%s","table":"public.t","key":{"id":%s},"after":%s,"before":null%s,"lsn":"%s","xid":1,"ts":"x","seq":0}`,
+		op, key, after, u, lsn)
+}
+
+// good is a correct queue: row 1 inserted, updated with an unchanged column, row 2 inserted and deleted.
+func good() []Entry {
+	return []Entry{
+		ev(1, "a", payload("c", "1", `{"id":1,"v":"x","big":"B"}`, "", "0/10")),
+		ev(2, "b", payload("u", "1", `{"id":1,"v":"y"}`, `"big"`, "0/20")),
+		ev(3, "c", payload("c", "2", `{"id":2,"v":"z","big":null}`, "", "0/20")),
+		ev(4, "d", payload("d", "2", `null`, "", "0/30")),
+	}
+}
+
+func table() map[string]Row {
+	return map[string]Row{`id=1;`: {"id": "1", "v": `"y"`, "big": `"B"`}}
+}
+
+func check(entries []Entry) []string {
+	r := Replay(entries)
+	return append(r.Problems, Compare(r.Tables["public.t"], table())...)
+}
+
+func TestOracleAcceptsACorrectQueue(t *testing.T) {
+	if p := check(good()); len(p) != 0 {
+		t.Fatal(p)
+	}
+}
+
+func TestOracleRefusesDamage(t *testing.T) {
+	for name, damage := range map[string]func([]Entry) []Entry{
+		"duplicate id": func(e []Entry) []Entry { e[2].ID = "a"; return e },
+		"lsn going back": func(e []Entry) []Entry {
+			e[1].Payload = []byte(strings.Replace(string(e[1].Payload), "0/20", "0/5", 1))
+			return e
+		},
+		"lost insert": func(e []Entry) []Entry { return append(e[1:2], e[2:]...) },
+		"lost delete": func(e []Entry) []Entry { return e[:3] },
+		"wrong value": func(e []Entry) []Entry {
+			e[1].Payload = []byte(strings.Replace(string(e[1].Payload), `"y"`, `"q"`, 1))
+			return e
+		},
+		"offset gap":            func(e []Entry) []Entry { e[3].Off = 9; return e },
+		"key in two partitions": func(e []Entry) []Entry { e[1].Partition = "other"; return e },
+		"unchanged with no earlier value": func(e []Entry) []Entry {
+			e[0].Payload = []byte(payload("c", "1", `{"id":1,"v":"x"}`, `"big"`, "0/10"))
+			return e
+		},
+	} {
+		if p := check(damage(good())); len(p) == 0 {
+			t.Errorf("%s: not detected", name)
+		}
+	}
+}
