@@ -23,7 +23,7 @@ import (
 
 // cdcEnv is PostgreSQL + Redis + a pg_cdc → redis_queue config for the binary.
 type cdcEnv struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	pg     *testenv.Postgres
 	rd     *testenv.Redis
@@ -32,7 +32,7 @@ type cdcEnv struct {
 	config string
 }
 
-func newCDCEnv(t *testing.T, name, tables, extra string) *cdcEnv {
+func newCDCEnv(t testing.TB, name, tables, extra string) *cdcEnv {
 	e := &cdcEnv{t: t, ctx: context.Background(), pg: testenv.StartPostgres(t), rd: testenv.StartRedis(t), name: name, queue: "q"}
 	e.config = filepath.Join(t.TempDir(), "pgrelay.yaml")
 	yaml := fmt.Sprintf(`http:

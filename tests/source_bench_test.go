@@ -1,0 +1,77 @@
+package tests
+
+import (
+	"hash/crc32"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/lease"
+)
+
+// BenchmarkSourceLargeTransactionRSS streams one transaction of PGRELAY_BENCH_BIG_ROWS rows
+// (default 2,000,000) through the pgrelay binary into redis_queue and reports the process's peak
+// RSS (VmHWM) and the rate; the reader holds at most 2× the bundle limits whatever the size.
+func BenchmarkSourceLargeTransactionRSS(b *testing.B) {
+	rows := 2000000
+	if n, err := strconv.Atoi(os.Getenv("PGRELAY_BENCH_BIG_ROWS")); err == nil && n > 0 {
+		rows = n
+	}
+	for i := 0; i < b.N; i++ {
+		e := newCDCEnv(b, "rss", `[{table: b, queue: q, partition_by: single}]`, "")
+		e.pg.Exec(`CREATE TABLE b (id int PRIMARY KEY, v text)`)
+		e.start()
+		e.waitPointer()
+		pid := pidOfOwner(e)
+		before := vmHWM(pid)
+		e.pg.Exec(`INSERT INTO b SELECT g, 'row ' || g FROM generate_series(1, $1) g`, rows)
+		start := time.Now()
+		for {
+			if p := e.pointer(); p != nil && p.InTxn == nil && e.rd.Client().XLen(e.ctx, "pgrelay:{q}:s:"+shardOfAll()).Val() >= int64(rows) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		peak := vmHWM(pid)
+		b.ReportMetric(float64(peak)/(1<<20), "peak_rss_MiB")
+		b.ReportMetric(float64(before)/(1<<20), "rss_before_MiB")
+		b.ReportMetric(float64(rows)/elapsed.Seconds(), "rows/s")
+	}
+}
+
+// shardOfAll is the shard of partition "all" in a 16-shard queue (CRC-32 IEEE mod 16).
+func shardOfAll() string {
+	return strconv.Itoa(int(crc32IEEE("all") % 16))
+}
+
+// pidOfOwner reads the lease holder's pid (owner ids are host:pid:random).
+func pidOfOwner(e *cdcEnv) int {
+	o, _, _ := lease.Holder(e.ctx, e.rd.Client(), e.leaseKey())
+	parts := strings.Split(o, ":")
+	if len(parts) < 3 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(parts[1])
+	return pid
+}
+
+// vmHWM reads a process's peak resident set size in bytes.
+func vmHWM(pid int) int64 {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+func crc32IEEE(s string) uint32 { return crc32.ChecksumIEEE([]byte(s)) }
