@@ -74,7 +74,27 @@ redis_queue:
 		t.Fatalf("a batch over two queues on different nodes: %v", err)
 	}
 
+	// fence and cover on the cluster, under qa's tag: stale fence refused, repeated cover a duplicate
+	w := queue.NewWriter(cc, queue.WriterConfig{})
+	leaseKey, ptrKey := "pgrelay:{"+qa+"}:src:s:lease", "pgrelay:{"+qa+"}:src:s:ptr"
+	cc.Set(ctx, leaseKey, "owner|7", 0)
+	one := []queue.Message{{Queue: qa, Partition: "p0", ID: "m-covered", Payload: []byte(`{}`)}}
+	cover := &queue.Cover{LeaseKey: leaseKey, Fence: "owner|7", PointerKey: ptrKey, Pointer: []byte(`{"pos":"1"}`), Pos: "1"}
+	if _, err := w.Write(ctx, one, &queue.Cover{LeaseKey: leaseKey, Fence: "owner|6"}); !errcode.Is(err, "fenced") {
+		t.Fatalf("stale fence on the cluster: %v", err)
+	}
+	if res, err := w.Write(ctx, one, cover); err != nil || res != queue.ResultOK {
+		t.Fatalf("covered write: %v %v", res, err)
+	}
+	if res, err := w.Write(ctx, one, cover); err != nil || res != queue.ResultDuplicate {
+		t.Fatalf("repeated cover: %v %v", res, err)
+	}
+
 	for _, q := range []string{qa, qb} {
+		want := perQueue
+		if q == qa {
+			want++ // m-covered
+		}
 		var mu sync.Mutex
 		var got []string
 		b := service.NewStreamBuilder()
@@ -109,7 +129,7 @@ redis_queue:
 			mu.Lock()
 			n := len(got)
 			mu.Unlock()
-			if n >= perQueue || time.Now().After(deadline) {
+			if n >= want || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -120,6 +140,10 @@ redis_queue:
 		seen := map[string]bool{}
 		lastByPartition := map[int]int{}
 		for _, id := range got {
+			if id == "m-covered" && !seen[id] {
+				seen[id] = true
+				continue
+			}
 			var n int
 			fmt.Sscanf(id, "m%d", &n)
 			if seen[id] || n >= perQueue {
@@ -131,8 +155,8 @@ redis_queue:
 			}
 			lastByPartition[n%3] = n
 		}
-		if len(seen) != perQueue {
-			t.Fatalf("queue %s: consumed %d of %d", q, len(seen), perQueue)
+		if len(seen) != want {
+			t.Fatalf("queue %s: consumed %d of %d", q, len(seen), want)
 		}
 	}
 }

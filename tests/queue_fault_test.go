@@ -86,7 +86,7 @@ func checkDelivered(t *testing.T, rdb redis.Cmdable, stream string, gen *seqGen)
 }
 
 // groupDone reports whether group g has delivered and acked every entry of every shard.
-func groupDone(ctx context.Context, rdb *redis.Client, q, g string) bool {
+func groupDone(ctx context.Context, rdb redis.UniversalClient, q, g string) bool {
 	in, err := queue.Inspect(ctx, rdb, queue.NewLayout(""), q)
 	if err != nil {
 		return false
@@ -101,20 +101,20 @@ func groupDone(ctx context.Context, rdb *redis.Client, q, g string) bool {
 
 // inProcessConsumer runs the redis_queue input in this process; its consumer fails whole batches
 // at random (a nack), else records them into the "out" queue and acks.
-func inProcessConsumer(t *testing.T, url string, w *queue.Writer, nackRate float64) *service.Stream {
+func inProcessConsumer(t *testing.T, conn string, w *queue.Writer, nackRate float64) *service.Stream {
 	t.Helper()
 	b := service.NewStreamBuilder()
 	b.SetLoggerYAML("level: warn")
 	if err := b.AddInputYAML(fmt.Sprintf(`
 redis_queue:
-  url: %s
+  %s
   queue: src
   group: g
   batch_count: 20
   block: 100ms
   lease_ttl: 2s
   max_attempts: 1000000
-`, url)); err != nil {
+`, conn)); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -149,11 +149,13 @@ redis_queue:
 
 // binaryConsumerConfig is a pgrelay pipeline: the redis_queue input into a redis_queue output that
 // records into the "out" queue.
-func binaryConsumerConfig(t *testing.T, url string) string {
-	return binaryConsumerConfigTTL(t, url, "2s")
+func binaryConsumerConfig(t *testing.T, conn string) string {
+	return binaryConsumerConfigTTL(t, conn, "2s")
 }
 
-func binaryConsumerConfigTTL(t *testing.T, url, ttl string) string {
+// binaryConsumerConfigTTL is binaryConsumerConfig with a lease TTL; conn is the YAML connection
+// line (url: ... or cluster_urls: [...]).
+func binaryConsumerConfigTTL(t *testing.T, conn, ttl string) string {
 	path := filepath.Join(t.TempDir(), "consumer.yaml")
 	os.WriteFile(path, []byte(fmt.Sprintf(`
 http:
@@ -162,21 +164,25 @@ logger:
   level: warn
 input:
   redis_queue:
-    url: %[1]s
+    %[1]s
     queue: src
     group: g
     batch_count: 20
     block: 100ms
     lease_ttl: %[2]s
     max_attempts: 1000000
+pipeline:
+  processors:
+    - sleep:
+        duration: 20ms # so the replica is likely mid-batch when it is killed
 output:
   redis_queue:
-    url: %[1]s
+    %[1]s
     queue: out
     shards: 1
     partition: ${! meta("partition") }
     id: ${! meta("message_id") }
-`, url, ttl)), 0o644)
+`, conn, ttl)), 0o644)
 	return path
 }
 
@@ -184,8 +190,12 @@ output:
 // random nacks, one pgrelay process killed with SIGKILL mid-run and restarted) consume a queue being
 // written; every message is delivered and acked, and no partition's order is ever broken.
 func TestQueueThreeConsumersRandomNacksAndSIGKILL(t *testing.T) {
-	r := testenv.StartRedis(t)
-	rdb := r.Client()
+	t.Run("plain", func(t *testing.T) { threeConsumers(t, plainTarget(t)) })
+	t.Run("cluster", func(t *testing.T) { threeConsumers(t, clusterTarget(t)) })
+}
+
+func threeConsumers(t *testing.T, target redisTarget) {
+	rdb := target.rdb
 	ctx := context.Background()
 	src := queue.NewWriter(rdb, queue.WriterConfig{Shards: 8})
 	out := queue.NewWriter(rdb, queue.WriterConfig{Shards: 1})
@@ -193,11 +203,11 @@ func TestQueueThreeConsumersRandomNacksAndSIGKILL(t *testing.T) {
 	if _, err := src.Write(ctx, gen.batch("src", 200), nil); err != nil {
 		t.Fatal(err)
 	}
-	cfg := binaryConsumerConfig(t, r.URL())
+	cfg := binaryConsumerConfig(t, target.conn)
 	bin := testenv.Binary(t)
 	killed := testenv.StartProcess(t, nil, bin, "-c", cfg)
-	inProcessConsumer(t, r.URL(), out, 0.2)
-	inProcessConsumer(t, r.URL(), out, 0.2)
+	inProcessConsumer(t, target.conn, out, 0.2)
+	inProcessConsumer(t, target.conn, out, 0.2)
 
 	// keep producing while the consumers run; SIGKILL the pgrelay replica in the middle
 	for i := 0; i < 40; i++ {
@@ -207,6 +217,7 @@ func TestQueueThreeConsumersRandomNacksAndSIGKILL(t *testing.T) {
 		if i == 15 {
 			waitOwners(t, rdb, 3) // the pgrelay replica holds its share of shards when it dies
 			killed.Kill()
+			t.Logf("the killed replica left %d entries pending on its shards", pendingOfOthers(t, rdb))
 		}
 		if i == 25 {
 			testenv.StartProcess(t, nil, bin, "-c", cfg)
@@ -228,8 +239,12 @@ func TestQueueThreeConsumersRandomNacksAndSIGKILL(t *testing.T) {
 // TestQueuePoisonDeadLettersOnce: messages that always fail land in the dead-letter stream exactly
 // once each with their error; every other message is delivered.
 func TestQueuePoisonDeadLettersOnce(t *testing.T) {
-	r := testenv.StartRedis(t)
-	rdb := r.Client()
+	t.Run("plain", func(t *testing.T) { poisonOnce(t, plainTarget(t)) })
+	t.Run("cluster", func(t *testing.T) { poisonOnce(t, clusterTarget(t)) })
+}
+
+func poisonOnce(t *testing.T, target redisTarget) {
+	rdb := target.rdb
 	ctx := context.Background()
 	src := queue.NewWriter(rdb, queue.WriterConfig{Shards: 4})
 	gen := &seqGen{parts: 10}
@@ -247,13 +262,13 @@ func TestQueuePoisonDeadLettersOnce(t *testing.T) {
 	b.SetLoggerYAML("level: error")
 	if err := b.AddInputYAML(fmt.Sprintf(`
 redis_queue:
-  url: %s
+  %s
   queue: src
   group: g
   batch_count: 25
   block: 100ms
   max_attempts: 3
-`, r.URL())); err != nil {
+`, target.conn)); err != nil {
 		t.Fatal(err)
 	}
 	// the consumer fails a poison message, holds the rest of its partition back with a "blocked"
@@ -327,7 +342,7 @@ redis_queue:
 }
 
 // waitOwners waits until the shards of src are held by n distinct replicas.
-func waitOwners(t *testing.T, rdb *redis.Client, n int) {
+func waitOwners(t *testing.T, rdb redis.UniversalClient, n int) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -360,7 +375,7 @@ func TestQueueSIGTERMHandsShardsOverAtOnce(t *testing.T) {
 	if _, err := queue.NewWriter(rdb, queue.WriterConfig{Shards: 4}).Write(ctx, (&seqGen{parts: 8}).batch("src", 20), nil); err != nil {
 		t.Fatal(err)
 	}
-	p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", binaryConsumerConfigTTL(t, r.URL(), "20s"))
+	p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", binaryConsumerConfigTTL(t, "url: "+r.URL(), "20s"))
 	waitOwners(t, rdb, 1)
 	c, err := queue.NewConsumer(rdb, queue.ConsumerConfig{Queue: "src", Group: "g", LeaseTTL: 3 * time.Second})
 	if err != nil {
@@ -393,4 +408,43 @@ func TestQueueSIGTERMHandsShardsOverAtOnce(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("all 4 shards moved %s after SIGTERM (lease TTL 20s)", time.Since(stopped).Round(time.Millisecond))
+}
+
+// redisTarget is a Redis to test against: its client and the YAML connection line for configs.
+type redisTarget struct {
+	rdb  redis.UniversalClient
+	conn string
+}
+
+func plainTarget(t *testing.T) redisTarget {
+	r := testenv.StartRedis(t)
+	return redisTarget{rdb: r.Client(), conn: "url: " + r.URL()}
+}
+
+func clusterTarget(t *testing.T) redisTarget {
+	rc := testenv.StartRedisCluster(t)
+	var urls []string
+	for _, a := range rc.Addrs() {
+		urls = append(urls, "redis://"+a)
+	}
+	return redisTarget{rdb: rc.Client(t), conn: "cluster_urls: [ " + strings.Join(urls, ", ") + " ]"}
+}
+
+// pendingOfOthers sums the pending entries of src's shards leased to replicas outside this process.
+func pendingOfOthers(t *testing.T, rdb redis.UniversalClient) int64 {
+	t.Helper()
+	in, err := queue.Inspect(context.Background(), rdb, queue.NewLayout(""), "src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := fmt.Sprintf(":%d:", os.Getpid())
+	var n int64
+	for _, g := range in.Groups {
+		for _, s := range g.Shards {
+			if s.Owner != "" && !strings.Contains(s.Owner, mine) {
+				n += s.Pending
+			}
+		}
+	}
+	return n
 }
