@@ -1,6 +1,7 @@
 package input
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -180,14 +181,9 @@ var standardMeta = map[string]bool{"queue": true, "shard": true, "offset": true,
 
 func (in *queueInput) message(shard int, e *queue.Entry) *service.Message {
 	m := service.NewMessage(e.Payload)
-	if len(e.Header) > 0 {
-		var h map[string]any
-		if json.Unmarshal(e.Header, &h) == nil {
-			for k, v := range h {
-				if !standardMeta[k] {
-					m.MetaSetMut(k, v)
-				}
-			}
+	for k, v := range headerMeta(e.Header) {
+		if !standardMeta[k] {
+			m.MetaSetMut(k, v)
 		}
 	}
 	m.MetaSetMut("queue", in.conf.Queue)
@@ -199,6 +195,30 @@ func (in *queueInput) message(shard int, e *queue.Entry) *service.Message {
 	m.MetaSetMut("created_at", e.CreatedMs)
 	m.MetaSetMut("attempts", e.Attempts)
 	return m
+}
+
+// headerMeta decodes an entry's h header (a JSON object; anything else is ignored). Integers come
+// back as int64, other numbers as float64, the rest as JSON decodes them.
+func headerMeta(h []byte) map[string]any {
+	if len(h) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(h))
+	dec.UseNumber()
+	var out map[string]any
+	if dec.Decode(&out) != nil {
+		return nil
+	}
+	for k, v := range out {
+		if n, ok := v.(json.Number); ok {
+			if i, err := n.Int64(); err == nil {
+				out[k] = i
+			} else if f, err := n.Float64(); err == nil {
+				out[k] = f
+			}
+		}
+	}
+	return out
 }
 
 // failures maps a nack's error to the messages it counts an attempt for: the failed ones of a

@@ -3,6 +3,8 @@ package input
 import (
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"testing"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -37,6 +39,33 @@ func TestQueueInputFailures(t *testing.T) {
 		}
 		if s := fmt.Sprint(keys); s != c.want && !(c.want == "[]" && len(keys) == 0) {
 			t.Errorf("%s: %v, want %s", c.name, keys, c.want)
+		}
+	}
+}
+
+func TestQueueInputHeaderMeta(t *testing.T) {
+	cases := []struct {
+		h    string
+		want string
+	}{
+		{``, "map[]"},
+		{`not json`, "map[]"},
+		{`[1,2]`, "map[]"},
+		{`{"trace":"t1","n":42,"f":1.5,"ok":true}`, "map[f:1.5(float64) n:42(int64) ok:true(bool) trace:t1(string)]"},
+	}
+	for _, c := range cases {
+		got := headerMeta([]byte(c.h))
+		keys := make([]string, 0, len(got))
+		for k := range got {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s:%v(%T)", k, got[k], got[k]))
+		}
+		if s := "map[" + strings.Join(parts, " ") + "]"; s != c.want {
+			t.Errorf("headerMeta(%q) = %s, want %s", c.h, s, c.want)
 		}
 	}
 }
