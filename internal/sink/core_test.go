@@ -254,3 +254,18 @@ func TestShapeChange(t *testing.T) {
 		t.Fatalf("rows %q", got)
 	}
 }
+
+// TestProgressRowRecreated: a progress row deleted by hand (a teardown) is inserted again by the
+// next batch even though the sink has seen it before.
+func TestProgressRowRecreated(t *testing.T) {
+	f := startPG(t)
+	table := f.name("rec")
+	f.exec(t, `CREATE TABLE `+table+` (v int)`)
+	a := f.applier(t, Config{Table: table, Mode: ModeAppend})
+	write(t, a, msg("q", 0, 1, `{"v":1}`))
+	f.exec(t, `DELETE FROM pgrelay.sink_progress WHERE sink = $1`, a.cfg.Name)
+	write(t, a, msg("q", 0, 2, `{"v":2}`))
+	if got := f.one(t, `SELECT last_offset::text FROM pgrelay.sink_progress WHERE sink = $1`, a.cfg.Name); got != "2" {
+		t.Fatalf("offset %s", got)
+	}
+}

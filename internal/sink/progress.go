@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,6 +24,9 @@ type Progress struct {
 	sink  string
 	ident string // quoted schema.table
 	ddl   string
+
+	mu    sync.Mutex
+	known map[ShardKey]bool // rows seen to exist: Lock skips their INSERT
 }
 
 // ShardKey names one shard of one queue.
@@ -42,7 +46,7 @@ func NewProgress(sink, table string) (*Progress, error) {
 	ddl := resources.MustRead("sink_progress.sql")
 	ddl = strings.ReplaceAll(ddl, "CREATE SCHEMA IF NOT EXISTS pgrelay;", "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()+";")
 	ddl = strings.ReplaceAll(ddl, "pgrelay.sink_progress (", ident+" (")
-	return &Progress{sink: sink, ident: ident, ddl: ddl}, nil
+	return &Progress{sink: sink, ident: ident, ddl: ddl, known: map[ShardKey]bool{}}, nil
 }
 
 // DDL is the statement that creates the table, printed when a hand-made one is wrong.
@@ -159,11 +163,11 @@ func contains(list []string, s string) bool {
 }
 
 // Lock inserts the missing progress rows of shards, locks all of them in key order (so two writers
-// of the same shards queue instead of deadlocking) and returns each shard's last_offset.
+// of the same shards queue instead of deadlocking) and returns each shard's last_offset. Rows it
+// has seen before are only locked (no INSERT); if one vanished (a teardown), it is inserted again.
 func (p *Progress) Lock(ctx context.Context, tx pgx.Tx, shards []ShardKey) (map[ShardKey]int64, error) {
-	out := make(map[ShardKey]int64, len(shards))
 	if len(shards) == 0 {
-		return out, nil
+		return map[ShardKey]int64{}, nil
 	}
 	sorted := append([]ShardKey(nil), shards...)
 	sort.Slice(sorted, func(i, j int) bool {
@@ -174,25 +178,53 @@ func (p *Progress) Lock(ctx context.Context, tx pgx.Tx, shards []ShardKey) (map[
 	})
 	queues := make([]string, len(sorted))
 	nums := make([]int32, len(sorted))
+	allKnown := true
+	p.mu.Lock()
 	for i, s := range sorted {
 		queues[i], nums[i] = s.Queue, s.Shard
+		allKnown = allKnown && p.known[s]
 	}
+	p.mu.Unlock()
+	out, err := p.lockRows(ctx, tx, queues, nums, !allKnown)
+	if err == nil && len(out) != len(sorted) && allKnown {
+		out, err = p.lockRows(ctx, tx, queues, nums, true)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(out) != len(sorted) {
+		return nil, errors.New("lock progress rows: a progress row vanished inside the transaction")
+	}
+	p.mu.Lock()
+	for _, s := range sorted {
+		p.known[s] = true
+	}
+	p.mu.Unlock()
+	return out, nil
+}
+
+func (p *Progress) lockRows(ctx context.Context, tx pgx.Tx, queues []string, nums []int32, insert bool) (map[ShardKey]int64, error) {
 	b := &pgx.Batch{}
-	b.Queue(`INSERT INTO `+p.ident+` (sink, queue, shard, last_offset)
-		SELECT $1, u.q, u.s, 0 FROM unnest($2::text[], $3::int[]) WITH ORDINALITY AS u(q, s, n) ORDER BY u.n
-		ON CONFLICT (sink, queue, shard) DO NOTHING`, p.sink, queues, nums)
+	if insert {
+		b.Queue(`INSERT INTO `+p.ident+` (sink, queue, shard, last_offset)
+			SELECT $1, u.q, u.s, 0 FROM unnest($2::text[], $3::int[]) WITH ORDINALITY AS u(q, s, n) ORDER BY u.n
+			ON CONFLICT (sink, queue, shard) DO NOTHING`, p.sink, queues, nums)
+	}
 	b.Queue(`SELECT p.queue, p.shard, p.last_offset FROM `+p.ident+` p
 		JOIN unnest($2::text[], $3::int[]) AS u(q, s) ON p.queue = u.q AND p.shard = u.s
 		WHERE p.sink = $1 ORDER BY p.queue COLLATE "C", p.shard FOR UPDATE OF p`, p.sink, queues, nums)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("insert progress rows: %w", err)
+	if insert {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("insert progress rows: %w", err)
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("lock progress rows: %w", err)
 	}
+	out := make(map[ShardKey]int64, len(queues))
 	for rows.Next() {
 		var k ShardKey
 		var off int64
@@ -205,9 +237,6 @@ func (p *Progress) Lock(ctx context.Context, tx pgx.Tx, shards []ShardKey) (map[
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("lock progress rows: %w", err)
-	}
-	if len(out) != len(sorted) {
-		return nil, errors.New("lock progress rows: a progress row vanished inside the transaction")
 	}
 	return out, br.Close()
 }
