@@ -25,11 +25,12 @@ type op struct {
 	msg    *Message
 	kind   opKind
 	row    Row           // opWrite/opMove: the columns to write
-	vals   rowVals       // append: the mapped row
+	vals   rowVals       // append, upsert: the mapped row
 	key    string        // fold identity of the (new) key
 	oldKey []pgtype.Text // opMove: the old key; opDelete: the key
 	newKey []pgtype.Text // opMove: the new key
 	params []any         // opSQL
+	mapped bool          // vals already holds the mapped row (append, upsert)
 }
 
 // modeHandler decodes messages (data errors per message) and plans decoded ops, in offset order,
@@ -58,11 +59,7 @@ func newModeHandler(cfg *Config, t *Target) (modeHandler, error) {
 type appendMode struct{ w *writer }
 
 func (a appendMode) decode(m *Message) (op, error) {
-	r, err := decodeObject(m.Payload)
-	if err != nil {
-		return op{}, err
-	}
-	vals, err := a.w.rowFrom(r, m)
+	vals, _, err := a.w.rowFromPayload(m.Payload, m)
 	return op{msg: m, kind: opWrite, vals: vals}, err
 }
 
@@ -78,15 +75,14 @@ func (a appendMode) plan(ops []op) ([]stmt, error) {
 type upsertMode struct{ w *writer }
 
 func (u upsertMode) decode(m *Message) (op, error) {
-	r, err := decodeObject(m.Payload)
+	vals, key, err := u.w.rowFromPayload(m.Payload, m)
 	if err != nil {
 		return op{}, err
 	}
-	key, ok := u.w.keyText(r)
-	if !ok {
+	if key == "" {
 		return op{}, badPayload("payload has no non-null value for key column(s) %v", u.w.t.Key)
 	}
-	return op{msg: m, kind: opWrite, row: r, key: key}, nil
+	return op{msg: m, kind: opWrite, vals: vals, key: key, mapped: true}, nil
 }
 
 func (u upsertMode) plan(ops []op) ([]stmt, error) {
@@ -131,6 +127,10 @@ func (f *folder) flush(stmts []stmt) ([]stmt, error) {
 		for _, o := range round {
 			if o.kind == opDelete {
 				dels = append(dels, o.oldKey)
+				continue
+			}
+			if o.mapped {
+				rows = append(rows, o.vals)
 				continue
 			}
 			rv, err := f.w.rowFrom(o.row, o.msg)

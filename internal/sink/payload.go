@@ -24,6 +24,19 @@ func badPayload(format string, args ...any) error {
 
 // decodeObject reads a payload that must be one JSON object.
 func decodeObject(b []byte) (Row, error) {
+	t, err := objectBytes(b)
+	if err != nil {
+		return nil, err
+	}
+	r, err := scanObject(t)
+	if err != nil {
+		return nil, badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
+	}
+	return r, nil
+}
+
+// objectBytes trims b and refuses, with a clear message, anything that does not start an object.
+func objectBytes(b []byte) ([]byte, error) {
 	t := bytes.TrimSpace(b)
 	if len(t) == 0 {
 		return nil, badPayload("payload is empty, expected a JSON object")
@@ -34,11 +47,7 @@ func decodeObject(b []byte) (Row, error) {
 		}
 		return nil, badPayload("payload is JSON but not an object: %s", excerpt(t))
 	}
-	r, err := scanObject(t)
-	if err != nil {
-		return nil, badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
-	}
-	return r, nil
+	return t, nil
 }
 
 // excerpt shortens a payload for error messages.

@@ -6,50 +6,68 @@ import (
 )
 
 // scanObject splits a JSON object into its top-level keys and the exact bytes of their values,
-// validating the whole document on the way. It is the sink's hot path: unlike encoding/json it
-// decodes nothing below the top level and copies no value.
+// validating the whole document on the way. Unlike encoding/json it decodes nothing below the top
+// level and copies no value.
 func scanObject(b []byte) (Row, error) {
+	row := make(Row, 8)
+	err := scanMembers(b, func(key []byte, escaped bool, val []byte) error {
+		k := string(key)
+		if escaped {
+			if err := json.Unmarshal(key, &k); err != nil {
+				return err
+			}
+		} else {
+			k = k[1 : len(k)-1]
+		}
+		row[k] = json.RawMessage(val)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return row, nil
+}
+
+// scanMembers validates the JSON object b and calls fn with each member: the key as written
+// (quotes included; escaped says whether it holds a backslash) and the value's exact bytes.
+func scanMembers(b []byte, fn func(key []byte, escaped bool, val []byte) error) error {
 	s := scanner{b: b}
 	s.ws()
 	if !s.eat('{') {
-		return nil, s.fail("expected {")
+		return s.fail("expected {")
 	}
-	row := make(Row, 8)
 	s.ws()
 	if s.eat('}') {
-		return row, s.end()
+		return s.end()
 	}
 	for {
 		s.ws()
 		start := s.i
 		escaped, err := s.str()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		key := string(b[start+1 : s.i-1])
-		if escaped {
-			if err := json.Unmarshal(b[start:s.i], &key); err != nil {
-				return nil, s.fail("bad key")
-			}
-		}
+		key := b[start:s.i]
 		s.ws()
 		if !s.eat(':') {
-			return nil, s.fail("expected :")
+			return s.fail("expected :")
 		}
 		s.ws()
 		vstart := s.i
 		if err := s.value(0); err != nil {
-			return nil, err
+			return err
 		}
-		row[key] = json.RawMessage(b[vstart:s.i])
+		if err := fn(key, escaped, b[vstart:s.i]); err != nil {
+			return s.fail("bad key")
+		}
 		s.ws()
 		if s.eat(',') {
 			continue
 		}
 		if s.eat('}') {
-			return row, s.end()
+			return s.end()
 		}
-		return nil, s.fail("expected , or }")
+		return s.fail("expected , or }")
 	}
 }
 

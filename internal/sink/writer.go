@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -56,6 +57,46 @@ func newWriter(t *Target, mc MetadataColumns) *writer {
 // rowFrom maps a payload object (plus metadata columns) onto the target: exact column names,
 // unknown keys ignored, generated columns never written, absent keys left out of the column set.
 func (w *writer) rowFrom(r Row, m *Message) (rowVals, error) {
+	return w.mapRow(func(c *Column, _ int) (json.RawMessage, bool) { raw, ok := r[c.Name]; return raw, ok }, m)
+}
+
+// rowFromPayload is rowFrom straight from the payload bytes (append and upsert's hot path: no map
+// of the payload is built); key is the fold identity of the key columns ("" if one is missing).
+func (w *writer) rowFromPayload(payload []byte, m *Message) (rv rowVals, key string, err error) {
+	t, err := objectBytes(payload)
+	if err != nil {
+		return rv, "", err
+	}
+	raws := make([]json.RawMessage, len(w.t.Columns))
+	err = scanMembers(t, func(k []byte, escaped bool, val []byte) error {
+		var i int
+		var ok bool
+		if escaped {
+			var name string
+			if err := json.Unmarshal(k, &name); err != nil {
+				return err
+			}
+			i, ok = w.t.byName[name]
+		} else {
+			i, ok = w.t.byName[string(k[1:len(k)-1])]
+		}
+		if ok {
+			raws[i] = val
+		}
+		return nil
+	})
+	if err != nil {
+		return rv, "", badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
+	}
+	if rv, err = w.mapRow(func(_ *Column, i int) (json.RawMessage, bool) { return raws[i], raws[i] != nil }, m); err != nil {
+		return rv, "", err
+	}
+	key, _ = w.keyTextOf(func(i int) (json.RawMessage, bool) { return raws[i], raws[i] != nil })
+	return rv, key, nil
+}
+
+// mapRow builds the row from get, which returns a column's payload value and whether it is named.
+func (w *writer) mapRow(get func(c *Column, i int) (json.RawMessage, bool), m *Message) (rowVals, error) {
 	n := len(w.t.Columns)
 	rv := rowVals{cols: make([]int, 0, n), vals: make([]pgtype.Text, 0, n)}
 	var sig strings.Builder
@@ -68,7 +109,7 @@ func (w *writer) rowFrom(r Row, m *Message) (rowVals, error) {
 		var v pgtype.Text
 		if field, ok := w.meta[i]; ok {
 			v = metaValue(field, c, m)
-		} else if raw, ok := r[c.Name]; ok {
+		} else if raw, ok := get(c, i); ok {
 			var err error
 			if v, err = valueFor(c, raw); err != nil {
 				return rv, err
@@ -124,9 +165,13 @@ func metaValue(field string, c *Column, m *Message) pgtype.Text {
 
 // keyText identifies the row's key for folding, or ok=false when a key column is absent or null.
 func (w *writer) keyText(r Row) (string, bool) {
+	return w.keyTextOf(func(i int) (json.RawMessage, bool) { raw, ok := r[w.t.Columns[i].Name]; return raw, ok })
+}
+
+func (w *writer) keyTextOf(get func(i int) (json.RawMessage, bool)) (string, bool) {
 	var b strings.Builder
 	for _, i := range w.keyIdx {
-		raw, ok := r[w.t.Columns[i].Name]
+		raw, ok := get(i)
 		if !ok || isNull(raw) {
 			return "", false
 		}
