@@ -2,15 +2,20 @@ package source_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"os"
+	"sort"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -149,4 +154,102 @@ func rawDrain(b *testing.B, e *env, end pglogrepl.LSN) {
 			return
 		}
 	}
+}
+
+// BenchmarkSourceLatency writes single-row transactions at a steady PGRELAY_BENCH_TPS (default
+// 2,000/s) for 5 s and reports commit→queue latency percentiles: from the event's commit time
+// (`ts`, PostgreSQL's clock) to the moment a blocking XREAD returned it (same host clock).
+func BenchmarkSourceLatency(b *testing.B) {
+	tps := 2000
+	if n, err := strconv.Atoi(os.Getenv("PGRELAY_BENCH_TPS")); err == nil && n > 0 {
+		tps = n
+	}
+	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b), ctx: context.Background()}
+	e.pg.Exec(`CREATE TABLE lat (id bigint PRIMARY KEY, v text)`)
+	startStream(b, fmt.Sprintf(`
+input:
+  pg_cdc:
+    name: lat
+    dsn: %s
+    tls: {mode: disable}
+    tables: [{table: lat, queue: q, partition_by: single}]
+    redis: {url: %s}
+output:
+  redis_queue:
+    url: %s
+    durability: %s
+logger:
+  level: warn
+`, e.pg.DSN(), e.rd.URL(), e.rd.URL(), durability()))
+	waitBenchPointer(b, e, "lat")
+	e.pg.Exec(`INSERT INTO lat VALUES (0, 'warm-up')`)
+	stream := "pgrelay:{q}:s:" + strconv.Itoa(int(crc32.ChecksumIEEE([]byte("all"))%16))
+	for e.rd.Client().XLen(e.ctx, stream).Val() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		total := tps * 5
+		lat := make([]time.Duration, 0, total)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			last := "$"
+			for len(lat) < total {
+				res, err := e.rd.Client().XRead(e.ctx, &redis.XReadArgs{Streams: []string{stream, last}, Block: 10 * time.Second, Count: 1000}).Result()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				now := time.Now()
+				for _, m := range res[0].Messages {
+					last = m.ID
+					var ev struct{ TS string }
+					json.Unmarshal([]byte(fmt.Sprint(m.Values["d"])), &ev)
+					ts, _ := time.Parse("2006-01-02T15:04:05.000000Z", ev.TS)
+					lat = append(lat, now.Sub(ts))
+				}
+			}
+		}()
+		writeAtRate(b, e, tps, total, int64(i+1)*10_000_000)
+		<-done
+		sort.Slice(lat, func(a, c int) bool { return lat[a] < lat[c] })
+		if len(lat) == 0 {
+			b.Fatal("no events")
+		}
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
+	}
+}
+
+// durability is the redis_queue durability of the latency benchmark (PGRELAY_BENCH_DURABILITY,
+// default aof: every acknowledged write fsynced by Redis).
+func durability() string {
+	if d := os.Getenv("PGRELAY_BENCH_DURABILITY"); d != "" {
+		return d
+	}
+	return "aof"
+}
+
+// writeAtRate inserts total single-row transactions at tps from 4 connections, ids from base.
+func writeAtRate(b *testing.B, e *env, tps, total int, base int64) {
+	const writers = 4
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			interval := time.Second * writers / time.Duration(tps)
+			next := time.Now()
+			for n := w; n < total; n += writers {
+				time.Sleep(time.Until(next))
+				next = next.Add(interval)
+				if _, err := e.pg.Pool().Exec(e.ctx, `INSERT INTO lat VALUES ($1, 'x')`, base+int64(n)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
 }
