@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
@@ -418,4 +420,92 @@ func TestReplicaIdentityFullUsingIndexPartitionColumnsAndTruncate(t *testing.T) 
 		t.Errorf("truncate: %s", sq[len(sq)-1].Payload)
 	}
 	e.checkOracle("qi", "public.ix", "code")
+}
+
+// waitStatus waits until the source's status hash shows want (a phase or an error code).
+func (e *env) waitStatus(queue, name, want string) {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{"+queue+"}:src:"+name+":status").Result()
+		for _, v := range st {
+			if strings.Contains(v, want) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("status never showed %s: %v", want, st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestStartChecksFailWithCodes(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY, v text);
+		CREATE TABLE nokey (v text);
+		CREATE TABLE other (id int PRIMARY KEY);
+		CREATE PUBLICATION filtered FOR TABLE s WHERE (id > 0)`)
+	// A table without a key: refused before any publication exists.
+	stop := e.run("nokey", `[{table: nokey, queue: q1}]`, "")
+	e.waitStatus("q1", "nokey", `"code":"replica_identity"`)
+	stop()
+	var pubs int
+	e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_publication WHERE pubname = 'pgrelay_nokey'`).Scan(&pubs)
+	if pubs != 0 {
+		t.Error("the publication was created although a table failed its check")
+	}
+	// An unmanaged publication with a row filter.
+	stop = e.run("filt", `[{table: s, queue: q2}]`, "publication: {name: filtered, manage: false}")
+	e.waitStatus("q2", "filt", `"code":"publication"`)
+	stop()
+	// A managed publication with a filter and an extra table is corrected.
+	e.pg.Exec(`CREATE PUBLICATION pgrelay_fix FOR TABLE s WHERE (id > 5), other`)
+	stop = e.run("fix", `[{table: s, queue: q3}]`, "")
+	e.waitStatus("q3", "fix", `"phase":"streaming"`)
+	stop()
+	var tables int
+	var filtered bool
+	e.pg.Pool().QueryRow(e.ctx, `SELECT count(*), bool_or(prqual IS NOT NULL) FROM pg_publication_rel r
+		JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = 'pgrelay_fix'`).Scan(&tables, &filtered)
+	if tables != 1 || filtered {
+		t.Errorf("managed publication not corrected: %d tables, filtered %v", tables, filtered)
+	}
+	// A corrupt pointer.
+	e.rd.Client().Set(e.ctx, "pgrelay:{q3}:src:fix:ptr", "not json", 0)
+	stop = e.run("fix", `[{table: s, queue: q3}]`, "")
+	e.waitStatus("q3", "fix", `"code":"pointer_corrupt"`)
+	stop()
+	// A slot consumed past the pointer.
+	stop = e.run("ahead", `[{table: s, queue: q4}]`, "")
+	e.waitPointer("ahead", "q4")
+	stop()
+	e.pg.Exec(`INSERT INTO s VALUES (1, 'x')`)
+	e.pg.Exec(`SELECT pg_replication_slot_advance('pgrelay_ahead', pg_current_wal_lsn())`)
+	stop = e.run("ahead", `[{table: s, queue: q4}]`, "")
+	e.waitStatus("q4", "ahead", `"code":"slot_ahead"`)
+	stop()
+}
+
+func TestSlotInUseWaitsForIt(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY)`)
+	e.pg.Exec(`SELECT pg_create_logical_replication_slot('pgrelay_busy', 'pgoutput')`)
+	cfg, _ := pgconn.ParseConfig(e.pg.DSN() + "&replication=database")
+	holder, err := pgconn.ConnectConfig(e.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pg.Exec(`CREATE PUBLICATION holder FOR TABLE s`)
+	if err := pglogrepl.StartReplication(e.ctx, holder, "pgrelay_busy", 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'holder'"}}); err != nil {
+		t.Fatal(err)
+	}
+	e.run("busy", `[{table: s, queue: q}]`, "")
+	e.waitStatus("q", "busy", `"phase":"waiting_for_slot"`)
+	holder.Close(e.ctx)
+	e.waitStatus("q", "busy", `"phase":"streaming"`)
+	e.pg.Exec(`INSERT INTO s VALUES (1)`)
+	e.waitEntries("q", 1)
+	e.checkOracle("q", "public.s", "id")
 }
