@@ -183,13 +183,19 @@ output:
 	}
 	for kill := 1; kill <= 5; kill++ {
 		p := startSinkPipeline(t, config)
-		target := int64(kill) * total / 7
-		sinkWaitUntil(t, 90*time.Second, fmt.Sprintf("progress past %d before kill %d", target, kill), func() (bool, string) {
-			n := applied()
-			return n >= target, fmt.Sprintf("applied %d; output: %s", n, sinkLastLines(p.Output(), 5))
-		})
+		// each kill lands while this process is applying: after it has moved the offsets on by a
+		// share of what is left, never at the end
+		start := applied()
+		target := start + (total-start)/int64(7-kill)
+		deadline := time.Now().Add(90 * time.Second)
+		for applied() < target {
+			if time.Now().After(deadline) {
+				t.Fatalf("no progress past %d before kill %d; output: %s", target, kill, sinkLastLines(p.Output(), 5))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		p.Kill()
-		t.Logf("kill %d: SIGKILL with %d of %d messages applied", kill, applied(), total)
+		t.Logf("kill %d: SIGKILL with %d of %d messages applied (this run started at %d)", kill, applied(), total, start)
 	}
 	p := startSinkPipeline(t, config)
 	info := func() *queue.Info {
