@@ -39,7 +39,7 @@ func BenchmarkSourceTx1000(b *testing.B) { benchSource(b, 1000) }
 // catching up into redis_queue from its own slot; it reports both rates and their ratio.
 func benchSource(b *testing.B, txRows int) {
 	total := benchChanges()
-	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b), ctx: context.Background()}
+	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
 	e.pg.Exec(`CREATE TABLE bench (id bigint PRIMARY KEY, v text, n numeric, ts timestamptz)`)
 	e.pg.Exec(`CREATE PUBLICATION raw FOR TABLE bench`)
 	e.pg.Exec(`SELECT pg_create_logical_replication_slot('raw', 'pgoutput')`)
@@ -220,6 +220,15 @@ logger:
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
 	}
+}
+
+// redisArgs are extra redis-server arguments for the throughput benchmarks: PGRELAY_BENCH_FSYNC
+// (default always, as every test Redis; e.g. "no" to measure without the disk).
+func redisArgs() []string {
+	if f := os.Getenv("PGRELAY_BENCH_FSYNC"); f != "" {
+		return []string{"--appendfsync", f}
+	}
+	return nil
 }
 
 // durability is the redis_queue durability of the latency benchmark (PGRELAY_BENCH_DURABILITY,
