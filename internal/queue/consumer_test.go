@@ -328,3 +328,42 @@ func TestConsumePendingFirst(t *testing.T) {
 		t.Fatalf("offsets %v", offsets)
 	}
 }
+
+// TestConsumeStartFromLatest: a new group with start_from latest sees only what is written after it
+// was created; earliest (the default) sees everything kept.
+func TestConsumeStartFromLatest(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 1})
+	if _, err := w.Write(ctx, msgs("q", 5, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	late := newConsumer(t, rdb, ConsumerConfig{Group: "late", StartFrom: "latest"})
+	early := newConsumer(t, rdb, ConsumerConfig{Group: "early"})
+	waitFor(t, "both hold the shard", func() bool { return len(late.Held()) == 1 && len(early.Held()) == 1 })
+	batch := msgs("q", 3, 1)
+	for i := range batch {
+		batch[i].ID = fmt.Sprintf("new%d", i)
+	}
+	if _, err := w.Write(ctx, batch, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		c    *Consumer
+		want int
+	}{{late, 3}, {early, 8}} {
+		got := 0
+		for got < c.want {
+			d := read(t, c.c, 10*time.Second)
+			if c.c == late && d.Entries[0].MessageID != "new0" && got == 0 {
+				t.Fatalf("latest group got %s first", d.Entries[0].MessageID)
+			}
+			got += len(d.Entries)
+			_ = c.c.Ack(ctx, d)
+		}
+		if got != c.want {
+			t.Fatalf("got %d, want %d", got, c.want)
+		}
+	}
+}
