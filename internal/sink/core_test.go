@@ -269,3 +269,33 @@ func TestProgressRowRecreated(t *testing.T) {
 		t.Fatalf("offset %s", got)
 	}
 }
+
+// TestOneApplierManyBatchesInFlight: max_in_flight > 1 shares one Applier between goroutines
+// writing different shards (run with -race).
+func TestOneApplierManyBatchesInFlight(t *testing.T) {
+	f := startPG(t)
+	table := f.name("par")
+	f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int)`)
+	a := f.applier(t, Config{Table: table, Mode: ModeUpsert})
+	var wg sync.WaitGroup
+	for s := 0; s < 4; s++ {
+		wg.Add(1)
+		go func(shard int32) {
+			defer wg.Done()
+			for off := int64(1); off <= 50; off += 10 {
+				var batch []*Message
+				for o := off; o < off+10; o++ {
+					batch = append(batch, msg("q", shard, o, fmt.Sprintf(`{"id":%d,"n":%d}`, int(shard)*1000+int(o%7), o)))
+				}
+				if _, err := a.Write(context.Background(), batch); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(int32(s))
+	}
+	wg.Wait()
+	if got := f.one(t, `SELECT count(*) || '/' || sum(n) FROM `+table); got != "28/"+fmt.Sprint(4*(44+45+46+47+48+49+50)) {
+		t.Fatalf("rows %s", got)
+	}
+}
