@@ -113,6 +113,9 @@ func Replay(entries []Entry) *Result {
 			r.problem("partition %q: lsn %s after %s (id %s)", e.Partition, ev.LSN, lastLSN[e.Partition], e.ID)
 		}
 		lastLSN[e.Partition] = lsn
+		if ev.Op == "m" { // a pgrelay.publish() message: no row to replay
+			continue
+		}
 		if ev.Op == "t" {
 			r.Tables[ev.Table] = map[string]Row{}
 			continue

@@ -2,6 +2,7 @@ package source
 
 import (
 	"bytes"
+	"encoding/json"
 	"context"
 	"fmt"
 	"strconv"
@@ -85,6 +86,7 @@ type decoder struct {
 	txID   string
 
 	truncatesSkipped uint64
+	badMessages      uint64 // pgrelay.publish() messages that were not {queue, partition, payload}
 	buf              []byte
 }
 
@@ -123,8 +125,54 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 		})
 	case *pglogrepl.TruncateMessage:
 		return d.truncate(m, emit)
+	case *pglogrepl.LogicalDecodingMessage:
+		if m.Transactional && d.inTxn && m.Prefix == PublishPrefix {
+			return d.published(m, emit)
+		}
 	}
 	return nil
+}
+
+// PublishPrefix is the logical message prefix of pgrelay.publish() (resources/source_publish.sql).
+const PublishPrefix = "pgrelay"
+
+// published turns a pgrelay.publish() message into an `m` event: `after` holds the payload.
+// It counts as a change in seq, like a row change of the same transaction.
+func (d *decoder) published(m *pglogrepl.LogicalDecodingMessage, emit func(item) error) error {
+	seq := d.seq
+	d.seq++
+	if d.start.Covered(d.commit, seq) {
+		return nil
+	}
+	var msg struct {
+		Queue     string          `json:"queue"`
+		Partition *string         `json:"partition"`
+		Payload   json.RawMessage `json:"payload"`
+	}
+	it := item{kind: itemChange, commit: d.commit, seq: seq}
+	if err := json.Unmarshal(m.Content, &msg); err != nil || msg.Queue == "" || len(msg.Payload) == 0 {
+		d.badMessages++
+		return emit(it) // counted in seq, nothing to send
+	}
+	part := partition.Single
+	if msg.Partition != nil {
+		part = *msg.Partition
+	}
+	lsn := d.commit.String()
+	b := append([]byte(`{"op":"m","table":null,"key":null,"after":`), msg.Payload...)
+	b = append(b, `,"before":null,"lsn":"`...)
+	b = append(b, lsn...)
+	b = append(b, `","xid":`...)
+	b = strconv.AppendUint(b, uint64(d.xid), 10)
+	b = append(b, `,"ts":"`...)
+	b = append(b, d.ts...)
+	b = append(b, `","seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, '}')
+	ev := Event{Queue: msg.Queue, Partition: part, ID: pointer.MessageID(d.epoch, d.commit, seq, 0), Tx: d.txID,
+		Op: "m", LSN: lsn, Xid: d.xid, CreatedMs: d.tsMs, Payload: b}
+	it.events, it.size = []Event{ev}, ev.size()
+	return emit(it)
 }
 
 // change numbers one raw change and emits its events unless the start pointer covers it.

@@ -308,8 +308,8 @@ func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, po
 		if err != nil {
 			return fmt.Errorf("decode pgoutput: %w", err)
 		}
-		if lm, ok := msg.(*pglogrepl.LogicalDecodingMessage); ok {
-			if !lm.Transactional && lm.LSN > 0 {
+		if lm, ok := msg.(*pglogrepl.LogicalDecodingMessage); ok && !lm.Transactional {
+			if lm.LSN > 0 {
 				return position(lm.LSN - 1)
 			}
 			return nil

@@ -19,6 +19,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/source"
 	"github.com/pgrelay/pgrelay/internal/testenv"
+	"github.com/pgrelay/pgrelay/resources"
 	_ "github.com/pgrelay/pgrelay/output"
 )
 
@@ -508,4 +509,38 @@ func TestSlotInUseWaitsForIt(t *testing.T) {
 	e.pg.Exec(`INSERT INTO s VALUES (1)`)
 	e.waitEntries("q", 1)
 	e.checkOracle("q", "public.s", "id")
+}
+
+func TestPublishedMessagesArriveWithTheirTransaction(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(resources.MustRead("source_publish.sql"))
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY)`)
+	e.run("pub", `[{table: s, queue: q}]`, "")
+	e.waitPointer("pub", "q")
+	e.pg.Exec(`BEGIN; INSERT INTO s VALUES (1); SELECT pgrelay.publish('events', 'cust-7', '{"a": [1, 12345678901234567890]}'); COMMIT`)
+	e.pg.Exec(`BEGIN; SELECT pgrelay.publish('events', 'cust-7', '{"gone": true}'); ROLLBACK`)
+	e.pg.Exec(`SELECT pgrelay.publish('events', 'cust-8', '"alone"')`)
+	rows := e.waitEntries("q", 1)
+	msgs := e.waitEntries("events", 2)
+	time.Sleep(500 * time.Millisecond)
+	msgs = e.waitEntries("events", 2)
+	if len(msgs) != 2 {
+		t.Fatalf("%d published messages, want 2", len(msgs))
+	}
+	var first, second oracle.Entry
+	for _, m := range msgs {
+		if m.Partition == "cust-7" {
+			first = m
+		} else {
+			second = m
+		}
+	}
+	ev, row := event(t, first), event(t, rows[0])
+	if string(ev["op"]) != `"m"` || string(ev["after"]) != `{"a": [1, 12345678901234567890]}` || string(ev["seq"]) != "1" ||
+		string(ev["lsn"]) != string(row["lsn"]) || first.Tx != rows[0].Tx {
+		t.Errorf("published message: %s (row %s)", first.Payload, rows[0].Payload)
+	}
+	if !strings.Contains(string(second.Payload), `"after":"alone"`) || second.Partition != "cust-8" {
+		t.Errorf("second message: %s in %s", second.Payload, second.Partition)
+	}
 }
