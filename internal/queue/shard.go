@@ -24,6 +24,7 @@ func (c *Consumer) readShard(ctx context.Context, r *shardRun) {
 				return
 			}
 			c.conf.Logger.Warnf("queue %s: read shard %d: %v", c.conf.Queue, r.n, err)
+			pending = true // entries a failed read took may now be pending: read them first
 			sleep(ctx, time.Second)
 			continue
 		}
