@@ -2,8 +2,8 @@ package source
 
 import (
 	"bytes"
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 

@@ -19,8 +19,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/source"
 	"github.com/pgrelay/pgrelay/internal/testenv"
-	"github.com/pgrelay/pgrelay/resources"
 	_ "github.com/pgrelay/pgrelay/output"
+	"github.com/pgrelay/pgrelay/resources"
 )
 
 type env struct {
