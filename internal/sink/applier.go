@@ -382,11 +382,15 @@ func (a *Applier) applyEach(ctx context.Context, tx pgx.Tx, h modeHandler, msgs 
 			continue
 		}
 		stmts, err := h.plan(ops[i : i+1])
-		if err == nil {
-			stmts = append(append([]stmt{{sql: "SAVEPOINT pgrelay_msg"}}, stmts...), stmt{sql: "RELEASE SAVEPOINT pgrelay_msg"})
-			err = run(ctx, tx, stmts)
+		if err != nil {
+			if Classify(err) != Data {
+				return err
+			}
+			st.fail(i, msgs[i], DataError(err)) // nothing was sent: no savepoint to roll back
+			continue
 		}
-		if err == nil {
+		stmts = append(append([]stmt{{sql: "SAVEPOINT pgrelay_msg"}}, stmts...), stmt{sql: "RELEASE SAVEPOINT pgrelay_msg"})
+		if err = run(ctx, tx, stmts); err == nil {
 			st.applied(i, msgs[i])
 			continue
 		}
