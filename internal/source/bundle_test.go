@@ -1,0 +1,116 @@
+package source
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgrelay/pgrelay/internal/pointer"
+)
+
+func change(commit pglogrepl.LSN, seq uint64, events int) item {
+	it := item{kind: itemChange, commit: commit, seq: seq}
+	for i := 0; i < events; i++ {
+		it.events = append(it.events, Event{Payload: []byte("x")})
+		it.size += it.events[i].size()
+	}
+	return it
+}
+
+func commitItem(c pglogrepl.LSN) item    { return item{kind: itemCommit, commit: c} }
+func positionItem(l pglogrepl.LSN) item { return item{kind: itemPosition, lsn: l} }
+
+func testSession(maxMsgs int, start pointer.Pointer, items ...item) *session {
+	src := &Source{cfg: Config{MaxBundleMessages: maxMsgs, MaxBundleBytes: 1 << 20}}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ss := &session{src: src, ctx: ctx, cancel: cancel, q: newItemQueue(1000, 1<<20), plan: start}
+	for _, it := range items {
+		if ok, _ := ss.q.tryPush(it); !ok {
+			panic("queue full")
+		}
+	}
+	return ss
+}
+
+func TestBundleCoversAndCuts(t *testing.T) {
+	start := pointer.New(1, "e", "s", "x", 100)
+	for _, c := range []struct {
+		name      string
+		max       int
+		start     pointer.Pointer
+		items     []item
+		wantPos   []string // covers of the batches, in order
+		wantSizes []int
+	}{
+		{"one transaction, then positions folded in", 10, start,
+			[]item{change(200, 0, 1), change(200, 1, 1), commitItem(200), positionItem(299)},
+			[]string{"00000001/000000000000012b/ffffffffffffffff/0000000000000000"}, []int{2}},
+		{"several transactions in one batch", 10, start,
+			[]item{change(200, 0, 1), commitItem(200), change(300, 0, 1), commitItem(300)},
+			[]string{"00000001/000000000000012c/ffffffffffffffff/0000000000000000"}, []int{2}},
+		{"a large transaction in pieces, cut before a change", 2, start,
+			[]item{change(200, 0, 1), change(200, 1, 2), change(200, 2, 1), change(200, 3, 1), commitItem(200)},
+			[]string{
+				"00000001/00000000000000c8/0000000000000001/0000000000000000",
+				"00000001/00000000000000c8/0000000000000002/0000000000000000",
+				"00000001/00000000000000c8/ffffffffffffffff/0000000000000000",
+			}, []int{1, 2, 2}},
+		{"positions inside a resumed transaction are ignored", 10, start.InsideTxn(200, 1),
+			[]item{positionItem(150), change(200, 1, 1), commitItem(200)},
+			[]string{"00000001/00000000000000c8/ffffffffffffffff/0000000000000000"}, []int{1}},
+	} {
+		ss := testSession(c.max, c.start, c.items...)
+		var got []string
+		var sizes []int
+		for i := 0; i < 10; i++ {
+			b, _, err := ss.bundle(context.Background())
+			if err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			if b == nil {
+				break
+			}
+			got = append(got, b.Cover.Position())
+			sizes = append(sizes, len(b.Events))
+		}
+		if len(got) != len(c.wantPos) {
+			t.Errorf("%s: covers %v, want %v", c.name, got, c.wantPos)
+			continue
+		}
+		for i := range got {
+			if got[i] != c.wantPos[i] || sizes[i] != c.wantSizes[i] {
+				t.Errorf("%s: batch %d: %s (%d events), want %s (%d)", c.name, i, got[i], sizes[i], c.wantPos[i], c.wantSizes[i])
+			}
+		}
+	}
+}
+
+func TestBundleWaitsForTheRestOfATransaction(t *testing.T) {
+	ss := testSession(10, pointer.New(1, "e", "s", "x", 100), change(200, 0, 1))
+	if b, _, _ := ss.bundle(context.Background()); b != nil {
+		t.Fatalf("a batch before the transaction is complete or the limit reached: %+v", b.Cover)
+	}
+	ss.q.tryPush(commitItem(200))
+	if b, _, _ := ss.bundle(context.Background()); b == nil || b.Cover.InTxn != nil {
+		t.Fatalf("no complete batch after the commit: %+v", b)
+	}
+}
+
+func TestDecoderSkipsWhatThePointerCovers(t *testing.T) {
+	start := pointer.New(1, "e", "s", "x", 100).InsideTxn(200, 2)
+	var got []item
+	d := &decoder{epoch: "e", start: start, rels: map[uint32]*relation{7: {full: "public.t"}}}
+	emit := func(it item) error { got = append(got, it); return nil }
+	ctx := context.Background()
+	for _, commit := range []pglogrepl.LSN{100, 200} {
+		d.handle(ctx, &pglogrepl.BeginMessage{FinalLSN: commit, Xid: 1}, emit)
+		for i := 0; i < 3; i++ {
+			d.handle(ctx, &pglogrepl.DeleteMessage{RelationID: 7}, emit)
+		}
+		d.handle(ctx, &pglogrepl.CommitMessage{CommitLSN: commit}, emit)
+	}
+	if len(got) != 2 || got[0].kind != itemChange || got[0].commit != 200 || got[0].seq != 2 || got[1].kind != itemCommit {
+		t.Fatalf("items: %+v", got)
+	}
+}
