@@ -18,7 +18,7 @@ func change(commit pglogrepl.LSN, seq uint64, events int) item {
 	return it
 }
 
-func commitItem(c pglogrepl.LSN) item    { return item{kind: itemCommit, commit: c} }
+func commitItem(c pglogrepl.LSN) item   { return item{kind: itemCommit, commit: c} }
 func positionItem(l pglogrepl.LSN) item { return item{kind: itemPosition, lsn: l} }
 
 func testSession(maxMsgs int, start pointer.Pointer, items ...item) *session {
