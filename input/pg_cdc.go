@@ -29,15 +29,19 @@ func newPgCDC(conf *service.ParsedConfig, mgr *service.Resources) (service.Batch
 
 func hooks(mgr *service.Resources) source.Hooks {
 	m := mgr.Metrics()
+	txns := m.NewCounter("pgrelay_source_transactions")
+	lag := m.NewGauge("pgrelay_source_slot_lag_bytes")
 	msgs := m.NewCounter("pgrelay_source_messages")
 	bundles := m.NewCounter("pgrelay_source_bundles")
 	ptr := m.NewGauge("pgrelay_source_pointer_lsn")
 	owner := m.NewGauge("pgrelay_source_owner")
 	errs := m.NewCounter("pgrelay_source_errors", "code")
 	return source.Hooks{
-		Messages:   func(n int64) { msgs.Incr(n) },
-		Bundles:    func(n int64) { bundles.Incr(n) },
-		PointerLSN: func(lsn uint64) { ptr.Set(int64(lsn)) },
+		Transactions: func(n int64) { txns.Incr(n) },
+		SlotLag:      func(n int64) { lag.Set(n) },
+		Messages:     func(n int64) { msgs.Incr(n) },
+		Bundles:      func(n int64) { bundles.Incr(n) },
+		PointerLSN:   func(lsn uint64) { ptr.Set(int64(lsn)) },
 		Owner: func(o bool) {
 			if o {
 				owner.Set(1)

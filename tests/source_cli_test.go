@@ -83,6 +83,8 @@ func TestSourceMetrics(t *testing.T) {
 		body, err := testenv.HTTPGet(e.ctx, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), 5*time.Second)
 		if err == nil && regexp.MustCompile(`(?m)^pgrelay_source_messages\{[^}]*\} 10$`).MatchString(body) &&
 			regexp.MustCompile(`(?m)^pgrelay_source_owner\{[^}]*\} 1$`).MatchString(body) &&
+			regexp.MustCompile(`(?m)^pgrelay_source_transactions\{[^}]*\} 1$`).MatchString(body) &&
+			regexp.MustCompile(`(?m)^pgrelay_source_slot_lag_bytes\{[^}]*\} `).MatchString(body) &&
 			regexp.MustCompile(`(?m)^pgrelay_source_pointer_lsn\{[^}]*\} [1-9]`).MatchString(body) {
 			return
 		}

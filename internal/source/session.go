@@ -355,6 +355,7 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
 			return
 		case <-t.C:
 		}
+		ss.reportSlotLag(pool)
 		if time.Since(time.Unix(0, ss.lastData.Load())) < every {
 			continue
 		}
@@ -365,6 +366,20 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
 			ss.src.log.Warnf("pg_cdc %s: heartbeat: %v", ss.src.cfg.Name, err)
 		}
 		ss.lastData.Store(time.Now().UnixNano())
+	}
+}
+
+// reportSlotLag publishes the slot's lag (current WAL − confirmed_flush_lsn) in bytes.
+func (ss *session) reportSlotLag(pool *pgxpool.Pool) {
+	if ss.src.hooks.SlotLag == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ss.ctx, 5*time.Second)
+	defer cancel()
+	var lag int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint
+		FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, ss.src.cfg.Slot).Scan(&lag); err == nil {
+		ss.src.hooks.SlotLag(lag)
 	}
 }
 
@@ -425,7 +440,7 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 		txDone = ss.plan.InTxn.Done
 	}
 	var events []Event
-	size, n, full := 0, 0, false
+	size, n, full, txns := 0, 0, false, 0
 	for ; n < len(items) && !full; n++ {
 		it := items[n]
 		switch it.kind {
@@ -440,6 +455,7 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 			inTxn, txCommit, txDone = true, it.commit, it.seq+1
 		case itemCommit:
 			complete, inTxn = it.commit, false
+			txns++
 		case itemPosition:
 			if !inTxn && it.lsn > complete {
 				complete = it.lsn
@@ -475,7 +491,7 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 	ss.plan = cover
 	ss.firstSeen = time.Time{}
 	return &Batch{Events: events, Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease,
-		Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss}, idle, nil
+		Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss, txns: txns}, idle, nil
 }
 
 // idleAdvance moves the pointer over items without events (idle WAL, empty transactions).
@@ -501,6 +517,9 @@ func (ss *session) acked(b *Batch) {
 	h := ss.src.hooks
 	if h.PointerLSN != nil {
 		h.PointerLSN(uint64(b.Cover.LSNValue()))
+	}
+	if h.Transactions != nil && b.txns > 0 {
+		h.Transactions(int64(b.txns))
 	}
 	if len(b.Events) > 0 {
 		if h.Messages != nil {

@@ -41,6 +41,7 @@ type Hooks struct {
 	Messages     func(n int64)
 	Bundles      func(n int64)
 	PointerLSN   func(lsn uint64)
+	SlotLag      func(bytes int64)
 	Owner        func(owner bool)
 	Error        func(code string)
 }
@@ -63,6 +64,7 @@ type Batch struct {
 	Fence      string
 	PointerKey string
 	sess       *session
+	txns       int // transactions completed by this batch
 }
 
 // Source owns the lease, runs streaming sessions, and hands out one batch at a time.
