@@ -20,8 +20,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
-// statusEvery is how often the reader reports its position when nothing changed; a new flush
-// position is reported within flushReportDelay.
+// statusEvery is how often the reader reports its position when nothing changed (at most; a
+// quarter of the server's wal_sender_timeout when that is shorter); a new flush position is
+// reported within flushReportDelay.
 const (
 	statusEvery      = 10 * time.Second
 	flushReportDelay = time.Second
@@ -36,6 +37,7 @@ type session struct {
 	q      *itemQueue
 	fence  string
 	flush  atomic.Uint64 // the acknowledged pointer's lsn, reported to PostgreSQL
+	every  time.Duration // how often to report the position with nothing new
 
 	// bundler state (used by Next/Ack, one batch at a time)
 	plan          pointer.Pointer // the cover of everything handed out so far
@@ -180,6 +182,7 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	ss := &session{src: s, ctx: sctx, cancel: cancel, q: newItemQueue(s.cfg.MaxBundleMessages, s.cfg.MaxBundleBytes),
 		fence: s.lease.Token(), plan: start}
 	ss.flush.Store(uint64(start.LSNValue()))
+	ss.every = statusInterval(ctx, pool)
 	ss.lastData.Store(time.Now().UnixNano())
 	byName := map[string]*TableInfo{}
 	for i := range tables {
@@ -215,6 +218,16 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	return err
 }
 
+// statusInterval is statusEvery, or a quarter of wal_sender_timeout when that is shorter, so the
+// walsender never times out even while the reader is held back by a slow output.
+func statusInterval(ctx context.Context, pool *pgxpool.Pool) time.Duration {
+	var ms int64
+	if err := pool.QueryRow(ctx, `SELECT setting::bigint FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&ms); err != nil || ms <= 0 {
+		return statusEvery
+	}
+	return max(min(statusEvery, time.Duration(ms)*time.Millisecond/4), 100*time.Millisecond)
+}
+
 // read receives the WAL, answers keepalives and reports the flush position; it returns when the
 // session ends (after sending the final position).
 func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
@@ -232,7 +245,7 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 		if ss.flush.Load() != sentFlush {
 			return lastStatus.Add(flushReportDelay)
 		}
-		return lastStatus.Add(statusEvery)
+		return lastStatus.Add(ss.every)
 	}
 	defer func() { _ = sendStatus() }()
 	var lastPos pglogrepl.LSN

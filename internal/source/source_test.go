@@ -544,3 +544,55 @@ func TestPublishedMessagesArriveWithTheirTransaction(t *testing.T) {
 		t.Errorf("second message: %s in %s", second.Payload, second.Partition)
 	}
 }
+
+// TestSlowOutputNeverTimesOutTheWalsender holds every batch in the pipeline for longer than
+// wal_sender_timeout: the reader, blocked on the full queue, still reports its position, so the
+// replication connection survives (one walsender pid throughout) and every row arrives.
+func TestSlowOutputNeverTimesOutTheWalsender(t *testing.T) {
+	e := &env{t: t, pg: testenv.StartPostgres(t, testenv.WithPGSetting("wal_sender_timeout = 2s")), rd: testenv.StartRedis(t), ctx: context.Background()}
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY)`)
+	yaml := fmt.Sprintf(`
+input:
+  pg_cdc:
+    name: slow
+    dsn: %s
+    tls: {mode: disable}
+    tables: [{table: s, queue: q}]
+    redis: {url: %s}
+    max_bundle_messages: 1
+pipeline:
+  processors:
+    - sleep: {duration: 3s}
+output:
+  redis_queue:
+    url: %s
+logger:
+  level: warn
+`, e.pg.DSN(), e.rd.URL(), e.rd.URL())
+	startStream(t, yaml)
+	e.waitPointer("slow", "q")
+	for i := 1; i <= 4; i++ {
+		e.pg.Exec(`INSERT INTO s VALUES ($1)`, i)
+	}
+	pids := map[int]bool{}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var pid *int
+		e.pg.Pool().QueryRow(e.ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'pgrelay_slow'`).Scan(&pid)
+		if pid != nil {
+			pids[*pid] = true
+		}
+		entries, _ := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+		if len(entries) == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 4 rows after 60 s", len(entries))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(pids) != 1 {
+		t.Errorf("the walsender changed %d times: %v", len(pids)-1, pids)
+	}
+	e.checkOracle("q", "public.s", "id")
+}
