@@ -125,6 +125,9 @@ func (c *Config) Validate() error {
 	if err := c.validateLimits(); err != nil {
 		return err
 	}
+	if err := c.checkClusterSlots(); err != nil {
+		return err
+	}
 	switch c.PG.TLSMode {
 	case "disable", "prefer", "require", "verify-full":
 	default:
