@@ -596,3 +596,25 @@ logger:
 	}
 	e.checkOracle("q", "public.s", "id")
 }
+
+func TestInvalidatedSlotIsSlotInvalidated(t *testing.T) {
+	e := &env{t: t, pg: testenv.StartPostgres(t, testenv.WithPGSetting("max_slot_wal_keep_size = 1MB"),
+		testenv.WithPGSetting("min_wal_size = 32MB"), testenv.WithPGSetting("max_wal_size = 32MB")),
+		rd: testenv.StartRedis(t), ctx: context.Background()}
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY, v text)`)
+	stop := e.run("inv", `[{table: s, queue: q}]`, "")
+	e.waitPointer("inv", "q")
+	stop()
+	for i := 0; i < 6; i++ {
+		e.pg.Exec(`INSERT INTO s SELECT g, repeat('x', 100) FROM generate_series($1::int, $1::int + 20000) g ON CONFLICT DO NOTHING`, i*20001)
+		e.pg.Exec(`SELECT pg_switch_wal()`)
+		e.pg.Exec(`CHECKPOINT`)
+	}
+	var status *string
+	e.pg.Pool().QueryRow(e.ctx, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'pgrelay_inv'`).Scan(&status)
+	if status == nil || *status != "lost" {
+		t.Skipf("the slot was not invalidated (wal_status %v)", status)
+	}
+	e.run("inv", `[{table: s, queue: q}]`, "")
+	e.waitStatus("q", "inv", `"code":"slot_invalidated"`)
+}
