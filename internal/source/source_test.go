@@ -618,3 +618,27 @@ func TestInvalidatedSlotIsSlotInvalidated(t *testing.T) {
 	e.run("inv", `[{table: s, queue: q}]`, "")
 	e.waitStatus("q", "inv", `"code":"slot_invalidated"`)
 }
+
+func TestPointerOfAnotherSystemOrSlotIsRefused(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY)`)
+	stop := e.run("sys", `[{table: s, queue: q}]`, "")
+	e.waitPointer("sys", "q")
+	stop()
+	key := "pgrelay:{q}:src:sys:ptr"
+	orig, _ := e.rd.Client().Get(e.ctx, key).Result()
+	for _, c := range []struct{ field, value, code string }{
+		{"system_id", "1234", "system_changed"},
+		{"slot", "pgrelay_other", "slot_mismatch"},
+	} {
+		var m map[string]any
+		json.Unmarshal([]byte(orig), &m)
+		m[c.field] = c.value
+		b, _ := json.Marshal(m)
+		e.rd.Client().Set(e.ctx, key, b, 0)
+		e.rd.Client().Del(e.ctx, "pgrelay:{q}:src:sys:status")
+		stop := e.run("sys", `[{table: s, queue: q}]`, "")
+		e.waitStatus("q", "sys", `"code":"`+c.code+`"`)
+		stop()
+	}
+}
