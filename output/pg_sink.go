@@ -11,6 +11,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/sink"
 )
 
@@ -35,21 +36,8 @@ error (SQLSTATE classes 21, 22, 23, 27, 44, 54, P0 or an unreadable payload) fai
 ("SQLSTATE: message (detail)"), the rest of its shard in the batch is returned unapplied with code
 `+"`blocked`"+`, and the rest of the batch commits; environment errors (missing table, privileges,
 class 42) pause the sink with a coded error until fixed.`).
+		Fields(pgconnect.Fields()...).
 		Fields(
-			service.NewStringField("dsn").Description("PostgreSQL connection string (URL or key=value). The fields below override what it says. Put passwords in `${ENV}` variables.").
-				Example("postgres://pgrelay@127.0.0.1:5432/app").Default("").Secret(),
-			service.NewStringField("host").Description("Host name or socket directory.").Default(""),
-			service.NewIntField("port").Description("Port; 0 keeps the DSN's (or 5432).").Default(0),
-			service.NewStringField("user").Description("User name.").Default(""),
-			service.NewStringField("password").Description("Password. Use `${ENV}`.").Default("").Secret(),
-			service.NewStringField("database").Description("Database name.").Default(""),
-			service.NewObjectField("tls",
-				service.NewStringEnumField("mode", "", "disable", "prefer", "require", "verify-ca", "verify-full").
-					Description("libpq sslmode; empty keeps the DSN's (libpq default: prefer).").Default(""),
-				service.NewStringField("root_ca_file").Description("CA certificate file (verify-ca, verify-full).").Default(""),
-				service.NewStringField("client_cert_file").Description("Client certificate file.").Default(""),
-				service.NewStringField("client_key_file").Description("Client key file.").Default(""),
-			).Description("TLS to PostgreSQL.").Advanced(),
 			service.NewStringField("name").Description("The sink's identity in the progress table. Keep it stable: a new name starts over from the queue's first offsets.").
 				LintRule(`root = if this == "" { ["name must not be empty"] }`),
 			service.NewStringField("table").Description("Target table, `schema.name` (quote as in SQL: `public.\"Orders\"`). Not used in mode sql.").Default(""),
@@ -137,7 +125,8 @@ func init() {
 // pgSinkConf is the parsed configuration.
 type pgSinkConf struct {
 	sink        sink.Config
-	conn        sink.ConnConfig
+	conn        pgconnect.Config
+	maxConns    int
 	maxInFlight int
 }
 
@@ -150,15 +139,9 @@ func parsePGSink(conf *service.ParsedConfig) (pgSinkConf, error) {
 			*dst, err = conf.FieldString(path...)
 		}
 	}
-	str(&c.conn.DSN, "dsn")
-	str(&c.conn.Host, "host")
-	str(&c.conn.User, "user")
-	str(&c.conn.Password, "password")
-	str(&c.conn.Database, "database")
-	str(&c.conn.TLSMode, "tls", "mode")
-	str(&c.conn.RootCAFile, "tls", "root_ca_file")
-	str(&c.conn.CertFile, "tls", "client_cert_file")
-	str(&c.conn.KeyFile, "tls", "client_key_file")
+	if c.conn, err = pgconnect.Parse(conf); err != nil {
+		return c, err
+	}
 	str(&c.sink.Name, "name")
 	str(&c.sink.Table, "table")
 	str(&mode, "mode")
@@ -173,9 +156,6 @@ func parsePGSink(conf *service.ParsedConfig) (pgSinkConf, error) {
 		return c, err
 	}
 	c.sink.Mode = sink.Mode(mode)
-	if c.conn.Port, err = conf.FieldInt("port"); err != nil {
-		return c, err
-	}
 	if c.sink.Key, err = conf.FieldStringList("key"); err != nil {
 		return c, err
 	}
@@ -197,8 +177,11 @@ func parsePGSink(conf *service.ParsedConfig) (pgSinkConf, error) {
 	if c.maxInFlight < 1 {
 		return c, errcode.New("sink_config", "max_in_flight must be at least 1", "set max_in_flight: 1 or more")
 	}
-	c.conn.MaxConns = c.maxInFlight + 1
+	c.maxConns = c.maxInFlight + 1
 	c.conn.ApplicationName = "pgrelay-sink-" + c.sink.Name
+	if err := c.conn.Validate(); err != nil {
+		return c, errcode.New("sink_config", err.Error(), "correct the connection fields (dsn, host, port, tls)")
+	}
 	return c, c.sink.Validate()
 }
 
@@ -240,7 +223,11 @@ func (s *pgSink) Connect(ctx context.Context) error {
 	if s.applier != nil {
 		return nil
 	}
-	pool, err := s.conf.conn.Pool(ctx)
+	pcfg, err := s.conf.conn.PoolConfig(s.conf.maxConns)
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}

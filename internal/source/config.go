@@ -11,10 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
 
@@ -58,16 +56,8 @@ type Config struct {
 	SnapshotInitial   bool
 }
 
-// PGConfig is how to reach PostgreSQL.
-type PGConfig struct {
-	DSN                           string // URL or key=value; the fields below fill what it leaves out
-	Host                          string
-	Port                          int
-	User, Password, Database      string
-	TLSMode                       string // disable, prefer, require, verify-full
-	RootCAFile, CertFile, KeyFile string
-	ConnectTimeout                time.Duration
-}
+// PGConfig is how to reach PostgreSQL (shared with pg_sink).
+type PGConfig = pgconnect.Config
 
 // Limits of the numeric fields; a value outside is refused with its path, never clamped.
 const (
@@ -128,25 +118,8 @@ func (c *Config) Validate() error {
 	if err := c.checkClusterSlots(); err != nil {
 		return err
 	}
-	switch c.PG.TLSMode {
-	case "disable", "prefer", "require", "verify-full":
-	default:
-		return fieldErr("tls.mode", "%q is not one of disable, prefer, require, verify-full", c.PG.TLSMode)
-	}
-	if c.PG.RootCAFile != "" && c.PG.TLSMode != "verify-full" {
-		return fieldErr("tls.root_ca_file", "needs tls.mode verify-full")
-	}
-	if (c.PG.CertFile == "") != (c.PG.KeyFile == "") {
-		return fieldErr("tls.client_cert_file", "client_cert_file and client_key_file go together")
-	}
-	if c.PG.DSN == "" && c.PG.Host == "" {
-		return fieldErr("dsn", "set dsn or host")
-	}
-	if c.PG.Port < 0 || c.PG.Port > 65535 {
-		return fieldErr("port", "%d is not in 1-65535", c.PG.Port)
-	}
-	if _, err := c.PG.ConnConfig(); err != nil {
-		return fieldErr("dsn", "%v", err)
+	if err := c.PG.Validate(); err != nil {
+		return err
 	}
 	return nil
 }
@@ -196,82 +169,6 @@ func (c *Config) validateLimits() error {
 		return fieldErr("heartbeat", "%s is not in %s-%s", c.Heartbeat, MinHeartbeat, MaxHeartbeat)
 	}
 	return nil
-}
-
-// ConnConfig builds the query connection's config, with the session settings of DESIGN §2.
-func (p PGConfig) ConnConfig() (*pgconn.Config, error) {
-	var kv []string
-	add := func(k, v string) {
-		if v != "" {
-			kv = append(kv, k+"='"+strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v)+"'")
-		}
-	}
-	add("host", p.Host)
-	if p.Port > 0 {
-		add("port", fmt.Sprint(p.Port))
-	}
-	add("user", p.User)
-	add("password", p.Password)
-	add("dbname", p.Database)
-	add("sslmode", p.TLSMode)
-	add("sslrootcert", p.RootCAFile)
-	add("sslcert", p.CertFile)
-	add("sslkey", p.KeyFile)
-	if p.ConnectTimeout > 0 {
-		add("connect_timeout", fmt.Sprint(int(p.ConnectTimeout.Seconds())))
-	}
-	dsn := p.DSN
-	if dsn == "" {
-		dsn = strings.Join(kv, " ")
-	}
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("parse connection settings: %w", redactErr(err, p.Password))
-	}
-	if p.DSN != "" && len(kv) > 0 { // explicit fields override the DSN's
-		over, err := pgconn.ParseConfig(strings.Join(kv, " "))
-		if err != nil {
-			return nil, fmt.Errorf("parse connection settings: %w", redactErr(err, p.Password))
-		}
-		mergeConfig(cfg, over, p)
-	}
-	convert.ApplySettings(cfg.RuntimeParams)
-	return cfg, nil
-}
-
-func mergeConfig(cfg, over *pgconn.Config, p PGConfig) {
-	if p.Host != "" || p.Port > 0 {
-		cfg.Host, cfg.Port, cfg.Fallbacks = over.Host, over.Port, over.Fallbacks
-	}
-	if p.User != "" {
-		cfg.User = over.User
-	}
-	if p.Password != "" {
-		cfg.Password = over.Password
-	}
-	if p.Database != "" {
-		cfg.Database = over.Database
-	}
-	if p.TLSMode != "" && p.TLSMode != "prefer" || p.RootCAFile != "" || p.CertFile != "" {
-		cfg.TLSConfig, cfg.Fallbacks = over.TLSConfig, over.Fallbacks
-	}
-}
-
-// ReplicationConfig is ConnConfig for a logical replication connection.
-func (p PGConfig) ReplicationConfig() (*pgconn.Config, error) {
-	cfg, err := p.ConnConfig()
-	if err != nil {
-		return nil, err
-	}
-	cfg.RuntimeParams["replication"] = "database"
-	return cfg, nil
-}
-
-func redactErr(err error, password string) error {
-	if password == "" {
-		return err
-	}
-	return fmt.Errorf("%s", strings.ReplaceAll(err.Error(), password, "xxxxx"))
 }
 
 // errSnapshotUnavailable refuses `snapshot: initial` until the snapshotter lands.

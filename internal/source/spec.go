@@ -6,6 +6,7 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
 
@@ -26,23 +27,10 @@ write and the pointer write repeats the batch). PostgreSQL is told a position on
 Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_id`, `op`, `table`, `lsn`, `xid`"+`,
 and the batch's `+"`pgrelay_lease_key`, `pgrelay_fence`, `pgrelay_pointer_key`, `pgrelay_cover`"+` (docs/batch-contract.md).
 See docs/source.md.`).
+		Fields(pgconnect.Fields()...).
 		Fields(
 			service.NewStringField("name").Description("The connector's name; the slot and publication default to `pgrelay_<name>` (`-` becomes `_`), and the lease and pointer keys carry it.").
 				Example("orders").LintRule(`root = if !this.re_match("^[a-z0-9][a-z0-9_-]{0,47}$") { ["name must match ^[a-z0-9][a-z0-9_-]{0,47}$"] }`),
-			service.NewStringField("dsn").Description("PostgreSQL connection string (URL or key=value). The fields host, port, user, password, database override its parts.").
-				Example("postgres://pgrelay:${PGPASSWORD}@127.0.0.1:5432/app").Default("").Secret(),
-			service.NewStringField("host").Description("PostgreSQL host (when no dsn).").Default(""),
-			service.NewIntField("port").Description("PostgreSQL port; 0 = the dsn's or 5432.").Default(0).
-				LintRule(`root = if this < 0 || this > 65535 { ["port must be in 0-65535"] }`),
-			service.NewStringField("user").Description("PostgreSQL user (needs REPLICATION and ownership of the tables for a managed publication).").Default(""),
-			service.NewStringField("password").Description("PostgreSQL password; use `${ENV}`.").Default("").Secret(),
-			service.NewStringField("database").Description("Database name.").Default(""),
-			service.NewObjectField("tls",
-				service.NewStringEnumField("mode", "disable", "prefer", "require", "verify-full").Description("TLS to PostgreSQL: disable, prefer (TLS if offered), require (encrypted, not verified), verify-full (certificate and host name checked).").Default("prefer"),
-				service.NewStringField("root_ca_file").Description("PEM file of the CA that signed the server's certificate (verify-full).").Default(""),
-				service.NewStringField("client_cert_file").Description("PEM client certificate.").Default(""),
-				service.NewStringField("client_key_file").Description("PEM client key.").Default(""),
-			).Description("TLS settings for PostgreSQL."),
 			service.NewObjectListField("tables",
 				service.NewStringField("table").Description("`schema.name`, or `name` in schema public."),
 				service.NewStringField("queue").Description("The queue its changes go to (≤128 bytes, no braces)."),
@@ -94,16 +82,9 @@ func ParseConfig(conf *service.ParsedConfig) (Config, error) {
 		}
 	}
 	str(&c.Name, "name")
-	str(&c.PG.DSN, "dsn")
-	str(&c.PG.Host, "host")
-	integer(&c.PG.Port, "port")
-	str(&c.PG.User, "user")
-	str(&c.PG.Password, "password")
-	str(&c.PG.Database, "database")
-	str(&c.PG.TLSMode, "tls", "mode")
-	str(&c.PG.RootCAFile, "tls", "root_ca_file")
-	str(&c.PG.CertFile, "tls", "client_cert_file")
-	str(&c.PG.KeyFile, "tls", "client_key_file")
+	if c.PG, err = pgconnect.Parse(conf); err != nil {
+		return c, err
+	}
 	str(&c.Publication, "publication", "name")
 	boolean(&c.ManagePublication, "publication", "manage")
 	str(&c.Slot, "slot", "name")

@@ -1,0 +1,203 @@
+// Package pgconnect is how every pgrelay component reaches PostgreSQL: the connection fields shared
+// by the pg_cdc input and the pg_sink output (dsn, host, port, user, password, database, tls), their
+// parsing and checks, and the pgx configurations built from them, always with the session settings
+// of DESIGN §2 so values print the same everywhere.
+package pgconnect
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+)
+
+// Config is a parsed PostgreSQL connection: a DSN and/or separate fields; a field that is set
+// overrides what the DSN says.
+type Config struct {
+	DSN                           string // URL or key=value
+	Host                          string
+	Port                          int
+	User, Password, Database      string
+	TLSMode                       string // "" (the DSN's, else libpq's prefer), disable, allow, prefer, require, verify-ca, verify-full
+	RootCAFile, CertFile, KeyFile string
+	ConnectTimeout                time.Duration
+	ApplicationName               string
+}
+
+// TLSModes are the accepted tls.mode values (libpq's sslmode).
+var TLSModes = []string{"", "disable", "allow", "prefer", "require", "verify-ca", "verify-full"}
+
+// Fields returns the connection fields, to put at the top level of a component's spec.
+func Fields() []*service.ConfigField {
+	return []*service.ConfigField{
+		service.NewStringField("dsn").
+			Description("PostgreSQL connection string (URL or key=value). The fields host, port, user, password, database and tls override its parts. Put passwords in `${ENV}` variables.").
+			Example("postgres://pgrelay:${PGPASSWORD}@127.0.0.1:5432/app").Default("").Secret(),
+		service.NewStringField("host").Description("Host name or socket directory (when no dsn, or to override it).").Default(""),
+		service.NewIntField("port").Description("Port; 0 keeps the dsn's (or 5432).").Default(0).
+			LintRule(`root = if this < 0 || this > 65535 { ["port must be in 0-65535"] }`),
+		service.NewStringField("user").Description("User name.").Default(""),
+		service.NewStringField("password").Description("Password. Use `${ENV}`.").Default("").Secret(),
+		service.NewStringField("database").Description("Database name.").Default(""),
+		service.NewObjectField("tls",
+			service.NewStringEnumField("mode", TLSModes...).
+				Description("TLS to PostgreSQL (libpq's sslmode): disable; prefer (TLS if offered); require (encrypted, not verified); verify-ca (certificate checked); verify-full (certificate and host name checked). Empty keeps the dsn's (libpq's default: prefer).").
+				Default(""),
+			service.NewStringField("root_ca_file").Description("PEM file of the CA that signed the server's certificate (verify-ca, verify-full).").Default(""),
+			service.NewStringField("client_cert_file").Description("PEM client certificate (with client_key_file).").Default(""),
+			service.NewStringField("client_key_file").Description("PEM client key (with client_cert_file).").Default(""),
+		).Description("TLS to PostgreSQL."),
+	}
+}
+
+// Parse reads the fields added by Fields.
+func Parse(conf *service.ParsedConfig) (Config, error) {
+	var c Config
+	var err error
+	str := func(dst *string, path ...string) {
+		if err == nil {
+			*dst, err = conf.FieldString(path...)
+		}
+	}
+	str(&c.DSN, "dsn")
+	str(&c.Host, "host")
+	str(&c.User, "user")
+	str(&c.Password, "password")
+	str(&c.Database, "database")
+	str(&c.TLSMode, "tls", "mode")
+	str(&c.RootCAFile, "tls", "root_ca_file")
+	str(&c.CertFile, "tls", "client_cert_file")
+	str(&c.KeyFile, "tls", "client_key_file")
+	if err == nil {
+		c.Port, err = conf.FieldInt("port")
+	}
+	return c, err
+}
+
+// Validate checks the fields; the error starts with the field's path.
+func (c Config) Validate() error {
+	known := false
+	for _, m := range TLSModes {
+		known = known || c.TLSMode == m
+	}
+	switch {
+	case !known:
+		return fmt.Errorf("tls.mode: %q is not one of %s", c.TLSMode, strings.Join(TLSModes[1:], ", "))
+	case c.RootCAFile != "" && c.TLSMode != "verify-ca" && c.TLSMode != "verify-full":
+		return fmt.Errorf("tls.root_ca_file: needs tls.mode verify-ca or verify-full")
+	case (c.CertFile == "") != (c.KeyFile == ""):
+		return fmt.Errorf("tls.client_cert_file: client_cert_file and client_key_file go together")
+	case c.DSN == "" && c.Host == "":
+		return fmt.Errorf("dsn: set dsn or host")
+	case c.Port < 0 || c.Port > 65535:
+		return fmt.Errorf("port: %d is not in 1-65535", c.Port)
+	}
+	if _, err := c.ConnConfig(); err != nil {
+		return fmt.Errorf("dsn: %v", err)
+	}
+	return nil
+}
+
+// ConnConfig builds a query connection's config with the session settings of DESIGN §2.
+func (c Config) ConnConfig() (*pgconn.Config, error) {
+	// Explicit fields override the DSN's: libpq takes the last value of a repeated key, and a URL's
+	// query parameters override its other parts.
+	cfg, err := pgconn.ParseConfig(joinDSN(c.DSN, c.fieldPairs()))
+	if err != nil {
+		return nil, fmt.Errorf("parse connection settings: %w", c.redact(err))
+	}
+	convert.ApplySettings(cfg.RuntimeParams)
+	if c.ApplicationName != "" {
+		cfg.RuntimeParams["application_name"] = c.ApplicationName
+	}
+	return cfg, nil
+}
+
+// ReplicationConfig is ConnConfig for a logical replication connection.
+func (c Config) ReplicationConfig() (*pgconn.Config, error) {
+	cfg, err := c.ConnConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	return cfg, nil
+}
+
+// PoolConfig is a pgxpool config of at most maxConns connections (0: pgxpool's default).
+func (c Config) PoolConfig(maxConns int) (*pgxpool.Config, error) {
+	cc, err := c.ConnConfig()
+	if err != nil {
+		return nil, err
+	}
+	// pgxpool.ParseConfig wants a string; start from a trivial one and put the parsed config in.
+	pc, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return nil, err
+	}
+	pc.ConnConfig.Config = *cc
+	if maxConns > 0 {
+		pc.MaxConns = int32(maxConns)
+	}
+	pc.MaxConnIdleTime = time.Minute
+	return pc, nil
+}
+
+// fieldPairs renders the set fields as libpq key='value' pairs.
+func (c Config) fieldPairs() []string {
+	var kv []string
+	add := func(k, v string) {
+		if v != "" {
+			kv = append(kv, k+"='"+strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v)+"'")
+		}
+	}
+	add("host", c.Host)
+	if c.Port > 0 {
+		add("port", fmt.Sprint(c.Port))
+	}
+	add("user", c.User)
+	add("password", c.Password)
+	add("dbname", c.Database)
+	add("sslmode", c.TLSMode)
+	add("sslrootcert", c.RootCAFile)
+	add("sslcert", c.CertFile)
+	add("sslkey", c.KeyFile)
+	if c.ConnectTimeout > 0 {
+		add("connect_timeout", fmt.Sprint(int(c.ConnectTimeout.Seconds())))
+	}
+	return kv
+}
+
+// joinDSN adds key='value' pairs to a DSN; for a URL they become query parameters.
+func joinDSN(dsn string, kv []string) string {
+	if len(kv) == 0 {
+		return dsn
+	}
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+		return strings.TrimSpace(dsn + " " + strings.Join(kv, " "))
+	}
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	q := make([]string, len(kv))
+	for i, p := range kv {
+		k, v, _ := strings.Cut(p, "=")
+		v = strings.NewReplacer(`\'`, `'`, `\\`, `\`).Replace(strings.Trim(v, "'"))
+		q[i] = k + "=" + strings.ReplaceAll(url.QueryEscape(v), "+", "%20")
+	}
+	return dsn + sep + strings.Join(q, "&")
+}
+
+// redact hides the password in an error from the parser.
+func (c Config) redact(err error) error {
+	if c.Password == "" {
+		return err
+	}
+	return fmt.Errorf("%s", strings.ReplaceAll(err.Error(), c.Password, "xxxxx"))
+}
