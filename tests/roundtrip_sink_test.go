@@ -1,0 +1,373 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// rtTable is the round trip's table, created the same way in database A (the source) and in every
+// copy: jsonb, 30-digit numerics, bigints past 2^53, text arrays with NULL/commas/quotes/braces and a
+// 20–40 kB text stored out of line without compression (STORAGE EXTERNAL), so updates that do not
+// touch it arrive with it listed in `unchanged`.
+const rtTable = `
+CREATE TABLE rt (
+  id     bigint PRIMARY KEY,
+  doc    jsonb,
+  amount numeric,
+  big    bigint,
+  tags   text[],
+  body   text,
+  n      int NOT NULL DEFAULT 0,
+  ts     timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE rt ALTER COLUMN body SET STORAGE EXTERNAL;`
+
+// roundTrip is database A streaming into queue q (pg_cdc → redis_queue, one pgrelay process) and
+// the sink pipelines that copy q into other databases (redis_queue → pg_sink cdc, one process each).
+type roundTrip struct {
+	*cdcEnv
+	pools map[string]*pgxpool.Pool // database name → pool
+}
+
+// newRoundTrip creates table rt in A, starts the source process and waits for its pointer.
+func newRoundTrip(t *testing.T, name string) *roundTrip {
+	t.Helper()
+	e := newCDCEnv(t, name, `[{table: public.rt, queue: q}]`, "")
+	e.pg.Exec(rtTable)
+	rt := &roundTrip{cdcEnv: e, pools: map[string]*pgxpool.Pool{}}
+	e.start()
+	e.waitPointer()
+	return rt
+}
+
+// database creates database db with an empty rt table and returns its DSN.
+func (rt *roundTrip) database(db string) string {
+	rt.t.Helper()
+	dsn := rt.pg.CreateDatabase(db)
+	pool, err := pgxpool.New(rt.ctx, dsn)
+	if err != nil {
+		rt.t.Fatal(err)
+	}
+	rt.t.Cleanup(pool.Close)
+	if _, err := pool.Exec(rt.ctx, rtTable); err != nil {
+		rt.t.Fatal(err)
+	}
+	rt.pools[db] = pool
+	return dsn
+}
+
+// sinkConfig is a redis_queue → pg_sink (mode cdc) pipeline copying q into table rt of dsn.
+func (rt *roundTrip) sinkConfig(dsn, sinkName, group string) string {
+	return fmt.Sprintf(`
+http: { enabled: false }
+logger: { level: warn }
+input:
+  redis_queue:
+    url: %s
+    queue: q
+    group: %s
+    start_from: earliest
+    batch_count: 64
+    lease_ttl: 3s
+output:
+  pg_sink:
+    dsn: %q
+    name: %s
+    table: public.rt
+    mode: cdc
+    max_in_flight: 4
+`, rt.rd.URL(), group, dsn, sinkName)
+}
+
+// rowHashes reads md5(row_to_json(t)::text) of every row of rt, by id.
+func rowHashes(ctx context.Context, pool *pgxpool.Pool) (map[int64]string, error) {
+	rows, err := pool.Query(ctx, `SELECT id, md5(row_to_json(t)::text) FROM rt t`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var h string
+		if err := rows.Scan(&id, &h); err != nil {
+			return nil, err
+		}
+		out[id] = h
+	}
+	return out, rows.Err()
+}
+
+// hashDiff lists the ids whose rows differ between want and got (at most 10).
+func hashDiff(want, got map[int64]string) []string {
+	var d []string
+	for id, h := range want {
+		if g, ok := got[id]; !ok {
+			d = append(d, fmt.Sprintf("id %d missing", id))
+		} else if g != h {
+			d = append(d, fmt.Sprintf("id %d differs", id))
+		}
+	}
+	for id := range got {
+		if _, ok := want[id]; !ok {
+			d = append(d, fmt.Sprintf("id %d extra", id))
+		}
+	}
+	sort.Strings(d)
+	if len(d) > 10 {
+		d = append(d[:10], fmt.Sprintf("... %d differences", len(d)))
+	}
+	return d
+}
+
+// sameRows compares rt of A with rt of database db, row by row.
+func (rt *roundTrip) sameRows(db string) (bool, string) {
+	want, err := rowHashes(rt.ctx, rt.pg.Pool())
+	if err != nil {
+		return false, err.Error()
+	}
+	got, err := rowHashes(rt.ctx, rt.pools[db])
+	if err != nil {
+		return false, err.Error()
+	}
+	d := hashDiff(want, got)
+	return len(d) == 0, fmt.Sprintf("A has %d rows, %s %d: %s", len(want), db, len(got), strings.Join(d, "; "))
+}
+
+// waitCaughtUp waits until group has read and acked the whole queue and rt in db equals rt in A.
+func (rt *roundTrip) waitCaughtUp(db, group string, p *testenv.Process, d time.Duration) {
+	rt.t.Helper()
+	sinkWaitUntil(rt.t.(*testing.T), d, db+" equal to A", func() (bool, string) {
+		info, err := queue.Inspect(rt.ctx, rt.rd.Client(), queue.NewLayout("pgrelay"), "q")
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, g := range info.Groups {
+			if g.Name == group && (g.Lag > 0 || g.Pending > 0) {
+				return false, fmt.Sprintf("group %s lag %d pending %d; output: %s", group, g.Lag, g.Pending, sinkLastLines(p.Output(), 5))
+			}
+		}
+		ok, state := rt.sameRows(db)
+		return ok, state + "; output: " + sinkLastLines(p.Output(), 5)
+	})
+}
+
+// writers runs two concurrent writers on A for d, each committing random transactions (inserts,
+// updates with and without the TOASTed column, deletes, key changes); a transaction that fails (two
+// writers on one row) is rolled back. wait returns the number of committed transactions.
+func (rt *roundTrip) writers(seed uint64, d time.Duration) (wait func() int) {
+	var wg sync.WaitGroup
+	var committed atomic.Int64
+	end := time.Now().Add(d)
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			for time.Now().Before(end) {
+				if rt.randomRTTx(rng) {
+					committed.Add(1)
+				}
+				time.Sleep(time.Duration(rng.IntN(8)) * time.Millisecond)
+			}
+		}(w)
+	}
+	return func() int { wg.Wait(); return int(committed.Load()) }
+}
+
+// rtValues are random values for the non-key columns.
+func rtValues(rng *rand.Rand) (doc, amount string, big int64, tags []*string) {
+	doc = fmt.Sprintf(`{"big": %d, "nested": {"a": [1, "x,y", null, {"q": "say \"hi\" {}"}]}, "s": "é\\\\%d"}`,
+		uint64(1)<<60+uint64(rng.IntN(1e6)), rng.IntN(100))
+	sign := ""
+	if rng.IntN(3) == 0 {
+		sign = "-"
+	}
+	amount = fmt.Sprintf("%s%d%029d.%d", sign, 1+rng.IntN(9), rng.Int64N(1e18), rng.IntN(1e6)) // 30 digits before the point
+	big = int64(1)<<53 + rng.Int64N(int64(1)<<61)
+	pool := []string{"plain", "a,b", `say "hi"`, "{brace}", `back\slash`, "", "NULL", " spaced ", "é"}
+	for i, n := 0, rng.IntN(5); i < n; i++ {
+		if rng.IntN(5) == 0 {
+			tags = append(tags, nil)
+			continue
+		}
+		s := pool[rng.IntN(len(pool))]
+		tags = append(tags, &s)
+	}
+	return doc, amount, big, tags
+}
+
+// rtBody is a 20–40 kB text.
+func rtBody(rng *rand.Rand) string {
+	const letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \"',{}\\é"
+	chunk := make([]rune, 512)
+	runes := []rune(letters)
+	for i := range chunk {
+		chunk[i] = runes[rng.IntN(len(runes))]
+	}
+	return strings.Repeat(string(chunk), 40+rng.IntN(40))
+}
+
+func (rt *roundTrip) randomRTTx(rng *rand.Rand) bool {
+	ctx := rt.ctx
+	tx, err := rt.pg.Pool().Begin(ctx)
+	if err != nil {
+		return false
+	}
+	defer tx.Rollback(ctx)
+	for i, n := 0, 1+rng.IntN(3); i < n; i++ {
+		id := 1 + rng.Int64N(120)
+		doc, amount, big, tags := rtValues(rng)
+		switch op := rng.IntN(20); {
+		case op < 6: // insert, or replace the whole row
+			_, err = tx.Exec(ctx, `INSERT INTO rt (id, doc, amount, big, tags, body) VALUES ($1, $2::jsonb, $3::numeric, $4, $5, $6)
+				ON CONFLICT (id) DO UPDATE SET doc = excluded.doc, amount = excluded.amount, big = excluded.big, tags = excluded.tags, body = excluded.body, n = rt.n + 1`,
+				id, doc, amount, big, tags, rtBody(rng))
+		case op < 12: // update leaving the TOASTed body unchanged
+			_, err = tx.Exec(ctx, `UPDATE rt SET doc = $2::jsonb, amount = $3::numeric, big = $4, tags = $5, n = n + 1, ts = now() WHERE id = $1`,
+				id, doc, amount, big, tags)
+		case op < 14: // a new body
+			_, err = tx.Exec(ctx, `UPDATE rt SET body = $2, n = n + 1 WHERE id = $1`, id, rtBody(rng))
+		case op < 16:
+			_, err = tx.Exec(ctx, `DELETE FROM rt WHERE id = $1`, id)
+		case op < 19: // key change, body unchanged
+			_, err = tx.Exec(ctx, `UPDATE rt SET id = $2 WHERE id = $1`, id, 1+rng.Int64N(240))
+		default: // key change together with other columns
+			_, err = tx.Exec(ctx, `UPDATE rt SET id = $2, amount = $3::numeric, tags = $4 WHERE id = $1`, id, 1+rng.Int64N(240), amount, tags)
+		}
+		if err != nil {
+			return false
+		}
+	}
+	return tx.Commit(ctx) == nil
+}
+
+// TestRoundTripAToQueueToB: two writers change table rt of database A (jsonb, 30-digit numerics,
+// bigints past 2^53, arrays with NULL/commas/quotes/braces, 20–40 kB TOASTed values, updates that
+// leave them unchanged, deletes, key changes) while one pgrelay streams A into queue q (pg_cdc →
+// redis_queue) and another copies q into database B (redis_queue → pg_sink cdc); the sink process is
+// SIGKILLed once mid-run. When the writers stop: md5 of every row of B equals A, and still does
+// after a new sink process has waited out the dead one's shard leases.
+func TestRoundTripAToQueueToB(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end test")
+	}
+	rt := newRoundTrip(t, "roundtrip")
+	dsnB := rt.database("b")
+	cfg := rt.sinkConfig(dsnB, "copy_b", "copy_b")
+	p := startSinkPipeline(t, cfg)
+
+	start := time.Now()
+	wait := rt.writers(42, 8*time.Second)
+	// SIGKILL the sink once while the writers run, after it has applied something
+	sinkWaitUntil(t, 60*time.Second, "the sink applying", func() (bool, string) {
+		return len(rt.progress("b", "copy_b")) > 0, sinkLastLines(p.Output(), 5)
+	})
+	time.Sleep(time.Second)
+	p.Kill()
+	t.Logf("sink SIGKILLed %s after the writers started", time.Since(start).Round(time.Millisecond))
+	time.Sleep(time.Second)
+	p = startSinkPipeline(t, cfg)
+	committed := wait()
+	t.Logf("writers committed %d transactions in %s", committed, time.Since(start).Round(time.Millisecond))
+	if committed < 100 {
+		t.Fatalf("only %d transactions committed", committed)
+	}
+	var rows, toasted int
+	if err := rt.pg.Pool().QueryRow(rt.ctx, `SELECT count(*), count(*) FILTER (WHERE length(body) >= 20000) FROM rt`).Scan(&rows, &toasted); err != nil {
+		t.Fatal(err)
+	}
+	if toasted == 0 {
+		t.Fatalf("no TOASTed rows among %d", rows)
+	}
+	rt.assertQueueHas(`"unchanged":["body"]`, `"op":"d"`, `.1 {"op":"c"`)
+
+	rt.waitCaughtUp("b", "copy_b", p, 90*time.Second)
+	t.Logf("B equals A (%d rows, %d with 20–40 kB bodies) %s after the writers started", rows, toasted, time.Since(start).Round(time.Millisecond))
+
+	// the leases of a dead sink expire and a new process takes the shards over: still equal
+	p.Kill()
+	p = startSinkPipeline(t, cfg)
+	time.Sleep(3*time.Second + 3*time.Second) // > lease_ttl, then a tick to take the shards
+	rt.waitCaughtUp("b", "copy_b", p, 30*time.Second)
+	if ok, state := rt.sameRows("b"); !ok {
+		t.Fatalf("after the leases expired: %s", state)
+	}
+	rt.assertProgressAtQueueEnd("b", "copy_b")
+}
+
+// assertQueueHas replays the queue with the oracle (it must equal A: the writers have stopped) and
+// checks that it holds events of every kind the test means to exercise.
+func (rt *roundTrip) assertQueueHas(fragments ...string) {
+	rt.t.Helper()
+	rt.converge("public.rt", "id")
+	entries, err := oracle.ReadQueue(rt.ctx, rt.rd.Client(), "pgrelay", "q")
+	if err != nil {
+		rt.t.Fatal(err)
+	}
+	var counts []string
+	for _, f := range fragments {
+		n := 0
+		for _, e := range entries {
+			if strings.Contains(e.ID+" "+string(e.Payload), f) {
+				n++
+			}
+		}
+		if n == 0 {
+			rt.t.Errorf("no queue entry contains %s", f)
+		}
+		counts = append(counts, fmt.Sprintf("%d × %s", n, f))
+	}
+	rt.t.Logf("queue: %d entries; %s", len(entries), strings.Join(counts, ", "))
+}
+
+// progress reads the progress rows of sinkName in database db: shard → last_offset.
+func (rt *roundTrip) progress(db, sinkName string) map[int]int64 {
+	rows, err := rt.pools[db].Query(rt.ctx, `SELECT shard, last_offset FROM pgrelay.sink_progress WHERE sink = $1 AND queue = 'q'`, sinkName)
+	if err != nil {
+		return nil // not created yet
+	}
+	defer rows.Close()
+	got := map[int]int64{}
+	for rows.Next() {
+		var s int
+		var o int64
+		if err := rows.Scan(&s, &o); err != nil {
+			rt.t.Fatal(err)
+		}
+		got[s] = o
+	}
+	return got
+}
+
+// assertProgressAtQueueEnd checks that each shard's progress row of sinkName (in database db) stands
+// at the shard's last offset, and that no message was dead-lettered.
+func (rt *roundTrip) assertProgressAtQueueEnd(db, sinkName string) {
+	rt.t.Helper()
+	info, err := queue.Inspect(rt.ctx, rt.rd.Client(), queue.NewLayout("pgrelay"), "q")
+	if err != nil {
+		rt.t.Fatal(err)
+	}
+	got := rt.progress(db, sinkName)
+	for _, s := range info.ShardInfo {
+		if got[s.Shard] != s.LastOffset {
+			rt.t.Errorf("sink %s shard %d: progress %d, last offset %d", sinkName, s.Shard, got[s.Shard], s.LastOffset)
+		}
+	}
+	if info.DeadLetters != 0 {
+		rt.t.Errorf("%d dead letters", info.DeadLetters)
+	}
+}
