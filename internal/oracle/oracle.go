@@ -164,7 +164,9 @@ func (r *Result) apply(e Entry, ev Event) {
 			row[c] = string(v)
 		}
 		for _, c := range ev.Unchanged {
-			if prev == nil || prev[c] == "" {
+			if prev == nil { // a row not yet snapshotted: its r (or a fill) brings the value later
+				row[c] = missing
+			} else if prev[c] == "" {
 				r.problem("id %s: %s unchanged with no earlier value", e.ID, c)
 				row[c] = missing
 			} else {

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
@@ -54,6 +53,7 @@ type Config struct {
 	Heartbeat         time.Duration
 	TruncateEmit      bool
 	SnapshotInitial   bool
+	ChunkRows         int // rows per snapshot chunk
 }
 
 // PGConfig is how to reach PostgreSQL (shared with pg_sink).
@@ -67,6 +67,8 @@ const (
 	MaxLinger                         = 5 * time.Second
 	MinHeartbeat, MaxHeartbeat        = 1 * time.Second, time.Hour
 	MaxTables                         = 256
+	MinChunkRows, MaxChunkRows        = 1, 100000
+	DefaultChunkRows                  = 2000
 )
 
 var (
@@ -167,12 +169,8 @@ func (c *Config) validateLimits() error {
 		return fieldErr("linger", "%s is not in 0s-%s", c.Linger, MaxLinger)
 	case c.Heartbeat < MinHeartbeat || c.Heartbeat > MaxHeartbeat:
 		return fieldErr("heartbeat", "%s is not in %s-%s", c.Heartbeat, MinHeartbeat, MaxHeartbeat)
+	case c.ChunkRows < MinChunkRows || c.ChunkRows > MaxChunkRows:
+		return fieldErr("chunk_rows", "%d is not in %d-%d", c.ChunkRows, MinChunkRows, MaxChunkRows)
 	}
 	return nil
-}
-
-// errSnapshotUnavailable refuses `snapshot: initial` until the snapshotter lands.
-func errSnapshotUnavailable() error {
-	return errcode.New("snapshot_unavailable", "snapshot: initial is not available in this version",
-		"set snapshot: never (stream changes from the slot's creation on)")
 }

@@ -42,6 +42,7 @@ type item struct {
 	events []Event
 	size   int
 	lsn    pglogrepl.LSN
+	chunk  *chunkPart // itemChunk (internal/source/snapshot.go): the snapshot cursor after this part
 }
 
 // relCol is a column of a Relation message.

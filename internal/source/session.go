@@ -2,6 +2,7 @@ package source
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -45,6 +46,8 @@ type session struct {
 	lastIdleWrite time.Time
 
 	lastData atomic.Int64 // unix nanos of the last WAL data, for the heartbeat
+
+	snap *snapshotter // nil when the pointer has no snapshot in progress
 }
 
 // fail ends the session with err.
@@ -62,7 +65,7 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	pcfg, _ := pgxpool.ParseConfig("")
 	pcfg.ConnConfig.Config = *qcfg
-	pcfg.MaxConns = 3
+	pcfg.MaxConns = 5 // readback, heartbeat, the snapshot's read and its watermarks
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
@@ -96,7 +99,7 @@ func (s *Source) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.stream(ctx, pool, repl, tables, start)
+	return s.stream(ctx, pool, repl, tables, start, version)
 }
 
 // startPointer settles the pointer and the slot (DESIGN §5), creating both on the first start,
@@ -140,7 +143,7 @@ func (s *Source) startPointer(ctx context.Context, pool *pgxpool.Pool, sys pglog
 }
 
 // firstPointer creates the slot (or adopts an existing one) and writes the first pointer of a
-// new epoch. `snapshot: initial` plugs in here (a later issue): it would set pointer.snapshot.
+// new epoch; with `snapshot: initial` the pointer carries the snapshot's starting cursor.
 func (s *Source) firstPointer(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.IdentifySystemResult, st SlotState) (pointer.Pointer, error) {
 	at := st.ConfirmedFlush
 	if !st.Exists {
@@ -153,6 +156,7 @@ func (s *Source) firstPointer(ctx context.Context, pool *pgxpool.Pool, sys pglog
 	}
 	// The slot sends commits at or after `at`; the pointer covers the ones before it.
 	p := pointer.New(1, pointer.NewEpoch(), sys.SystemID, s.cfg.Slot, at-1)
+	p.Snapshot = s.startCursor()
 	b := &Batch{Cover: p, CoverJSON: p.Marshal(time.Now()), LeaseKey: s.keys.Lease, Fence: s.lease.Token(), PointerKey: s.keys.Pointer}
 	if _, err := s.writer.Write(ctx, nil, b.cover()); err != nil {
 		return pointer.Pointer{}, fmt.Errorf("write the first pointer: %w", err)
@@ -165,7 +169,7 @@ func (s *Source) firstPointer(ctx context.Context, pool *pgxpool.Pool, sys pglog
 }
 
 // stream starts replication at the pointer and runs the reader and heartbeat until one fails.
-func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, tables []TableInfo, start pointer.Pointer) error {
+func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, tables []TableInfo, start pointer.Pointer, version int) error {
 	pub := strings.ReplaceAll(s.cfg.Publication, `"`, `""`)
 	err := pglogrepl.StartReplication(ctx, repl, s.cfg.Slot, start.LSNValue(), pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", fmt.Sprintf(`publication_names '"%s"'`, strings.ReplaceAll(pub, "'", "''")), "messages 'true'"},
@@ -196,6 +200,11 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 			return readback(ctx, pool, rel, key, cols)
 		},
 	}
+	sn, cur, err := ss.newSnapshotter(pool, tables, version)
+	if err != nil {
+		return err
+	}
+	ss.snap = sn
 	s.setSession(ss)
 	defer s.setSession(nil)
 	s.setPhase(PhaseStreaming, nil)
@@ -206,6 +215,15 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 		defer wg.Done()
 		ss.heartbeat(pool, start.Epoch)
 	}()
+	if sn != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := sn.run(*cur); err != nil && sctx.Err() == nil {
+				ss.fail(fmt.Errorf("snapshot: %w", err))
+			}
+		}()
+	}
 	err = ss.read(repl, dec)
 	cancel(err)
 	wg.Wait()
@@ -259,6 +277,12 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 	emit := func(it item) error {
 		if it.kind == itemCommit && it.commit > lastPos {
 			lastPos = it.commit
+		}
+		if it.kind == itemChunk && it.commit-1 > lastPos {
+			lastPos = it.commit - 1
+		}
+		if ss.snap != nil {
+			ss.snap.observe(it)
 		}
 		return ss.push(it, sendStatus, nextStatus)
 	}
@@ -322,6 +346,11 @@ func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, po
 			return fmt.Errorf("decode pgoutput: %w", err)
 		}
 		if lm, ok := msg.(*pglogrepl.LogicalDecodingMessage); ok && !lm.Transactional {
+			if lm.Prefix == WatermarkPrefix && ss.snap != nil {
+				if handled, err := ss.watermark(lm, emit); handled || err != nil {
+					return err
+				}
+			}
 			if lm.LSN > 0 {
 				return position(lm.LSN - 1)
 			}
@@ -453,7 +482,8 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 		txDone = ss.plan.InTxn.Done
 	}
 	var events []Event
-	size, n, full, txns := 0, 0, false, 0
+	var cursor json.RawMessage
+	size, n, full, txns, chunks := 0, 0, false, 0, uint64(0)
 	for ; n < len(items) && !full; n++ {
 		it := items[n]
 		switch it.kind {
@@ -469,6 +499,19 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 		case itemCommit:
 			complete, inTxn = it.commit, false
 			txns++
+		case itemChunk:
+			if len(events) > 0 && (len(events)+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
+				full = true
+				n--
+				continue
+			}
+			events = append(events, it.events...)
+			size += it.size
+			if it.commit-1 > complete { // every commit before the high watermark is in
+				complete = it.commit - 1
+			}
+			cursor = it.chunk.cursor
+			chunks++
 		case itemPosition:
 			if !inTxn && it.lsn > complete {
 				complete = it.lsn
@@ -479,10 +522,16 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 	if inTxn {
 		cover = cover.InsideTxn(txCommit, txDone)
 	}
+	if chunks > 0 {
+		cover.Snapshot, cover.SnapshotChunks = cursor, cover.SnapshotChunks+chunks
+	}
 	if len(events) == 0 {
 		if n == 0 || !ss.plan.Less(cover) {
 			ss.q.pop(n)
 			return nil, idle, nil
+		}
+		if chunks > 0 { // an empty chunk moves the cursor at once
+			return nil, idle, ss.idleAdvance(ctx, cover, n)
 		}
 		if wait := time.Until(ss.lastIdleWrite.Add(idleWriteEvery)); wait > 0 {
 			return nil, waitFor{ch: changed, after: wait}, nil
@@ -527,6 +576,9 @@ func (ss *session) idleAdvance(ctx context.Context, cover pointer.Pointer, n int
 // acked records that b's cover is durably the pointer: PostgreSQL may now drop the WAL before it.
 func (ss *session) acked(b *Batch) {
 	ss.flush.Store(uint64(b.Cover.LSNValue()))
+	if ss.snap != nil {
+		ss.snap.ackedCover(b.Cover.SnapshotChunks)
+	}
 	h := ss.src.hooks
 	if h.PointerLSN != nil {
 		h.PointerLSN(uint64(b.Cover.LSNValue()))

@@ -44,6 +44,10 @@ type Hooks struct {
 	SlotLag      func(bytes int64)
 	Owner        func(owner bool)
 	Error        func(code string)
+	// SnapshotRows counts snapshot rows read (after the chunk is in the queue); SnapshotTables
+	// counts tables whose snapshot finished.
+	SnapshotRows   func(n int64)
+	SnapshotTables func(n int64)
 }
 
 // Keys are the Redis keys of one source (DESIGN §4), under its first queue's hash tag.

@@ -329,7 +329,8 @@ func TestConfigRefusesOutOfRangeValuesWithThePath(t *testing.T) {
 		{"heartbeat: 2h", "heartbeat:"},
 		{"linger: 6s", "linger:"},
 		{"truncate: emit", "truncate:"},
-		{"snapshot: initial", "snapshot_unavailable"},
+		{"chunk_rows: 0", "chunk_rows:"},
+		{"chunk_rows: 100001", "chunk_rows:"},
 		{"tables: [{table: t, queue: q}, {table: public.t, queue: r}]", "tables[1].table:"},
 		{"tables: [{table: t, queue: q, partition_by: nope}]", "tables[0].partition_by:"},
 		{"tls: {mode: verify-full, root_ca_file: /x, client_cert_file: /c}", "tls.client_cert_file:"},
@@ -349,7 +350,7 @@ func TestConfigRefusesOutOfRangeValuesWithThePath(t *testing.T) {
 	}
 	conf, _ := source.Spec().ParseYAML(base, nil)
 	c, err := source.ParseConfig(conf)
-	if err != nil || c.Slot != "pgrelay_x" || c.Publication != "pgrelay_x" || c.LeaseTTL != 10*time.Second || c.MaxBundleMessages != 1000 {
+	if err != nil || c.Slot != "pgrelay_x" || c.Publication != "pgrelay_x" || c.LeaseTTL != 10*time.Second || c.MaxBundleMessages != 1000 || c.ChunkRows != 2000 || c.SnapshotInitial {
 		t.Errorf("defaults: %+v %v", c, err)
 	}
 }

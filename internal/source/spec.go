@@ -53,7 +53,9 @@ See docs/source.md.`).
 			service.NewDurationField("linger").Description("How long a batch may wait for more transactions before it goes (0s-5s); 0 sends as soon as nothing more is buffered.").Default("0s"),
 			service.NewDurationField("heartbeat").Description("With no WAL data for this long, emit a heartbeat message so an idle source still advances (1s-1h).").Default("10s"),
 			service.NewStringEnumField("truncate", "skip", "emit").Description("`skip` (counted, logged) or `emit` a `t` event to partition `all` (needs partition_by: single on every table).").Default("skip"),
-			service.NewStringEnumField("snapshot", "never", "initial").Description("`never`: stream from the slot's creation. `initial` (snapshot the tables first) is not available yet and is refused.").Default("never"),
+			service.NewStringEnumField("snapshot", "never", "initial").Description("`never`: stream from the slot's creation. `initial`: on the first start (and after `pgrelay resync`) also copy the rows already in the tables, as `r` events, chunk by chunk while the stream runs.").Default("never"),
+			service.NewIntField("chunk_rows").Description("Rows per snapshot chunk (1-100000): each chunk is one short REPEATABLE READ read between two watermarks.").Default(2000).
+				LintRule(`root = if this < 1 || this > 100000 { ["chunk_rows must be in 1-100000"] }`),
 		)
 }
 
@@ -94,6 +96,7 @@ func ParseConfig(conf *service.ParsedConfig) (Config, error) {
 	integer(&c.MaxBundleBytes, "max_bundle_bytes")
 	dur(&c.Linger, "linger")
 	dur(&c.Heartbeat, "heartbeat")
+	integer(&c.ChunkRows, "chunk_rows")
 	var truncate, snapshot string
 	str(&truncate, "truncate")
 	str(&snapshot, "snapshot")
@@ -112,9 +115,6 @@ func ParseConfig(conf *service.ParsedConfig) (Config, error) {
 	}
 	if c.Tables, err = parseTables(conf); err != nil {
 		return c, err
-	}
-	if c.SnapshotInitial {
-		return c, errSnapshotUnavailable()
 	}
 	return c, c.Validate()
 }

@@ -1,0 +1,665 @@
+package source
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/partition"
+	"github.com/pgrelay/pgrelay/internal/snapshot"
+)
+
+// WatermarkPrefix is the logical message prefix of the snapshot's watermarks. Only
+// non-transactional messages with this prefix and this life's chunk id count.
+const WatermarkPrefix = "pgrelay_snapshot"
+
+// itemChunk is one part of a snapshot chunk: its events go in at the high watermark (item.commit),
+// and the cover takes its cursor (item.chunk).
+const itemChunk itemKind = 100
+
+// chunkPart is the pointer's snapshot field after one part of a chunk is in the queue.
+type chunkPart struct {
+	cursor json.RawMessage // the Cursor JSON, or null after the last table
+	rows   int             // rows this part moves the cursor by (for metrics and the log)
+	next   string          // the table the cursor points at afterwards ("" when done)
+}
+
+const (
+	snapshotLogEvery = 5 * time.Second
+	quietWait        = time.Second      // how long a chunk waits for the item queue to drain
+	watermarkWait    = 60 * time.Second // how long a chunk waits for its high watermark in the stream
+)
+
+// snapTable is what the snapshotter knows about one table: how to read it and how to render it.
+type snapTable struct {
+	info    *TableInfo
+	spec    snapshot.Spec
+	types   []*convert.Type
+	keyIdx  []int // positions of the key columns among spec.Columns
+	partIdx []int // positions of the partition columns (nil: single)
+	nonKey  []string
+	full    string
+	tableJS []byte // the table name as a JSON string
+}
+
+// pendingChunk is the chunk between its low watermark and the moment the reader hands it over.
+type pendingChunk struct {
+	id     string
+	win    *snapshot.Window
+	table  *snapTable
+	cursor snapshot.Cursor
+	chunk  *snapshot.Chunk
+	done   chan struct{} // closed once the reader pushed the chunk's items
+	parts  int
+	next   snapshot.Cursor
+	over   bool // the snapshot ends with this chunk
+}
+
+// snapshotter reads the tables chunk by chunk while the session streams (DESIGN §5).
+type snapshotter struct {
+	ss        *session
+	pool      *pgxpool.Pool
+	flushArg  bool // pg_logical_emit_message has the flush argument (PostgreSQL 17+)
+	life      string
+	epoch     string
+	n         uint64
+	tables    map[string]*snapTable
+	reg       *convert.Registry
+	startS    uint64
+	pushed    atomic.Uint64 // parts handed to the bundler in this life
+	acked     atomic.Uint64 // the acknowledged pointer's snapshot chunk count
+	ackSignal chan struct{}
+
+	mu      sync.Mutex
+	pend    *pendingChunk
+	active  string // the table being read, for collecting stream effects
+	txXid   uint32
+	effects []snapshot.Effect
+	trunc   bool
+
+	rowsDone atomic.Int64 // rows of the current table in the pointer, for the log
+}
+
+// newSnapshotter prepares the snapshot of the cursor in start (nil when there is none).
+func (ss *session) newSnapshotter(pool *pgxpool.Pool, tables []TableInfo, version int) (*snapshotter, *snapshot.Cursor, error) {
+	raw := ss.plan.Snapshot
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil, nil
+	}
+	var cur snapshot.Cursor
+	if err := json.Unmarshal(raw, &cur); err != nil || cur.Table == "" {
+		return nil, nil, fmt.Errorf("the pointer's snapshot cursor is unreadable: %s", raw)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	sn := &snapshotter{ss: ss, pool: pool, flushArg: version >= 170000, life: hex.EncodeToString(b[:]), epoch: ss.plan.Epoch,
+		tables: map[string]*snapTable{}, reg: convert.NewRegistry(), startS: ss.plan.SnapshotChunks,
+		ackSignal: make(chan struct{}, 1)}
+	sn.acked.Store(ss.plan.SnapshotChunks)
+	for i := range tables {
+		sn.tables[tables[i].Full()] = &snapTable{info: &tables[i], full: tables[i].Full()}
+	}
+	sn.active = cur.Table
+	return sn, &cur, nil
+}
+
+// load reads the table's columns and types once.
+func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error) {
+	t := sn.tables[name]
+	if t == nil {
+		return nil, fmt.Errorf("snapshot: table %s is in the pointer's cursor but not in tables", name)
+	}
+	if t.types != nil {
+		return t, nil
+	}
+	rows, err := sn.pool.Query(ctx, `SELECT attname, atttypid, format_type(atttypid, atttypmod)
+		FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+		ORDER BY attnum`, t.info.OID)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: read columns: %w", name, err)
+	}
+	var cols []snapshot.Column
+	for rows.Next() {
+		var c snapshot.Column
+		if err := rows.Scan(&c.Name, &c.TypeOID, &c.SQLType); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("snapshot %s: read columns: %w", name, err)
+		}
+		cols = append(cols, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("snapshot %s: read columns: %w", name, err)
+	}
+	oids := make([]uint32, len(cols))
+	for i, c := range cols {
+		oids[i] = c.TypeOID
+	}
+	if err := sn.reg.Load(ctx, sn.pool, oids); err != nil {
+		return nil, err
+	}
+	t.spec = snapshot.Spec{Schema: t.info.Schema, Name: t.info.Name, Columns: cols, Key: t.info.Key}
+	index := func(names []string) []int {
+		out := make([]int, 0, len(names))
+		for _, n := range names {
+			for j, c := range cols {
+				if c.Name == n {
+					out = append(out, j)
+				}
+			}
+		}
+		return out
+	}
+	t.keyIdx = index(t.info.Key)
+	switch t.info.Mode {
+	case PartitionByKey:
+		t.partIdx = t.keyIdx
+	case PartitionByColumns:
+		t.partIdx = index(t.info.Columns)
+	}
+	isKey := map[string]bool{}
+	for _, k := range t.info.Key {
+		isKey[k] = true
+	}
+	for _, c := range cols {
+		if !isKey[c.Name] {
+			t.nonKey = append(t.nonKey, c.Name)
+		}
+	}
+	t.tableJS = convert.AppendString(nil, []byte(name))
+	t.types = make([]*convert.Type, len(cols))
+	for i, c := range cols {
+		t.types[i] = sn.reg.Lookup(c.TypeOID)
+	}
+	return t, nil
+}
+
+// run reads chunks until the snapshot is done or the session ends.
+func (sn *snapshotter) run(cur snapshot.Cursor) error {
+	ctx := sn.ss.ctx
+	src := sn.ss.src
+	lastLog := time.Now()
+	src.log.Infof("pg_cdc %s: snapshot of %d table(s) at %s (%d rows done)", src.cfg.Name, len(cur.Tables), cur.Table, cur.Rows)
+	for {
+		t, err := sn.load(ctx, cur.Table)
+		if err != nil {
+			return err
+		}
+		p, err := sn.chunk(ctx, t, cur)
+		if err != nil {
+			return err
+		}
+		if p == nil { // the high watermark never came back: read the chunk again under a new id
+			continue
+		}
+		if err := sn.waitAcked(ctx, sn.startS+sn.pushed.Load()); err != nil {
+			return err
+		}
+		if h := src.hooks.SnapshotRows; h != nil {
+			h(int64(len(p.chunk.Rows)))
+		}
+		if p.next.Table != cur.Table || p.over {
+			if h := src.hooks.SnapshotTables; h != nil {
+				h(1)
+			}
+			src.log.Infof("pg_cdc %s: snapshot of %s done (%d rows)", src.cfg.Name, cur.Table, cur.Rows+int64(len(p.chunk.Rows)))
+		}
+		if p.over {
+			src.log.Infof("pg_cdc %s: snapshot done", src.cfg.Name)
+			return nil
+		}
+		cur = p.next
+		sn.setActive(cur.Table)
+		if time.Since(lastLog) >= snapshotLogEvery {
+			lastLog = time.Now()
+			src.log.Infof("pg_cdc %s: snapshot at %s, %d rows read in this table", src.cfg.Name, cur.Table, cur.Rows)
+		}
+	}
+}
+
+func (sn *snapshotter) setActive(table string) {
+	sn.mu.Lock()
+	sn.active, sn.effects, sn.trunc = table, nil, false
+	sn.mu.Unlock()
+}
+
+// chunk runs one chunk: low watermark, read, high watermark, then waits for the reader to hand
+// it to the bundler. nil (no error) when the high watermark did not come back in time.
+func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cursor) (*pendingChunk, error) {
+	sn.waitQuiet(ctx)
+	sn.n++
+	p := &pendingChunk{id: sn.life + ":" + strconv.FormatUint(sn.n, 10), win: snapshot.NewWindow(), table: t, cursor: cur,
+		done: make(chan struct{})}
+	sn.mu.Lock()
+	sn.pend = p
+	sn.mu.Unlock()
+	if err := sn.watermark(ctx, p.id+":lw"); err != nil {
+		return nil, err
+	}
+	conn, err := sn.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	chunk, err := t.spec.Read(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows)
+	conn.Release()
+	if err != nil {
+		return nil, err
+	}
+	sn.mu.Lock()
+	p.chunk = chunk
+	sn.mu.Unlock()
+	if err := sn.watermark(ctx, p.id+":hw"); err != nil {
+		return nil, err
+	}
+	timer := time.NewTimer(watermarkWait)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		return p, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-timer.C:
+		sn.mu.Lock()
+		if sn.pend == p {
+			sn.pend = nil
+		}
+		sn.mu.Unlock()
+		select {
+		case <-p.done: // handed over just now
+			return p, nil
+		default:
+		}
+		sn.ss.src.log.Warnf("pg_cdc %s: snapshot chunk %s: high watermark not seen in %s, reading it again", sn.ss.src.cfg.Name, p.id, watermarkWait)
+		return nil, nil
+	}
+}
+
+// waitQuiet lets the stream's queued items go first: no chunk is read while a bundle waits
+// (at most quietWait, so a busy stream cannot starve the snapshot).
+func (sn *snapshotter) waitQuiet(ctx context.Context) {
+	deadline := time.Now().Add(quietWait)
+	for {
+		items, changed := sn.ss.q.snapshot()
+		if len(items) == 0 || time.Now().After(deadline) {
+			return
+		}
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// watermark emits a non-transactional logical message (flushed on 17+, where that can be asked).
+func (sn *snapshotter) watermark(ctx context.Context, content string) error {
+	sql := `SELECT pg_logical_emit_message(false, $1, $2)`
+	if sn.flushArg {
+		sql = `SELECT pg_logical_emit_message(false, $1, $2, true)`
+	}
+	if _, err := sn.pool.Exec(ctx, sql, WatermarkPrefix, content); err != nil {
+		return fmt.Errorf("snapshot: emit watermark: %w", err)
+	}
+	return nil
+}
+
+// waitAcked blocks until the acknowledged pointer counts target chunk parts.
+func (sn *snapshotter) waitAcked(ctx context.Context, target uint64) error {
+	for sn.acked.Load() < target {
+		select {
+		case <-sn.ackSignal:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// ackedCover records an acknowledged cover (called by session.acked).
+func (sn *snapshotter) ackedCover(chunks uint64) {
+	if chunks > sn.acked.Load() {
+		sn.acked.Store(chunks)
+		select {
+		case sn.ackSignal <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// observe collects the effects of stream changes on the table being read (reader goroutine).
+func (sn *snapshotter) observe(it item) {
+	sn.mu.Lock()
+	defer sn.mu.Unlock()
+	switch it.kind {
+	case itemChange:
+		for i := range it.events {
+			e := &it.events[i]
+			if e.Table != sn.active {
+				continue
+			}
+			sn.txXid = e.Xid
+			if e.Op == "t" {
+				sn.trunc = true
+				continue
+			}
+			sn.effects = appendEffects(sn.effects, e, sn.tables[sn.active])
+		}
+	case itemCommit:
+		if sn.pend != nil && (len(sn.effects) > 0 || sn.trunc) {
+			sn.pend.win.Observe(snapshot.Commit{Xid: sn.txXid, Effects: sn.effects, Truncate: sn.trunc})
+		}
+		sn.effects, sn.trunc = nil, false
+	}
+}
+
+// appendEffects turns one stream event into the effects the window needs. A key change under
+// partition_by single (a u whose before holds another key) deletes the old key.
+func appendEffects(out []snapshot.Effect, e *Event, t *snapTable) []snapshot.Effect {
+	var ev struct {
+		Key       json.RawMessage            `json:"key"`
+		Before    map[string]json.RawMessage `json:"before"`
+		Unchanged []string                   `json:"unchanged"`
+	}
+	if err := json.Unmarshal(e.Payload, &ev); err != nil {
+		return out
+	}
+	key := string(ev.Key)
+	switch e.Op {
+	case "c":
+		return append(out, snapshot.Effect{Key: key, Put: true})
+	case "d":
+		return append(out, snapshot.Effect{Key: key, Delete: true})
+	case "u":
+		if ev.Before != nil && t != nil {
+			b := []byte{'{'}
+			for i, k := range t.info.Key {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = convert.AppendString(b, []byte(k))
+				b = append(b, ':')
+				b = append(b, ev.Before[k]...)
+			}
+			if old := string(append(b, '}')); old != key {
+				out = append(out, snapshot.Effect{Key: old, Delete: true})
+			}
+		}
+		return append(out, snapshot.Effect{Key: key, Unchanged: ev.Unchanged})
+	}
+	return out
+}
+
+// lowWatermark marks the window of the chunk with this id (reader goroutine).
+func (sn *snapshotter) lowWatermark(id string) {
+	sn.mu.Lock()
+	defer sn.mu.Unlock()
+	if sn.pend != nil && sn.pend.id == id {
+		sn.pend.win.LowWatermark()
+	}
+}
+
+// highWatermark resolves the chunk with this id and hands its parts to the bundler (reader
+// goroutine). It reports false for a stale or unknown watermark.
+func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item) error) (bool, error) {
+	sn.mu.Lock()
+	p := sn.pend
+	if p == nil || p.id != id || !p.win.Seen() || p.chunk == nil {
+		sn.mu.Unlock()
+		return false, nil
+	}
+	sn.pend = nil
+	sn.mu.Unlock()
+	items, err := sn.build(p, hw)
+	if err != nil {
+		return true, err
+	}
+	for _, it := range items {
+		if err := emit(it); err != nil {
+			return true, err
+		}
+	}
+	p.parts = len(items)
+	sn.pushed.Add(uint64(len(items)))
+	close(p.done)
+	return true, nil
+}
+
+// build applies the DBLog rule to the chunk and renders its survivors (r) and fills (u) in row
+// order, split into bundle-sized parts, each carrying the cursor after its last row.
+func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) {
+	t, ch := p.table, p.chunk
+	epoch := sn.epoch
+	rows := make([]snapshot.Row, len(ch.Rows))
+	index := make(map[string]int, len(ch.Rows))
+	for i, r := range ch.Rows {
+		rows[i].Key = string(t.appendObject(nil, r, t.keyIdx))
+		index[rows[i].Key] = i
+	}
+	survivors, fills := p.win.Resolve(rows, ch.Snapshot, t.nonKey)
+	kind := make([]byte, len(ch.Rows)) // 0 dropped, 'r' survivor, 'f' fill
+	fillCols := make(map[int][]string, len(fills))
+	for _, r := range survivors {
+		kind[index[r.Key]] = 'r'
+	}
+	for _, f := range fills {
+		i := index[f.Row.Key]
+		kind[i], fillCols[i] = 'f', f.Columns
+	}
+	limit := sn.ss.src.cfg.ChunkRows
+	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, limit)
+	p.next, p.over = next, over
+	tx := fmt.Sprintf("pg:%s:s:%016X", epoch, uint64(hw))
+	lsn := hw.String()
+	ts := ch.ReadAt.Format("2006-01-02T15:04:05.000000Z")
+	ms := ch.ReadAt.UnixMilli()
+	cfg := &sn.ss.src.cfg
+	var out []item
+	cur := item{kind: itemChunk, commit: hw}
+	flush := func(lastRow int, final bool) {
+		part := &chunkPart{}
+		if final {
+			part.rows = len(ch.Rows)
+			if over {
+				part.cursor = json.RawMessage("null")
+			} else {
+				part.cursor, _ = json.Marshal(next)
+				part.next = next.Table
+			}
+		} else {
+			mid := p.cursor
+			mid.After = t.keyText(ch.Rows[lastRow])
+			mid.Rows = p.cursor.Rows + int64(lastRow+1)
+			part.cursor, _ = json.Marshal(mid)
+			part.next, part.rows = mid.Table, lastRow+1
+		}
+		cur.chunk = part
+		out = append(out, cur)
+		cur = item{kind: itemChunk, commit: hw}
+	}
+	for i, r := range ch.Rows {
+		if kind[i] == 0 {
+			continue
+		}
+		var ev Event
+		if kind[i] == 'r' {
+			ev = t.readEvent(r, i, epoch, tx, lsn, ts, ms)
+		} else {
+			ev = t.fillEvent(r, i, fillCols[i], epoch, tx, lsn, ts, ms)
+		}
+		if len(cur.events) > 0 && (len(cur.events)+1 > cfg.MaxBundleMessages || cur.size+ev.size() > cfg.MaxBundleBytes) {
+			flush(i-1, false)
+		}
+		cur.events = append(cur.events, ev)
+		cur.size += ev.size()
+	}
+	flush(len(ch.Rows)-1, true)
+	return out, nil
+}
+
+// keyText is the cursor form of a row's key: the key values as printed.
+func (t *snapTable) keyText(row [][]byte) []string {
+	out := make([]string, len(t.keyIdx))
+	for i, j := range t.keyIdx {
+		out[i] = string(row[j])
+	}
+	return out
+}
+
+// appendObject renders the given columns of row as the stream's decoder does.
+func (t *snapTable) appendObject(b []byte, row [][]byte, cols []int) []byte {
+	b = append(b, '{')
+	for n, c := range cols {
+		if n > 0 {
+			b = append(b, ',')
+		}
+		b = convert.AppendString(b, []byte(t.spec.Columns[c].Name))
+		b = append(b, ':')
+		if row[c] == nil {
+			b = convert.AppendNull(b)
+		} else {
+			b = convert.Append(b, t.types[c], row[c])
+		}
+	}
+	return append(b, '}')
+}
+
+func (t *snapTable) partitionName(row [][]byte) string {
+	if t.partIdx == nil {
+		return partition.Single
+	}
+	vals := make([]partition.Value, len(t.partIdx))
+	for i, c := range t.partIdx {
+		vals[i] = partition.Value{Text: row[c], Null: row[c] == nil}
+	}
+	return partition.Name(vals)
+}
+
+// readEvent renders a surviving row as an `r` event (DESIGN §2: no xid, lsn = high watermark).
+func (t *snapTable) readEvent(row [][]byte, seq int, epoch, tx, lsn, ts string, ms int64) Event {
+	all := make([]int, len(row))
+	for i := range all {
+		all[i] = i
+	}
+	b := make([]byte, 0, 256)
+	b = append(b, `{"op":"r","table":`...)
+	b = append(b, t.tableJS...)
+	b = append(b, `,"key":`...)
+	b = t.appendObject(b, row, t.keyIdx)
+	b = append(b, `,"after":`...)
+	b = t.appendObject(b, row, all)
+	b = append(b, `,"before":null`...)
+	b = t.tail(b, lsn, ts, seq)
+	return Event{Queue: t.info.Queue, Partition: t.partitionName(row), ID: tx + ":" + strconv.Itoa(seq), Tx: tx,
+		Op: "r", Table: t.full, LSN: lsn, CreatedMs: ms, Payload: b}
+}
+
+// fillEvent renders a fill: a `u` whose after holds the key and the restored columns, every other
+// non-key column listed as unchanged.
+func (t *snapTable) fillEvent(row [][]byte, seq int, restore []string, epoch, tx, lsn, ts string, ms int64) Event {
+	keep := map[string]bool{}
+	for _, c := range restore {
+		keep[c] = true
+	}
+	for _, k := range t.info.Key {
+		keep[k] = true
+	}
+	var cols []int
+	var unchanged []string
+	for i, c := range t.spec.Columns {
+		if keep[c.Name] {
+			cols = append(cols, i)
+		} else {
+			unchanged = append(unchanged, c.Name)
+		}
+	}
+	b := make([]byte, 0, 256)
+	b = append(b, `{"op":"u","table":`...)
+	b = append(b, t.tableJS...)
+	b = append(b, `,"key":`...)
+	b = t.appendObject(b, row, t.keyIdx)
+	b = append(b, `,"after":`...)
+	b = t.appendObject(b, row, cols)
+	b = append(b, `,"before":null`...)
+	if len(unchanged) > 0 {
+		b = append(b, `,"unchanged":[`...)
+		for i, c := range unchanged {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = convert.AppendString(b, []byte(c))
+		}
+		b = append(b, ']')
+	}
+	b = t.tail(b, lsn, ts, seq)
+	return Event{Queue: t.info.Queue, Partition: t.partitionName(row), ID: tx + ":f" + strconv.Itoa(seq), Tx: tx,
+		Op: "u", Table: t.full, LSN: lsn, CreatedMs: ms, Payload: b}
+}
+
+func (t *snapTable) tail(b []byte, lsn, ts string, seq int) []byte {
+	b = append(b, `,"lsn":"`...)
+	b = append(b, lsn...)
+	b = append(b, `","ts":"`...)
+	b = append(b, ts...)
+	b = append(b, `","seq":`...)
+	b = strconv.AppendInt(b, int64(seq), 10)
+	return append(b, '}')
+}
+
+// watermarkID splits a watermark's content "<life>:<n>:<lw|hw>".
+func watermarkID(content []byte) (id, kind string, ok bool) {
+	s := string(content)
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", "", false
+	}
+	return s[:i], s[i+1:], true
+}
+
+// watermark handles a message with the watermark prefix (reader goroutine); handled is true when
+// it was this life's high watermark and the chunk's parts were pushed (they carry the position).
+func (ss *session) watermark(lm *pglogrepl.LogicalDecodingMessage, emit func(item) error) (bool, error) {
+	id, kind, ok := watermarkID(lm.Content)
+	if !ok {
+		return false, nil
+	}
+	switch kind {
+	case "lw":
+		ss.snap.lowWatermark(id)
+	case "hw":
+		return ss.snap.highWatermark(id, lm.LSN, emit)
+	}
+	return false, nil
+}
+
+// startCursor is the pointer's snapshot field for a new epoch: null unless `snapshot: initial`.
+func (s *Source) startCursor() json.RawMessage {
+	if !s.cfg.SnapshotInitial {
+		return nil
+	}
+	names := make([]string, len(s.cfg.Tables))
+	for i, t := range s.cfg.Tables {
+		names[i] = t.Full()
+	}
+	cur, ok := snapshot.Start(names)
+	if !ok {
+		return nil
+	}
+	b, _ := json.Marshal(cur)
+	return b
+}

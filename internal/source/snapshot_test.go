@@ -1,0 +1,201 @@
+package source_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/source"
+)
+
+// randomWriter changes rows of tables a (id int) and b (composite text key with | and \) until
+// stopped: inserts, updates, deletes, key changes, and the same row twice in one transaction.
+type randomWriter struct {
+	pool *pgxpool.Pool
+	stop chan struct{}
+	wg   sync.WaitGroup
+	n    int
+}
+
+// bKey is a text key part with the characters partition names escape.
+func bKey(i int) string {
+	return []string{`x|y`, `x\y`, `p`, `\|`, `q|`}[i%5] + fmt.Sprint(i/5)
+}
+
+func startRandomWriter(t *testing.T, pool *pgxpool.Pool, keys int) *randomWriter {
+	w := &randomWriter{pool: pool, stop: make(chan struct{})}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		r := rand.New(rand.NewPCG(1, 2))
+		for {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			if err := w.one(r, keys); err != nil && !strings.Contains(err.Error(), "duplicate key") {
+				t.Logf("writer: %v", err)
+			}
+			w.n++
+		}
+	}()
+	return w
+}
+
+func (w *randomWriter) one(r *rand.Rand, keys int) error {
+	ctx := context.Background()
+	id, id2 := r.IntN(keys), r.IntN(keys)
+	var sql string
+	switch r.IntN(9) {
+	case 0:
+		sql = fmt.Sprintf(`INSERT INTO a VALUES (%d, md5(random()::text), %d) ON CONFLICT DO NOTHING`, id, r.IntN(1000))
+	case 1:
+		sql = fmt.Sprintf(`UPDATE a SET v = md5(random()::text), n = n + 1 WHERE id = %d`, id)
+	case 2:
+		sql = fmt.Sprintf(`DELETE FROM a WHERE id = %d`, id)
+	case 3:
+		sql = fmt.Sprintf(`UPDATE a SET id = %d WHERE id = %d AND NOT EXISTS (SELECT 1 FROM a WHERE id = %d)`, id2, id, id2)
+	case 4: // the same row twice in one transaction
+		sql = fmt.Sprintf(`BEGIN; UPDATE a SET n = n + 1 WHERE id = %d; UPDATE a SET v = 'twice' WHERE id = %d; COMMIT`, id, id)
+	case 5:
+		sql = fmt.Sprintf(`INSERT INTO b VALUES (%s, 'k', md5(random()::text)) ON CONFLICT DO NOTHING`, lit(bKey(id)))
+	case 6:
+		sql = fmt.Sprintf(`UPDATE b SET v = md5(random()::text) WHERE k1 = %s`, lit(bKey(id)))
+	case 7:
+		sql = fmt.Sprintf(`DELETE FROM b WHERE k1 = %s`, lit(bKey(id)))
+	case 8:
+		sql = fmt.Sprintf(`BEGIN; UPDATE b SET k2 = 'moved' WHERE k1 = %s AND k2 = 'k'; UPDATE b SET v = 'again' WHERE k1 = %s; COMMIT`,
+			lit(bKey(id)), lit(bKey(id)))
+	}
+	_, err := w.pool.Exec(ctx, sql)
+	if err != nil {
+		_, _ = w.pool.Exec(ctx, "ROLLBACK")
+	}
+	return err
+}
+
+func lit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func (w *randomWriter) halt() {
+	close(w.stop)
+	w.wg.Wait()
+}
+
+// snapshotCursor reads the pointer's snapshot field ("null" when done).
+func (e *env) snapshotCursor(name, queue string) (string, *source.Status) {
+	e.t.Helper()
+	p, err := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{"+queue+"}:src:"+name+":ptr")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if p == nil {
+		return "", nil
+	}
+	return string(p.Snapshot), nil
+}
+
+// waitSnapshotDone waits until the pointer's snapshot field is null.
+func (e *env) waitSnapshotDone(name, queue string, within time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		cur, _ := e.snapshotCursor(name, queue)
+		if cur == "null" {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("snapshot not done: %s", cur)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitOracle polls until the replay of queue equals every table, then reports what still differs.
+func (e *env) waitOracle(queue string, within time.Duration, tables map[string][]string) *oracle.Result {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	conn := e.conn()
+	for {
+		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", queue)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		res := oracle.Replay(entries)
+		var diffs []string
+		for table, key := range tables {
+			rows, err := oracle.TableRows(e.ctx, conn, table, key)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			diffs = append(diffs, oracle.Compare(res.Tables[table], rows)...)
+		}
+		if len(diffs) == 0 || time.Now().After(deadline) {
+			for _, p := range res.Problems {
+				e.t.Error(p)
+			}
+			for i, d := range diffs {
+				if i == 20 {
+					e.t.Errorf("... %d more", len(diffs)-20)
+					break
+				}
+				e.t.Error(d)
+			}
+			return res
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func countOps(t *testing.T, res []oracle.Entry) map[string]int {
+	out := map[string]int{}
+	for _, en := range res {
+		var ev struct {
+			Op string `json:"op"`
+		}
+		if err := json.Unmarshal(en.Payload, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(en.ID, ":s:") {
+			out["snap-"+ev.Op]++
+		} else {
+			out[ev.Op]++
+		}
+	}
+	return out
+}
+
+// TestSnapshotWhileRandomWriter: a random writer starts before the source and keeps changing rows
+// in the chunks being read (100-row chunks, two tables, one with a composite text key holding | and
+// \): the replay of the queue equals both tables, every id once.
+func TestSnapshotWhileRandomWriter(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text, n int);
+		CREATE TABLE b (k1 text, k2 text, v text, PRIMARY KEY (k1, k2));
+		INSERT INTO a SELECT i, md5(i::text), i FROM generate_series(0, 1499) i;`)
+	for i := 0; i < 1000; i++ {
+		e.pg.Exec(`INSERT INTO b VALUES ($1, 'k', md5($1))`, bKey(i))
+	}
+	w := startRandomWriter(t, e.pg.Pool(), 1500)
+	time.Sleep(300 * time.Millisecond)
+	e.run("snap", `[{table: a, queue: q}, {table: b, queue: q}]`, "snapshot: initial\nchunk_rows: 100\nmax_bundle_messages: 40")
+	e.waitPointer("snap", "q")
+	e.waitSnapshotDone("snap", "q", 90*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	w.halt()
+	res := e.waitOracle("q", 30*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"k1", "k2"}})
+	entries, _ := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+	ops := countOps(t, entries)
+	t.Logf("writer: %d statements; queue: %d events %v", w.n, res.Events, ops)
+	if ops["snap-r"] < 1000 {
+		t.Errorf("only %d snapshot rows", ops["snap-r"])
+	}
+}
