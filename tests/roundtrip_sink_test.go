@@ -147,22 +147,84 @@ func (rt *roundTrip) sameRows(db string) (bool, string) {
 	return len(d) == 0, fmt.Sprintf("A has %d rows, %s %d: %s", len(want), db, len(got), strings.Join(d, "; "))
 }
 
-// waitCaughtUp waits until group has read and acked the whole queue and rt in db equals rt in A.
+// waitCaughtUp waits until group has read and acked the whole queue and rt in db equals rt in A; on
+// timeout it explains the differing rows.
 func (rt *roundTrip) waitCaughtUp(db, group string, p *testenv.Process, d time.Duration) {
 	rt.t.Helper()
-	sinkWaitUntil(rt.t.(*testing.T), d, db+" equal to A", func() (bool, string) {
-		info, err := queue.Inspect(rt.ctx, rt.rd.Client(), queue.NewLayout("pgrelay"), "q")
-		if err != nil {
-			return false, err.Error()
+	deadline := time.Now().Add(d)
+	state := ""
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, state = rt.caughtUp(db, group); ok {
+			return
 		}
-		for _, g := range info.Groups {
-			if g.Name == group && (g.Lag > 0 || g.Pending > 0) {
-				return false, fmt.Sprintf("group %s lag %d pending %d; output: %s", group, g.Lag, g.Pending, sinkLastLines(p.Output(), 5))
+		time.Sleep(250 * time.Millisecond)
+	}
+	rt.explainDiff(db)
+	rt.t.Fatalf("timed out waiting for %s equal to A (last state: %s; output: %s)", db, state, sinkLastLines(p.Output(), 5))
+}
+
+func (rt *roundTrip) caughtUp(db, group string) (bool, string) {
+	info, err := queue.Inspect(rt.ctx, rt.rd.Client(), queue.NewLayout("pgrelay"), "q")
+	if err != nil {
+		return false, err.Error()
+	}
+	for _, g := range info.Groups {
+		if g.Name == group && (g.Lag > 0 || g.Pending > 0) {
+			return false, fmt.Sprintf("group %s lag %d pending %d", group, g.Lag, g.Pending)
+		}
+	}
+	return rt.sameRows(db)
+}
+
+// explainDiff logs, for each row of db that differs from A, the differing columns and the queue's
+// events of that key, so a failure says whether the queue or the sink went wrong.
+func (rt *roundTrip) explainDiff(db string) {
+	a, _ := rowHashes(rt.ctx, rt.pg.Pool())
+	b, _ := rowHashes(rt.ctx, rt.pools[db])
+	entries, _ := oracle.ReadQueue(rt.ctx, rt.rd.Client(), "pgrelay", "q")
+	shown := 0
+	for id := range a {
+		if a[id] == b[id] || shown == 3 {
+			continue
+		}
+		shown++
+		colsA, colsB := rowColumns(rt.ctx, rt.pg.Pool(), id), rowColumns(rt.ctx, rt.pools[db], id)
+		for c, v := range colsA {
+			if colsB[c] != v {
+				rt.t.Logf("id %d column %s: A %s, %s %s", id, c, clip(v), db, clip(colsB[c]))
 			}
 		}
-		ok, state := rt.sameRows(db)
-		return ok, state + "; output: " + sinkLastLines(p.Output(), 5)
-	})
+		for _, e := range entries {
+			if strings.Contains(string(e.Payload), fmt.Sprintf(`"key":{"id":%d}`, id)) || strings.Contains(string(e.Payload), fmt.Sprintf(`"before":{"id":%d}`, id)) {
+				rt.t.Logf("  queue shard %d off %d id %s: %s", e.Shard, e.Off, e.ID, clip(string(e.Payload)))
+			}
+		}
+	}
+}
+
+// rowColumns reads one row of rt as column → text (NULL as <null>).
+func rowColumns(ctx context.Context, pool *pgxpool.Pool, id int64) map[string]string {
+	out := map[string]string{}
+	rows, err := pool.Query(ctx, `SELECT key, coalesce(value, '<null>') FROM rt t, jsonb_each_text(to_jsonb(t)) WHERE id = $1`, id)
+	if err != nil {
+		return out
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k, v string
+		if rows.Scan(&k, &v) == nil {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func clip(s string) string {
+	if len(s) > 300 {
+		return fmt.Sprintf("%s...(%d bytes)...%s", s[:150], len(s), s[len(s)-100:])
+	}
+	return s
 }
 
 // writers runs two concurrent writers on A for d, each committing random transactions (inserts,
