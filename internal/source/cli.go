@@ -24,6 +24,7 @@ import (
 func init() {
 	pcli.Register(statusCommand())
 	pcli.Register(teardownCommand())
+	pcli.Register(resyncCommand())
 }
 
 func configFlag() cli.Flag {

@@ -106,6 +106,13 @@ func (s *Source) session(ctx context.Context) error {
 // and waits while another process uses the slot.
 func (s *Source) startPointer(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.IdentifySystemResult) (pointer.Pointer, error) {
 	for {
+		if resync, err := s.resyncRequested(ctx); err != nil {
+			return pointer.Pointer{}, err
+		} else if resync {
+			if _, err := s.resync(ctx, pool, sys); err != nil {
+				return pointer.Pointer{}, err
+			}
+		}
 		ptr, err := s.readPointer(ctx)
 		if err != nil {
 			return pointer.Pointer{}, err
@@ -398,6 +405,10 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
 		case <-t.C:
 		}
 		ss.reportSlotLag(pool)
+		if resync, err := ss.src.resyncRequested(ss.ctx); err == nil && resync {
+			ss.fail(errResyncRequested)
+			return
+		}
 		if time.Since(time.Unix(0, ss.lastData.Load())) < every {
 			continue
 		}

@@ -81,12 +81,12 @@ func CheckSlot(st SlotState, slot, database string, ptr pointer.Pointer) error {
 	}
 	if st.Invalidated {
 		return errcode.New("slot_invalidated", "slot "+slot+" was invalidated: the WAL it needed is gone (wal_status "+st.WALStatus+")",
-			"run `pgrelay resync`, and raise max_slot_wal_keep_size")
+			"run `pgrelay resync -c <config>` (drops and recreates the slot, new epoch, full snapshot), and raise max_slot_wal_keep_size")
 	}
 	// A fresh slot's confirmed_flush is the pointer's lsn + 1 (the pointer covers commits < it).
 	if st.ConfirmedFlush > ptr.LSNValue()+1 {
 		return errcode.New("slot_ahead", fmt.Sprintf("slot %s is confirmed at %s, past the pointer %s: something else consumed it, or Redis lost acknowledged data",
-			slot, st.ConfirmedFlush, ptr.LSN), "run `pgrelay resync`")
+			slot, st.ConfirmedFlush, ptr.LSN), "run `pgrelay resync -c <config>` (new slot, new epoch, full snapshot)")
 	}
 	return nil
 }
@@ -99,11 +99,11 @@ func CheckPointer(ptr pointer.Pointer, slot, systemID string, st SlotState) erro
 	}
 	if ptr.SystemID != systemID {
 		return errcode.New("system_changed", "the pointer was written for PostgreSQL system "+ptr.SystemID+", this server is "+systemID+
-			" (restored from a backup, or another cluster)", "run `pgrelay resync`")
+			" (restored from a backup, or another cluster)", "run `pgrelay resync -c <config>` (new slot on this server, new epoch, full snapshot)")
 	}
 	if !st.Exists {
 		return errcode.New("slot_lost", "slot "+slot+" is gone but the pointer says the queue was fed from it: changes since the pointer are lost to pg_cdc",
-			"run `pgrelay resync` (new slot, new epoch, full snapshot); the slot is never recreated silently")
+			"run `pgrelay resync -c <config>` (new slot, new epoch, full snapshot); the slot is never recreated silently")
 	}
 	return nil
 }

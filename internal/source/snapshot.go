@@ -382,6 +382,9 @@ func appendEffects(out []snapshot.Effect, e *Event, t *snapTable) []snapshot.Eff
 	key := string(ev.Key)
 	switch e.Op {
 	case "c":
+		if len(ev.Unchanged) > 0 { // a key change whose read-back found nothing: not every column is carried
+			return append(out, snapshot.Effect{Key: key, Unchanged: ev.Unchanged})
+		}
 		return append(out, snapshot.Effect{Key: key, Put: true})
 	case "d":
 		return append(out, snapshot.Effect{Key: key, Delete: true})

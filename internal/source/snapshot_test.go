@@ -307,3 +307,118 @@ func (e *env) logHistory(entries []oracle.Entry, diff string) {
 		}
 	}
 }
+
+// TestSlotLostThenResync: the slot is dropped while writes go on → slot_lost; `pgrelay resync`
+// (RequestResync) → a new epoch whose snapshot completes; the replay of the new epoch alone equals
+// the table, and no id repeats across the two epochs.
+func TestSlotLostThenResync(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE r (id int PRIMARY KEY, v text);
+		INSERT INTO r SELECT i, md5(i::text) FROM generate_series(1, 300) i`)
+	stopW := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rnd := rand.New(rand.NewPCG(5, 6))
+		for {
+			select {
+			case <-stopW:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			id := 1 + rnd.IntN(400)
+			sql := []string{`INSERT INTO r VALUES (%d, 'new') ON CONFLICT (id) DO UPDATE SET v = 'upserted'`,
+				`UPDATE r SET v = md5(random()::text) WHERE id = %d`, `DELETE FROM r WHERE id = %d`}[rnd.IntN(3)]
+			_, _ = e.pg.Pool().Exec(context.Background(), fmt.Sprintf(sql, id))
+		}
+	}()
+	e.run("rs", `[{table: r, queue: q}]`, "snapshot: initial\nchunk_rows: 50")
+	e.waitPointer("rs", "q")
+	e.waitSnapshotDone("rs", "q", 60*time.Second)
+	first, _ := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{q}:src:rs:ptr")
+	// Drop the slot under the running source (it reconnects at once, so retry until it is gone).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, _ = e.pg.Pool().Exec(e.ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'pgrelay_rs' AND active_pid IS NOT NULL`)
+		_, err := e.pg.Pool().Exec(e.ctx, `SELECT pg_drop_replication_slot('pgrelay_rs')`)
+		if err == nil || strings.Contains(err.Error(), "does not exist") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("could not drop the slot: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.waitStatus("q", "rs", `"code":"slot_lost"`)
+	conf, err := source.Spec().ParseYAML(fmt.Sprintf("name: rs\ndsn: %s\ntables: [{table: r, queue: q}]\nredis: {url: %s}\n", e.pg.DSN(), e.rd.URL()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := source.ParseConfig(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := source.RequestResync(e.ctx, cfg, &out); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		p, _ := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{q}:src:rs:ptr")
+		if p != nil && p.Epoch != first.Epoch && string(p.Snapshot) == "null" {
+			if p.Gen != first.Gen+1 {
+				t.Errorf("generation %d after %d", p.Gen, first.Gen)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no finished resync: %+v", p)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stopW)
+	wg.Wait()
+	p, _ := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{q}:src:rs:ptr")
+	all, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the tail of the writes, then replay the new epoch alone.
+	conn := e.conn()
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		all, _ = oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+		var mine []oracle.Entry
+		for _, en := range all {
+			if strings.HasPrefix(en.ID, "pg:"+p.Epoch+":") {
+				mine = append(mine, en)
+			}
+		}
+		res := oracle.Replay(mine)
+		rows, err := oracle.TableRows(e.ctx, conn, "public.r", []string{"id"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		diffs := oracle.Compare(res.Tables["public.r"], rows)
+		if len(diffs) == 0 || time.Now().After(deadline) {
+			for _, d := range append(res.Problems, diffs...) {
+				t.Error(short(d))
+			}
+			t.Logf("new epoch %s: %d events; queue %d entries", p.Epoch, len(mine), len(all))
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	seen := map[string]bool{}
+	for _, en := range all {
+		if seen[en.ID] {
+			t.Errorf("id %s twice", en.ID)
+		}
+		seen[en.ID] = true
+	}
+	if n, _ := e.rd.Client().Exists(e.ctx, "pgrelay:{q}:src:rs:resync").Result(); n != 0 {
+		t.Error("the resync key was not deleted")
+	}
+}

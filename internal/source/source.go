@@ -238,7 +238,7 @@ func (s *Source) own(ctx context.Context) {
 		}
 		s.setPhase(phase, err)
 		s.log.Errorf("pg_cdc %s: %v (retrying in %s)", s.cfg.Name, err, backoff)
-		sleep(ownCtx, jitter(backoff))
+		s.sleepUnlessResync(ownCtx, jitter(backoff))
 		backoff = min(backoff*2, 30*time.Second)
 	}
 }
