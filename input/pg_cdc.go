@@ -36,7 +36,11 @@ func hooks(mgr *service.Resources) source.Hooks {
 	ptr := m.NewGauge("pgrelay_source_pointer_lsn")
 	owner := m.NewGauge("pgrelay_source_owner")
 	errs := m.NewCounter("pgrelay_source_errors", "code")
+	snapRows := m.NewCounter("pgrelay_source_snapshot_rows")
+	snapTables := m.NewCounter("pgrelay_source_snapshot_tables")
 	return source.Hooks{
+		SnapshotRows:   func(n int64) { snapRows.Incr(n) },
+		SnapshotTables: func(n int64) { snapTables.Incr(n) },
 		Transactions: func(n int64) { txns.Incr(n) },
 		SlotLag:      func(n int64) { lag.Set(n) },
 		Messages:     func(n int64) { msgs.Incr(n) },
