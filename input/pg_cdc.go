@@ -39,8 +39,6 @@ func hooks(mgr *service.Resources) source.Hooks {
 	snapRows := m.NewCounter("pgrelay_source_snapshot_rows")
 	snapTables := m.NewCounter("pgrelay_source_snapshot_tables")
 	return source.Hooks{
-		SnapshotRows:   func(n int64) { snapRows.Incr(n) },
-		SnapshotTables: func(n int64) { snapTables.Incr(n) },
 		Transactions: func(n int64) { txns.Incr(n) },
 		SlotLag:      func(n int64) { lag.Set(n) },
 		Messages:     func(n int64) { msgs.Incr(n) },
@@ -59,6 +57,8 @@ func hooks(mgr *service.Resources) source.Hooks {
 			}
 			errs.Incr(1, code)
 		},
+		SnapshotRows:   func(n int64) { snapRows.Incr(n) },
+		SnapshotTables: func(n int64) { snapTables.Incr(n) },
 	}
 }
 
