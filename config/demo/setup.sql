@@ -6,3 +6,6 @@ CREATE TABLE IF NOT EXISTS public.orders (
   status text NOT NULL DEFAULT 'new',
   updated_at timestamptz NOT NULL DEFAULT now()
 );
+
+-- The copy that 30-orders_copy.yaml keeps equal to public.orders (same columns, key and defaults).
+CREATE TABLE IF NOT EXISTS public.orders_copy (LIKE public.orders INCLUDING ALL);
