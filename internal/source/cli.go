@@ -155,6 +155,7 @@ type Status struct {
 	SlotLagBytes    int64                      `json:"slot_lag_bytes"`
 	Publication     string                     `json:"publication"`
 	PostgresProblem string                     `json:"postgres_error,omitempty"`
+	Snapshot        *SnapshotProgress          `json:"snapshot,omitempty"`
 }
 
 // ReadStatus gathers a source's status from Redis and PostgreSQL.
@@ -181,6 +182,9 @@ func ReadStatus(ctx context.Context, cfg Config) (*Status, error) {
 		st.Replicas[k] = json.RawMessage(v)
 	}
 	if err := st.readSlot(ctx, cfg); err != nil {
+		st.PostgresProblem = err.Error()
+	}
+	if err := st.readSnapshot(ctx, cfg); err != nil && st.PostgresProblem == "" {
 		st.PostgresProblem = err.Error()
 	}
 	return st, nil
@@ -239,6 +243,10 @@ func printStatus(w io.Writer, st *Status, asJSON bool) error {
 	fmt.Fprintf(w, "  slot:        %s exists=%v active_pid=%d confirmed_flush=%s wal_status=%s lag_bytes=%d\n",
 		st.Slot, st.SlotExists, st.SlotActivePID, orNone(st.ConfirmedFlush), orNone(st.WALStatus), st.SlotLagBytes)
 	fmt.Fprintf(w, "  publication: %s\n", st.Publication)
+	if sp := st.Snapshot; sp != nil {
+		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done of ~%d (%.1f%%)\n",
+			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone, sp.Estimate, sp.Percent)
+	}
 	if st.PostgresProblem != "" {
 		fmt.Fprintf(w, "  postgres:    %s\n", st.PostgresProblem)
 	}

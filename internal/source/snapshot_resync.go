@@ -169,3 +169,51 @@ func (s *Source) fullCursor() json.RawMessage {
 	b, _ := json.Marshal(cur)
 	return b
 }
+
+// SnapshotProgress is the snapshot's progress as `pgrelay status` shows it: the pointer's cursor
+// and the table's row estimate (pg_class.reltuples, so the percent is approximate).
+type SnapshotProgress struct {
+	Table      string  `json:"table"`
+	TableIndex int     `json:"table_index"` // 0-based position of Table in the snapshot's tables
+	Tables     int     `json:"tables"`
+	RowsDone   int64   `json:"rows_done"` // rows of Table already in the queue
+	Estimate   int64   `json:"estimate"`  // reltuples of Table (-1 or 0: never analyzed)
+	Percent    float64 `json:"percent"`   // RowsDone / Estimate of Table, capped at 100
+}
+
+// readSnapshot fills st.Snapshot from the pointer's cursor (nothing when no snapshot runs).
+func (st *Status) readSnapshot(ctx context.Context, cfg Config) error {
+	if len(st.Pointer) == 0 {
+		return nil
+	}
+	var p struct {
+		Snapshot *snapshot.Cursor `json:"snapshot"`
+	}
+	if err := json.Unmarshal(st.Pointer, &p); err != nil || p.Snapshot == nil {
+		return nil
+	}
+	cur := p.Snapshot
+	sp := &SnapshotProgress{Table: cur.Table, Tables: len(cur.Tables), RowsDone: cur.Rows}
+	for i, t := range cur.Tables {
+		if t == cur.Table {
+			sp.TableIndex = i
+		}
+	}
+	st.Snapshot = sp
+	pool, err := connectPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	schema, name := ParseTable(cur.Table)
+	var est float64
+	if err := pool.QueryRow(ctx, `SELECT c.reltuples::float8 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&est); err != nil {
+		return fmt.Errorf("snapshot estimate of %s: %w", cur.Table, err)
+	}
+	sp.Estimate = int64(est)
+	if sp.Estimate > 0 {
+		sp.Percent = min(100, float64(sp.RowsDone)*100/float64(sp.Estimate))
+	}
+	return nil
+}
