@@ -483,7 +483,16 @@ func TestStartChecksFailWithCodes(t *testing.T) {
 	e.waitPointer("ahead", "q4")
 	stop()
 	e.pg.Exec(`INSERT INTO s VALUES (1, 'x')`)
-	e.pg.Exec(`SELECT pg_replication_slot_advance('pgrelay_ahead', pg_current_wal_lsn())`)
+	for i := 0; ; i++ { // the walsender of the stopped source may take a moment to exit
+		_, err := e.pg.Pool().Exec(e.ctx, `SELECT pg_replication_slot_advance('pgrelay_ahead', pg_current_wal_lsn())`)
+		if err == nil {
+			break
+		}
+		if i == 100 {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	stop = e.run("ahead", `[{table: s, queue: q4}]`, "")
 	e.waitStatus("q4", "ahead", `"code":"slot_ahead"`)
 	stop()
