@@ -19,6 +19,7 @@ import (
 
 	pcli "github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/sinkstatus"
 )
 
 func init() {
@@ -34,9 +35,9 @@ func configFlag() cli.Flag {
 func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "status",
-		Usage: "Show each pg_cdc source of a config: owner, phases, pointer, slot and lag",
+		Usage: "Show each pg_cdc source of a config (owner, phases, pointer, slot and lag), then each pg_sink and redis_queue input (applied offsets per shard, group lag, pending, dead letters)",
 		Flags: []cli.Flag{configFlag(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}},
-		Action: func(c *cli.Context) error {
+		Action: sinkstatus.WithSinks(func(c *cli.Context) error {
 			return forEachSource(c, func(ctx context.Context, cfg Config) error {
 				st, err := ReadStatus(ctx, cfg)
 				if err != nil {
@@ -44,7 +45,7 @@ func statusCommand() *cli.Command {
 				}
 				return printStatus(c.App.Writer, st, c.Bool("json"))
 			})
-		},
+		}),
 	}
 }
 
