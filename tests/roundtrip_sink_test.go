@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/oracle"
@@ -432,4 +433,36 @@ func (rt *roundTrip) assertProgressAtQueueEnd(db, sinkName string) {
 	if info.DeadLetters != 0 {
 		rt.t.Errorf("%d dead letters", info.DeadLetters)
 	}
+}
+
+// waitSourceDone waits until the source's pointer covers every transaction committed so far.
+func (rt *roundTrip) waitSourceDone() {
+	rt.t.Helper()
+	var now pglogrepl.LSN
+	if err := rt.pg.Pool().QueryRow(rt.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&now); err != nil {
+		rt.t.Fatal(err)
+	}
+	sinkWaitUntil(rt.t.(*testing.T), 60*time.Second, "the source's pointer past "+now.String(), func() (bool, string) {
+		p := rt.pointer()
+		return p != nil && p.LSNValue()+1 >= now, fmt.Sprint(p)
+	})
+}
+
+// waitApplied waits until sinkName (in db, reading with group) has applied the whole queue: the
+// group has nothing left to read or ack and every shard's progress row stands at its last offset.
+func (rt *roundTrip) waitApplied(db, sinkName string, p *testenv.Process) {
+	rt.t.Helper()
+	sinkWaitUntil(rt.t.(*testing.T), 90*time.Second, sinkName+" at the end of the queue", func() (bool, string) {
+		info, err := queue.Inspect(rt.ctx, rt.rd.Client(), queue.NewLayout("pgrelay"), "q")
+		if err != nil {
+			return false, err.Error()
+		}
+		got := rt.progress(db, sinkName)
+		for _, s := range info.ShardInfo {
+			if got[s.Shard] != s.LastOffset {
+				return false, fmt.Sprintf("shard %d at %d of %d; output: %s", s.Shard, got[s.Shard], s.LastOffset, sinkLastLines(p.Output(), 5))
+			}
+		}
+		return true, ""
+	})
 }
