@@ -203,7 +203,13 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 		if p == nil { // the high watermark never came back: read the chunk again under a new id
 			continue
 		}
-		if err := sn.waitAcked(ctx, sn.startS+sn.pushed.Load()); err != nil {
+		// The next chunk is read while this one is written: it waits only until the bundler took
+		// this one's parts (the last chunk waits for its acknowledgement, so "done" is true).
+		wait := sn.waitTaken
+		if p.over {
+			wait = func(ctx context.Context) error { return sn.waitAcked(ctx, sn.startS+sn.pushed.Load()) }
+		}
+		if err := wait(ctx); err != nil {
 			return err
 		}
 		if h := src.hooks.SnapshotRows; h != nil {
@@ -291,7 +297,11 @@ func (sn *snapshotter) waitQuiet(ctx context.Context) {
 	deadline := time.Now().Add(quietWait)
 	for {
 		items, changed := sn.ss.q.snapshot()
-		if len(items) == 0 || time.Now().After(deadline) {
+		waiting := false
+		for i := range items {
+			waiting = waiting || len(items[i].events) > 0
+		}
+		if !waiting || time.Now().After(deadline) {
 			return
 		}
 		t := time.NewTimer(time.Until(deadline))
@@ -317,6 +327,25 @@ func (sn *snapshotter) watermark(ctx context.Context, content string) error {
 		return fmt.Errorf("snapshot: emit watermark: %w", err)
 	}
 	return nil
+}
+
+// waitTaken blocks until the bundler took every queued chunk part.
+func (sn *snapshotter) waitTaken(ctx context.Context) error {
+	for {
+		items, changed := sn.ss.q.snapshot()
+		queued := false
+		for i := range items {
+			queued = queued || items[i].kind == itemChunk
+		}
+		if !queued {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // waitAcked blocks until the acknowledged pointer counts target chunk parts.

@@ -236,6 +236,7 @@ func TestSnapshotFillsToastedValues(t *testing.T) {
 				t.Logf("writer: %v", err)
 			}
 			updates++
+			time.Sleep(time.Millisecond)
 		}
 	}()
 	e.run("toast", `[{table: t, queue: q}]`, "snapshot: initial\nchunk_rows: 50\nmax_bundle_bytes: 1048576")
