@@ -3,12 +3,14 @@ package tests
 import (
 	"encoding/json"
 	"math/rand/v2"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // snapshotCursor is the pointer's snapshot cursor (nil when none runs or no pointer).
@@ -55,6 +57,7 @@ func TestSnapshotSurvivesSIGKILL(t *testing.T) {
 	e := newCDCEnv(t, "snapkill", `[{table: w, queue: q}]`, "snapshot: initial\nchunk_rows: 100\nmax_bundle_messages: 50")
 	e.pg.Exec(writerTable)
 	e.pg.Exec(`INSERT INTO w SELECT i, 'pre' || i, i * 1.5, '{"a": 1}', i % 5 FROM generate_series(600, 40599) i`)
+	e.pg.Exec(`ANALYZE w`)
 	stopWriter := make(chan struct{})
 	wait := e.randomWriter(99, stopWriter)
 	time.Sleep(300 * time.Millisecond)
@@ -64,6 +67,9 @@ func TestSnapshotSurvivesSIGKILL(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		if rows = e.waitSnapshotRows(rows, 300); rows < 0 {
 			t.Fatalf("the snapshot ended before kill %d: make the table bigger", i+1)
+		}
+		if i == 0 {
+			e.checkSnapshotStatus(rows)
 		}
 		p.Kill()
 		time.Sleep(200 * time.Millisecond)
@@ -128,4 +134,42 @@ func TestSnapshotSurvivesSIGKILL(t *testing.T) {
 		t.Errorf("only %d snapshot reads of ~40,000 rows", reads)
 	}
 	t.Logf("%d transactions, %d events, %d snapshot reads", committed, res.Events, reads)
+}
+
+// checkSnapshotStatus runs `pgrelay status --json` during the snapshot: the table, rows done (at
+// least what the pointer showed), the reltuples estimate and the percent, and phase snapshot.
+func (e *cdcEnv) checkSnapshotStatus(atLeast int64) {
+	e.t.Helper()
+	out, err := exec.Command(testenv.Binary(e.t), "status", "-c", e.config, "--json").CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("status: %v\n%s", err, out)
+	}
+	var st struct {
+		Replicas map[string]json.RawMessage `json:"replicas"`
+		Snapshot *struct {
+			Table    string  `json:"table"`
+			RowsDone int64   `json:"rows_done"`
+			Estimate int64   `json:"estimate"`
+			Percent  float64 `json:"percent"`
+		} `json:"snapshot"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		e.t.Fatalf("status output: %v\n%s", err, out)
+	}
+	sp := st.Snapshot
+	if sp == nil || sp.Table != "public.w" || sp.RowsDone < atLeast || sp.Estimate < 30000 || sp.Percent <= 0 || sp.Percent >= 100 {
+		e.t.Errorf("snapshot progress in status: %s", out)
+	}
+	phase := false
+	for _, v := range st.Replicas {
+		var r struct {
+			Phase string `json:"phase"`
+		}
+		_ = json.Unmarshal(v, &r)
+		phase = phase || r.Phase == "snapshot"
+	}
+	if !phase {
+		e.t.Errorf("no replica in phase snapshot: %s", out)
+	}
+	e.t.Logf("status: %+v", *sp)
 }

@@ -214,7 +214,11 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	ss.snap = sn
 	s.setSession(ss)
 	defer s.setSession(nil)
-	s.setPhase(PhaseStreaming, nil)
+	if sn != nil {
+		s.setPhase(PhaseSnapshot, nil)
+	} else {
+		s.setPhase(PhaseStreaming, nil)
+	}
 	s.log.Infof("pg_cdc %s: streaming from %s (epoch %s)", s.cfg.Name, start.Position(), start.Epoch)
 	var wg sync.WaitGroup
 	wg.Add(1)

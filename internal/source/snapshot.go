@@ -20,6 +20,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
+// PhaseSnapshot is the phase of an owner whose snapshot runs (while it also streams).
+const PhaseSnapshot = "snapshot"
+
 // WatermarkPrefix is the logical message prefix of the snapshot's watermarks. Only
 // non-transactional messages with this prefix and this life's chunk id count.
 const WatermarkPrefix = "pgrelay_snapshot"
@@ -223,6 +226,7 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 		}
 		if p.over {
 			src.log.Infof("pg_cdc %s: snapshot done", src.cfg.Name)
+			src.setPhase(PhaseStreaming, nil)
 			return nil
 		}
 		cur = p.next
