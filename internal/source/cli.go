@@ -244,9 +244,12 @@ func printStatus(w io.Writer, st *Status, asJSON bool) error {
 	fmt.Fprintf(w, "  slot:        %s exists=%v active_pid=%d confirmed_flush=%s wal_status=%s lag_bytes=%d\n",
 		st.Slot, st.SlotExists, st.SlotActivePID, orNone(st.ConfirmedFlush), orNone(st.WALStatus), st.SlotLagBytes)
 	fmt.Fprintf(w, "  publication: %s\n", st.Publication)
-	if sp := st.Snapshot; sp != nil {
+	if sp := st.Snapshot; sp != nil && sp.Estimate > 0 {
 		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done of ~%d (%.1f%%)\n",
 			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone, sp.Estimate, sp.Percent)
+	} else if sp != nil {
+		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done (no estimate: the table was never analyzed)\n",
+			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone)
 	}
 	if st.PostgresProblem != "" {
 		fmt.Fprintf(w, "  postgres:    %s\n", st.PostgresProblem)
