@@ -2,7 +2,7 @@
 # line with the rows in public.orders, the entries kept in the queue "orders" (all shards), the rows in
 # public.orders_copy, and whether the two tables are equal (md5 of each whole table in key order, read
 # in one snapshot). The copy trails the writer by a moment, so in_sync=no between writes is normal;
-# then `differ` counts the rows that are not (yet) the same.
+# then `differ` counts the ids whose rows are not (yet) the same.
 q() { psql -X -Atq "$DEMO_PG_DSN" -c "$1" 2>/dev/null || echo '? ? ? ?'; }
 r() { redis-cli -u "$DEMO_REDIS_URL" "$@" 2>/dev/null; }
 
@@ -11,8 +11,8 @@ read -r orders copy same differ <<<"$(q "
          (SELECT count(*) FROM public.orders_copy),
          (SELECT md5(coalesce(string_agg(t::text, E'\n' ORDER BY id), '')) FROM public.orders t) =
          (SELECT md5(coalesce(string_agg(t::text, E'\n' ORDER BY id), '')) FROM public.orders_copy t),
-         (SELECT count(*) FROM ((TABLE public.orders EXCEPT TABLE public.orders_copy)
-                                UNION ALL (TABLE public.orders_copy EXCEPT TABLE public.orders)) d)" | tr '|' ' ')"
+         (SELECT count(DISTINCT id) FROM ((TABLE public.orders EXCEPT TABLE public.orders_copy)
+                                          UNION ALL (TABLE public.orders_copy EXCEPT TABLE public.orders)) d)" | tr '|' ' ')"
 
 shards=$(r HGET 'pgrelay:{orders}:meta' shards)
 queue=0
