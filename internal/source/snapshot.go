@@ -50,6 +50,7 @@ type snapTable struct {
 	spec    snapshot.Spec
 	types   []*convert.Type
 	keyIdx  []int // positions of the key columns among spec.Columns
+	allIdx  []int // 0..len(columns)-1
 	partIdx []int // positions of the partition columns (nil: single)
 	nonKey  []string
 	full    string
@@ -165,6 +166,10 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 		return out
 	}
 	t.keyIdx = index(t.info.Key)
+	t.allIdx = make([]int, len(cols))
+	for i := range cols {
+		t.allIdx[i] = i
+	}
 	switch t.info.Mode {
 	case PartitionByKey:
 		t.partIdx = t.keyIdx
@@ -588,17 +593,17 @@ func (t *snapTable) partitionName(row [][]byte) string {
 
 // readEvent renders a surviving row as an `r` event (DESIGN §2: no xid, lsn = high watermark).
 func (t *snapTable) readEvent(row [][]byte, seq int, epoch, tx, lsn, ts string, ms int64) Event {
-	all := make([]int, len(row))
-	for i := range all {
-		all[i] = i
+	n := 160 + 2*len(t.tableJS)
+	for i, v := range row {
+		n += len(v) + 2*len(t.spec.Columns[i].Name) + 8
 	}
-	b := make([]byte, 0, 256)
+	b := make([]byte, 0, n)
 	b = append(b, `{"op":"r","table":`...)
 	b = append(b, t.tableJS...)
 	b = append(b, `,"key":`...)
 	b = t.appendObject(b, row, t.keyIdx)
 	b = append(b, `,"after":`...)
-	b = t.appendObject(b, row, all)
+	b = t.appendObject(b, row, t.allIdx)
 	b = append(b, `,"before":null`...)
 	b = t.tail(b, lsn, ts, seq)
 	return Event{Queue: t.info.Queue, Partition: t.partitionName(row), ID: tx + ":" + strconv.Itoa(seq), Tx: tx,

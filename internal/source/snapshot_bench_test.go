@@ -2,6 +2,7 @@ package source_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -25,7 +26,8 @@ func snapshotBenchRows() int {
 // BenchmarkSnapshot measures, in the same run, `COPY (SELECT ...) TO STDOUT` drained to nowhere
 // (the ceiling: PostgreSQL printing the rows) and pg_cdc's snapshot of the same table into
 // redis_queue (from the start of the pipeline to the pointer's snapshot becoming null), rows of
-// about 200 bytes as JSON, default chunk_rows and bundle limits.
+// about 200 bytes as JSON, default chunk_rows and bundle limits. PGRELAY_BENCH_SNAPSHOT_OUTPUT=drop
+// measures the source alone (the drop output); PGRELAY_BENCH_SNAPSHOT_EXTRA adds pg_cdc fields.
 func BenchmarkSnapshot(b *testing.B) {
 	total := snapshotBenchRows()
 	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
@@ -46,7 +48,14 @@ func BenchmarkSnapshot(b *testing.B) {
 		copyTime := time.Since(start)
 		name := "snapbench" + strconv.Itoa(i)
 		start = time.Now()
-		stop := e.run(name, `[{table: snap, queue: `+name+`}]`, "snapshot: initial\n"+os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA"))
+		extra := "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
+		var stop func()
+		if os.Getenv("PGRELAY_BENCH_SNAPSHOT_OUTPUT") == "drop" { // the source alone: pointer written after each ack
+			stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  drop: {}\nlogger:\n  level: warn\n",
+				name, e.pg.DSN(), name, e.rd.URL(), indent(extra)))
+		} else {
+			stop = e.run(name, `[{table: snap, queue: `+name+`}]`, extra)
+		}
 		e.waitPointer(name, name)
 		e.waitSnapshotDone(name, name, 30*time.Minute)
 		snapTime := time.Since(start)
