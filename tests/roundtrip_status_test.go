@@ -2,6 +2,7 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +25,12 @@ type sinkStatusJSON struct {
 			Shard      int    `json:"shard"`
 			LastOffset int64  `json:"last_offset"`
 		} `json:"progress"`
+		Live *struct {
+			Applied int64  `json:"applied"`
+			Skipped int64  `json:"skipped"`
+			Batches int64  `json:"batches"`
+			Problem string `json:"scrape_error"`
+		} `json:"live"`
 		Problem string `json:"postgres_error"`
 	} `json:"sinks"`
 	Groups []struct {
@@ -75,7 +82,10 @@ func TestSinkStatusThroughTheBinary(t *testing.T) {
 	rt := newRoundTrip(t, "status")
 	dsnB := rt.database("b")
 	config := filepath.Join(t.TempDir(), "sink.yaml")
-	if err := os.WriteFile(config, []byte(rt.sinkConfig(dsnB, "copy_b", "copy_b")), 0o600); err != nil {
+	port := testenv.FreePort(t)
+	yaml := strings.Replace(rt.sinkConfig(dsnB, "copy_b", "copy_b"), "http: { enabled: false }",
+		fmt.Sprintf("http: { address: 127.0.0.1:%d }\nmetrics: { prometheus: {} }", port), 1)
+	if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -113,10 +123,16 @@ func TestSinkStatusThroughTheBinary(t *testing.T) {
 	if len(st.Sinks) != 1 || st.Sinks[0].Name != "copy_b" || st.Sinks[0].Problem != "" || len(st.Sinks[0].Progress) != len(progress) {
 		t.Fatalf("sinks: %s", out)
 	}
+	var sum int64
 	for _, pr := range st.Sinks[0].Progress {
 		if pr.Queue != "q" || progress[pr.Shard] != pr.LastOffset {
 			t.Errorf("progress row %+v, table says %d", pr, progress[pr.Shard])
 		}
+		sum += pr.LastOffset
+	}
+	// one process, never restarted: it applied every entry once and skipped none
+	if l := st.Sinks[0].Live; l == nil || l.Problem != "" || l.Applied != sum || l.Skipped != 0 || l.Batches == 0 {
+		t.Errorf("live counters %+v, want applied %d (the sum of the progress rows)", l, sum)
 	}
 	if len(st.Groups) != 1 {
 		t.Fatalf("groups: %s", out)

@@ -38,9 +38,10 @@ type GroupRef struct {
 
 // Parts are the sink-side components found in one pipeline config.
 type Parts struct {
-	Sinks     []SinkRef
-	Groups    []GroupRef
-	HasSource bool // the config also holds a pg_cdc input (shown by the source's status)
+	Sinks      []SinkRef
+	Groups     []GroupRef
+	HasSource  bool   // the config also holds a pg_cdc input (shown by the source's status)
+	MetricsURL string // the pipeline's Prometheus endpoint, "" when it has none
 }
 
 // envRef is a Benthos environment reference: ${NAME} or ${NAME:default}.
@@ -67,6 +68,11 @@ func PartsFromFile(path string) (Parts, error) {
 	var p Parts
 	if err := p.walk(doc); err != nil {
 		return Parts{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if top, ok := doc.(map[string]any); ok {
+		p.MetricsURL = metricsURL(top)
+	} else {
+		p.MetricsURL = metricsURL(nil)
 	}
 	return p, nil
 }

@@ -82,6 +82,9 @@ func printSink(w io.Writer, s SinkStatus) {
 		}
 		byQueue[p.Queue] = append(byQueue[p.Queue], p)
 	}
+	if s.Live != nil {
+		fmt.Fprintf(w, "  %s\n", s.Live.liveLine())
+	}
 	for _, q := range queues {
 		var sum int64
 		var last time.Time

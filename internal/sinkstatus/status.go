@@ -27,6 +27,7 @@ type SinkStatus struct {
 	Table         string          `json:"table,omitempty"`
 	ProgressTable string          `json:"progress_table"`
 	Progress      []ShardProgress `json:"progress"` // by queue, shard
+	Live          *Live           `json:"live,omitempty"`
 	Problem       string          `json:"postgres_error,omitempty"`
 }
 
@@ -86,7 +87,11 @@ func (s *Status) Problems() []string {
 func Read(ctx context.Context, parts Parts) *Status {
 	st := &Status{Sinks: []SinkStatus{}, Groups: []GroupStatus{}}
 	for _, s := range parts.Sinks {
-		st.Sinks = append(st.Sinks, readSink(ctx, s))
+		ss := readSink(ctx, s)
+		if parts.MetricsURL != "" {
+			ss.Live = scrapeLive(ctx, parts.MetricsURL, s.Name)
+		}
+		st.Sinks = append(st.Sinks, ss)
 	}
 	for _, g := range parts.Groups {
 		gs := readGroup(ctx, g)
