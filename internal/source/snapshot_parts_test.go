@@ -1,0 +1,105 @@
+package source
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/pointer"
+	"github.com/pgrelay/pgrelay/internal/snapshot"
+)
+
+// testTable is public.t (id int4 key, big text, n int4) for the chunk tests.
+func testTable() *snapTable {
+	info := &TableInfo{Table: Table{Schema: "public", Name: "t", Queue: "q", Mode: PartitionByKey}, Key: []string{"id"}}
+	cols := []snapshot.Column{{Name: "id", TypeOID: 23}, {Name: "big", TypeOID: 25}, {Name: "n", TypeOID: 23}}
+	return &snapTable{info: info, full: "public.t", spec: snapshot.Spec{Schema: "public", Name: "t", Columns: cols, Key: []string{"id"}},
+		types:  []*convert.Type{convert.ScalarType(23), convert.ScalarType(25), convert.ScalarType(23)},
+		keyIdx: []int{0}, allIdx: []int{0, 1, 2}, partIdx: []int{0}, nonKey: []string{"big", "n"},
+		tableJS: convert.AppendString(nil, []byte("public.t"))}
+}
+
+// TestChunkPartsCarryTheCursor: a 5-row chunk in bundles of 2 goes in parts whose cursors end at
+// their last row; the dropped row 2 gets a fill (its update left big unchanged), row 4 (deleted) is
+// dropped; the bundler's covers take lsn = hw − 1, the cursor and S + 1 per part.
+func TestChunkPartsCarryTheCursor(t *testing.T) {
+	start := pointer.New(1, "e", "s", "x", 100)
+	ss := testSession(2, start)
+	ss.src.cfg.ChunkRows = 5
+	sn := &snapshotter{ss: ss, epoch: "e"}
+	rows := [][][]byte{}
+	for _, id := range []string{"1", "2", "3", "4", "5"} {
+		rows = append(rows, [][]byte{[]byte(id), []byte("big" + id), []byte("7")})
+	}
+	cur, _ := snapshot.Start([]string{"public.t", "public.u"})
+	p := &pendingChunk{id: "l:1", win: snapshot.NewWindow(), table: testTable(), cursor: cur,
+		chunk: &snapshot.Chunk{Rows: rows, LastKey: []string{"5"}, Snapshot: snapshot.Snapshot{Xmin: 10, Xmax: 10}, ReadAt: time.Unix(0, 0).UTC()}}
+	p.win.LowWatermark()
+	p.win.Observe(snapshot.Commit{Xid: 11, Effects: []snapshot.Effect{{Key: `{"id":2}`, Unchanged: []string{"big"}}, {Key: `{"id":4}`, Delete: true}}})
+	items, err := sn.build(p, 0x500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids, cursors []string
+	for _, it := range items {
+		for _, ev := range it.events {
+			ids = append(ids, ev.ID)
+		}
+		cursors = append(cursors, string(it.chunk.cursor))
+	}
+	wantIDs := "pg:e:s:0000000000000500:0 pg:e:s:0000000000000500:f1 pg:e:s:0000000000000500:2 pg:e:s:0000000000000500:4"
+	if strings.Join(ids, " ") != wantIDs {
+		t.Errorf("ids %v, want %s", ids, wantIDs)
+	}
+	wantCursors := []string{
+		`{"tables":["public.t","public.u"],"table":"public.t","after":["2"],"rows":2}`,
+		`{"tables":["public.t","public.u"],"table":"public.t","after":["5"],"rows":5}`,
+	}
+	if strings.Join(cursors, "\n") != strings.Join(wantCursors, "\n") {
+		t.Errorf("cursors:\n%s\nwant:\n%s", strings.Join(cursors, "\n"), strings.Join(wantCursors, "\n"))
+	}
+	fill := string(items[0].events[1].Payload)
+	if want := `{"op":"u","table":"public.t","key":{"id":2},"after":{"id":2,"big":"big2"},"before":null,"unchanged":["n"],"lsn":"0/500","ts":"1970-01-01T00:00:00.000000Z","seq":1}`; fill != want {
+		t.Errorf("fill %s\nwant %s", fill, want)
+	}
+	read := string(items[0].events[0].Payload)
+	if want := `{"op":"r","table":"public.t","key":{"id":1},"after":{"id":1,"big":"big1","n":7},"before":null,"lsn":"0/500","ts":"1970-01-01T00:00:00.000000Z","seq":0}`; read != want {
+		t.Errorf("read %s\nwant %s", read, want)
+	}
+	// A stream transaction committed before the high watermark goes first; each part is a cover.
+	ss.q.tryPush(change(0x400, 0, 1))
+	ss.q.tryPush(commitItem(0x400))
+	for _, it := range items {
+		ss.q.tryPush(it)
+	}
+	var got []string
+	for i := 0; i < 5; i++ {
+		b, _, err := ss.bundle(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b == nil {
+			break
+		}
+		got = append(got, b.Cover.Position()+" "+string(b.Cover.Snapshot))
+	}
+	want := []string{
+		"00000001/0000000000000400/ffffffffffffffff/0000000000000000 ",
+		"00000001/00000000000004ff/ffffffffffffffff/0000000000000001 " + wantCursors[0],
+		"00000001/00000000000004ff/ffffffffffffffff/0000000000000002 " + wantCursors[1],
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("covers:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// The last table's short chunk ends the snapshot: the cursor becomes null.
+	last := snapshot.Cursor{Tables: cur.Tables, Table: "public.u"}
+	p = &pendingChunk{win: snapshot.NewWindow(), table: testTable(), cursor: last, chunk: &snapshot.Chunk{Rows: rows[:1], LastKey: []string{"1"}}}
+	items, _ = sn.build(p, 0x600)
+	var parsed *snapshot.Cursor
+	if len(items) != 1 || json.Unmarshal(items[0].chunk.cursor, &parsed) != nil || parsed != nil || !p.over {
+		t.Errorf("last chunk: %d items, cursor %s, over %v", len(items), items[0].chunk.cursor, p.over)
+	}
+}
