@@ -8,6 +8,7 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/source"
 )
 
@@ -74,36 +75,82 @@ func (p *pgCDC) Connect(ctx context.Context) error {
 }
 
 func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
-	b, err := p.src.Next(ctx)
+	b, err := p.src.Next(ctx, prepareMessages)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
 		}
 		return nil, nil, err
 	}
-	batch := make(service.MessageBatch, len(b.Events))
-	cover := string(b.CoverJSON)
-	for i := range b.Events {
-		e := &b.Events[i]
-		m := service.NewMessage(e.Payload)
-		m.MetaSetMut("queue", e.Queue)
-		m.MetaSetMut("partition", e.Partition)
-		m.MetaSetMut("message_id", e.ID)
-		m.MetaSetMut("transaction_id", e.Tx)
-		m.MetaSetMut("op", e.Op)
-		m.MetaSetMut("table", e.Table)
-		m.MetaSetMut("lsn", e.LSN)
-		m.MetaSetMut("xid", strconv.FormatUint(uint64(e.Xid), 10))
-		m.MetaSetMut("created_at", strconv.FormatInt(e.CreatedMs, 10))
-		m.MetaSetMut("pgrelay_lease_key", b.LeaseKey)
-		m.MetaSetMut("pgrelay_fence", b.Fence)
-		m.MetaSetMut("pgrelay_pointer_key", b.PointerKey)
-		m.MetaSetMut("pgrelay_cover", cover)
-		batch[i] = m
+	batch, ok := b.Out.(service.MessageBatch)
+	b.Out = nil // a re-send after a nack gets fresh messages
+	if !ok {
+		batch = toMessages(b)
 	}
 	return batch, func(ctx context.Context, err error) error {
 		return p.src.Ack(ctx, b, err)
 	}, nil
+}
+
+// prepareMessages converts a batch Next built ahead, while the previous batch is in flight.
+func prepareMessages(b *source.Batch) { b.Out = toMessages(b) }
+
+// perMessageKeys are the metadata keys that may differ between the messages of a batch.
+var perMessageKeys = [...]string{"queue", "partition", "message_id", "transaction_id", "op", "table", "lsn", "xid", "created_at"}
+
+// toMessages turns a source batch into Benthos messages (docs/batch-contract.md). The batch-wide
+// metadata is set once on a template; each message is a copy of it, so its metadata map is
+// allocated once at its final size, and values repeated from the previous message (queue,
+// transaction, op, table, lsn...) reuse its boxed value instead of allocating one each.
+func toMessages(b *source.Batch) service.MessageBatch {
+	tmpl := service.NewMessage(nil)
+	for _, k := range perMessageKeys {
+		tmpl.MetaSetMut(k, "")
+	}
+	tmpl.MetaSetMut("pgrelay_lease_key", b.LeaseKey)
+	tmpl.MetaSetMut("pgrelay_fence", b.Fence)
+	tmpl.MetaSetMut("pgrelay_pointer_key", b.PointerKey)
+	tmpl.MetaSetMut("pgrelay_cover", string(b.CoverJSON))
+	tmpl.MetaSetMut(queue.MetaCoverReceipt, b.Receipt())
+	batch := make(service.MessageBatch, len(b.Events))
+	var queueV, txV, opV, tableV, lsnV repeated
+	var xid, created any
+	for i := range b.Events {
+		e := &b.Events[i]
+		if i == 0 || e.Xid != b.Events[i-1].Xid {
+			xid = strconv.FormatUint(uint64(e.Xid), 10)
+		}
+		if i == 0 || e.CreatedMs != b.Events[i-1].CreatedMs {
+			created = strconv.FormatInt(e.CreatedMs, 10)
+		}
+		m := tmpl.Copy()
+		m.SetBytes(e.Payload)
+		m.MetaSetMut("queue", queueV.box(e.Queue))
+		m.MetaSetMut("partition", e.Partition)
+		m.MetaSetMut("message_id", e.ID)
+		m.MetaSetMut("transaction_id", txV.box(e.Tx))
+		m.MetaSetMut("op", opV.box(e.Op))
+		m.MetaSetMut("table", tableV.box(e.Table))
+		m.MetaSetMut("lsn", lsnV.box(e.LSN))
+		m.MetaSetMut("xid", xid)
+		m.MetaSetMut("created_at", created)
+		batch[i] = m
+	}
+	return batch
+}
+
+// repeated boxes a string as a metadata value once for a run of equal values.
+type repeated struct {
+	s   string
+	v   any
+	set bool
+}
+
+func (r *repeated) box(s string) any {
+	if !r.set || s != r.s {
+		r.s, r.v, r.set = s, s, true
+	}
+	return r.v
 }
 
 func (p *pgCDC) Close(ctx context.Context) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,27 +108,27 @@ func init() {
 
 // queueOutputConfig is the parsed output config.
 type queueOutputConfig struct {
-	conn      redisconn.Config
-	queue     *service.InterpolatedString
-	partition *service.InterpolatedString
-	id        *service.InterpolatedString
-	writer    queue.WriterConfig
-	retention queue.Retention
-	trimEvery time.Duration
-	metadata  *service.MetadataFilter
+	conn           redisconn.Config
+	queueField     fieldReader
+	partitionField fieldReader
+	idField        fieldReader
+	writer         queue.WriterConfig
+	retention      queue.Retention
+	trimEvery      time.Duration
+	metadata       *service.MetadataFilter
 }
 
 func parseQueueOutput(conf *service.ParsedConfig) (c queueOutputConfig, err error) {
 	if c.conn, err = redisconn.Parse(conf); err != nil {
 		return c, err
 	}
-	if c.queue, err = conf.FieldInterpolatedString("queue"); err != nil {
+	if c.queueField, err = newFieldReader(conf, "queue"); err != nil {
 		return c, err
 	}
-	if c.partition, err = conf.FieldInterpolatedString("partition"); err != nil {
+	if c.partitionField, err = newFieldReader(conf, "partition"); err != nil {
 		return c, err
 	}
-	if c.id, err = conf.FieldInterpolatedString("id"); err != nil {
+	if c.idField, err = newFieldReader(conf, "id"); err != nil {
 		return c, err
 	}
 	c.writer.Prefix = c.conn.Prefix
@@ -240,7 +241,7 @@ func (o *queueOutput) Connect(ctx context.Context) error {
 		return err
 	}
 	o.rdb, o.writer = rdb, w
-	if q, ok := o.conf.queue.Static(); ok {
+	if q, ok := o.conf.queueField.interp.Static(); ok {
 		o.queues[q] = struct{}{}
 	}
 	if o.conf.retention.Enabled() {
@@ -265,6 +266,14 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 	if err != nil {
 		return err
 	}
+	if cover != nil {
+		// the pointer is now at or past the cover: tell the source, which then skips reading it back
+		if r, ok := batch[0].MetaGetMut(queue.MetaCoverReceipt); ok {
+			if r, ok := r.(*queue.CoverReceipt); ok {
+				r.Mark(cover.Pos)
+			}
+		}
+	}
 	if res == queue.ResultDuplicate {
 		o.duplicates.Incr(1)
 		return nil
@@ -287,27 +296,29 @@ func (o *queueOutput) remember(msgs []queue.Message) {
 	}
 }
 
-// toMessages converts a batch; the cover comes from the pgrelay_* metadata, the same on every message.
+// toMessages converts a batch; the cover comes from the pgrelay_* metadata, the same on every
+// message, so it is parsed once and the other messages' values are only compared with it.
 func (o *queueOutput) toMessages(batch service.MessageBatch) ([]queue.Message, *queue.Cover, error) {
-	qe := batch.InterpolationExecutor(o.conf.queue)
-	pe := batch.InterpolationExecutor(o.conf.partition)
-	ie := batch.InterpolationExecutor(o.conf.id)
+	qf := o.conf.queueField.reader(batch)
+	pf := o.conf.partitionField.reader(batch)
+	idf := o.conf.idField.reader(batch)
 	msgs := make([]queue.Message, len(batch))
 	var cover *queue.Cover
+	var first coverMeta
 	now := time.Now().UnixMilli()
 	for i, m := range batch {
 		var err error
 		qm := &msgs[i]
-		if qm.Queue, err = qe.TryString(i); err != nil {
+		if qm.Queue, err = qf(i); err != nil {
 			return nil, nil, fmt.Errorf("message %d: queue: %w", i, err)
 		}
-		if qm.Partition, err = pe.TryString(i); err != nil {
+		if qm.Partition, err = pf(i); err != nil {
 			return nil, nil, fmt.Errorf("message %d: partition: %w", i, err)
 		}
-		if qm.ID, err = ie.TryString(i); err != nil {
+		if qm.ID, err = idf(i); err != nil {
 			return nil, nil, fmt.Errorf("message %d: id: %w", i, err)
 		}
-		qm.Tx, _ = m.MetaGet("transaction_id")
+		qm.Tx, _ = metaString(m, "transaction_id")
 		qm.CreatedMs = now
 		if qm.Payload, err = m.AsBytes(); err != nil {
 			return nil, nil, fmt.Errorf("message %d: %w", i, err)
@@ -315,14 +326,67 @@ func (o *queueOutput) toMessages(batch service.MessageBatch) ([]queue.Message, *
 		if qm.Header, err = o.header(m); err != nil {
 			return nil, nil, fmt.Errorf("message %d: header: %w", i, err)
 		}
-		c := coverOf(m)
+		cm := coverMetaOf(m)
 		if i == 0 {
-			cover = c
-		} else if !sameCover(cover, c) {
+			first, cover = cm, cm.cover()
+		} else if cm != first {
 			return nil, nil, errors.New("the messages of one batch carry different pgrelay_* cover metadata; a source batch must reach this output whole (no output batching across source batches)")
 		}
 	}
 	return msgs, cover, nil
+}
+
+// fieldReader reads an interpolated field (queue, partition, id). The default
+// `${! meta("<key>") }` reads the metadata string directly, with no Bloblang evaluation per
+// message; any other value (or a non-string metadata value) goes through the interpolation.
+type fieldReader struct {
+	interp  *service.InterpolatedString
+	metaKey string // set when the field is exactly ${! meta("<metaKey>") }
+}
+
+func newFieldReader(conf *service.ParsedConfig, name string) (fieldReader, error) {
+	f := fieldReader{}
+	var err error
+	if f.interp, err = conf.FieldInterpolatedString(name); err != nil {
+		return f, err
+	}
+	if raw, err := conf.FieldString(name); err == nil {
+		for _, key := range []string{"queue", "partition", "message_id"} {
+			if strings.TrimSpace(raw) == `${! meta("`+key+`") }` {
+				f.metaKey = key
+			}
+		}
+	}
+	return f, nil
+}
+
+// reader returns the field's value getter for the messages of batch.
+func (f fieldReader) reader(batch service.MessageBatch) func(i int) (string, error) {
+	if s, ok := f.interp.Static(); ok {
+		return func(int) (string, error) { return s, nil }
+	}
+	var exec *service.MessageBatchInterpolationExecutor
+	return func(i int) (string, error) {
+		if f.metaKey != "" {
+			if s, ok := metaString(batch[i], f.metaKey); ok {
+				return s, nil
+			}
+		}
+		if exec == nil {
+			exec = batch.InterpolationExecutor(f.interp)
+		}
+		return exec.TryString(i)
+	}
+}
+
+// metaString returns metadata key k when it holds a string.
+func metaString(m *service.Message, k string) (string, bool) {
+	v, ok := m.MetaGetMut(k)
+	if !ok {
+		return "", false
+	}
+	s, ok := v.(string)
+	return s, ok
 }
 
 func (o *queueOutput) header(m *service.Message) ([]byte, error) {
@@ -342,30 +406,33 @@ func (o *queueOutput) header(m *service.Message) ([]byte, error) {
 	return json.Marshal(h)
 }
 
-func coverOf(m *service.Message) *queue.Cover {
-	c := &queue.Cover{}
-	c.LeaseKey, _ = m.MetaGet("pgrelay_lease_key")
-	c.Fence, _ = m.MetaGet("pgrelay_fence")
-	c.PointerKey, _ = m.MetaGet("pgrelay_pointer_key")
-	if p, ok := m.MetaGet("pgrelay_cover"); ok && p != "" {
-		c.Pointer = []byte(p)
-		var doc struct {
-			Pos string `json:"pos"`
-		}
-		_ = json.Unmarshal(c.Pointer, &doc)
-		c.Pos = doc.Pos
-	}
-	if c.LeaseKey == "" && c.PointerKey == "" {
-		return nil
-	}
+// coverMeta is the raw pgrelay_* metadata of a message (docs/batch-contract.md).
+type coverMeta struct{ leaseKey, fence, pointerKey, coverJSON string }
+
+func coverMetaOf(m *service.Message) coverMeta {
+	var c coverMeta
+	c.leaseKey, _ = m.MetaGet("pgrelay_lease_key")
+	c.fence, _ = m.MetaGet("pgrelay_fence")
+	c.pointerKey, _ = m.MetaGet("pgrelay_pointer_key")
+	c.coverJSON, _ = m.MetaGet("pgrelay_cover")
 	return c
 }
 
-func sameCover(a, b *queue.Cover) bool {
-	if a == nil || b == nil {
-		return a == b
+// cover parses the metadata into the writer's cover (nil for a plain producer).
+func (c coverMeta) cover() *queue.Cover {
+	if c.leaseKey == "" && c.pointerKey == "" {
+		return nil
 	}
-	return a.LeaseKey == b.LeaseKey && a.Fence == b.Fence && a.PointerKey == b.PointerKey && a.Pos == b.Pos
+	out := &queue.Cover{LeaseKey: c.leaseKey, Fence: c.fence, PointerKey: c.pointerKey}
+	if c.coverJSON != "" {
+		out.Pointer = []byte(c.coverJSON)
+		var doc struct {
+			Pos string `json:"pos"`
+		}
+		_ = json.Unmarshal(out.Pointer, &doc)
+		out.Pos = doc.Pos
+	}
+	return out
 }
 
 // trimLoop applies retention to the queues written, every trim_interval.

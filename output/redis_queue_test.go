@@ -3,6 +3,8 @@ package output
 import (
 	"testing"
 	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
 )
 
 func TestQueueOutputParse(t *testing.T) {
@@ -47,5 +49,55 @@ func TestQueueOutputParse(t *testing.T) {
 				t.Fatalf("%+v %v", got, err)
 			}
 		})
+	}
+}
+
+// TestQueueOutputMessages checks the conversion of a batch: the default fields read metadata
+// directly, other interpolations still run, the cover is read once, and messages carrying another
+// cover are refused.
+func TestQueueOutputMessages(t *testing.T) {
+	msg := func(part, cover string) *service.Message {
+		m := service.NewMessage([]byte(`{"n":1}`))
+		m.MetaSetMut("queue", "q1")
+		m.MetaSetMut("partition", part)
+		m.MetaSetMut("message_id", "id-"+part)
+		m.MetaSetMut("transaction_id", "tx")
+		m.MetaSetMut("pgrelay_lease_key", "lk")
+		m.MetaSetMut("pgrelay_fence", "f")
+		m.MetaSetMut("pgrelay_pointer_key", "pk")
+		m.MetaSetMut("pgrelay_cover", cover)
+		return m
+	}
+	cover := `{"v":1,"pos":"00000001/00000000000000c8"}`
+	spec := redisQueueOutputSpec()
+	for _, c := range []struct {
+		yaml, wantQueue, wantPart string
+	}{
+		{"{}", "q1", "7"},
+		{`queue: ${! meta("queue") }-x` + "\npartition: ${! json(\"n\") }\n", "q1-x", "1"},
+		{"queue: fixed\n", "fixed", "7"},
+	} {
+		pc, err := spec.ParseYAML(c.yaml, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf, err := parseQueueOutput(pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := &queueOutput{conf: conf}
+		msgs, cv, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("7", cover)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msgs[1].Queue != c.wantQueue || msgs[1].Partition != c.wantPart || msgs[1].ID != "id-7" || msgs[1].Tx != "tx" {
+			t.Fatalf("%s: %+v", c.yaml, msgs[1])
+		}
+		if cv == nil || cv.Pos != "00000001/00000000000000c8" || cv.LeaseKey != "lk" || cv.Fence != "f" || cv.PointerKey != "pk" || string(cv.Pointer) != cover {
+			t.Fatalf("%s: cover %+v", c.yaml, cv)
+		}
+		if _, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("8", `{"pos":"x"}`)}); err == nil {
+			t.Fatalf("%s: two covers in one batch accepted", c.yaml)
+		}
 	}
 }

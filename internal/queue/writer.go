@@ -2,11 +2,13 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,6 +45,38 @@ type Cover struct {
 	Pointer    []byte // the new pointer JSON, SET when the batch is written
 	Pos        string // the new pointer's `pos`; the stored one must be strictly below it
 }
+
+// MetaCoverReceipt is the metadata key under which a source hands the redis_queue output a
+// *CoverReceipt for a covered batch (docs/batch-contract.md).
+const MetaCoverReceipt = "pgrelay_receipt"
+
+// CoverReceipt lets a writer tell the producer of a covered batch that the batch's cover is the
+// stored pointer (the script replied ok or duplicate, so the pointer is at or past it), so the
+// producer need not read the pointer back after the ack. It is marked only for the exact
+// position it was made for; an unmarked receipt means "unknown": read the pointer.
+type CoverReceipt struct {
+	pos  string
+	done atomic.Bool
+}
+
+// NewCoverReceipt returns an unmarked receipt for the cover position pos.
+func NewCoverReceipt(pos string) *CoverReceipt { return &CoverReceipt{pos: pos} }
+
+// Mark records that the pointer reached pos; a receipt made for another position ignores it.
+func (r *CoverReceipt) Mark(pos string) {
+	if r != nil && pos != "" && pos == r.pos {
+		r.done.Store(true)
+	}
+}
+
+// Done reports whether Mark was called with the receipt's position.
+func (r *CoverReceipt) Done() bool { return r != nil && r.done.Load() }
+
+// String is the receipt's position (how it prints as metadata).
+func (r *CoverReceipt) String() string { return r.pos }
+
+// MarshalJSON renders the receipt as its position, for outputs that serialise metadata.
+func (r *CoverReceipt) MarshalJSON() ([]byte, error) { return json.Marshal(r.pos) }
 
 // Result is the outcome of a successful Write.
 type Result int

@@ -325,3 +325,27 @@ func TestWriteReplicas(t *testing.T) {
 		t.Fatalf("shortfall: %v", err)
 	}
 }
+
+// TestCoverReceipt checks that a receipt is marked only for its own position, and that nil and
+// unmarked receipts say "unknown" (read the pointer).
+func TestCoverReceipt(t *testing.T) {
+	var none *CoverReceipt
+	none.Mark("p")
+	if none.Done() {
+		t.Fatal("a nil receipt is done")
+	}
+	r := NewCoverReceipt("00000001/00000000000000c8")
+	for _, pos := range []string{"", "00000001/00000000000000c7", "00000001/00000000000000c9"} {
+		r.Mark(pos)
+		if r.Done() {
+			t.Fatalf("marked by another position %q", pos)
+		}
+	}
+	r.Mark("00000001/00000000000000c8")
+	if !r.Done() || r.String() != "00000001/00000000000000c8" {
+		t.Fatalf("not marked by its own position: %v %s", r.Done(), r)
+	}
+	if b, err := r.MarshalJSON(); err != nil || string(b) != `"00000001/00000000000000c8"` {
+		t.Fatalf("json %s %v", b, err)
+	}
+}

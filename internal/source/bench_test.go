@@ -35,8 +35,10 @@ func BenchmarkSourceTx10(b *testing.B)   { benchSource(b, 10) }
 func BenchmarkSourceTx1000(b *testing.B) { benchSource(b, 1000) }
 
 // benchSource writes benchChanges() rows in transactions of txRows, then measures in the same
-// run (1) the raw decode ceiling: a plain pgoutput slot drained to nowhere, and (2) pg_cdc
-// catching up into redis_queue from its own slot; it reports both rates and their ratio.
+// run (1) the raw decode ceiling: a plain pgoutput slot drained to nowhere, (2) pg_cdc catching
+// up into redis_queue from its own slot, (3) pg_cdc into drop, and (4) the Redis ceiling under
+// the same Redis settings: the entries pg_cdc wrote, XADDed again with plain pipelines of 1,000
+// (no script, no fence, no pointer). It reports the rates and the ratios to the decode ceiling.
 func benchSource(b *testing.B, txRows int) {
 	total := benchChanges()
 	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
@@ -66,13 +68,55 @@ func benchSource(b *testing.B, txRows int) {
 		raw := time.Since(start)
 		cdc := catchUp(b, e, "bench", endLSN)
 		drop := catchUp(b, e, "benchdrop", endLSN)
+		xadd := rawXAdd(b, e)
 		rawRate, cdcRate, dropRate := float64(total)/raw.Seconds(), float64(total)/cdc.Seconds(), float64(total)/drop.Seconds()
+		xaddRate := float64(total) / xadd.Seconds()
+		b.ReportMetric(xaddRate, "xadd_changes/s")
+		b.ReportMetric(xaddRate/rawRate, "xadd_ratio")
 		b.ReportMetric(rawRate, "raw_changes/s")
 		b.ReportMetric(cdcRate, "queue_changes/s")
 		b.ReportMetric(cdcRate/rawRate, "queue_ratio")
 		b.ReportMetric(dropRate, "drop_changes/s")
 		b.ReportMetric(dropRate/rawRate, "drop_ratio")
 	}
+}
+
+// rawXAdd reads back every entry pg_cdc wrote to queue q and times writing them again, same
+// fields and bytes, to other keys with pipelines of 1,000 plain XADDs: what the Redis server
+// itself costs under this run's settings.
+func rawXAdd(b *testing.B, e *env) time.Duration {
+	rdb := e.rd.Client()
+	var entries []redis.XMessage
+	var keys []string
+	for n := 0; n < 16; n++ {
+		key := "pgrelay:{q}:s:" + strconv.Itoa(n)
+		msgs, err := rdb.XRange(e.ctx, key, "-", "+").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for range msgs {
+			keys = append(keys, "xadd:{x}:s:"+strconv.Itoa(n))
+		}
+		entries = append(entries, msgs...)
+	}
+	fields := []string{"off", "p", "id", "tx", "ts", "h", "d"}
+	start := time.Now()
+	for i := 0; i < len(entries); i += 1000 {
+		_, err := rdb.Pipelined(e.ctx, func(p redis.Pipeliner) error {
+			for j := i; j < min(i+1000, len(entries)); j++ {
+				vals := make([]any, 0, 14)
+				for _, f := range fields {
+					vals = append(vals, f, entries[j].Values[f])
+				}
+				p.XAdd(e.ctx, &redis.XAddArgs{Stream: keys[j], Values: vals})
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start)
 }
 
 // catchUp runs pg_cdc name from its pointer until it covers endLSN and returns how long it took.
@@ -94,7 +138,7 @@ func catchUp(b *testing.B, e *env, name string, endLSN pglogrepl.LSN) time.Durat
 // runBench runs pg_cdc into redis_queue ("bench") or into drop ("benchdrop": the source alone,
 // with the pointer written by pg_cdc after each ack).
 func runBench(b *testing.B, e *env, name string) func() {
-	output := fmt.Sprintf("redis_queue:\n    url: %s", e.rd.URL())
+	output := fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s", e.rd.URL(), benchDurability())
 	if name == "benchdrop" {
 		output = "drop: {}"
 	}
@@ -223,12 +267,21 @@ logger:
 }
 
 // redisArgs are extra redis-server arguments for the throughput benchmarks: PGRELAY_BENCH_FSYNC
-// (default always, as every test Redis; e.g. "no" to measure without the disk).
+// (default always, as every test Redis: appendonly yes, appendfsync always; e.g. "everysec").
 func redisArgs() []string {
 	if f := os.Getenv("PGRELAY_BENCH_FSYNC"); f != "" {
 		return []string{"--appendfsync", f}
 	}
 	return nil
+}
+
+// benchDurability is the throughput benchmarks' redis_queue durability: aof (what exactly-once
+// needs) when Redis fsyncs every write, else none (aof would refuse such a server).
+func benchDurability() string {
+	if f := os.Getenv("PGRELAY_BENCH_FSYNC"); f != "" && f != "always" {
+		return "none"
+	}
+	return "aof"
 }
 
 // durability is the redis_queue durability of the latency benchmark (PGRELAY_BENCH_DURABILITY,

@@ -85,6 +85,7 @@ type decoder struct {
 	tsMs   int64
 	seq    uint64
 	txID   string
+	lsn    string // commit LSN as PostgreSQL prints it, once per transaction
 
 	truncatesSkipped uint64
 	badMessages      uint64 // pgrelay.publish() messages that were not {queue, partition, payload}
@@ -101,6 +102,7 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 		d.ts = m.CommitTime.UTC().Format("2006-01-02T15:04:05.000000Z")
 		d.tsMs = m.CommitTime.UnixMilli()
 		d.txID = pointer.TxID(d.epoch, m.FinalLSN)
+		d.lsn = m.FinalLSN.String()
 		return nil
 	case *pglogrepl.CommitMessage:
 		d.inTxn = false
@@ -377,9 +379,8 @@ func (d *decoder) event(rel *relation, op, part string, k int, keyRow, after tup
 		}
 		b = append(b, ']')
 	}
-	lsn := d.commit.String()
 	b = append(b, `,"lsn":"`...)
-	b = append(b, lsn...)
+	b = append(b, d.lsn...)
 	b = append(b, `","xid":`...)
 	b = strconv.AppendUint(b, uint64(d.xid), 10)
 	b = append(b, `,"ts":"`...)
@@ -387,10 +388,19 @@ func (d *decoder) event(rel *relation, op, part string, k int, keyRow, after tup
 	b = append(b, `","seq":`...)
 	b = strconv.AppendUint(b, d.seq-1, 10)
 	b = append(b, '}')
-	d.buf = b
+	payload := append([]byte(nil), b...)
+	// the id is pointer.MessageID, built on the transaction's id with one allocation
+	id := append(b[:0], d.txID...)
+	id = append(id, ':')
+	id = strconv.AppendUint(id, d.seq-1, 10)
+	if k > 0 {
+		id = append(id, '.')
+		id = strconv.AppendInt(id, int64(k), 10)
+	}
+	d.buf = id
 	return Event{
-		Queue: rel.info.Queue, Partition: part, ID: pointer.MessageID(d.epoch, d.commit, d.seq-1, k), Tx: d.txID,
-		Op: op, Table: rel.full, LSN: lsn, Xid: d.xid, CreatedMs: d.tsMs, Payload: append([]byte(nil), b...),
+		Queue: rel.info.Queue, Partition: part, ID: string(id), Tx: d.txID,
+		Op: op, Table: rel.full, LSN: d.lsn, Xid: d.xid, CreatedMs: d.tsMs, Payload: payload,
 	}
 }
 

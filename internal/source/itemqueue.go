@@ -15,10 +15,30 @@ type itemQueue struct {
 	maxEv    int
 	maxBytes int
 	changed  chan struct{} // closed and replaced on every push and pop
+	full     chan struct{} // closed when a full bundle is queued (nil: nobody waits)
 }
 
 func newItemQueue(maxEvents, maxBytes int) *itemQueue {
 	return &itemQueue{maxEv: 2 * maxEvents, maxBytes: 2 * maxBytes, changed: make(chan struct{})}
+}
+
+// holdsBundle reports whether a full bundle (maxEvents or maxBytes) is queued.
+func (q *itemQueue) holdsBundle() bool { return q.events >= q.maxEv/2 || q.bytes >= q.maxBytes/2 }
+
+// whenFull returns a channel closed once a full bundle is queued (already closed if one is). Unlike
+// changed, it does not wake its waiter on every push.
+func (q *itemQueue) whenFull() <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.full == nil {
+		q.full = make(chan struct{})
+	}
+	ch := q.full
+	if q.holdsBundle() {
+		close(q.full)
+		q.full = nil
+	}
+	return ch
 }
 
 // tryPush appends it unless the queue is full; it returns the channel to wait on when full.
@@ -32,10 +52,14 @@ func (q *itemQueue) tryPush(it item) (bool, <-chan struct{}) {
 	q.events += len(it.events)
 	q.bytes += it.size
 	q.signal()
+	if q.full != nil && q.holdsBundle() {
+		close(q.full)
+		q.full = nil
+	}
 	return true, nil
 }
 
-// peek returns the first n items without removing them, plus the channel signalling a change.
+// snapshot returns the queued items without removing them, plus the channel signalling a change.
 func (q *itemQueue) snapshot() ([]item, <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -297,15 +297,15 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 		}
 		return ss.push(it, sendStatus, nextStatus)
 	}
+	var rctx deadlineCtx // one deadline context per status period, not one (a timer) per message
+	defer rctx.stop()
 	for {
 		if !time.Now().Before(nextStatus()) {
 			if err := sendStatus(); err != nil {
 				return fmt.Errorf("send standby status: %w", err)
 			}
 		}
-		rctx, cancel := context.WithDeadline(ss.ctx, nextStatus())
-		raw, err := repl.ReceiveMessage(rctx)
-		cancel()
+		raw, err := repl.ReceiveMessage(rctx.until(ss.ctx, nextStatus()))
 		if err != nil {
 			if ss.ctx.Err() != nil {
 				return nil
@@ -484,7 +484,11 @@ type waitFor struct {
 
 // bundle builds the next batch from the queued items, or does an idle pointer advance, or says
 // what to wait for. Only Next calls it, with no batch unacknowledged.
-func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
+func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) { return ss.build(ctx, false) }
+
+// build is bundle; ahead (while the previous batch is still in flight) returns only a full
+// batch and never writes the pointer, so nothing moves it under the batch in flight.
+func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, error) {
 	cfg := &ss.src.cfg
 	items, changed := ss.q.snapshot()
 	idle := waitFor{ch: changed, after: time.Hour}
@@ -541,6 +545,9 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 		cover.Snapshot, cover.SnapshotChunks = cursor, cover.SnapshotChunks+chunks
 	}
 	if len(events) == 0 {
+		if ahead {
+			return nil, idle, nil
+		}
 		if n == 0 || !ss.plan.Less(cover) {
 			ss.q.pop(n)
 			return nil, idle, nil
@@ -554,6 +561,9 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) {
 		return nil, idle, ss.idleAdvance(ctx, cover, n)
 	}
 	if !full && (len(events) < cfg.MaxBundleMessages && size < cfg.MaxBundleBytes) {
+		if ahead {
+			return nil, idle, nil
+		}
 		if cover.InTxn != nil { // the rest of the transaction is on its way
 			return nil, idle, nil
 		}

@@ -67,8 +67,21 @@ type Batch struct {
 	LeaseKey   string
 	Fence      string
 	PointerKey string
-	sess       *session
-	txns       int // transactions completed by this batch
+	// Out is the consumer's form of the batch (the input's Benthos messages), made by Next's
+	// prepare when the batch was built ahead; nil otherwise.
+	Out     any
+	sess    *session
+	txns    int                 // transactions completed by this batch
+	receipt *queue.CoverReceipt // marked by redis_queue once the cover is the stored pointer
+}
+
+// Receipt is the note the redis_queue output marks once this batch's cover is the stored
+// pointer, so Ack need not read the pointer back (docs/batch-contract.md).
+func (b *Batch) Receipt() *queue.CoverReceipt {
+	if b.receipt == nil {
+		b.receipt = queue.NewCoverReceipt(b.Cover.Position())
+	}
+	return b.receipt
 }
 
 // Source owns the lease, runs streaming sessions, and hands out one batch at a time.
@@ -84,6 +97,7 @@ type Source struct {
 
 	inflight chan struct{} // one unacknowledged batch at a time (held from Next until its Ack)
 	unacked  chan struct{} // full while a returned batch awaits its Ack
+	nextMu   sync.Mutex    // one Next at a time: only Next builds batches
 
 	mu       sync.Mutex
 	phase    string
@@ -91,6 +105,7 @@ type Source struct {
 	sess     *session
 	sessCh   chan struct{} // closed and replaced when sess changes
 	retry    *Batch
+	ahead    *Batch // built while the previous batch was in flight; handed out after its ack
 	attempts int
 
 	cancel context.CancelFunc
@@ -287,7 +302,7 @@ func jitter(d time.Duration) time.Duration {
 func (s *Source) setSession(sess *session) {
 	s.mu.Lock()
 	s.sess = sess
-	s.retry = nil
+	s.retry, s.ahead = nil, nil
 	close(s.sessCh)
 	s.sessCh = make(chan struct{})
 	s.mu.Unlock()
@@ -300,11 +315,14 @@ func (s *Source) current() (*session, <-chan struct{}) {
 }
 
 // Next blocks until the previous batch is acknowledged and a new one is due, then returns it.
-func (s *Source) Next(ctx context.Context) (*Batch, error) {
-	select {
-	case s.inflight <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+// While the previous batch is in flight, a full bundle already queued is built ahead and given
+// to prepare (the input's conversion), so it is ready the moment the ack arrives; it is still
+// handed out only after that ack (one unacknowledged batch at a time, DESIGN §5).
+func (s *Source) Next(ctx context.Context, prepare func(*Batch)) (*Batch, error) {
+	s.nextMu.Lock()
+	defer s.nextMu.Unlock()
+	if err := s.waitTurn(ctx, prepare); err != nil {
+		return nil, err
 	}
 	b, err := s.next(ctx)
 	if err != nil {
@@ -315,8 +333,76 @@ func (s *Source) Next(ctx context.Context) (*Batch, error) {
 	return b, nil
 }
 
+// waitTurn takes the in-flight slot (the previous batch is acknowledged), building the next
+// batch ahead while it waits.
+func (s *Source) waitTurn(ctx context.Context, prepare func(*Batch)) error {
+	for {
+		select {
+		case s.inflight <- struct{}{}:
+			return nil
+		default:
+		}
+		wake := s.buildAhead(ctx, prepare)
+		select {
+		case s.inflight <- struct{}{}:
+			return nil
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// buildAhead builds a full batch while another is in flight, unless one is built already or a
+// nacked batch waits for its re-send; it returns what to wait on before trying again.
+func (s *Source) buildAhead(ctx context.Context, prepare func(*Batch)) <-chan struct{} {
+	s.mu.Lock()
+	sess, changed, busy := s.sess, s.sessCh, s.ahead != nil || s.retry != nil
+	s.mu.Unlock()
+	if sess == nil || busy {
+		return changed
+	}
+	full := sess.q.whenFull()
+	select {
+	case <-full:
+	default:
+		return full
+	}
+	b, _, err := sess.build(ctx, true)
+	if err != nil {
+		sess.fail(err)
+	}
+	if b == nil {
+		return changed
+	}
+	if prepare != nil {
+		prepare(b)
+	}
+	s.mu.Lock()
+	if s.sess == sess {
+		s.ahead = b
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// takeAhead returns the batch built ahead, if it belongs to the current session.
+func (s *Source) takeAhead() *Batch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.ahead
+	s.ahead = nil
+	if b != nil && b.sess == s.sess {
+		return b
+	}
+	return nil
+}
+
 func (s *Source) next(ctx context.Context) (*Batch, error) {
 	if b := s.takeRetry(ctx); b != nil {
+		return b, nil
+	}
+	if b := s.takeAhead(); b != nil {
 		return b, nil
 	}
 	for {
@@ -411,17 +497,14 @@ func (s *Source) waitAcked(ctx context.Context) error {
 	return nil
 }
 
-// ensurePointer writes the cover unless the stored pointer is already at or past it (it is when
-// the output was redis_queue, which moves it in the same script as the messages).
+// ensurePointer makes sure the stored pointer is at or past the batch's cover. With redis_queue
+// it is (the output moved it in the same script call as the messages and marked the batch's
+// receipt); otherwise one fenced compare-and-set writes it (a duplicate when it is already there).
 func (s *Source) ensurePointer(ctx context.Context, b *Batch) error {
-	stored, err := s.readPointer(ctx)
-	if err != nil {
-		return err
-	}
-	if stored != nil && stored.Position() >= b.Cover.Position() {
+	if b.receipt.Done() {
 		return nil
 	}
-	_, err = s.writer.Write(ctx, nil, b.cover())
+	_, err := s.writer.Write(ctx, nil, b.cover())
 	return err
 }
 
