@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
@@ -326,13 +327,28 @@ func (sn *snapshotter) waitQuiet(ctx context.Context) {
 	}
 }
 
-// watermark emits a non-transactional logical message (flushed on 17+, where that can be asked).
+// watermark emits a non-transactional logical message. A high watermark is flushed at once, so the
+// stream sees it without waiting for the WAL writer: with the flush argument on 17+, and before 17
+// by committing a transaction that has an xid right after it (its commit flushes the WAL up to
+// there; the transaction itself is empty, so pgoutput sends nothing or an empty transaction).
 func (sn *snapshotter) watermark(ctx context.Context, content string) error {
-	sql := `SELECT pg_logical_emit_message(false, $1, $2)`
-	if sn.flushArg {
-		sql = `SELECT pg_logical_emit_message(false, $1, $2, true)`
+	flush := strings.HasSuffix(content, ":hw")
+	var err error
+	switch {
+	case flush && sn.flushArg:
+		_, err = sn.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, $2, true)`, WatermarkPrefix, content)
+	case flush:
+		err = pgx.BeginFunc(ctx, sn.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, $2)`, WatermarkPrefix, content); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`)
+			return err
+		})
+	default:
+		_, err = sn.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, $2)`, WatermarkPrefix, content)
 	}
-	if _, err := sn.pool.Exec(ctx, sql, WatermarkPrefix, content); err != nil {
+	if err != nil {
 		return fmt.Errorf("snapshot: emit watermark: %w", err)
 	}
 	return nil
