@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
@@ -123,7 +124,8 @@ func (ss *session) newSnapshotter(pool *pgxpool.Pool, tables []TableInfo, versio
 func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error) {
 	t := sn.tables[name]
 	if t == nil {
-		return nil, fmt.Errorf("snapshot: table %s is in the pointer's cursor but not in tables", name)
+		return nil, errcode.New("snapshot_table", "the snapshot in the pointer is reading "+name+", which is no longer in tables",
+			"put "+name+" back in tables until the snapshot is done, or run `pgrelay resync -c <config>` to snapshot the current tables")
 	}
 	if t.types != nil {
 		return t, nil
