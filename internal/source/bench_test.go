@@ -235,10 +235,15 @@ logger:
 	for i := 0; i < b.N; i++ {
 		total := tps * 5
 		lat := make([]time.Duration, 0, total)
+		// read from the last entry before the writers start ("$" would miss entries written
+		// before the first XREAD is issued, and then wait for them forever)
+		last := "0"
+		if tail, err := e.rd.Client().XRevRangeN(e.ctx, stream, "+", "-", 1).Result(); err == nil && len(tail) == 1 {
+			last = tail[0].ID
+		}
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			last := "$"
 			for len(lat) < total {
 				res, err := e.rd.Client().XRead(e.ctx, &redis.XReadArgs{Streams: []string{stream, last}, Block: 10 * time.Second, Count: 1000}).Result()
 				if err != nil {
