@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,11 +41,20 @@ func rawXAdd(ctx context.Context, rdb *redis.Client, l Layout, msgs []Message) e
 	return err
 }
 
+// benchRedisArgs is the write benchmark's Redis: AOF off, or with PGRELAY_BENCH_FSYNC=always
+// (or everysec) appendonly yes with that appendfsync, for the raw baseline and the script alike.
+func benchRedisArgs() []string {
+	if f := os.Getenv("PGRELAY_BENCH_FSYNC"); f != "" {
+		return []string{"--appendonly", "yes", "--appendfsync", f}
+	}
+	return []string{"--appendonly", "no"}
+}
+
 // BenchmarkOutput compares Writer.Write (the redis_queue output's write: one script call per
 // batch of 500 messages of 200 bytes, fenced and moving a pointer) with raw pipelined XADD of the
 // same messages, alternating in the same run. Reported: msgs/s of each and their ratio.
 func BenchmarkOutput(b *testing.B) {
-	r := testenv.StartRedis(b, "--appendonly", "no")
+	r := testenv.StartRedis(b, benchRedisArgs()...)
 	rdb := r.Client()
 	ctx := context.Background()
 	l := NewLayout("")
