@@ -93,6 +93,7 @@ type snapshotter struct {
 	txXid   uint32
 	effects []snapshot.Effect
 	trunc   bool
+	history []snapshot.Commit // commits on the active table not yet seen by a chunk's snapshot
 
 	rowsDone atomic.Int64 // rows of the current table in the pointer, for the log
 }
@@ -248,7 +249,7 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 
 func (sn *snapshotter) setActive(table string) {
 	sn.mu.Lock()
-	sn.active, sn.effects, sn.trunc = table, nil, false
+	sn.active, sn.effects, sn.trunc, sn.history = table, nil, false, nil
 	sn.mu.Unlock()
 }
 
@@ -261,6 +262,9 @@ func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cur
 		done: make(chan struct{})}
 	sn.mu.Lock()
 	sn.pend = p
+	for _, c := range sn.history { // decoded earlier, perhaps still invisible to this chunk's read
+		p.win.Observe(c)
+	}
 	sn.mu.Unlock()
 	if err := sn.watermark(ctx, p.id+":lw"); err != nil {
 		return nil, err
@@ -417,8 +421,12 @@ func (sn *snapshotter) observe(it item) {
 			sn.effects = appendEffects(sn.effects, e, sn.tables[sn.active])
 		}
 	case itemCommit:
-		if sn.pend != nil && (len(sn.effects) > 0 || sn.trunc) {
-			sn.pend.win.Observe(snapshot.Commit{Xid: sn.txXid, Effects: sn.effects, Truncate: sn.trunc})
+		if len(sn.effects) > 0 || sn.trunc {
+			c := snapshot.Commit{Xid: sn.txXid, Effects: sn.effects, Truncate: sn.trunc}
+			if sn.pend != nil {
+				sn.pend.win.Observe(c)
+			}
+			sn.history = append(sn.history, c)
 		}
 		sn.effects, sn.trunc = nil, false
 	}
@@ -483,6 +491,13 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 		return false, nil
 	}
 	sn.pend = nil
+	kept := sn.history[:0]
+	for _, c := range sn.history { // a commit this chunk's snapshot saw is seen by every later one
+		if !p.chunk.Snapshot.Sees(c.Xid) {
+			kept = append(kept, c)
+		}
+	}
+	sn.history = kept
 	sn.mu.Unlock()
 	items, err := sn.build(p, hw)
 	if err != nil {
