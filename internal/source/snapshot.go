@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
-	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
@@ -124,9 +123,9 @@ func (ss *session) newSnapshotter(pool *pgxpool.Pool, tables []TableInfo, versio
 // load reads the table's columns and types once.
 func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error) {
 	t := sn.tables[name]
-	if t == nil {
-		return nil, errcode.New("snapshot_table", "the snapshot in the pointer is reading "+name+", which is no longer in tables",
-			"put "+name+" back in tables until the snapshot is done, or run `pgrelay resync -c <config>` to snapshot the current tables")
+	if t == nil { // removed from tables while its snapshot ran: skipped (read as an empty chunk)
+		sn.ss.src.log.Warnf("pg_cdc %s: snapshot: %s is no longer in tables, skipping it", sn.ss.src.cfg.Name, name)
+		return nil, nil
 	}
 	if t.types != nil {
 		return t, nil
@@ -269,12 +268,7 @@ func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cur
 	if err := sn.watermark(ctx, p.id+":lw"); err != nil {
 		return nil, err
 	}
-	conn, err := sn.pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	chunk, err := t.spec.Read(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows)
-	conn.Release()
+	chunk, err := sn.read(ctx, t, cur)
 	if err != nil {
 		return nil, err
 	}
@@ -305,6 +299,20 @@ func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cur
 		sn.ss.src.log.Warnf("pg_cdc %s: snapshot chunk %s: high watermark not seen in %s, reading it again", sn.ss.src.cfg.Name, p.id, watermarkWait)
 		return nil, nil
 	}
+}
+
+// read reads one chunk; a table no longer configured (nil) reads as an empty chunk, which moves the
+// cursor to the next table.
+func (sn *snapshotter) read(ctx context.Context, t *snapTable, cur snapshot.Cursor) (*snapshot.Chunk, error) {
+	if t == nil {
+		return &snapshot.Chunk{ReadAt: time.Now().UTC()}, nil
+	}
+	conn, err := sn.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	defer conn.Release()
+	return t.spec.Read(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows)
 }
 
 // waitQuiet lets the stream's queued items go first: no chunk is read while a bundle waits
@@ -525,7 +533,11 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		rows[i].Key = string(t.appendObject(nil, r, t.keyIdx))
 		index[rows[i].Key] = i
 	}
-	survivors, fills := p.win.Resolve(rows, ch.Snapshot, t.nonKey)
+	var nonKey []string
+	if t != nil {
+		nonKey = t.nonKey
+	}
+	survivors, fills := p.win.Resolve(rows, ch.Snapshot, nonKey)
 	kind := make([]byte, len(ch.Rows)) // 0 dropped, 'r' survivor, 'f' fill
 	fillCols := make(map[int][]string, len(fills))
 	for _, r := range survivors {

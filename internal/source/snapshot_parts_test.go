@@ -103,3 +103,32 @@ func TestChunkPartsCarryTheCursor(t *testing.T) {
 		t.Errorf("last chunk: %d items, cursor %s, over %v", len(items), items[0].chunk.cursor, p.over)
 	}
 }
+
+// TestRemovedTableReadsAsAnEmptyChunk: a table that left `tables` while its snapshot ran is
+// skipped: its chunk is empty and the cursor moves to the next table.
+func TestRemovedTableReadsAsAnEmptyChunk(t *testing.T) {
+	ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
+	ss.src.cfg.ChunkRows = 5
+	ss.src.log = testLogger{t}
+	sn := &snapshotter{ss: ss, epoch: "e", tables: map[string]*snapTable{}}
+	tab, err := sn.load(context.Background(), "public.gone")
+	if err != nil || tab != nil {
+		t.Fatalf("load: %v %v", tab, err)
+	}
+	ch, err := sn.read(context.Background(), tab, snapshot.Cursor{})
+	if err != nil || len(ch.Rows) != 0 {
+		t.Fatalf("read: %v %v", ch, err)
+	}
+	p := &pendingChunk{win: snapshot.NewWindow(), cursor: snapshot.Cursor{Tables: []string{"public.gone", "public.u"}, Table: "public.gone"}, chunk: ch}
+	items, err := sn.build(p, 0x700)
+	if err != nil || len(items) != 1 || len(items[0].events) != 0 || p.next.Table != "public.u" || p.over {
+		t.Fatalf("build: %d items, next %+v, over %v, err %v", len(items), p.next, p.over, err)
+	}
+}
+
+// testLogger sends a Source's log lines to the test log.
+type testLogger struct{ t *testing.T }
+
+func (l testLogger) Infof(f string, a ...any)  { l.t.Logf(f, a...) }
+func (l testLogger) Warnf(f string, a ...any)  { l.t.Logf(f, a...) }
+func (l testLogger) Errorf(f string, a ...any) { l.t.Logf(f, a...) }
