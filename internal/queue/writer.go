@@ -336,20 +336,23 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	}
 	var queues []string
 	queueIdx := map[string]int{}
+	var counts []int // shard count per queue, looked up once per batch
 	streamIdx := map[streamRef]int{}
 	var streams []streamRef
 	msgStream := make([]int, len(msgs))
 	for i := range msgs {
 		q := msgs[i].Queue
-		if _, ok := queueIdx[q]; !ok {
-			queues = append(queues, q)
-			queueIdx[q] = len(queues)
+		qi, ok := queueIdx[q]
+		if !ok {
+			n, err := w.shardCount(ctx, q)
+			if err != nil {
+				return nil, nil, err
+			}
+			queues, counts = append(queues, q), append(counts, n)
+			qi = len(queues)
+			queueIdx[q] = qi
 		}
-		n, err := w.shardCount(ctx, q)
-		if err != nil {
-			return nil, nil, err
-		}
-		ref := streamRef{q, Shard(msgs[i].Partition, n)}
+		ref := streamRef{q, Shard(msgs[i].Partition, counts[qi-1])}
 		j, ok := streamIdx[ref]
 		if !ok {
 			streams = append(streams, ref)
@@ -375,18 +378,21 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	}
 	args := make([]any, 0, 7+len(queues)+2*len(streams)+7*len(msgs))
 	args = append(args, c.Fence, c.Pos, pointer, len(queues), len(streams), len(msgs), touch)
-	for _, q := range queues {
+	for i, q := range queues {
 		keys = append(keys, w.layout.Meta(q))
-		n, _ := w.shardCount(ctx, q)
-		args = append(args, n)
+		args = append(args, counts[i])
 	}
 	for _, s := range streams {
 		keys = append(keys, w.layout.Stream(s.queue, s.shard))
 		args = append(args, queueIdx[s.queue], s.shard)
 	}
+	var ts string // created-at is usually the same for the whole batch: format it once
 	for i := range msgs {
 		m := &msgs[i]
-		args = append(args, msgStream[i], m.Partition, m.ID, m.Tx, strconv.FormatInt(m.CreatedMs, 10), m.Header, m.Payload)
+		if i == 0 || m.CreatedMs != msgs[i-1].CreatedMs {
+			ts = strconv.FormatInt(m.CreatedMs, 10)
+		}
+		args = append(args, msgStream[i], m.Partition, m.ID, m.Tx, ts, m.Header, m.Payload)
 	}
 	return keys, args, nil
 }
