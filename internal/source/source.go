@@ -386,13 +386,14 @@ func (s *Source) buildAhead(ctx context.Context, prepare func(*Batch)) <-chan st
 	return nil
 }
 
-// takeAhead returns the batch built ahead, if it belongs to the current session.
+// takeAhead returns the batch built ahead, if it belongs to the current, still running session
+// (a failed session's batch would follow a batch that may not be in).
 func (s *Source) takeAhead() *Batch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.ahead
 	s.ahead = nil
-	if b != nil && b.sess == s.sess {
+	if b != nil && b.sess == s.sess && b.sess.ctx.Err() == nil {
 		return b
 	}
 	return nil
