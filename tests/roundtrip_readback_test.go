@@ -16,9 +16,9 @@ import (
 // then; pg_cdc must read the body back by the new key, and the copy in B must end up equal to A
 // once the commit becomes visible.
 //
-// Until pg_cdc waits for the transaction to become visible before it trusts an empty read-back
-// (internal/source/session.go readback), this test fails: the `c` event keeps "unchanged":["body"]
-// with no later event, and B's row has a NULL body.
+// pg_cdc waits for the transaction to become visible before it trusts an empty read-back
+// (internal/source/session.go readback); without that the `c` event keeps "unchanged":["body"] with
+// no later event, and B's row has a NULL body.
 func TestRoundTripKeyChangeOfACommitNotYetVisible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end test")
@@ -32,6 +32,7 @@ func TestRoundTripKeyChangeOfACommitNotYetVisible(t *testing.T) {
 	rt.pg.Exec(`INSERT INTO rt (id, doc, amount, big, tags, body) VALUES (1, '{"a": 1}', 1, 1, '{x}', repeat('toast ', 5000))`)
 	rt.waitCaughtUp("b", "copy_b", p, 60*time.Second)
 
+	rt.pg.Exec(`CREATE TABLE sync_probe (x int)`) // not published: only commits through it
 	rt.pg.Exec(`ALTER SYSTEM SET synchronous_standby_names = 'nobody'`)
 	rt.pg.Exec(`SELECT pg_reload_conf()`)
 	t.Cleanup(func() {
@@ -47,25 +48,60 @@ func TestRoundTripKeyChangeOfACommitNotYetVisible(t *testing.T) {
 	if err := conn.QueryRow(rt.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
+	// pg_reload_conf is asynchronous (the checkpointer turns synchronous waits on): commit probes
+	// until one waits for the standby, so the writer's commit surely will.
+	sinkWaitUntil(t, 20*time.Second, "commits waiting for the standby", func() (bool, string) {
+		probe, err := rt.pg.Pool().Acquire(rt.ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer probe.Release()
+		var probePid int
+		probe.QueryRow(rt.ctx, `SELECT pg_backend_pid()`).Scan(&probePid)
+		finished := make(chan struct{})
+		go func() { probe.Exec(rt.ctx, `INSERT INTO sync_probe VALUES (1)`); close(finished) }()
+		defer func() { rt.pg.Exec(`SELECT pg_cancel_backend($1)`, probePid); <-finished }()
+		for i := 0; i < 20; i++ {
+			var ev string
+			rt.pg.Pool().QueryRow(rt.ctx, `SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1`, probePid).Scan(&ev)
+			if ev == "SyncRep" {
+				return true, ""
+			}
+			select {
+			case <-finished:
+				return false, "a probe commit did not wait"
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		return false, "probe not seen waiting"
+	})
 	done := make(chan error, 1)
 	go func() {
 		_, err := conn.Exec(rt.ctx, `UPDATE rt SET id = 2 WHERE id = 1`) // waits for the standby
 		done <- err
 	}()
-	// let pg_cdc decode the flushed commit and write its events while the commit is not visible
-	sinkWaitUntil(t, 30*time.Second, "the key change in the queue", func() (bool, string) {
-		entries, err := oracle.ReadQueue(rt.ctx, rt.rd.Client(), "pgrelay", "q")
-		if err != nil {
+	// pg_cdc decodes the flushed commit, finds no row by the new key and must wait for the commit
+	// to become visible (it polls pg_xact_status) instead of sending a `c` with "unchanged".
+	sinkWaitUntil(t, 30*time.Second, "pg_cdc waiting for the commit to become visible", func() (bool, string) {
+		var n int
+		if err := rt.pg.Pool().QueryRow(rt.ctx, `SELECT count(*) FROM pg_stat_activity
+		    WHERE query LIKE '%pg_xact_status%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
 			return false, err.Error()
 		}
-		for _, e := range entries {
-			if strings.HasPrefix(string(e.Payload), `{"op":"c"`) && strings.Contains(string(e.Payload), `"key":{"id":2}`) {
-				t.Logf("queue: %s", clip(string(e.Payload)))
-				return true, ""
-			}
+		if n > 0 {
+			return true, ""
 		}
 		return false, "not yet"
 	})
+	entries, err := oracle.ReadQueue(rt.ctx, rt.rd.Client(), "pgrelay", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.Contains(string(e.Payload), `"key":{"id":2}`) {
+			t.Fatalf("the key change reached the queue before its commit was visible: %s", clip(string(e.Payload)))
+		}
+	}
 	rt.pg.Exec(`SELECT pg_cancel_backend($1)`, pid) // the commit stands locally and becomes visible
 	select {
 	case err := <-done:

@@ -64,8 +64,9 @@ type relation struct {
 // tuple is a row as pgoutput sent it.
 type tuple []*pglogrepl.TupleDataColumn
 
-// readbackFunc reads the current values of cols of rel's row with the given key (nil when gone).
-type readbackFunc func(ctx context.Context, rel *relation, key tuple, cols []int) (tuple, error)
+// readbackFunc reads the current values of cols of rel's row with the given key (nil when gone),
+// as seen once transaction xid (the one being decoded) is visible to other sessions.
+type readbackFunc func(ctx context.Context, rel *relation, key tuple, cols []int, xid uint32) (tuple, error)
 
 // decoder turns pgoutput messages into items, in commit order, dropping what the start pointer covers.
 type decoder struct {
@@ -310,7 +311,7 @@ func (d *decoder) update(ctx context.Context, rel *relation, old, row tuple) ([]
 	}
 	del := d.event(rel, "d", oldPart, 0, old, nil, d.beforeCols(rel, true), old)
 	if missing := unchangedCols(row); len(missing) > 0 {
-		got, err := d.readback(ctx, rel, row, missing)
+		got, err := d.readback(ctx, rel, row, missing, d.xid)
 		if err != nil {
 			return nil, err
 		}

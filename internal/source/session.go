@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -203,8 +204,8 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	dec := &decoder{epoch: start.Epoch, start: start, truncEm: s.cfg.TruncateEmit, tables: byName, reg: reg,
 		rels:     map[uint32]*relation{},
 		loadType: func(ctx context.Context, oids []uint32) error { return reg.Load(ctx, pool, oids) },
-		readback: func(ctx context.Context, rel *relation, key tuple, cols []int) (tuple, error) {
-			return readback(ctx, pool, rel, key, cols)
+		readback: func(ctx context.Context, rel *relation, key tuple, cols []int, xid uint32) (tuple, error) {
+			return readback(ctx, pool, rel, key, cols, xid)
 		},
 	}
 	sn, cur, err := ss.newSnapshotter(pool, tables, version)
@@ -441,7 +442,12 @@ func (ss *session) reportSlotLag(pool *pgxpool.Pool) {
 }
 
 // readback reads the current values of cols of the row whose key is in row (nil when gone).
-func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row tuple, cols []int) (tuple, error) {
+//
+// PostgreSQL flushes a commit record, so the walsender can decode it, before the committing backend
+// leaves the proc array (a synchronous standby can hold it there for long): until then other sessions
+// do not see the transaction's rows. So a row not found is only trusted once transaction xid is no
+// longer in progress; readback waits for that and reads again.
+func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row tuple, cols []int, xid uint32) (tuple, error) {
 	var sel, where []string
 	var params [][]byte
 	for _, c := range cols {
@@ -459,6 +465,12 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row tuple,
 	}
 	defer conn.Release()
 	res := conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	if res.Err == nil && len(res.Rows) == 0 {
+		if err := waitVisible(ctx, conn.Conn().PgConn(), xid); err != nil {
+			return nil, fmt.Errorf("read back unchanged values of %s: %w", rel.full, err)
+		}
+		res = conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	}
 	if res.Err != nil {
 		return nil, fmt.Errorf("read back unchanged values of %s: %w", rel.full, res.Err)
 	}
@@ -474,6 +486,31 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row tuple,
 		}
 	}
 	return out, nil
+}
+
+// xactStatusSQL is the status of a 32-bit xid widened to the full xid of the current epoch (or the
+// one before, for an xid above the current counter), read without assigning an xid to this session.
+const xactStatusSQL = `SELECT pg_xact_status((CASE WHEN w > m THEN w - 4294967296 ELSE w END)::text::xid8)
+FROM (SELECT m, ((m >> 32) << 32) + $1::bigint AS w
+      FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS m) s) x`
+
+// waitVisible waits until transaction xid is no longer in progress, so its rows are visible.
+func waitVisible(ctx context.Context, conn *pgconn.PgConn, xid uint32) error {
+	param := [][]byte{[]byte(strconv.FormatUint(uint64(xid), 10))}
+	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		res := conn.ExecParams(ctx, xactStatusSQL, param, nil, nil, nil).Read()
+		if res.Err != nil {
+			return fmt.Errorf("status of transaction %d: %w", xid, res.Err)
+		}
+		if len(res.Rows) == 1 && string(res.Rows[0][0]) != "in progress" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // waitFor says what the bundler waits on when no batch is due.
