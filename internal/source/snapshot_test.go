@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -228,8 +229,11 @@ func TestSnapshotFillsToastedValues(t *testing.T) {
 			default:
 			}
 			id := 1 + r.IntN(400)
+			if after := e.cursorAfter("toast", "q"); after > 0 && r.IntN(4) > 0 { // the chunk being read
+				id = after + 1 + r.IntN(20)
+			}
 			sql := fmt.Sprintf(`UPDATE t SET n = n + 1 WHERE id = %d`, id)
-			if r.IntN(40) == 0 {
+			if updates%10 == 5 { // a key change of a TOASTed row (d + c with the value read back)
 				sql = fmt.Sprintf(`UPDATE t SET id = id + 1000 WHERE id = %d`, id)
 			}
 			if _, err := e.pg.Pool().Exec(context.Background(), sql); err != nil && !strings.Contains(err.Error(), "duplicate") {
@@ -239,7 +243,7 @@ func TestSnapshotFillsToastedValues(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	e.run("toast", `[{table: t, queue: q}]`, "snapshot: initial\nchunk_rows: 50\nmax_bundle_bytes: 1048576")
+	e.run("toast", `[{table: t, queue: q}]`, "snapshot: initial\nchunk_rows: 20\nmax_bundle_bytes: 1048576")
 	e.waitPointer("toast", "q")
 	e.waitSnapshotDone("toast", "q", 90*time.Second)
 	close(stop)
@@ -272,8 +276,8 @@ func TestSnapshotFillsToastedValues(t *testing.T) {
 	entries, _ := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
 	ops := countOps(t, entries)
 	t.Logf("writer: %d updates; queue: %v", updates, ops)
-	if ops["snap-u"] == 0 {
-		t.Errorf("no fill event: the test did not exercise fills")
+	if ops["snap-u"] == 0 || ops["c"] == 0 {
+		t.Errorf("no fill event or no key change: the test did not exercise them")
 	}
 }
 
@@ -462,4 +466,20 @@ func TestSnapshotReadEqualsInsertForAnyKeyType(t *testing.T) {
 		}
 	}
 	e.checkOracle("q", "public.k", "a", "b", "c", "d")
+}
+
+// cursorAfter is the first key value of the pointer's snapshot cursor as an int (0 when none).
+func (e *env) cursorAfter(name, queue string) int {
+	p, err := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{"+queue+"}:src:"+name+":ptr")
+	if err != nil || p == nil {
+		return 0
+	}
+	var c struct {
+		After []string `json:"after"`
+	}
+	if json.Unmarshal(p.Snapshot, &c) != nil || len(c.After) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(c.After[0])
+	return n
 }
