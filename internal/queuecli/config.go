@@ -2,34 +2,18 @@ package queuecli
 
 import (
 	"fmt"
-	"os"
 	"regexp"
 
-	"gopkg.in/yaml.v3"
-
+	"github.com/pgrelay/pgrelay/internal/configfile"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
-
-// envRef is a Benthos environment reference: ${NAME} or ${NAME:default}.
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}`)
 
 // fromConfig reads the connection (url, cluster_urls, username, password, prefix) and queue of the
 // first redis_queue input or output in a pipeline config file, with ${ENV} references resolved.
 func fromConfig(path string) (redisconn.Config, string, error) {
-	raw, err := os.ReadFile(path)
+	doc, err := configfile.Load(path)
 	if err != nil {
 		return redisconn.Config{}, "", err
-	}
-	text := envRef.ReplaceAllStringFunc(string(raw), func(ref string) string {
-		m := envRef.FindStringSubmatch(ref)
-		if v, ok := os.LookupEnv(m[1]); ok && v != "" {
-			return v
-		}
-		return m[2]
-	})
-	var doc any
-	if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
-		return redisconn.Config{}, "", fmt.Errorf("%s: %w", path, err)
 	}
 	section := findRedisQueue(doc)
 	if section == nil {
@@ -51,7 +35,7 @@ func fromConfig(path string) (redisconn.Config, string, error) {
 		}
 	}
 	q := str("queue", "")
-	if envRef.MatchString(q) || regexp.MustCompile(`\$\{!`).MatchString(q) {
+	if configfile.HasEnvRef(q) || regexp.MustCompile(`\$\{!`).MatchString(q) {
 		q = "" // interpolated: not a queue name
 	}
 	return c, q, c.Validate()

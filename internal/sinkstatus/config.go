@@ -7,13 +7,12 @@ package sinkstatus
 
 import (
 	"fmt"
-	"os"
-	"regexp"
 	"sort"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"gopkg.in/yaml.v3"
 
+	"github.com/pgrelay/pgrelay/internal/configfile"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
@@ -44,26 +43,12 @@ type Parts struct {
 	MetricsURL string // the pipeline's Prometheus endpoint, "" when it has none
 }
 
-// envRef is a Benthos environment reference: ${NAME} or ${NAME:default}.
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}`)
-
 // PartsFromFile reads a pipeline config (env references resolved as Benthos does) and returns its
 // pg_sink outputs and redis_queue inputs (a redis_queue with a `group` is an input).
 func PartsFromFile(path string) (Parts, error) {
-	raw, err := os.ReadFile(path)
+	doc, err := configfile.Load(path)
 	if err != nil {
 		return Parts{}, err
-	}
-	text := envRef.ReplaceAllStringFunc(string(raw), func(ref string) string {
-		m := envRef.FindStringSubmatch(ref)
-		if v, ok := os.LookupEnv(m[1]); ok {
-			return v
-		}
-		return m[2]
-	})
-	var doc any
-	if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
-		return Parts{}, fmt.Errorf("%s: %w", path, err)
 	}
 	var p Parts
 	if err := p.walk(doc); err != nil {

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"regexp"
 	"sort"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	pcli "github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/configfile"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/sinkstatus"
 )
@@ -81,25 +80,12 @@ func forEachSource(c *cli.Context, fn func(context.Context, Config) error) error
 	return nil
 }
 
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}`)
-
 // ConfigsFromFile finds every pg_cdc input of a pipeline config (env references resolved as
 // Benthos does: ${VAR} or ${VAR:default}) and parses each.
 func ConfigsFromFile(path string) ([]Config, error) {
-	raw, err := os.ReadFile(path)
+	doc, err := configfile.Load(path)
 	if err != nil {
 		return nil, err
-	}
-	text := envRef.ReplaceAllStringFunc(string(raw), func(m string) string {
-		sub := envRef.FindStringSubmatch(m)
-		if v, ok := os.LookupEnv(sub[1]); ok {
-			return v
-		}
-		return sub[2]
-	})
-	var doc any
-	if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	var out []Config
 	var walk func(v any) error
