@@ -164,20 +164,90 @@ func (p *proc) signal(sig syscall.Signal, wait time.Duration) {
 	if p == nil || p.exited() {
 		return
 	}
+	if sig == syscall.SIGKILL {
+		p.killTree()
+		return
+	}
 	syscall.Kill(-p.cmd.Process.Pid, sig)
 	select {
 	case <-p.done:
 	case <-time.After(wait):
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
+		p.killTree()
 	}
-	// Children of the group may outlive the leader for a moment after SIGKILL.
-	if sig == syscall.SIGKILL {
-		for i := 0; i < 100 && groupAlive(p.cmd.Process.Pid); i++ {
-			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			time.Sleep(20 * time.Millisecond)
+}
+
+// killTree SIGKILLs the server and every process it started, and waits until none is left. A
+// process group is not enough: PostgreSQL's backends call setsid, and a backend that outlives its
+// postmaster keeps the shared memory attached, so a restart on the same data directory would fail.
+func (p *proc) killTree() {
+	pid := p.cmd.Process.Pid
+	pids := append(descendants(pid), pid)
+	for _, q := range pids {
+		syscall.Kill(q, syscall.SIGKILL)
+	}
+	syscall.Kill(-pid, syscall.SIGKILL)
+	<-p.done
+	for i := 0; i < 250; i++ {
+		alive := groupAlive(pid)
+		for _, q := range pids {
+			alive = alive || processAlive(q)
+		}
+		if !alive {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// procStat returns a process's state letter, parent pid and process group from /proc/<pid>/stat.
+func procStat(pid string) (state string, ppid, pgrp int, ok bool) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return "", 0, 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", 0, 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 3 {
+		return "", 0, 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	pgrp, _ = strconv.Atoi(f[2])
+	return f[0], ppid, pgrp, true
+}
+
+// descendants lists every live process below pid.
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		if state, ppid, _, ok := procStat(e.Name()); ok && state != "Z" {
+			child, _ := strconv.Atoi(e.Name())
+			children[ppid] = append(children[ppid], child)
 		}
 	}
+	var out []int
+	var walk func(int)
+	walk = func(p int) {
+		for _, c := range children[p] {
+			out = append(out, c)
+			walk(c)
+		}
+	}
+	walk(pid)
+	return out
+}
+
+// processAlive reports whether pid is a live (non-zombie) process.
+func processAlive(pid int) bool {
+	state, _, _, ok := procStat(strconv.Itoa(pid))
+	return ok && state != "Z"
 }
 
 // tail returns the end of the process log, for error messages.
@@ -213,18 +283,7 @@ func groupAlive(pgid int) bool {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// Fields after the parenthesised command: state ppid pgrp ...
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) > 2 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
+		if state, _, pgrp, ok := procStat(e.Name()); ok && state != "Z" && pgrp == pgid {
 			return true
 		}
 	}
