@@ -202,14 +202,19 @@ func rawDrain(b *testing.B, e *env, end pglogrepl.LSN) {
 
 // BenchmarkSourceLatency writes single-row transactions at a steady PGRELAY_BENCH_TPS (default
 // 2,000/s) for 5 s and reports commit→queue latency percentiles: from the event's commit time
-// (`ts`, PostgreSQL's clock) to the moment a blocking XREAD returned it (same host clock).
+// (`ts`, PostgreSQL's clock) to the moment a blocking XREAD returned it (same host clock). The
+// baseline, measured at the same time on the same transactions: commit time → the commit message
+// decoded by pglogrepl from a plain pgoutput slot (raw_p50_ms, raw_p99_ms), what PostgreSQL and
+// the host cost before any connector does anything.
 func BenchmarkSourceLatency(b *testing.B) {
 	tps := 2000
 	if n, err := strconv.Atoi(os.Getenv("PGRELAY_BENCH_TPS")); err == nil && n > 0 {
 		tps = n
 	}
-	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b), ctx: context.Background()}
+	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
 	e.pg.Exec(`CREATE TABLE lat (id bigint PRIMARY KEY, v text)`)
+	e.pg.Exec(`CREATE PUBLICATION rawlat FOR TABLE lat`)
+	e.pg.Exec(`SELECT pg_create_logical_replication_slot('rawlat', 'pgoutput')`)
 	startStream(b, fmt.Sprintf(`
 input:
   pg_cdc:
@@ -242,10 +247,13 @@ logger:
 			last = tail[0].ID
 		}
 		done := make(chan struct{})
+		rawDone := make(chan []time.Duration, 1)
+		go func() { rawDone <- rawCommitLatency(b, e, "rawlat", total) }()
+		reader := e.rd.Client() // one connection: Client() dials a new one per call
 		go func() {
 			defer close(done)
 			for len(lat) < total {
-				res, err := e.rd.Client().XRead(e.ctx, &redis.XReadArgs{Streams: []string{stream, last}, Block: 10 * time.Second, Count: 1000}).Result()
+				res, err := reader.XRead(e.ctx, &redis.XReadArgs{Streams: []string{stream, last}, Block: 10 * time.Second, Count: 1000}).Result()
 				if err != nil {
 					b.Error(err)
 					return
@@ -268,6 +276,11 @@ logger:
 		}
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
+		if raw := <-rawDone; len(raw) > 0 {
+			sort.Slice(raw, func(a, c int) bool { return raw[a] < raw[c] })
+			b.ReportMetric(float64(raw[len(raw)/2].Microseconds())/1000, "raw_p50_ms")
+			b.ReportMetric(float64(raw[len(raw)*99/100].Microseconds())/1000, "raw_p99_ms")
+		}
 	}
 }
 
@@ -296,6 +309,70 @@ func durability() string {
 		return d
 	}
 	return "aof"
+}
+
+// rawCommitLatency drains slot from where it stands and returns, for the next n transactions that
+// wrote rows, the time from each commit's timestamp to its commit message being decoded here.
+func rawCommitLatency(b *testing.B, e *env, slot string, n int) []time.Duration {
+	cfg, _ := pgconn.ParseConfig(e.pg.DSN() + "&replication=database")
+	conn, err := pgconn.ConnectConfig(e.ctx, cfg)
+	if err != nil {
+		b.Error(err)
+		return nil
+	}
+	defer conn.Close(e.ctx)
+	if err := pglogrepl.StartReplication(e.ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + slot + "'"}}); err != nil {
+		b.Error(err)
+		return nil
+	}
+	out := make([]time.Duration, 0, n)
+	rows := false
+	var flushed pglogrepl.LSN
+	for len(out) < n {
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		msg, err := conn.ReceiveMessage(ctx)
+		cancel()
+		if err != nil {
+			b.Error(err)
+			return out
+		}
+		cd, ok := msg.(*pgproto3.CopyData)
+		if !ok || len(cd.Data) == 0 {
+			continue
+		}
+		switch cd.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			if ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:]); err == nil && ka.ReplyRequested {
+				pglogrepl.SendStandbyStatusUpdate(e.ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: flushed})
+			}
+			continue
+		case pglogrepl.XLogDataByteID:
+		default:
+			continue
+		}
+		x, err := pglogrepl.ParseXLogData(cd.Data[1:])
+		if err != nil {
+			b.Error(err)
+			return out
+		}
+		m, err := pglogrepl.Parse(x.WALData)
+		if err != nil {
+			b.Error(err)
+			return out
+		}
+		switch m := m.(type) {
+		case *pglogrepl.InsertMessage:
+			rows = true
+		case *pglogrepl.CommitMessage:
+			now := time.Now()
+			if rows {
+				out = append(out, now.Sub(m.CommitTime))
+			}
+			rows, flushed = false, m.CommitLSN
+		}
+	}
+	return out
 }
 
 // writeAtRate inserts total single-row transactions at tps from 4 connections, ids from base.

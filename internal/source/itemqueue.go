@@ -9,7 +9,8 @@ import (
 // transaction size; a change bigger than the limit still passes alone.
 type itemQueue struct {
 	mu       sync.Mutex
-	items    []item
+	items    []item // the live items are items[head:]
+	head     int
 	events   int
 	bytes    int
 	maxEv    int
@@ -45,7 +46,7 @@ func (q *itemQueue) whenFull() <-chan struct{} {
 func (q *itemQueue) tryPush(it item) (bool, <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.items) > 0 && (q.events+len(it.events) > q.maxEv || q.bytes+it.size > q.maxBytes) {
+	if len(q.items) > q.head && (q.events+len(it.events) > q.maxEv || q.bytes+it.size > q.maxBytes) {
 		return false, q.changed
 	}
 	q.items = append(q.items, it)
@@ -59,24 +60,55 @@ func (q *itemQueue) tryPush(it item) (bool, <-chan struct{}) {
 	return true, nil
 }
 
+// any reports whether a queued item satisfies pred, plus the channel signalling a change. Other
+// goroutines than the bundler use it: the items are only read under the lock, since pushes reuse
+// the array's slots once the bundler popped them.
+func (q *itemQueue) any(pred func(*item) bool) (bool, <-chan struct{}) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i := q.head; i < len(q.items); i++ {
+		if pred(&q.items[i]) {
+			return true, q.changed
+		}
+	}
+	return false, q.changed
+}
+
 // snapshot returns the queued items without removing them, plus the channel signalling a change.
+// Only the bundler may call it (the items stay valid until its own next pop).
 func (q *itemQueue) snapshot() ([]item, <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.items, q.changed
+	return q.items[q.head:], q.changed
 }
 
 // pop removes the first n items.
+//
+// It moves a head index instead of copying the queue: a copy the size of the queue's capacity on
+// every pop cost a third of the process' CPU at 2,000 small transactions a second. The live items
+// are moved to the front only when the head passes half the array, and popped items are cleared
+// so their events can be freed. Only the bundler pops, after it is done with its snapshot.
 func (q *itemQueue) pop(n int) {
+	if n == 0 {
+		return // no change: a signal would wake the bundler, which would pop nothing again (a spin)
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, it := range q.items[:n] {
+	live := q.items[q.head:]
+	for _, it := range live[:n] {
 		q.events -= len(it.events)
 		q.bytes -= it.size
 	}
-	rest := make([]item, len(q.items)-n, cap(q.items))
-	copy(rest, q.items[n:])
-	q.items = rest
+	clear(live[:n])
+	q.head += n
+	switch {
+	case q.head == len(q.items):
+		q.items, q.head = q.items[:0], 0
+	case q.head > cap(q.items)/2:
+		m := copy(q.items, q.items[q.head:])
+		clear(q.items[m:])
+		q.items, q.head = q.items[:m], 0
+	}
 	q.signal()
 }
 

@@ -320,11 +320,7 @@ func (sn *snapshotter) read(ctx context.Context, t *snapTable, cur snapshot.Curs
 func (sn *snapshotter) waitQuiet(ctx context.Context) {
 	deadline := time.Now().Add(quietWait)
 	for {
-		items, changed := sn.ss.q.snapshot()
-		waiting := false
-		for i := range items {
-			waiting = waiting || len(items[i].events) > 0
-		}
+		waiting, changed := sn.ss.q.any(func(it *item) bool { return len(it.events) > 0 })
 		if !waiting || time.Now().After(deadline) {
 			return
 		}
@@ -371,11 +367,7 @@ func (sn *snapshotter) watermark(ctx context.Context, content string) error {
 // waitTaken blocks until the bundler took every queued chunk part.
 func (sn *snapshotter) waitTaken(ctx context.Context) error {
 	for {
-		items, changed := sn.ss.q.snapshot()
-		queued := false
-		for i := range items {
-			queued = queued || items[i].kind == itemChunk
-		}
+		queued, changed := sn.ss.q.any(func(it *item) bool { return it.kind == itemChunk })
 		if !queued {
 			return nil
 		}
