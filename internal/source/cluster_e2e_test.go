@@ -1,0 +1,464 @@
+package source_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/pointer"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// clusterEnv is env with a 3-master Redis Cluster instead of a single Redis.
+type clusterEnv struct {
+	t   *testing.T
+	ctx context.Context
+	pg  *testenv.Postgres
+	rc  *testenv.RedisCluster
+	cc  *redis.ClusterClient
+}
+
+// clusterSource is one pg_cdc source and the one queue (and table) it feeds.
+type clusterSource struct {
+	name, table, queue string
+	master             string // address of the master serving the queue's slot
+}
+
+func newClusterEnv(t *testing.T) *clusterEnv {
+	rc := testenv.StartRedisCluster(t)
+	return &clusterEnv{t: t, ctx: context.Background(), pg: testenv.StartPostgres(t), rc: rc, cc: rc.Client(t)}
+}
+
+// urls is the flow-style YAML list of the cluster's seed nodes.
+func (e *clusterEnv) urls() string {
+	var us []string
+	for _, a := range e.rc.Addrs() {
+		us = append(us, "redis://"+a)
+	}
+	return "[" + strings.Join(us, ", ") + "]"
+}
+
+// run starts pg_cdc → redis_queue with both Redis connections on the cluster.
+func (e *clusterEnv) run(name, tables string) func() {
+	e.t.Helper()
+	return startStream(e.t, e.yaml(name, tables))
+}
+
+func (e *clusterEnv) yaml(name, tables string) string {
+	return fmt.Sprintf(`
+input:
+  pg_cdc:
+    name: %s
+    dsn: %s
+    tls: {mode: disable}
+    tables: %s
+    redis: {cluster_urls: %s}
+    lease_ttl: 3s
+    heartbeat: 1s
+output:
+  redis_queue:
+    cluster_urls: %s
+    durability: aof
+logger:
+  level: warn
+`, name, e.pg.DSN(), tables, e.urls(), e.urls())
+}
+
+func (s clusterSource) tables() string {
+	return fmt.Sprintf(`[{table: %s, queue: %s, partition_by: key}]`, s.table, s.queue)
+}
+
+func srcKey(queue, name, what string) string {
+	return "pgrelay:{" + queue + "}:src:" + name + ":" + what
+}
+
+// queuesOnTwoMasters returns two queue names whose hash tags are served by different masters,
+// with those masters' addresses (asked of the cluster, not computed here).
+func (e *clusterEnv) queuesOnTwoMasters() (a, b clusterSource) {
+	e.t.Helper()
+	for i := 0; i < 100; i++ {
+		q := fmt.Sprintf("orders%d", i)
+		node, err := e.cc.MasterForKey(e.ctx, "pgrelay:{"+q+"}:meta")
+		if err != nil {
+			e.t.Fatalf("master of %s: %v", q, err)
+		}
+		addr := node.Options().Addr
+		switch {
+		case a.queue == "":
+			a = clusterSource{queue: q, master: addr}
+		case addr != a.master:
+			return a, clusterSource{queue: q, master: addr}
+		}
+	}
+	e.t.Fatal("no two queues on different masters")
+	return
+}
+
+// pointer reads a source's pointer through the cluster client (nil while there is none).
+func (e *clusterEnv) pointer(s clusterSource) *pointer.Pointer {
+	raw, err := e.cc.Get(e.ctx, srcKey(s.queue, s.name, "ptr")).Bytes()
+	if err != nil {
+		return nil
+	}
+	p, err := pointer.Parse(raw)
+	if err != nil {
+		e.t.Errorf("pointer of %s: %v", s.name, err)
+		return nil
+	}
+	return &p
+}
+
+// waitCovered waits until the source's pointer is at or past lsn with no transaction half in:
+// every transaction committed before lsn is then in the queue.
+func (e *clusterEnv) waitCovered(s clusterSource, lsn pglogrepl.LSN) {
+	e.t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		p := e.pointer(s)
+		if p != nil && p.InTxn == nil && p.LSNValue() >= lsn {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("pointer of %s never covered %s: %+v", s.name, lsn, p)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *clusterEnv) currentLSN() pglogrepl.LSN {
+	e.t.Helper()
+	var s string
+	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+		e.t.Fatalf("pg_current_wal_lsn: %v", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		e.t.Fatalf("parse %s: %v", s, err)
+	}
+	return lsn
+}
+
+// waitStreaming waits until the source's status hash (read through the cluster) shows phase streaming.
+func (e *clusterEnv) waitStreaming(s clusterSource) {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, _ := e.cc.HGetAll(e.ctx, srcKey(s.queue, s.name, "status")).Result()
+		for _, v := range st {
+			if strings.Contains(v, `"phase":"streaming"`) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s never streaming: %v", s.name, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *clusterEnv) conn() *pgx.Conn {
+	cfg, err := pgx.ParseConfig(e.pg.DSN())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	convert.ApplySettings(cfg.RuntimeParams)
+	c, err := pgx.ConnectConfig(e.ctx, cfg)
+	if err != nil {
+		e.t.Fatalf("connect: %v", err)
+	}
+	e.t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// checkQueue reads the source's queue back through the cluster and checks with the replay oracle
+// that it replays to the table exactly (every id once, contiguous offsets, lsn order per partition),
+// that it holds only that table, and that the queue has the default 16 shards.
+func (e *clusterEnv) checkQueue(s clusterSource) *oracle.Result {
+	e.t.Helper()
+	if n, err := e.cc.HGet(e.ctx, "pgrelay:{"+s.queue+"}:meta", "shards").Result(); err != nil || n != "16" {
+		e.t.Errorf("queue %s: shards %q (%v), want the default 16", s.queue, n, err)
+	}
+	entries, err := oracle.ReadQueue(e.ctx, e.cc, "pgrelay", s.queue)
+	if err != nil {
+		e.t.Fatalf("read %s: %v", s.queue, err)
+	}
+	res := oracle.Replay(entries)
+	for _, p := range res.Problems {
+		e.t.Errorf("queue %s: %s", s.queue, p)
+	}
+	if res.Events != len(entries) || len(res.ByID) != len(entries) {
+		e.t.Errorf("queue %s: %d entries, %d events, %d distinct ids", s.queue, len(entries), res.Events, len(res.ByID))
+	}
+	full := "public." + s.table
+	for tbl := range res.Tables {
+		if tbl != full {
+			e.t.Errorf("queue %s holds events of %s", s.queue, tbl)
+		}
+	}
+	rows, err := oracle.TableRows(e.ctx, e.conn(), full, []string{"id"})
+	if err != nil {
+		e.t.Fatalf("rows of %s: %v", full, err)
+	}
+	for _, d := range oracle.Compare(res.Tables[full], rows) {
+		e.t.Errorf("queue %s vs %s: %s", s.queue, full, d)
+	}
+	e.t.Logf("queue %s on %s: %d entries, %d rows", s.queue, s.master, len(entries), len(rows))
+	return res
+}
+
+// checkKeyPlacement proves DESIGN §4 on the cluster: the source's lease, pointer and status keys
+// hash to its queue's slot (CLUSTER KEYSLOT), and that slot's master physically holds them next to
+// the queue's meta and shard streams (CLUSTER GETKEYSINSLOT on that node's own connection).
+func (e *clusterEnv) checkKeyPlacement(s clusterSource) {
+	e.t.Helper()
+	meta := "pgrelay:{" + s.queue + "}:meta"
+	slot, err := e.cc.ClusterKeySlot(e.ctx, meta).Result()
+	if err != nil {
+		e.t.Fatalf("keyslot %s: %v", meta, err)
+	}
+	own := []string{srcKey(s.queue, s.name, "lease"), srcKey(s.queue, s.name, "ptr"), srcKey(s.queue, s.name, "status")}
+	for _, k := range own {
+		if ks, err := e.cc.ClusterKeySlot(e.ctx, k).Result(); err != nil || ks != slot {
+			e.t.Errorf("%s: slot %d (%v), the queue's is %d", k, ks, err, slot)
+		}
+		if node, err := e.cc.MasterForKey(e.ctx, k); err != nil || node.Options().Addr != s.master {
+			e.t.Errorf("%s: master %v (%v), the queue's is %s", k, node, err, s.master)
+		}
+	}
+	var holder *testenv.Redis
+	for _, n := range e.rc.Nodes {
+		if n.Addr() == s.master {
+			holder = n
+		}
+	}
+	if holder == nil {
+		e.t.Fatalf("no node %s", s.master)
+	}
+	keys, err := holder.Client().ClusterGetKeysInSlot(e.ctx, int(slot), 1000).Result()
+	if err != nil {
+		e.t.Fatalf("GETKEYSINSLOT %d on %s: %v", slot, s.master, err)
+	}
+	for _, k := range append(own, meta) {
+		if !slices.Contains(keys, k) {
+			e.t.Errorf("master %s, slot %d lacks %s (has %v)", s.master, slot, k, keys)
+		}
+	}
+	streams := 0
+	for _, k := range keys {
+		if strings.HasPrefix(k, "pgrelay:{"+s.queue+"}:s:") {
+			streams++
+		}
+	}
+	if streams == 0 {
+		e.t.Errorf("master %s, slot %d holds no shard stream of %s: %v", s.master, slot, s.queue, keys)
+	}
+}
+
+// waitClusterOK waits until every node reports cluster_state:ok again.
+func (e *clusterEnv) waitClusterOK() {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range e.rc.Nodes {
+		c := n.Client()
+		for {
+			info, err := c.ClusterInfo(e.ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				e.t.Fatalf("node %s: cluster not ok: %v %s", n.Addr(), err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// clusterWriter runs random transactions over tables (inserts, updates, deletes, key changes;
+// 1-4 statements, each on a random table, so one transaction often spans both sources) from two
+// connections until stop; wait returns the number of committed transactions.
+func (e *clusterEnv) clusterWriter(seed uint64, tables []string, stop <-chan struct{}) (wait func() int) {
+	var committed atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if e.randomTx(rng, tables) {
+					committed.Add(1)
+				}
+				time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+			}
+		}(w)
+	}
+	return func() int { wg.Wait(); return int(committed.Load()) }
+}
+
+// randomTx runs one random transaction; conflicts (a key change onto a taken key) roll it back.
+func (e *clusterEnv) randomTx(rng *rand.Rand, tables []string) bool {
+	tx, err := e.pg.Pool().Begin(e.ctx)
+	if err != nil {
+		return false
+	}
+	defer tx.Rollback(e.ctx)
+	for i, n := 0, 1+rng.IntN(4); i < n; i++ {
+		tbl := pgx.Identifier{tables[rng.IntN(len(tables))]}.Sanitize()
+		id := rng.IntN(300)
+		var err error
+		switch op := rng.IntN(10); {
+		case op < 4:
+			_, err = tx.Exec(e.ctx, `INSERT INTO `+tbl+` VALUES ($1, $2, $3::numeric, $4::jsonb) ON CONFLICT (id) DO UPDATE SET v = excluded.v`,
+				id, fmt.Sprintf("v%d|\\%d", rng.IntN(1000), id), fmt.Sprintf("%d.%018d", rng.Int64(), rng.Int64N(1e18)),
+				fmt.Sprintf(`{"big": %d}`, uint64(1)<<60+uint64(rng.IntN(1000))))
+		case op < 7:
+			_, err = tx.Exec(e.ctx, `UPDATE `+tbl+` SET v = $2, n = n + 1 WHERE id = $1`, id, fmt.Sprintf("u%d", rng.IntN(1000)))
+		case op < 8:
+			_, err = tx.Exec(e.ctx, `DELETE FROM `+tbl+` WHERE id = $1`, id)
+		default:
+			_, err = tx.Exec(e.ctx, `UPDATE `+tbl+` SET id = $2 WHERE id = $1`, id, 300+rng.IntN(300))
+		}
+		if err != nil {
+			return false
+		}
+	}
+	return tx.Commit(e.ctx) == nil
+}
+
+// twoSources creates tables wa and wb and starts one source per table, each with its own queue,
+// the two queues on different masters; it returns once both stream.
+func (e *clusterEnv) twoSources() (a, b clusterSource, stopA, stopB func()) {
+	e.t.Helper()
+	a, b = e.queuesOnTwoMasters()
+	a.name, a.table = "ca", "wa"
+	b.name, b.table = "cb", "wb"
+	e.pg.Exec(`CREATE TABLE wa (id int PRIMARY KEY, v text, n numeric, j jsonb);
+		CREATE TABLE wb (id int PRIMARY KEY, v text, n numeric, j jsonb)`)
+	stopA = e.run(a.name, a.tables())
+	stopB = e.run(b.name, b.tables())
+	e.waitStreaming(a)
+	e.waitStreaming(b)
+	return a, b, stopA, stopB
+}
+
+// TestClusterTwoSourcesOnTwoMastersAreExact runs two pg_cdc sources at once (one per table and
+// queue, the queues' slots on different masters) with Redis Cluster for both the source's keys and
+// redis_queue, under a random writer whose transactions often span both tables. Once the writer
+// stops and each pointer covers pg_current_wal_lsn(), replaying each queue equals its table with
+// every id once (16 shards, partition by key); each source's lease, pointer and status keys live in
+// its queue's slot, on the master that holds the queue's streams.
+func TestClusterTwoSourcesOnTwoMastersAreExact(t *testing.T) {
+	e := newClusterEnv(t)
+	a, b, _, _ := e.twoSources()
+	stop := make(chan struct{})
+	wait := e.clusterWriter(11, []string{a.table, b.table}, stop)
+	time.Sleep(4 * time.Second)
+	close(stop)
+	committed := wait()
+	end := e.currentLSN()
+	e.waitCovered(a, end)
+	e.waitCovered(b, end)
+	// Both sources still run: the lease exists, so all three keys can be located.
+	e.checkKeyPlacement(a)
+	e.checkKeyPlacement(b)
+	ra, rb := e.checkQueue(a), e.checkQueue(b)
+	if ra.Events == 0 || rb.Events == 0 {
+		t.Errorf("a queue stayed empty: %d and %d events", ra.Events, rb.Events)
+	}
+	t.Logf("%d transactions", committed)
+}
+
+// TestClusterSourcesStayExactOverRestartAndMasterKill is the same two-source run, but midway
+// source A's pipeline is stopped and a new one of the same name started, and later the master
+// serving queue B's slot is SIGKILLed and restarted on its data (appendfsync always, durability: aof).
+// Each queue must still replay to its table with every id once.
+func TestClusterSourcesStayExactOverRestartAndMasterKill(t *testing.T) {
+	e := newClusterEnv(t)
+	a, b, stopA, _ := e.twoSources()
+	stop := make(chan struct{})
+	wait := e.clusterWriter(12, []string{a.table, b.table}, stop)
+	time.Sleep(1500 * time.Millisecond)
+	stopA()
+	e.run(a.name, a.tables())
+	time.Sleep(1500 * time.Millisecond)
+	var master *testenv.Redis
+	for _, n := range e.rc.Nodes {
+		if n.Addr() == b.master {
+			master = n
+		}
+	}
+	master.Kill()
+	time.Sleep(time.Second)
+	master.Restart()
+	e.waitClusterOK()
+	time.Sleep(2 * time.Second)
+	close(stop)
+	committed := wait()
+	end := e.currentLSN()
+	e.waitCovered(a, end)
+	e.waitCovered(b, end)
+	ra, rb := e.checkQueue(a), e.checkQueue(b)
+	if ra.Events == 0 || rb.Events == 0 {
+		t.Errorf("a queue stayed empty: %d and %d events", ra.Events, rb.Events)
+	}
+	t.Logf("%d transactions", committed)
+}
+
+// TestClusterSourceOverTwoSlotsIsRefused proves that one source whose tables go to queues in
+// different cluster slots (so its pointer could not be written in the same script as both queues)
+// is refused at start with code cluster_slot naming the fix, before it touches PostgreSQL or Redis.
+func TestClusterSourceOverTwoSlotsIsRefused(t *testing.T) {
+	e := newClusterEnv(t)
+	a, b := e.queuesOnTwoMasters()
+	e.pg.Exec(`CREATE TABLE wa (id int PRIMARY KEY); CREATE TABLE wb (id int PRIMARY KEY)`)
+	sb := service.NewStreamBuilder()
+	if err := sb.SetYAML(e.yaml("both", fmt.Sprintf(`[{table: wa, queue: %s}, {table: wb, queue: %s}]`, a.queue, b.queue))); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := sb.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
+	defer cancel()
+	err = stream.Run(ctx)
+	if !errcode.Is(err, "cluster_slot") || !strings.Contains(err.Error(), "tables[1].queue") ||
+		!strings.Contains(err.Error(), "Fix: ") || !strings.Contains(err.Error(), "one source per queue") {
+		t.Fatalf("a source over two slots: %v", err)
+	}
+	t.Logf("refused: %v", err)
+	var objects int
+	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pgrelay_both')
+		+ (SELECT count(*) FROM pg_publication WHERE pubname = 'pgrelay_both')`).Scan(&objects); err != nil {
+		t.Fatal(err)
+	}
+	if objects != 0 {
+		t.Errorf("the refused source created %d slot/publication", objects)
+	}
+	for _, q := range []string{a.queue, b.queue} {
+		for _, what := range []string{"lease", "ptr", "status"} {
+			if n := e.cc.Exists(e.ctx, srcKey(q, "both", what)).Val(); n != 0 {
+				t.Errorf("the refused source wrote %s", srcKey(q, "both", what))
+			}
+		}
+	}
+}
