@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
@@ -72,9 +73,9 @@ func (s *Source) session(ctx context.Context) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	version, err := CheckServer(ctx, pool, s.cfg.SlotFailover)
+	version, err := CheckServer(ctx, pool, s.cfg.SlotFailover) // the pool connects here
 	if err != nil {
-		return err
+		return pgconnect.Explain(err) // a TLS or pg_hba.conf refusal gets its code and fix
 	}
 	tables, err := LoadTables(ctx, pool, s.cfg.Tables)
 	if err != nil {
@@ -89,7 +90,7 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	repl, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
-		return fmt.Errorf("open the replication connection: %w", err)
+		return pgconnect.Explain(fmt.Errorf("open the replication connection: %w", err))
 	}
 	defer repl.Close(context.Background())
 	sys, err := pglogrepl.IdentifySystem(ctx, repl)

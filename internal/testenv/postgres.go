@@ -18,13 +18,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Postgres is a throwaway PostgreSQL server with wal_level=logical and trust auth on loopback.
+// Postgres is a throwaway PostgreSQL server with wal_level=logical and trust auth on loopback
+// (WithTLS may replace the loopback rules).
 type Postgres struct {
 	t       testing.TB
 	BinDir  string // the bin directory the server runs from
 	Version int    // major version
 	Port    int
 	DataDir string
+	TLS     *TLSFiles // the certificates, when started WithTLS
 	mu      sync.Mutex
 	proc    *proc
 	pool    *pgxpool.Pool
@@ -36,6 +38,8 @@ type PGOption func(*pgOptions)
 type pgOptions struct {
 	binDir string
 	conf   []string
+	tls    bool
+	hba    []string
 }
 
 // WithPGBin runs the server from the given bin directory instead of the default.
@@ -123,6 +127,9 @@ func StartPostgres(t testing.TB, opts ...PGOption) *Postgres {
 		"log_min_messages = warning",
 		"log_line_prefix = '%m [%p] '",
 	}
+	if o.tls {
+		conf = append(conf, startTLS(t, pg, o.hba)...)
+	}
 	for _, kv := range o.conf {
 		conf = append(conf, kv)
 	}
@@ -186,9 +193,14 @@ func (pg *Postgres) waitReady(timeout time.Duration) error {
 // DSN is the connection string of the postgres database as the postgres superuser.
 func (pg *Postgres) DSN() string { return pg.DatabaseDSN("postgres") }
 
-// DatabaseDSN is the connection string of another database on the same server.
+// DatabaseDSN is the connection string of another database on the same server. On a server
+// started WithTLS it verifies the server (verify-full) and presents the client certificate.
 func (pg *Postgres) DatabaseDSN(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", pg.Port, db)
+	params := "sslmode=disable"
+	if pg.TLS != nil {
+		params = pg.TLS.dsnParams()
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?%s", pg.Port, db, params)
 }
 
 // Pool returns a superuser connection pool to the postgres database, closed when the test ends.

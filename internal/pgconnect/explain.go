@@ -1,0 +1,65 @@
+package pgconnect
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+// Explain gives a connection failure the user can fix in the tls fields or in pg_hba.conf its code
+// and fix sentence (docs/errors.md): `pg_tls` for a TLS handshake or certificate that failed,
+// `pg_hba` for a connection pg_hba.conf turned away. Any other error, and one already coded, comes
+// back unchanged; the cause stays wrapped, so errors.As still finds pgx's errors.
+//
+// An expired or otherwise refused client certificate is known by the server's TLS alert; under TLS
+// 1.3 a connection reset sometimes arrives before it, and that plain reset stays uncoded (the next
+// attempt usually gets the alert).
+func Explain(err error) error {
+	if err == nil || errcode.Code(err) != "" {
+		return err
+	}
+	tlsErr := func(msg, fix string) error { return errcode.Wrap("pg_tls", err, msg, fix) }
+	var pe *pgconn.PgError
+	text := err.Error()
+	switch {
+	case strings.Contains(text, "x509: certificate signed by unknown authority"):
+		return tlsErr("PostgreSQL's certificate is not signed by the CA in tls.root_ca_file",
+			"set tls.root_ca_file to the CA that signed the server's certificate (ssl_cert_file)")
+	case strings.Contains(text, "x509: certificate is valid for"), strings.Contains(text, "x509: cannot validate certificate for"):
+		return tlsErr("PostgreSQL's certificate does not name the host connected to",
+			"connect to a host name or IP address the certificate lists, or use tls.mode verify-ca (which skips the name check)")
+	case strings.Contains(text, "x509: certificate has expired or is not yet valid"):
+		return tlsErr("PostgreSQL's certificate has expired or is not valid yet",
+			"renew the server's certificate (or check this machine's clock)")
+	case strings.Contains(text, "x509: "), strings.Contains(text, "tls: failed to verify certificate"):
+		return tlsErr("PostgreSQL's certificate could not be verified",
+			"check that tls.root_ca_file holds the CA that signed the server's certificate")
+	case strings.Contains(text, "server refused TLS connection"):
+		return tlsErr("PostgreSQL does not accept TLS (ssl is off)",
+			"turn ssl on in postgresql.conf, or set tls.mode to disable or prefer")
+	case strings.Contains(text, "remote error: tls:"):
+		return tlsErr("PostgreSQL refused the TLS handshake (it could not verify the client certificate)",
+			"set tls.client_cert_file and tls.client_key_file to a valid, unexpired certificate signed by a CA in the server's ssl_ca_file")
+	case !errors.As(err, &pe) || pe.Code != "28000":
+		return err
+	case strings.Contains(pe.Message, "requires a valid client certificate"):
+		return tlsErr("PostgreSQL requires a client certificate and got none it trusts",
+			"set tls.client_cert_file and tls.client_key_file to a certificate signed by a CA in the server's ssl_ca_file (a certificate of another CA is never sent)")
+	case strings.Contains(pe.Message, "certificate authentication failed"):
+		return tlsErr("the client certificate's common name (CN) is not the user connecting",
+			"use a certificate whose CN is the user name, or map it in pg_ident.conf")
+	case strings.Contains(pe.Message, "pg_hba.conf") && strings.HasSuffix(pe.Message, "no encryption"):
+		return errcode.Wrap("pg_hba", err, "pg_hba.conf refuses connections without TLS from this host",
+			"set tls.mode to require, verify-ca or verify-full")
+	case strings.Contains(pe.Message, "pg_hba.conf") && strings.HasSuffix(pe.Message, "SSL encryption"):
+		return errcode.Wrap("pg_hba", err, "pg_hba.conf refuses TLS connections from this host",
+			"set tls.mode to disable, or add a hostssl line to pg_hba.conf")
+	case strings.Contains(pe.Message, "pg_hba.conf"):
+		return errcode.Wrap("pg_hba", err, "pg_hba.conf lets no connection in for this host, user and database",
+			"add a line to pg_hba.conf (and reload PostgreSQL), or connect as a user or to a database it allows")
+	}
+	return err
+}

@@ -1,0 +1,121 @@
+package pgconnect
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// TestExplainTLSAndHBAFailuresOfARealServer connects with each tls setting a user can get wrong to
+// a real PostgreSQL whose pg_hba.conf wants TLS with a client certificate (and to one without TLS),
+// and proves Explain gives each refusal its code and the fix naming the field to change, while the
+// right settings (verify-full, verify-ca under another host name, require) connect.
+func TestExplainTLSAndHBAFailuresOfARealServer(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.WithTLS("hostssl all all 127.0.0.1/32 cert", "hostnossl all all 0.0.0.0/0 reject"))
+	plain := testenv.StartPostgres(t)
+	f := pg.TLS
+	expiredCert, expiredKey := f.IssueClientCert(t, "postgres", true)
+	aliceCert, aliceKey := f.IssueClientCert(t, "alice", false)
+	certified := Config{Host: "127.0.0.1", Port: pg.Port, User: "postgres", Database: "postgres",
+		TLSMode: "verify-full", RootCAFile: f.CAFile, CertFile: f.ClientCertFile, KeyFile: f.ClientKeyFile}
+	with := func(change func(*Config)) Config {
+		c := certified
+		change(&c)
+		return c
+	}
+	for _, c := range []struct {
+		name      string
+		conf      Config
+		otherHost bool   // connect as db.example (resolved to 127.0.0.1), a name the certificate lacks
+		tls12     bool   // the server's alert must arrive inside the handshake (see below)
+		code      string // "" when the connection must succeed
+		fix       string
+	}{
+		{name: "verify-full, the CA, the client certificate", conf: certified},
+		{name: "require with the client certificate", conf: with(func(c *Config) { c.TLSMode, c.RootCAFile = "require", "" })},
+		{name: "verify-ca skips the host name", conf: with(func(c *Config) { c.TLSMode = "verify-ca" }), otherHost: true},
+		{name: "verify-full under another host name", conf: certified, otherHost: true, code: "pg_tls", fix: "or use tls.mode verify-ca"},
+		{name: "untrusted CA", conf: with(func(c *Config) { c.RootCAFile = f.OtherCAFile }), code: "pg_tls", fix: "set tls.root_ca_file"},
+		{name: "no client certificate", conf: with(func(c *Config) { c.CertFile, c.KeyFile = "", "" }), code: "pg_tls", fix: "set tls.client_cert_file"},
+		{name: "client certificate of an untrusted CA", conf: with(func(c *Config) { c.CertFile, c.KeyFile = f.OtherClientCertFile, f.OtherClientKeyFile }), code: "pg_tls", fix: "signed by a CA in the server's ssl_ca_file"},
+		{name: "expired client certificate", conf: with(func(c *Config) { c.CertFile, c.KeyFile = expiredCert, expiredKey }), code: "pg_tls", fix: "valid, unexpired certificate", tls12: true},
+		{name: "client certificate of another user", conf: with(func(c *Config) { c.CertFile, c.KeyFile = aliceCert, aliceKey }), code: "pg_tls", fix: "CN is the user name"},
+		{name: "TLS off against a TLS-only pg_hba.conf", conf: Config{Host: "127.0.0.1", Port: pg.Port, User: "postgres", TLSMode: "disable"}, code: "pg_hba", fix: "set tls.mode to require"},
+		{name: "require against a server without TLS", conf: Config{Host: "127.0.0.1", Port: plain.Port, User: "postgres", TLSMode: "require"}, code: "pg_tls", fix: "turn ssl on"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.otherHost {
+				c.conf.Host = "db.example"
+			}
+			cfg, err := c.conf.ConnConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.LookupFunc = func(ctx context.Context, host string) ([]string, error) {
+				if host == "db.example" {
+					return []string{"127.0.0.1"}, nil
+				}
+				return net.DefaultResolver.LookupHost(ctx, host)
+			}
+			if c.tls12 {
+				// Under TLS 1.3 the server checks the client certificate after the client's handshake
+				// is done, so about one attempt in twenty writes the startup message into a reset
+				// connection before reading the alert (then nothing tells it is TLS's doing); TLS 1.2
+				// checks it inside the handshake, and the alert always arrives.
+				cfg.TLSConfig.MaxVersion = tls.VersionTLS12
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			conn, err := pgconn.ConnectConfig(ctx, cfg)
+			if err == nil {
+				// Read back what the server saw: a TLS session, with the client certificate.
+				res, qerr := conn.Exec(ctx, `SELECT ssl, coalesce(client_dn, '') FROM pg_stat_ssl WHERE pid = pg_backend_pid()`).ReadAll()
+				conn.Close(ctx)
+				if qerr != nil {
+					t.Fatal(qerr)
+				}
+				if row := res[0].Rows[0]; string(row[0]) != "t" || string(row[1]) != "/CN=postgres" {
+					t.Errorf("server saw ssl=%s client_dn=%q", row[0], row[1])
+				}
+			}
+			err = Explain(err)
+			switch {
+			case c.code == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.code == "":
+			case errcode.Code(err) != c.code || !strings.Contains(err.Error(), "Fix: ") || !strings.Contains(err.Error(), c.fix):
+				t.Errorf("got %v, want code %s and a fix containing %q", err, c.code, c.fix)
+			default:
+				t.Logf("%v", err)
+			}
+		})
+	}
+}
+
+// TestExplainTLSLeavesOtherErrorsAlone proves Explain passes nil, coded and unrelated errors
+// through unchanged, and keeps the cause reachable with errors.As.
+func TestExplainTLSLeavesOtherErrorsAlone(t *testing.T) {
+	coded := errcode.New("version", "old", "upgrade")
+	other := &pgconn.PgError{Code: "42P01", Message: `relation "x" does not exist`}
+	for _, err := range []error{nil, coded, other, errors.New("dial tcp: connection refused")} {
+		if got := Explain(err); got != err {
+			t.Errorf("%v became %v", err, got)
+		}
+	}
+	hba := &pgconn.PgError{Code: "28000", Message: `pg_hba.conf rejects connection for host "10.0.0.1", user "u", database "d", SSL encryption`}
+	got := Explain(fmt.Errorf("connect: %w", hba))
+	var pe *pgconn.PgError
+	if errcode.Code(got) != "pg_hba" || !strings.Contains(got.Error(), "add a hostssl line") || !errors.As(got, &pe) {
+		t.Errorf("SSL-encryption reject: %v", got)
+	}
+}
