@@ -36,15 +36,19 @@ type InTxn struct {
 
 // Pointer is the JSON document stored under the source's `...:ptr` key.
 type Pointer struct {
-	V         int             `json:"v"`
-	Epoch     string          `json:"epoch"`
-	SystemID  string          `json:"system_id"`
-	Slot      string          `json:"slot"`
-	LSN       string          `json:"lsn"`
-	InTxn     *InTxn          `json:"in_txn"`
-	Snapshot  json.RawMessage `json:"snapshot"` // null until the snapshotter (a later issue) fills it
-	UpdatedAt string          `json:"updated_at"`
-	Pos       string          `json:"pos"`
+	V        int             `json:"v"`
+	Epoch    string          `json:"epoch"`
+	SystemID string          `json:"system_id"`
+	Slot     string          `json:"slot"`
+	LSN      string          `json:"lsn"`
+	InTxn    *InTxn          `json:"in_txn"`
+	Snapshot json.RawMessage `json:"snapshot"` // the snapshot's cursor; null when none runs
+	// Tables are the configured tables ("schema.name") as of this pointer: a table configured
+	// later is missing here, so the next start knows to snapshot it. Absent (nil) in pointers
+	// written before the field existed: then every configured table counts as known.
+	Tables    []string `json:"tables,omitempty"`
+	UpdatedAt string   `json:"updated_at"`
+	Pos       string   `json:"pos"`
 
 	// Gen is the epoch generation (1 on the first start, +1 per resync); it travels inside Pos.
 	Gen uint32 `json:"-"`

@@ -18,6 +18,24 @@ func Start(tables []string) (Cursor, bool) {
 	return Cursor{Tables: tables, Table: tables[0]}, true
 }
 
+// Append returns c with tables added at the end of its list (those not already in it), so a
+// running snapshot also reads tables configured since it started.
+func (c Cursor) Append(tables []string) Cursor {
+	have := make(map[string]bool, len(c.Tables))
+	for _, t := range c.Tables {
+		have[t] = true
+	}
+	out := append([]string(nil), c.Tables...)
+	for _, t := range tables {
+		if !have[t] {
+			have[t] = true
+			out = append(out, t)
+		}
+	}
+	c.Tables = out
+	return c
+}
+
 // Advance moves the cursor past a chunk of n rows whose last key is lastKey; a short chunk
 // (n < limit) finishes the table and moves to the next. done is true after the last table.
 func (c Cursor) Advance(n int, lastKey []string, limit int) (next Cursor, done bool) {

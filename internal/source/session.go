@@ -101,6 +101,17 @@ func (s *Source) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	start, added, err := PlanTables(start, s.tableNames(), s.cfg.SnapshotInitial)
+	if err != nil {
+		return err
+	}
+	if len(added) > 0 {
+		what := "streamed from now on (snapshot: never)"
+		if s.cfg.SnapshotInitial {
+			what = "snapshotted while streaming"
+		}
+		s.log.Infof("pg_cdc %s: table(s) %s added since the last start: %s", s.cfg.Name, strings.Join(added, ", "), what)
+	}
 	return s.stream(ctx, pool, repl, tables, start, version)
 }
 
@@ -165,7 +176,7 @@ func (s *Source) firstPointer(ctx context.Context, pool *pgxpool.Pool, sys pglog
 	}
 	// The slot sends commits at or after `at`; the pointer covers the ones before it.
 	p := pointer.New(1, pointer.NewEpoch(), sys.SystemID, s.cfg.Slot, at-1)
-	p.Snapshot = s.startCursor()
+	p.Snapshot, p.Tables = s.startCursor(), s.tableNames()
 	b := &Batch{Cover: p, CoverJSON: p.Marshal(time.Now()), LeaseKey: s.keys.Lease, Fence: s.lease.Token(), PointerKey: s.keys.Pointer}
 	if _, err := s.writer.Write(ctx, nil, b.cover()); err != nil {
 		return pointer.Pointer{}, fmt.Errorf("write the first pointer: %w", err)

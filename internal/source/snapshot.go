@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/partition"
+	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
@@ -202,6 +203,9 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 	src := sn.ss.src
 	lastLog := time.Now()
 	src.log.Infof("pg_cdc %s: snapshot of %d table(s) at %s (%d rows done)", src.cfg.Name, len(cur.Tables), cur.Table, cur.Rows)
+	if err := sn.waitEarlierTransactions(ctx); err != nil {
+		return err
+	}
 	for {
 		t, err := sn.load(ctx, cur.Table)
 		if err != nil {
@@ -244,6 +248,41 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 			src.log.Infof("pg_cdc %s: snapshot at %s, %d rows read in this table", src.cfg.Name, cur.Table, cur.Rows)
 		}
 	}
+}
+
+// waitEarlierTransactions waits until every transaction in progress now has ended. A table added
+// to the publication has its changes published only from the ALTER PUBLICATION on: a transaction
+// that changed it before that and commits later is never in the stream, and a chunk read before
+// its commit would keep the old row for good. Once such transactions are over, every chunk's read
+// includes what they did. (The session's publication check ran just before this; a new slot has
+// waited for the same when it was created.)
+func (sn *snapshotter) waitEarlierTransactions(ctx context.Context) error {
+	var xids []string
+	if err := sn.pool.QueryRow(ctx, `SELECT coalesce(array_agg(x::text), '{}') FROM pg_catalog.pg_snapshot_xip(pg_catalog.pg_current_snapshot()) x`).Scan(&xids); err != nil {
+		return fmt.Errorf("snapshot: list the transactions in progress: %w", err)
+	}
+	lastLog := time.Now()
+	for len(xids) > 0 {
+		var running []string
+		if err := sn.pool.QueryRow(ctx, `SELECT coalesce(array_agg(x::text), '{}') FROM unnest($1::text[]) x
+			WHERE pg_catalog.pg_xact_status(x::xid8) = 'in progress'`, xids).Scan(&running); err != nil {
+			return fmt.Errorf("snapshot: check the transactions in progress: %w", err)
+		}
+		if xids = running; len(xids) == 0 {
+			break
+		}
+		if time.Since(lastLog) >= snapshotLogEvery {
+			lastLog = time.Now()
+			sn.ss.src.log.Infof("pg_cdc %s: snapshot waits for transaction(s) %s, begun before it started, to end",
+				sn.ss.src.cfg.Name, strings.Join(xids, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 func (sn *snapshotter) setActive(table string) {
@@ -723,6 +762,58 @@ func (ss *session) watermark(lm *pglogrepl.LogicalDecodingMessage, emit func(ite
 		return ss.snap.highWatermark(id, lm.LSN, emit)
 	}
 	return false, nil
+}
+
+// tableNames are the configured tables as "schema.name", in configuration order.
+func (s *Source) tableNames() []string {
+	names := make([]string, len(s.cfg.Tables))
+	for i, t := range s.cfg.Tables {
+		names[i] = t.Full()
+	}
+	return names
+}
+
+// PlanTables brings the stored pointer p up to date with the configured tables. A table missing
+// from p.Tables was added to `tables` since the pointer was written: with `snapshot: initial`
+// (snapshotNew) it joins the snapshot — appended to the running one, or as a new snapshot of the
+// added tables alone, in the same epoch (chunk numbers, and so ids, go on from where they are).
+// A table removed from `tables` leaves p.Tables, so adding it back snapshots it again (its
+// changes in between were not streamed). The result is only a plan: the first write of the
+// session stores it, so a crash before that plans the same again.
+func PlanTables(p pointer.Pointer, configured []string, snapshotNew bool) (pointer.Pointer, []string, error) {
+	if p.Tables == nil { // a pointer from before the field: nothing counts as added
+		p.Tables = configured
+		return p, nil, nil
+	}
+	known := make(map[string]bool, len(p.Tables))
+	for _, t := range p.Tables {
+		known[t] = true
+	}
+	var added []string
+	for _, t := range configured {
+		if !known[t] {
+			added = append(added, t)
+		}
+	}
+	p.Tables = configured
+	if len(added) == 0 || !snapshotNew {
+		return p, added, nil
+	}
+	var cur snapshot.Cursor
+	if len(p.Snapshot) > 0 && string(p.Snapshot) != "null" {
+		if err := json.Unmarshal(p.Snapshot, &cur); err != nil || cur.Table == "" {
+			return p, nil, fmt.Errorf("the pointer's snapshot cursor is unreadable: %s", p.Snapshot)
+		}
+		cur = cur.Append(added)
+	} else {
+		cur, _ = snapshot.Start(added)
+	}
+	b, err := json.Marshal(cur)
+	if err != nil {
+		return p, nil, err
+	}
+	p.Snapshot = b
+	return p, added, nil
 }
 
 // startCursor is the pointer's snapshot field for a new epoch: null unless `snapshot: initial`.

@@ -104,7 +104,7 @@ func (s *Source) resync(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.I
 		return pointer.Pointer{}, err
 	}
 	p := pointer.New(gen, pointer.NewEpoch(), sys.SystemID, s.cfg.Slot, lsn-1)
-	p.Snapshot = s.fullCursor()
+	p.Snapshot, p.Tables = s.fullCursor(), s.tableNames()
 	b := &Batch{Cover: p, CoverJSON: p.Marshal(time.Now()), LeaseKey: s.keys.Lease, Fence: s.lease.Token(), PointerKey: s.keys.Pointer}
 	if _, err := s.writer.Write(ctx, nil, b.cover()); err != nil {
 		return pointer.Pointer{}, fmt.Errorf("write the resync pointer: %w", err)
