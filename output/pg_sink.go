@@ -233,6 +233,7 @@ func (s *pgSink) Connect(ctx context.Context) error {
 	}
 	a, err := sink.NewApplier(ctx, pool, s.conf.sink, s.onRetry)
 	if err != nil {
+		err = pgconnect.Explain(err) // a TLS or pg_hba.conf refusal gets its code and fix
 		pool.Close()
 		s.countError(err, sink.Environment)
 		return err

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/queue"
 )
 
@@ -141,7 +142,7 @@ func readSink(ctx context.Context, ref SinkRef) SinkStatus {
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 			st.Problem = fmt.Sprintf("progress table %s does not exist: the sink has not started yet (or progress_table differs)", ref.ProgressTable)
 		} else {
-			st.Problem = err.Error()
+			st.Problem = pgconnect.Explain(err).Error()
 		}
 		return st
 	}

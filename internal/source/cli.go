@@ -18,6 +18,7 @@ import (
 	pcli "github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/configfile"
 	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/sinkstatus"
 )
 
@@ -172,7 +173,7 @@ func ReadStatus(ctx context.Context, cfg Config) (*Status, error) {
 		st.PostgresProblem = err.Error()
 	}
 	if err := st.readSnapshot(ctx, cfg); err != nil && st.PostgresProblem == "" {
-		st.PostgresProblem = err.Error()
+		st.PostgresProblem = pgconnect.Explain(err).Error()
 	}
 	return st, nil
 }
@@ -185,7 +186,7 @@ func (st *Status) readSlot(ctx context.Context, cfg Config) error {
 	defer pool.Close()
 	slot, err := ReadSlot(ctx, pool, cfg.Slot)
 	if err != nil {
-		return err
+		return pgconnect.Explain(err)
 	}
 	st.SlotExists, st.SlotActivePID, st.WALStatus = slot.Exists, slot.ActivePID, slot.WALStatus
 	if slot.Exists {

@@ -1,0 +1,59 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// pg_sink refused by the server's TLS rules logs the error's code and fix (pg_tls, pg_hba), the
+// same as pg_cdc, instead of a bare driver error.
+func TestSinkLogsTLSRefusalsWithCodes(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.WithTLS("hostssl all all 127.0.0.1/32 cert", "hostnossl all all 0.0.0.0/0 reject"))
+	pg.Exec(`CREATE TABLE items (id int PRIMARY KEY, name text)`)
+	for _, c := range []struct{ name, tls, want string }{
+		{"untrusted CA", fmt.Sprintf("{mode: verify-full, root_ca_file: %q, client_cert_file: %q, client_key_file: %q}",
+			pg.TLS.OtherCAFile, pg.TLS.ClientCertFile, pg.TLS.ClientKeyFile), "pg_tls:"},
+		{"TLS off", "{mode: disable}", "pg_hba:"},
+	} {
+		config := filepath.Join(t.TempDir(), "sink.yaml")
+		yaml := fmt.Sprintf(`http:
+  enabled: false
+input:
+  generate: {interval: 100ms, mapping: 'root = {"id": 1, "name": "x"}'}
+output:
+  pg_sink:
+    host: 127.0.0.1
+    port: %d
+    user: postgres
+    database: postgres
+    tls: %s
+    name: items
+    table: items
+    mode: upsert
+    require_progress: false
+logger:
+  level: info
+`, pg.Port, c.tls)
+		if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", config)
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(p.Output(), c.want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no %s in the log:\n%s", c.name, c.want, p.Output())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if !strings.Contains(p.Output(), "Fix:") {
+			t.Errorf("%s: the log names no fix:\n%s", c.name, p.Output())
+		}
+		p.Kill()
+	}
+}
