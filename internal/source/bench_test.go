@@ -68,7 +68,7 @@ func benchSource(b *testing.B, txRows int) {
 		raw := time.Since(start)
 		cdc := catchUp(b, e, "bench", endLSN)
 		drop := catchUp(b, e, "benchdrop", endLSN)
-		xadd := rawXAdd(b, e)
+		xadd := rawXAdd(b, e, "q")
 		rawRate, cdcRate, dropRate := float64(total)/raw.Seconds(), float64(total)/cdc.Seconds(), float64(total)/drop.Seconds()
 		xaddRate := float64(total) / xadd.Seconds()
 		b.ReportMetric(xaddRate, "xadd_changes/s")
@@ -84,12 +84,12 @@ func benchSource(b *testing.B, txRows int) {
 // rawXAdd reads back every entry pg_cdc wrote to queue q and times writing them again, same
 // fields and bytes, to other keys with pipelines of 1,000 plain XADDs: what the Redis server
 // itself costs under this run's settings.
-func rawXAdd(b *testing.B, e *env) time.Duration {
+func rawXAdd(b *testing.B, e *env, q string) time.Duration {
 	rdb := e.rd.Client()
 	var entries []redis.XMessage
 	var keys []string
 	for n := 0; n < 16; n++ {
-		key := "pgrelay:{q}:s:" + strconv.Itoa(n)
+		key := "pgrelay:{" + q + "}:s:" + strconv.Itoa(n)
 		msgs, err := rdb.XRange(e.ctx, key, "-", "+").Result()
 		if err != nil {
 			b.Fatal(err)

@@ -28,6 +28,8 @@ func snapshotBenchRows() int {
 // redis_queue (from the start of the pipeline to the pointer's snapshot becoming null), rows of
 // about 200 bytes as JSON, default chunk_rows and bundle limits. PGRELAY_BENCH_SNAPSHOT_OUTPUT=drop
 // measures the source alone (the drop output); PGRELAY_BENCH_SNAPSHOT_EXTRA adds pg_cdc fields.
+// With redis_queue it also reports the Redis ceiling: the snapshot's entries XADDed again in plain
+// pipelines (xadd_rows/s, and xadd_ratio to COPY).
 func BenchmarkSnapshot(b *testing.B) {
 	total := snapshotBenchRows()
 	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
@@ -64,5 +66,12 @@ func BenchmarkSnapshot(b *testing.B) {
 		b.ReportMetric(copyRate, "copy_rows/s")
 		b.ReportMetric(snapRate, "snapshot_rows/s")
 		b.ReportMetric(snapRate/copyRate, "ratio")
+		if os.Getenv("PGRELAY_BENCH_SNAPSHOT_OUTPUT") != "drop" {
+			// The Redis ceiling under the same settings: the snapshot's entries XADDed again in
+			// plain pipelines of 1,000 (no script, fence or pointer).
+			xaddRate := float64(total) / rawXAdd(b, e, name).Seconds()
+			b.ReportMetric(xaddRate, "xadd_rows/s")
+			b.ReportMetric(xaddRate/copyRate, "xadd_ratio")
+		}
 	}
 }
