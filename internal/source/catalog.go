@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/resources"
 )
 
 // TableInfo is what the catalog says about a configured table.
@@ -227,4 +228,48 @@ func publicationErr(err error, name string) error {
 		return fmt.Errorf("publication %s: %w", name, err)
 	}
 	return nil
+}
+
+// PublishFunction is the signature EnsurePublishFunction looks for.
+const PublishFunction = "pgrelay.publish(text,text,jsonb)"
+
+// txStarter is a pgx connection or pool: EnsurePublishFunction needs one transaction on one connection.
+type txStarter interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// EnsurePublishFunction installs pgrelay.publish() (DESIGN §9) from resources/source_publish.sql, in
+// one transaction, when no function of that signature exists. An existing one is left alone: the
+// file says CREATE OR REPLACE, and a function someone else installed (or changed) is theirs. A
+// transaction-scoped advisory lock serialises sources starting at once on one database, so the
+// second sees the first's function instead of racing its CREATE SCHEMA. Without the privilege
+// (SQLSTATE 42501: no CREATE on the database) it returns a publish_function error, which the caller
+// logs as a warning and streams on; any other error is a start failure.
+func EnsurePublishFunction(ctx context.Context, db txStarter) (installed bool, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('pgrelay.publish'))`); err != nil {
+			return fmt.Errorf("lock: %w", err)
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, PublishFunction).Scan(&exists); err != nil {
+			return fmt.Errorf("look it up: %w", err)
+		}
+		if exists {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, resources.MustRead("source_publish.sql")); err != nil {
+			return fmt.Errorf("run resources/source_publish.sql: %w", err)
+		}
+		installed = true
+		return nil
+	})
+	if err == nil {
+		return installed, nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return false, errcode.Wrap("publish_function", err, "not allowed to install "+PublishFunction,
+			"run resources/source_publish.sql as a role with CREATE on the database, or set publish_function: false")
+	}
+	return false, fmt.Errorf("install %s: %w", PublishFunction, err)
 }

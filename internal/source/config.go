@@ -43,6 +43,7 @@ type Config struct {
 	Tables            []Table
 	Publication       string
 	ManagePublication bool
+	PublishFunction   bool // install pgrelay.publish() at start when missing
 	Slot              string
 	SlotFailover      bool
 	Redis             redisconn.Config

@@ -84,6 +84,9 @@ func (s *Source) session(ctx context.Context) error {
 	if err := EnsurePublication(ctx, pool, s.cfg.Publication, s.cfg.ManagePublication, tables, version); err != nil {
 		return err
 	}
+	if err := s.ensurePublishFunction(ctx, pool); err != nil {
+		return err
+	}
 	rcfg, err := s.cfg.PG.ReplicationConfig()
 	if err != nil {
 		return err
@@ -113,6 +116,24 @@ func (s *Source) session(ctx context.Context) error {
 		s.log.Infof("pg_cdc %s: table(s) %s added since the last start: %s", s.cfg.Name, strings.Join(added, ", "), what)
 	}
 	return s.stream(ctx, pool, repl, tables, start, version)
+}
+
+// ensurePublishFunction installs pgrelay.publish() when configured to; a missing privilege is a
+// warning, not a reason to stop streaming the tables.
+func (s *Source) ensurePublishFunction(ctx context.Context, pool *pgxpool.Pool) error {
+	if !s.cfg.PublishFunction {
+		return nil
+	}
+	installed, err := EnsurePublishFunction(ctx, pool)
+	switch {
+	case errcode.Is(err, "publish_function"):
+		s.log.Warnf("pg_cdc %s: %v", s.cfg.Name, err)
+	case err != nil:
+		return err
+	case installed:
+		s.log.Infof("pg_cdc %s: installed %s", s.cfg.Name, PublishFunction)
+	}
+	return nil
 }
 
 // startPointer settles the pointer and the slot (DESIGN §5), creating both on the first start,

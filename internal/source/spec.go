@@ -40,6 +40,7 @@ See docs/source.md.`).
 				service.NewStringField("name").Description("Publication name; default `pgrelay_<name>`.").Default(""),
 				service.NewBoolField("manage").Description("Create the publication, and correct it to exactly the tables (whole, every operation). When false it is only checked.").Default(true),
 			).Description("The publication pgoutput reads."),
+			service.NewBoolField("publish_function").Description("At start, install `pgrelay.publish(queue, partition, payload)` (resources/source_publish.sql, DESIGN §9) when no function of that signature exists; an existing one is never replaced. Without the privilege (CREATE on the database) a `publish_function` warning is logged and the source streams on.").Default(true),
 			service.NewObjectField("slot",
 				service.NewStringField("name").Description("Replication slot name; default `pgrelay_<name>`.").Default(""),
 				service.NewBoolField("failover").Description("Create a failover slot (PostgreSQL 17+).").Default(false),
@@ -89,6 +90,7 @@ func ParseConfig(conf *service.ParsedConfig) (Config, error) {
 	}
 	str(&c.Publication, "publication", "name")
 	boolean(&c.ManagePublication, "publication", "manage")
+	boolean(&c.PublishFunction, "publish_function")
 	str(&c.Slot, "slot", "name")
 	boolean(&c.SlotFailover, "slot", "failover")
 	dur(&c.LeaseTTL, "lease_ttl")
