@@ -154,3 +154,50 @@ func BenchmarkInput(b *testing.B) {
 	b.ReportMetric(float64(total)/consumerDur.Seconds(), "input-msgs/s")
 	b.ReportMetric(rawDur.Seconds()/consumerDur.Seconds(), "ratio")
 }
+
+// BenchmarkEntryLayout measures what the entry layout costs the Redis server: the same 200-byte
+// payloads XADDed in plain pipelines of 1,000, once with the seven fields of DESIGN §4 (off, p, id,
+// tx, ts, h, d) and once with the metadata packed into one field beside d. Redis' cost per entry
+// grows with the number of arguments (parsing, the stream's listpack, and with the AOF on, each
+// argument appended again), so this is what a packed layout would buy. Same Redis settings as
+// BenchmarkOutput (PGRELAY_BENCH_FSYNC).
+func BenchmarkEntryLayout(b *testing.B) {
+	r := testenv.StartRedis(b, benchRedisArgs()...)
+	rdb := r.Client()
+	ctx := context.Background()
+	payload := benchPayload
+	layouts := []struct {
+		name string
+		vals func(i int) []any
+	}{
+		{"seven", func(i int) []any {
+			return []any{"off", i, "p", "p" + strconv.Itoa(i%64), "id", "pg:00000001:" + strconv.Itoa(i), "tx", "pg:00000001:tx",
+				"ts", 1700000000000, "h", "", "d", payload}
+		}},
+		{"packed", func(i int) []any {
+			return []any{"m", strconv.Itoa(i) + "|p" + strconv.Itoa(i%64) + "|pg:00000001:" + strconv.Itoa(i) + "|pg:00000001:tx|1700000000000|", "d", payload}
+		}},
+	}
+	dur := make([]time.Duration, len(layouts))
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		for li, l := range layouts {
+			t0 := time.Now()
+			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for i := 0; i < 1000; i++ {
+					p.XAdd(ctx, &redis.XAddArgs{Stream: l.name + ":" + strconv.Itoa(i%16), Values: l.vals(n*1000 + i)})
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			dur[li] += time.Since(t0)
+		}
+	}
+	b.StopTimer()
+	entries := float64(b.N * 1000)
+	b.ReportMetric(entries/dur[0].Seconds(), "seven-entries/s")
+	b.ReportMetric(entries/dur[1].Seconds(), "packed-entries/s")
+	b.ReportMetric(dur[0].Seconds()/dur[1].Seconds(), "packed/seven")
+}
