@@ -2,15 +2,11 @@ package source_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/oracle"
 )
@@ -133,35 +129,8 @@ func (l *logBuffer) String() string {
 
 // startLoggedStream runs a pipeline like startStream, its warnings and errors going to the returned buffer.
 func startLoggedStream(tb testing.TB, yaml string) (*logBuffer, func()) {
-	b := service.NewStreamBuilder()
-	if err := b.SetYAML(yaml); err != nil {
-		tb.Fatal(err)
-	}
 	logs := &logBuffer{}
-	b.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	stream, err := b.Build()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := stream.Run(context.Background()); err != nil {
-			tb.Logf("stream: %v", err)
-		}
-	}()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			if err := stream.StopWithin(20 * time.Second); err != nil {
-				tb.Errorf("stop: %v", err)
-			}
-			<-done
-		}
-	}
-	tb.Cleanup(stop)
-	return logs, stop
+	return logs, runStream(tb, yaml, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 }
 
 // TestPublishFunctionWithoutPrivilegeWarnsAndStreams runs pg_cdc as a role with LOGIN REPLICATION and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -58,10 +59,16 @@ logger:
 }
 
 // startStream runs a pipeline until the returned stop (or the test's end).
-func startStream(tb testing.TB, yaml string) func() {
+func startStream(tb testing.TB, yaml string) func() { return runStream(tb, yaml, nil) }
+
+// runStream is startStream with the pipeline's logs going to logger (nil: Benthos' own logger).
+func runStream(tb testing.TB, yaml string, logger *slog.Logger) func() {
 	b := service.NewStreamBuilder()
 	if err := b.SetYAML(yaml); err != nil {
 		tb.Fatal(err)
+	}
+	if logger != nil {
+		b.SetLogger(logger)
 	}
 	stream, err := b.Build()
 	if err != nil {
