@@ -10,7 +10,8 @@ import (
 )
 
 // The server checks of DESIGN §5 refuse what logical replication cannot work with, each with its
-// code in the source's status: wal_level below logical, and slot.failover before PostgreSQL 17.
+// code in the source's status: wal_level below logical, slot.failover before PostgreSQL 17, and
+// PostgreSQL before 14.
 // Nothing is created on a refused server: no publication, no slot.
 func TestServerChecksRefuseWithCodes(t *testing.T) {
 	for _, c := range []struct {
@@ -21,6 +22,7 @@ func TestServerChecksRefuseWithCodes(t *testing.T) {
 	}{
 		{"wal_level replica", []testenv.PGOption{testenv.WithPGSetting("wal_level = replica")}, "", `"code":"wal_level"`},
 		{"failover on 15", []testenv.PGOption{testenv.WithPGVersion(15)}, "slot: {failover: true}", `"code":"version"`},
+		{"PostgreSQL 13", []testenv.PGOption{testenv.WithPGVersion(13)}, "", `"code":"version"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := &env{t: t, pg: testenv.StartPostgres(t, c.opts...), rd: testenv.StartRedis(t), ctx: context.Background()}
