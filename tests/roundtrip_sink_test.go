@@ -40,7 +40,8 @@ ALTER TABLE rt ALTER COLUMN body SET STORAGE EXTERNAL;`
 // the sink pipelines that copy q into other databases (redis_queue → pg_sink cdc, one process each).
 type roundTrip struct {
 	*cdcEnv
-	pools map[string]*pgxpool.Pool // database name → pool
+	pools  map[string]*pgxpool.Pool // database name → pool
+	source *testenv.Process         // the pg_cdc → redis_queue process
 }
 
 // newRoundTrip creates table rt in A, starts the source process and waits for its pointer.
@@ -49,7 +50,7 @@ func newRoundTrip(t *testing.T, name string) *roundTrip {
 	e := newCDCEnv(t, name, `[{table: public.rt, queue: q}]`, "")
 	e.pg.Exec(rtTable)
 	rt := &roundTrip{cdcEnv: e, pools: map[string]*pgxpool.Pool{}}
-	e.start()
+	rt.source = e.start()
 	e.waitPointer()
 	return rt
 }

@@ -105,6 +105,9 @@ func lastBytes(s string, n int) string {
 // Output is what the process printed so far (stdout and stderr).
 func (p *Process) Output() string { return p.out.String() }
 
+// Pid is the process id (for reading /proc/<pid>, e.g. its CPU time).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Kill sends SIGKILL and waits for the process to end.
 func (p *Process) Kill() {
 	select {
