@@ -30,17 +30,7 @@ func TestSnapshotResyncAfterSlotLost(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	first := e.pointer()
-	for {
-		e.pg.Pool().Exec(e.ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'pgrelay_resync' AND active_pid IS NOT NULL`)
-		_, err := e.pg.Pool().Exec(e.ctx, `SELECT pg_drop_replication_slot('pgrelay_resync')`)
-		if err == nil || strings.Contains(err.Error(), "does not exist") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("could not drop the slot: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	e.pg.DropSlot("pgrelay_resync")
 	for {
 		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{q}:src:resync:status").Result()
 		found := false

@@ -821,14 +821,5 @@ func (s *Source) startCursor() json.RawMessage {
 	if !s.cfg.SnapshotInitial {
 		return nil
 	}
-	names := make([]string, len(s.cfg.Tables))
-	for i, t := range s.cfg.Tables {
-		names[i] = t.Full()
-	}
-	cur, ok := snapshot.Start(names)
-	if !ok {
-		return nil
-	}
-	b, _ := json.Marshal(cur)
-	return b
+	return s.fullCursor()
 }

@@ -161,11 +161,10 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, slot string, pid int) err
 
 // fullCursor is the snapshot of every table (a resync always snapshots).
 func (s *Source) fullCursor() json.RawMessage {
-	names := make([]string, len(s.cfg.Tables))
-	for i, t := range s.cfg.Tables {
-		names[i] = t.Full()
+	cur, ok := snapshot.Start(s.tableNames())
+	if !ok {
+		return nil
 	}
-	cur, _ := snapshot.Start(names)
 	b, _ := json.Marshal(cur)
 	return b
 }

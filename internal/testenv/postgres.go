@@ -226,6 +226,26 @@ func (pg *Postgres) Exec(sql string, args ...any) {
 	}
 }
 
+// DropSlot drops replication slot name by hand, as an operator would: it ends the walsender still
+// using it (a stopped client's takes a moment to exit, a running one would hold it for good) and
+// retries for up to 30 s. A slot already gone is fine.
+func (pg *Postgres) DropSlot(name string) {
+	pg.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, _ = pg.Pool().Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, name)
+		_, err := pg.Pool().Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name)
+		if err == nil || strings.Contains(err.Error(), "does not exist") {
+			return
+		}
+		if time.Now().After(deadline) {
+			pg.t.Fatalf("testenv: could not drop slot %s: %v", name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 var dbName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // CreateDatabase creates a second database on the server and returns its DSN.
