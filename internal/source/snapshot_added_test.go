@@ -114,3 +114,34 @@ func TestTableAddedLaterIsSnapshotted(t *testing.T) {
 	t.Logf("writer: %d statements; queue: %d events", w.n, res.Events)
 	stop()
 }
+
+// A transaction that changed a table before the table joined the publication, and commits after,
+// is never in the stream: PostgreSQL decides what to publish as of each change. So the snapshot of
+// an added table must not read it before such transactions end, or it keeps the old row for good.
+// Here the transaction is open while the source starts with b added, and commits a second later.
+func TestSnapshotWaitsForTransactionsBegunBeforeTheTableJoined(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
+		CREATE TABLE b (id int PRIMARY KEY, v text);
+		INSERT INTO b SELECT i, 'old' FROM generate_series(1, 3) i`)
+	extra := "snapshot: initial"
+	stop := e.run("join", `[{table: a, queue: q}]`, extra)
+	e.waitTables("join", "q", "public.a")
+	stop()
+	tx, err := e.pg.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(e.ctx)
+	if _, err := tx.Exec(e.ctx, `UPDATE b SET v = 'new' WHERE id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	stop = e.run("join", `[{table: a, queue: q}, {table: b, queue: q}]`, extra)
+	defer stop()
+	time.Sleep(time.Second) // the source adds b to the publication and would read it now
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitTables("join", "q", "public.a", "public.b")
+	e.waitOracle("q", 30*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}})
+}
