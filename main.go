@@ -6,6 +6,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
 	"runtime/debug"
 
 	_ "github.com/redpanda-data/benthos/v4/public/components/io"
@@ -18,17 +20,23 @@ import (
 	_ "github.com/pgrelay/pgrelay/output"
 )
 
-// Version is pgrelay's version, set at build time with -ldflags "-X main.Version=...".
-var Version = "dev"
+// Version is pgrelay's version, set at build time with -ldflags "-X main.Version=...". A plain
+// `go build` or `go install` leaves it empty, and the build's own information names the version.
+var Version = ""
 
 // DateBuilt is the build date, set at build time like Version.
-var DateBuilt = "unknown"
+var DateBuilt = ""
 
 func main() {
+	b := buildVersion(Version, DateBuilt)
+	if len(os.Args) == 2 && isVersionFlag(os.Args[1]) {
+		b.print(os.Stdout)
+		return
+	}
 	opts := []service.CLIOptFunc{
 		service.CLIOptSetBinaryName("pgrelay"),
 		service.CLIOptSetProductName("pgrelay"),
-		service.CLIOptSetVersion(fmt.Sprintf("%s (benthos engine %s)", Version, engineVersion()), DateBuilt),
+		service.CLIOptSetVersion(b.String(), b.date),
 		service.CLIOptSetDocumentationURL("https://github.com/pgrelay/pgrelay/tree/main/docs"),
 	}
 	for _, c := range cli.Commands() {
@@ -38,14 +46,80 @@ func main() {
 	service.RunCLI(context.Background(), opts...)
 }
 
-// engineVersion is the version of the Benthos module compiled in.
-func engineVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, m := range bi.Deps {
-			if m.Path == "github.com/redpanda-data/benthos/v4" {
-				return m.Version
+// benthosModule is the module path of the engine.
+const benthosModule = "github.com/redpanda-data/benthos/v4"
+
+// version is what `pgrelay --version` reports.
+type version struct {
+	pgrelay, engine, date string
+}
+
+// String is "<pgrelay version> (benthos engine <engine version>)".
+func (v version) String() string {
+	return fmt.Sprintf("%s (benthos engine %s)", v.pgrelay, v.engine)
+}
+
+// print writes the version: `pgrelay <version> (benthos engine <version>)`, then the build date.
+func (v version) print(w io.Writer) {
+	fmt.Fprintf(w, "pgrelay %s\nDate: %s\n", v, v.date)
+}
+
+// isVersionFlag reports whether arg is the CLI's version flag (urfave/cli accepts one or two dashes).
+func isVersionFlag(arg string) bool {
+	switch arg {
+	case "--version", "-version", "-v", "--v":
+		return true
+	}
+	return false
+}
+
+// buildVersion names this build from the -ldflags values, else from the build information Go
+// embeds.
+func buildVersion(ldVersion, ldDate string) version {
+	bi, _ := debug.ReadBuildInfo()
+	return versionOf(ldVersion, ldDate, bi)
+}
+
+// versionOf names a build: pgrelay's version is ldVersion when set at build time; else the VCS
+// revision Go stamped (the first 12 hex digits, +dirty when the work tree had changes); else the
+// module's version (`go install ...@v1.2.3`); else "dev". The engine's is the Benthos module's.
+func versionOf(ldVersion, ldDate string, bi *debug.BuildInfo) version {
+	v := version{pgrelay: ldVersion, engine: "unknown", date: ldDate}
+	if bi == nil {
+		bi = &debug.BuildInfo{}
+	}
+	var revision string
+	dirty := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	for _, m := range bi.Deps {
+		if m.Path == benthosModule {
+			v.engine = m.Version
+			if m.Replace != nil && m.Replace.Version != "" {
+				v.engine = m.Replace.Version
 			}
 		}
 	}
-	return "unknown"
+	switch {
+	case v.pgrelay != "":
+	case revision != "":
+		v.pgrelay = revision[:min(12, len(revision))]
+		if dirty {
+			v.pgrelay += "+dirty"
+		}
+	case bi.Main.Version != "" && bi.Main.Version != "(devel)":
+		v.pgrelay = bi.Main.Version
+	default:
+		v.pgrelay = "dev"
+	}
+	if v.date == "" {
+		v.date = "unknown"
+	}
+	return v
 }

@@ -20,8 +20,9 @@ func TestVersionNamesPgrelayAndEngine(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if !strings.Contains(string(out), "benthos engine v4.60.0") {
-		t.Fatalf("--version printed %q", out)
+	first, _, _ := strings.Cut(string(out), "\n")
+	if !regexp.MustCompile(`^pgrelay \S+ \(benthos engine v4\.60\.0\)$`).MatchString(first) {
+		t.Fatalf("--version printed %q, want `pgrelay <version> (benthos engine v4.60.0)` first", out)
 	}
 }
 
