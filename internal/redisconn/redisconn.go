@@ -5,8 +5,8 @@ package redisconn
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -78,22 +78,34 @@ func (c Config) Validate() error {
 	}
 	for _, u := range urls {
 		if _, err := redis.ParseURL(u); err != nil {
-			return fmt.Errorf("redis url %q: %v (use redis://host:port or rediss://host:port)", redact(u), err)
+			return fmt.Errorf("redis url %q: %v (use redis://host:port or rediss://host:port)", redact(u), redactErr(err, u))
 		}
 	}
 	return nil
 }
 
-// redact removes the password from a URL for messages.
+// redact removes the password from a URL for messages. It works on the text, so a URL that does not
+// parse is redacted too: the userinfo runs from "://" to the last '@'.
 func redact(u string) string {
-	p, err := url.Parse(u)
-	if err != nil || p.User == nil {
+	scheme, rest, ok := strings.Cut(u, "://")
+	at := strings.LastIndexByte(rest, '@')
+	if !ok || at < 0 {
 		return u
 	}
-	if _, has := p.User.Password(); has {
-		p.User = url.UserPassword(p.User.Username(), "xxxxx")
+	user, _, hasPass := strings.Cut(rest[:at], ":")
+	if !hasPass {
+		return u
 	}
-	return p.String()
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
+}
+
+// redactErr is err (whose text may quote u, as url.Parse's errors do) with u's password hidden.
+func redactErr(err error, u string) error {
+	r := redact(u)
+	if r == u {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), u, r))
 }
 
 // Client builds the client: a ClusterClient when cluster_urls is set, else a plain Client.
@@ -104,7 +116,7 @@ func (c Config) Client() (redis.UniversalClient, error) {
 		for _, u := range c.ClusterURLs {
 			o, err := redis.ParseURL(u)
 			if err != nil {
-				return nil, fmt.Errorf("cluster_urls: %q: %v", redact(u), err)
+				return nil, fmt.Errorf("cluster_urls: %q: %v", redact(u), redactErr(err, u))
 			}
 			if base == nil {
 				base = o
@@ -117,7 +129,7 @@ func (c Config) Client() (redis.UniversalClient, error) {
 	}
 	o, err := redis.ParseURL(c.URL)
 	if err != nil {
-		return nil, fmt.Errorf("url %q: %v", redact(c.URL), err)
+		return nil, fmt.Errorf("url %q: %v", redact(c.URL), redactErr(err, c.URL))
 	}
 	c.apply(&o.Username, &o.Password, &o.TLSConfig)
 	return redis.NewClient(o), nil

@@ -23,12 +23,17 @@ func TestValidateAndRedact(t *testing.T) {
 	if err := (Config{URL: "redis://127.0.0.1:6379"}).Validate(); err != nil {
 		t.Fatal(err)
 	}
-	err := (Config{URL: "http://u:secret@h:1"}).Validate()
-	if err == nil {
-		t.Fatal("bad scheme accepted")
-	}
-	if got := err.Error(); contains(got, "secret") {
-		t.Fatalf("password leaked into error: %s", got)
+	for _, u := range []string{"http://u:secret@h:1", "redis://u:secret@h:notaport", "redis://u:secret@[::1", "redis://:secret@h:1/x"} {
+		err := (Config{URL: u}).Validate()
+		if err == nil {
+			t.Fatalf("%s accepted", redact(u))
+		}
+		if got := err.Error(); contains(got, "secret") {
+			t.Errorf("password leaked into error: %s", got)
+		}
+		if _, err := (Config{ClusterURLs: []string{u}}).Client(); err == nil || contains(err.Error(), "secret") {
+			t.Errorf("cluster_urls %s: %v", redact(u), err)
+		}
 	}
 }
 
