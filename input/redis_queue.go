@@ -135,6 +135,10 @@ func (in *queueInput) Connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := queue.CheckEviction(ctx, rdb); err != nil {
+		_ = rdb.Close()
+		return err
+	}
 	c, err := queue.NewConsumer(rdb, in.conf)
 	if err != nil {
 		_ = rdb.Close()

@@ -166,10 +166,13 @@ func NewWriter(rdb redis.UniversalClient, conf WriterConfig) *Writer {
 // Layout is the writer's key layout.
 func (w *Writer) Layout() Layout { return w.layout }
 
-// Connect checks the server: it answers, and meets the configured durability.
+// Connect checks the server: it answers, never evicts keys, and meets the configured durability.
 func (w *Writer) Connect(ctx context.Context) error {
 	if err := w.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis ping: %w", err)
+	}
+	if err := CheckEviction(ctx, w.rdb); err != nil {
+		return err
 	}
 	if w.conf.Durability.AOF {
 		return CheckAOF(ctx, w.rdb)

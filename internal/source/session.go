@@ -21,6 +21,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/pointer"
+	"github.com/pgrelay/pgrelay/internal/queue"
 )
 
 // statusEvery is how often the reader reports its position when nothing changed (at most; a
@@ -60,6 +61,9 @@ func (s *Source) session(ctx context.Context) error {
 	s.setPhase(PhaseConnecting, nil)
 	if err := s.waitAcked(ctx); err != nil {
 		return nil
+	}
+	if err := queue.CheckEviction(ctx, s.rdb); err != nil {
+		return err
 	}
 	qcfg, err := s.cfg.PG.ConnConfig()
 	if err != nil {
