@@ -5,73 +5,133 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/source"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
-// snapshotBenchRows is the table size of BenchmarkSnapshot (PGRELAY_BENCH_SNAPSHOT_ROWS, default
-// 300,000: the issue's 1M scaled down for a 2-core machine shared with other work).
-func snapshotBenchRows() int {
-	if n, err := strconv.Atoi(os.Getenv("PGRELAY_BENCH_SNAPSHOT_ROWS")); err == nil && n > 0 {
-		return n
-	}
-	return 300000
-}
-
-// BenchmarkSnapshot measures, in the same run, `COPY (SELECT ...) TO STDOUT` drained to nowhere
-// (the ceiling: PostgreSQL printing the rows) and pg_cdc's snapshot of the same table into
-// redis_queue (from the start of the pipeline to the pointer's snapshot becoming null), rows of
-// about 200 bytes as JSON, default chunk_rows and bundle limits. PGRELAY_BENCH_SNAPSHOT_OUTPUT=drop
-// measures the source alone (the drop output); PGRELAY_BENCH_SNAPSHOT_EXTRA adds pg_cdc fields.
-// With redis_queue it also reports the Redis ceiling: the snapshot's entries XADDed again in plain
-// pipelines (xadd_rows/s, and xadd_ratio to COPY).
+// BenchmarkSnapshot measures, in PGRELAY_BENCH_RUNS alternating runs on the same table of
+// PGRELAY_BENCH_SNAPSHOT_ROWS rows (300,000; 20,000 in quick mode) of about 200 bytes as JSON:
+//
+//   - copy: `COPY (SELECT ...) TO STDOUT` drained to nowhere (PostgreSQL printing the rows);
+//   - queue: pg_cdc's snapshot into redis_queue, from the start of the pipeline to the pointer's
+//     snapshot becoming null (default chunk_rows and bundle limits; PGRELAY_BENCH_SNAPSHOT_EXTRA
+//     adds pg_cdc fields);
+//   - drop: the same snapshot into the drop output (the source alone);
+//   - xadd: the snapshot's entries XADDed again in plain pipelines of 1,000 (the Redis ceiling).
+//
+// It reports the medians of the rates, the ratios (drop and queue to COPY, queue to xadd) and
+// the CPU time per row of pgrelay (this process), redis-server, the COPY's backend and the
+// PostgreSQL backends serving the snapshot (the whole server but the walsender).
 func BenchmarkSnapshot(b *testing.B) {
-	total := snapshotBenchRows()
-	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
+	total := benchenv.Size("PGRELAY_BENCH_SNAPSHOT_ROWS", 300000, 20000)
+	runs := benchenv.Runs()
+	e := &env{t: b, pg: testenv.StartPostgres(b, testenv.WithPGSetting("autovacuum = off")),
+		rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
+	pids := benchPids(b, e)
 	e.pg.Exec(`CREATE TABLE snap (id bigint PRIMARY KEY, v text, n numeric, ts timestamptz)`)
 	e.pg.Exec(`INSERT INTO snap SELECT g, repeat(md5(g::text), 3), g * 1.5, now() FROM generate_series(1, $1::bigint) g`, total)
 	e.pg.Exec(`VACUUM ANALYZE snap`)
+	e.pg.Exec(`CHECKPOINT`)
 	conn, err := pgconn.Connect(e.ctx, e.pg.DSN())
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer conn.Close(e.ctx)
+	copyPid := int(conn.PID())
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		start := time.Now()
-		if _, err := conn.CopyTo(e.ctx, io.Discard, `COPY (SELECT id, v, n, ts FROM snap ORDER BY id) TO STDOUT`); err != nil {
-			b.Fatal(err)
+		var m benchenv.Metrics
+		for r := 0; r < runs; r++ {
+			c0 := cpuOf(b, copyPid)
+			mt := startMeter(b, pids)
+			if _, err := conn.CopyTo(e.ctx, io.Discard, `COPY (SELECT id, v, n, ts FROM snap ORDER BY id) TO STDOUT`); err != nil {
+				b.Fatal(err)
+			}
+			cp := mt.end()
+			cp.postgres = cpuOf(b, copyPid) - c0
+			name := fmt.Sprintf("sq%d_%d", i, r)
+			queue := snapshotRun(b, e, pids, name, false)
+			drop := snapshotRun(b, e, pids, fmt.Sprintf("sd%d_%d", i, r), true)
+			xadd := rawXAdd(b, e, pids, name)
+			m.Add("copy_rows/s", cp.rate(total))
+			m.Add("copy_cpu_backend_us/row", benchenv.PerChange(cp.postgres, total))
+			for _, p := range []struct {
+				name string
+				ph   phase
+			}{{"queue", queue}, {"drop", drop}} {
+				m.Add(p.name+"_rows/s", p.ph.rate(total))
+				m.Add(p.name+"_ratio", p.ph.rate(total)/cp.rate(total))
+				m.Add(p.name+"_cpu_pgrelay_us/row", benchenv.PerChange(p.ph.pgrelay, total))
+				if p.name == "queue" {
+					m.Add(p.name+"_cpu_redis_us/row", benchenv.PerChange(p.ph.redis, total))
+				}
+				m.Add(p.name+"_cpu_backends_us/row", benchenv.PerChange(p.ph.postgres-p.ph.walsender, total))
+				m.Add(p.name+"_cpu_walsender_us/row", benchenv.PerChange(p.ph.walsender, total))
+			}
+			m.Add("xadd_rows/s", xadd.rate(total))
+			m.Add("xadd_cpu_redis_us/row", benchenv.PerChange(xadd.redis, total))
+			m.Add("queue_xadd_ratio", queue.rate(total)/xadd.rate(total))
 		}
-		copyTime := time.Since(start)
-		name := "snapbench" + strconv.Itoa(i)
-		start = time.Now()
-		extra := "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
-		var stop func()
-		if os.Getenv("PGRELAY_BENCH_SNAPSHOT_OUTPUT") == "drop" { // the source alone: pointer written after each ack
-			stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  drop: {}\nlogger:\n  level: warn\n",
-				name, e.pg.DSN(), name, e.rd.URL(), indent(extra)))
-		} else {
-			stop = e.run(name, `[{table: snap, queue: `+name+`}]`, extra)
-		}
-		e.waitPointer(name, name)
-		e.waitSnapshotDone(name, name, 30*time.Minute)
-		snapTime := time.Since(start)
-		stop()
-		copyRate, snapRate := float64(total)/copyTime.Seconds(), float64(total)/snapTime.Seconds()
-		b.ReportMetric(copyRate, "copy_rows/s")
-		b.ReportMetric(snapRate, "snapshot_rows/s")
-		b.ReportMetric(snapRate/copyRate, "ratio")
-		if os.Getenv("PGRELAY_BENCH_SNAPSHOT_OUTPUT") != "drop" {
-			// The Redis ceiling under the same settings: the snapshot's entries XADDed again in
-			// plain pipelines of 1,000 (no script, fence or pointer).
-			xaddRate := float64(total) / rawXAdd(b, e, name).Seconds()
-			b.ReportMetric(xaddRate, "xadd_rows/s")
-			b.ReportMetric(xaddRate/copyRate, "xadd_ratio")
-		}
+		m.Report(b)
 	}
 }
+
+func cpuOf(b *testing.B, pid int) time.Duration {
+	d, err := benchenv.CPU(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// snapshotRun runs a new pg_cdc source name (queue of the same name) with snapshot: initial
+// into redis_queue, or into drop, until the pointer's snapshot is null, and returns the window
+// with the CPU of its walsender.
+func snapshotRun(b *testing.B, e *env, pids benchProcs, name string, drop bool) phase {
+	kind := "queue"
+	if drop {
+		kind = "drop"
+	}
+	defer benchenv.Profile(b, "snapshot_"+kind)()
+	extra := "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
+	m := startMeter(b, pids)
+	var stop func()
+	if drop { // the source alone: pointer written after each ack
+		stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  drop: {}\nlogger:\n  level: warn\n",
+			name, e.pg.DSN(), name, e.rd.URL(), indent(extra)))
+	} else {
+		stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  redis_queue:\n    url: %s\n    durability: %s\nlogger:\n  level: warn\n",
+			name, e.pg.DSN(), name, e.rd.URL(), indent(extra), e.rd.URL(), benchDurability()))
+	}
+	defer stop()
+	key := "pgrelay:{" + name + "}:src:" + name + ":ptr"
+	rdb := e.rd.Client()
+	ws := 0
+	deadline := time.Now().Add(30 * time.Minute)
+	for {
+		if ws == 0 {
+			var pid *int32
+			if e.pg.Pool().QueryRow(e.ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, "pgrelay_"+name).Scan(&pid); pid != nil {
+				ws = int(*pid)
+			}
+		}
+		if p, err := source.ReadPointer(e.ctx, rdb, key); err == nil && p != nil && string(p.Snapshot) == "null" {
+			ph := m.end()
+			if ws != 0 {
+				ph.walsender = cpuOf(b, ws)
+			}
+			return ph
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("snapshot %s not done", name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+

@@ -1,0 +1,333 @@
+// Package benchenv holds what pgrelay's benchmarks share: the CPU time of each process of a
+// pipeline read from /proc (pgrelay, redis-server, a walsender, a whole PostgreSQL server), the
+// pids to read it from, the benchmark sizes of the quick and the full mode, and medians over
+// alternating runs.
+//
+// CPU seconds per change are what the benchmarks report beside throughput: on a machine shared
+// with other work a process' CPU time per change moves far less than its rate does.
+package benchenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// clockTick is USER_HZ, the unit of the times in /proc/<pid>/stat (100 on every Linux port).
+const clockTick = 100
+
+// procTimes reads utime, stime, cutime and cstime of pid (fields 14-17 of /proc/<pid>/stat).
+func procTimes(pid int) (own, children time.Duration, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// The command name (field 2) may hold spaces and parentheses: fields after it start past the
+	// last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 15 {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	var t [4]int64
+	for k := range t {
+		if t[k], err = strconv.ParseInt(f[11+k], 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("/proc/%d/stat: field %d: %w", pid, 14+k, err)
+		}
+	}
+	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / clockTick }
+	return tick(t[0] + t[1]), tick(t[2] + t[3]), nil
+}
+
+// CPU is the user + system CPU time pid has used so far.
+func CPU(pid int) (time.Duration, error) {
+	own, _, err := procTimes(pid)
+	return own, err
+}
+
+// TreeCPU is the CPU time of pid and everything it started: its own, its live descendants', and
+// that of the children they have already waited for (cutime + cstime). For a PostgreSQL
+// postmaster that is the whole server, backends that exited during the window included.
+func TreeCPU(pid int) (time.Duration, error) {
+	own, reaped, err := procTimes(pid)
+	if err != nil {
+		return 0, err
+	}
+	total := own + reaped
+	for _, c := range descendants(pid) {
+		if o, r, err := procTimes(c); err == nil { // a process may exit meanwhile: its parent reaps it
+			total += o + r
+		}
+	}
+	return total, nil
+}
+
+// SelfCPU is the CPU time of this process (all threads), for pipelines run in-process.
+func SelfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// descendants lists the live processes below pid.
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 || f[0] == "Z" {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		children[ppid] = append(children[ppid], child)
+	}
+	var out []int
+	var walk func(int)
+	walk = func(p int) {
+		for _, c := range children[p] {
+			out = append(out, c)
+			walk(c)
+		}
+	}
+	walk(pid)
+	return out
+}
+
+// PostmasterPid is the pid of the PostgreSQL server of dataDir (first line of postmaster.pid).
+func PostmasterPid(dataDir string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(line))
+}
+
+// RedisPid is the pid of the redis-server rdb talks to (INFO server process_id).
+func RedisPid(ctx context.Context, rdb *redis.Client) (int, error) {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server has no process_id")
+}
+
+// SlotPid waits up to timeout for replication slot slot to be in use and returns the pid of the
+// walsender serving it.
+func SlotPid(ctx context.Context, pool *pgxpool.Pool, slot string, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		var pid *int32
+		err := pool.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid)
+		if err == nil && pid != nil {
+			return int(*pid), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("slot %s not in use after %s (%v)", slot, timeout, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Sampler follows the CPU time of a process that may exit before it can be read at the end of
+// the measured window (a walsender whose client stops at an end position): it reads it every few
+// milliseconds and keeps the last reading.
+type Sampler struct {
+	stop chan struct{}
+	done chan time.Duration
+}
+
+// Sample starts following pid.
+func Sample(pid int) *Sampler {
+	s := &Sampler{stop: make(chan struct{}), done: make(chan time.Duration, 1)}
+	go func() {
+		var last time.Duration
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if d, err := CPU(pid); err == nil {
+				last = d
+			} else {
+				s.done <- last // the process is gone: its last reading stands
+				return
+			}
+			select {
+			case <-s.stop:
+				if d, err := CPU(pid); err == nil {
+					last = d
+				}
+				s.done <- last
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+// Stop ends the sampling and returns the last CPU time read.
+func (s *Sampler) Stop() time.Duration {
+	close(s.stop)
+	return <-s.done
+}
+
+// Quick reports whether the benchmarks run in quick mode (PGRELAY_BENCH_QUICK=1): small sizes, a
+// smoke run of seconds.
+func Quick() bool { return os.Getenv("PGRELAY_BENCH_QUICK") == "1" }
+
+// Size is the integer in environment variable name, else quick in quick mode, else full.
+func Size(name string, full, quick int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	if Quick() {
+		return quick
+	}
+	return full
+}
+
+// Runs is how many alternating runs a benchmark makes inside one iteration (PGRELAY_BENCH_RUNS;
+// 3 in full mode, 1 in quick mode); it reports the medians.
+func Runs() int { return Size("PGRELAY_BENCH_RUNS", 3, 1) }
+
+// PerChange is d in microseconds per change (or row).
+func PerChange(d time.Duration, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return float64(d.Nanoseconds()) / 1000 / float64(n)
+}
+
+// Median of xs (the mean of the middle two for an even count); 0 for none.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Metrics collects one value per run for each metric unit and reports the medians.
+type Metrics struct {
+	order []string
+	runs  map[string][]float64
+}
+
+// Add records value for unit in the current run. Units follow the report's naming: a rate
+// ("queue_changes/s"), a ratio ("queue_ratio") or a CPU cost "<phase>_cpu_<process>_us/change"
+// (or "/row").
+func (m *Metrics) Add(unit string, value float64) {
+	if m.runs == nil {
+		m.runs = map[string][]float64{}
+	}
+	if _, ok := m.runs[unit]; !ok {
+		m.order = append(m.order, unit)
+	}
+	m.runs[unit] = append(m.runs[unit], value)
+}
+
+// Report logs every run's values and reports each unit's median to b.
+func (m *Metrics) Report(b *testing.B) {
+	for _, u := range m.order {
+		vals := make([]string, len(m.runs[u]))
+		for i, v := range m.runs[u] {
+			vals[i] = strconv.FormatFloat(v, 'g', 4, 64)
+		}
+		b.Logf("%s: runs %s, median %.4g", u, strings.Join(vals, " "), Median(m.runs[u]))
+		b.ReportMetric(Median(m.runs[u]), u)
+	}
+}
+
+// PGClientBin finds a PostgreSQL client program (pg_recvlogical, pgbench): in the server's bin
+// directory when it has one, else the newest in /usr/lib/postgresql/*/bin.
+func PGClientBin(serverBin, name string) (string, error) {
+	if p := filepath.Join(serverBin, name); fileExists(p) {
+		return p, nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool {
+		a, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
+		c, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
+		return a > c
+	})
+	for _, d := range dirs {
+		if p := filepath.Join(d, name); fileExists(p) {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("%s not found in %s or /usr/lib/postgresql/*/bin", name, serverBin)
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// Profile writes a CPU profile of this process to $PGRELAY_BENCH_PROFILE/<name>.pprof while the
+// measured window runs, when that directory is set; the returned func ends it. Profiling costs a
+// few per cent of CPU: profile in a separate run from the one whose figures are reported.
+func Profile(tb testing.TB, name string) func() {
+	dir := os.Getenv("PGRELAY_BENCH_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, name+".pprof"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		tb.Logf("benchenv: no CPU profile for %s: %v", name, err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+}

@@ -1,0 +1,243 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// redisCPUBatch is the batch size of BenchmarkRedisCPU: one 1,000-row transaction of the bench
+// table is one batch of pg_cdc's (max_bundle_messages 1000).
+const redisCPUBatch = 1000
+
+// eventPayload is a change event of the size pg_cdc writes for the bench table (~230 bytes).
+func eventPayload(n int) []byte {
+	return fmt.Appendf(nil, `{"op":"c","table":"public.bench","lsn":"0/%08X","tx":"pg:00000001:0/%08X","ts":"2026-01-01T00:00:00.000000Z","key":{"id":%d},"data":{"id":%d,"v":"value %d","n":%d.5,"ts":"2026-01-01T00:00:00.000000Z"}}`,
+		n, n, n, n, n, n)
+}
+
+func redisCPUMsgs(q string, from int) []Message {
+	out := make([]Message, redisCPUBatch)
+	for i := range out {
+		n := from + i
+		out[i] = Message{Queue: q, Partition: `{"id":` + strconv.Itoa(n) + `}`, ID: "pg:00000001:" + strconv.Itoa(n),
+			Tx: "pg:00000001:0/" + strconv.Itoa(from), CreatedMs: 1700000000000, Payload: eventPayload(n)}
+	}
+	return out
+}
+
+// minimal Lua loops over the same entries: no fence, no pointer, no checks.
+var (
+	lua7 = redis.NewScript(`for i = 1, #KEYS do
+  local b = (i - 1) * 7
+  redis.call('XADD', KEYS[i], '*', 'off', ARGV[b+1], 'p', ARGV[b+2], 'id', ARGV[b+3], 'tx', ARGV[b+4], 'ts', ARGV[b+5], 'h', ARGV[b+6], 'd', ARGV[b+7])
+end
+return 'ok'`)
+	lua2 = redis.NewScript(`for i = 1, #KEYS do
+  redis.call('XADD', KEYS[i], '*', 'm', ARGV[2*i-1], 'd', ARGV[2*i])
+end
+return 'ok'`)
+)
+
+// redisVariant writes one batch of entries (msgs) its own way; queue names the keys it uses.
+type redisVariant struct {
+	name, about string
+	batches     int // batches per call of write
+	fsync       string
+	write       func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, seq int) error
+}
+
+func seven(i int, m *Message) []any {
+	return []any{"off", i, "p", m.Partition, "id", m.ID, "tx", m.Tx, "ts", m.CreatedMs, "h", "", "d", m.Payload}
+}
+
+func packed(i int, m *Message) []any {
+	return []any{"m", strconv.Itoa(i) + "|" + m.Partition + "|" + m.ID + "|" + m.Tx + "|" + strconv.FormatInt(m.CreatedMs, 10) + "|", "d", m.Payload}
+}
+
+func xaddAll(ctx context.Context, p redis.Pipeliner, l Layout, q string, msgs []Message, fields func(int, *Message) []any) {
+	for i := range msgs {
+		p.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, Shard(msgs[i].Partition, 16)), Values: fields(i, &msgs[i])})
+	}
+}
+
+func luaAll(ctx context.Context, c redis.Scripter, s *redis.Script, l Layout, q string, msgs []Message, fields func(int, *Message) []any) error {
+	keys := make([]string, len(msgs))
+	var args []any
+	for i := range msgs {
+		keys[i] = l.Stream(q, Shard(msgs[i].Partition, 16))
+		f := fields(i, &msgs[i])
+		for k := 1; k < len(f); k += 2 {
+			args = append(args, f[k])
+		}
+	}
+	return s.Run(ctx, c, keys, args...).Err()
+}
+
+// cover is the pointer-moving cover of call seq (positions strictly increase).
+func benchCover(q string, seq int) *Cover {
+	pos := fmt.Sprintf("%016x", seq)
+	return &Cover{LeaseKey: "pgrelay:{" + q + "}:src:s:lease", Fence: "me|1", PointerKey: "pgrelay:{" + q + "}:src:s:ptr",
+		Pointer: []byte(`{"v":1,"pos":"` + pos + `","lsn":"0/0","in_txn":null,"snapshot":null}`), Pos: pos}
+}
+
+var redisVariants = []redisVariant{
+	{name: "script", about: "the write script (Writer.Write: fenced, pointer compare-and-set), one call per batch", batches: 1,
+		write: func(ctx context.Context, _ *redis.Client, w *Writer, msgs [][]Message, seq int) error {
+			_, err := w.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
+	{name: "script4", about: "the write script, 4 batches' calls pipelined in one round trip (one AOF write and fsync for 4 batches)", batches: 4,
+		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, seq int) error {
+			cmds := make([]*redis.Cmd, len(msgs))
+			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for i, batch := range msgs {
+					keys, args, err := w.build(ctx, batch, benchCover(batch[0].Queue, seq+i), true)
+					if err != nil {
+						return err
+					}
+					cmds[i] = writeScript.EvalSha(ctx, p, keys, args...)
+				}
+				return nil
+			})
+			return err
+		}},
+	{name: "script_nofsync", about: "the write script with appendfsync no (what the fsync costs)", batches: 1, fsync: "no",
+		write: func(ctx context.Context, _ *redis.Client, w *Writer, msgs [][]Message, seq int) error {
+			_, err := w.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
+	{name: "lua7", about: "a bare Lua loop of XADDs with the seven fields (no checks, fence or pointer)", batches: 1,
+		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+			return luaAll(ctx, rdb, lua7, w.layout, "lua7", msgs[0], seven)
+		}},
+	{name: "lua2", about: "a bare Lua loop of XADDs with two fields (metadata packed into one)", batches: 1,
+		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+			return luaAll(ctx, rdb, lua2, w.layout, "lua2", msgs[0], packed)
+		}},
+	{name: "multi7", about: "plain XADDs with the seven fields in MULTI/EXEC (one AOF write and fsync per batch)", batches: 1,
+		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error { xaddAll(ctx, p, w.layout, "multi7", msgs[0], seven); return nil })
+			return err
+		}},
+	{name: "multi2", about: "plain XADDs with two fields in MULTI/EXEC", batches: 1,
+		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error { xaddAll(ctx, p, w.layout, "multi2", msgs[0], packed); return nil })
+			return err
+		}},
+	{name: "xadd7", about: "plain XADDs with the seven fields in a pipeline (Redis fsyncs once per read of the socket, ~16 KiB)", batches: 1,
+		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error { xaddAll(ctx, p, w.layout, "xadd7", msgs[0], seven); return nil })
+			return err
+		}},
+}
+
+// BenchmarkRedisCPU measures what one queue entry costs the redis-server process (CPU time per
+// entry from /proc) with appendonly yes and appendfsync always, written in several ways that
+// alternate round by round: the write script as pgrelay runs it, several of its calls pipelined
+// per fsync, bare Lua loops with seven and with two fields, plain XADDs in MULTI/EXEC and in a
+// pipeline, and the script without fsync. PGRELAY_BENCH_REDIS_ENTRIES entries per variant and
+// round (100,000; 10,000 in quick mode), PGRELAY_BENCH_RUNS rounds, medians reported. With
+// PGRELAY_BENCH_PERF set to a directory, perf records redis-server in the first round
+// (perf record -e cpu-clock) into <dir>/redis_<variant>.data.
+func BenchmarkRedisCPU(b *testing.B) {
+	r := testenv.StartRedis(b, "--auto-aof-rewrite-percentage", "0")
+	rdb := r.Client()
+	ctx := context.Background()
+	pid, err := benchenv.RedisPid(ctx, rdb)
+	if err != nil {
+		b.Fatal(err)
+	}
+	entries := benchenv.Size("PGRELAY_BENCH_REDIS_ENTRIES", 100000, 10000)
+	w := NewWriter(rdb, WriterConfig{Shards: 16})
+	for _, v := range redisVariants {
+		rdb.Set(ctx, "pgrelay:{"+v.name+"}:src:s:lease", "me|1", 0)
+	}
+	seq := map[string]int{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		var m benchenv.Metrics
+		for round := 0; round < benchenv.Runs(); round++ {
+			for _, v := range redisVariants {
+				// the batches, built before the window (the client's work is not what is measured)
+				var calls [][][]Message
+				for n := 0; n < entries; n += redisCPUBatch * v.batches {
+					var call [][]Message
+					for k := 0; k < v.batches; k++ {
+						call = append(call, redisCPUMsgs(v.name, n+k*redisCPUBatch))
+					}
+					calls = append(calls, call)
+				}
+				if v.fsync != "" {
+					rdb.ConfigSet(ctx, "appendfsync", v.fsync)
+				}
+				stopPerf := perfRecord(b, pid, v.name, round)
+				r0, c0, t0 := cpu(b, pid), benchenv.SelfCPU(), time.Now()
+				for _, call := range calls {
+					seq[v.name] += v.batches
+					if err := v.write(ctx, rdb, w, call, seq[v.name]); err != nil {
+						b.Fatalf("%s: %v", v.name, err)
+					}
+				}
+				elapsed, rd, cl := time.Since(t0), cpu(b, pid)-r0, benchenv.SelfCPU()-c0
+				stopPerf()
+				if v.fsync != "" {
+					rdb.ConfigSet(ctx, "appendfsync", "always")
+				}
+				n := len(calls) * v.batches * redisCPUBatch
+				m.Add(v.name+"_entries/s", float64(n)/elapsed.Seconds())
+				m.Add(v.name+"_cpu_redis_us/entry", benchenv.PerChange(rd, n))
+				m.Add(v.name+"_cpu_client_us/entry", benchenv.PerChange(cl, n))
+				for s := 0; s < 16; s++ {
+					rdb.Del(ctx, w.layout.Stream(v.name, s))
+				}
+			}
+			// keep the append-only file small between rounds (outside the windows)
+			rdb.BgRewriteAOF(ctx)
+			for strings.Contains(rdb.Info(ctx, "persistence").Val(), "aof_rewrite_in_progress:1") {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		m.Report(b)
+	}
+}
+
+func cpu(b *testing.B, pid int) time.Duration {
+	d, err := benchenv.CPU(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// perfRecord starts perf record on pid in the first round when PGRELAY_BENCH_PERF is set.
+func perfRecord(b *testing.B, pid int, variant string, round int) func() {
+	dir := os.Getenv("PGRELAY_BENCH_PERF")
+	if dir == "" || round > 0 {
+		return func() {}
+	}
+	os.MkdirAll(dir, 0o755)
+	cmd := exec.Command("perf", "record", "-q", "-e", "cpu-clock", "-F", "2999", "-g", "-p", strconv.Itoa(pid),
+		"-o", filepath.Join(dir, "redis_"+variant+".data"))
+	if err := cmd.Start(); err != nil {
+		b.Logf("perf: %v", err)
+		return func() {}
+	}
+	time.Sleep(300 * time.Millisecond) // perf attaches
+	return func() {
+		cmd.Process.Signal(syscall.SIGINT)
+		cmd.Wait()
+	}
+}
