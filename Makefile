@@ -23,8 +23,10 @@ lint: build
 demo: setup build
 	scripts/demo
 
+# Every benchmark, one report: docs/benchmarks.md + docs/benchmarks.png (QUICK=1: a smoke run
+# of small sizes, report under bin/bench/).
 bench: setup build
-	scripts/bench
+	scripts/bench $(if $(filter 1,$(QUICK)),--quick)
 
 clean:
 	rm -rf bin .demo

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay/internal/benchenv"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -41,13 +42,49 @@ const benchDDL = `CREATE TABLE %s (id bigint PRIMARY KEY, name text, qty int, ve
 
 // benchFixture is a server, its pool and a table name generator for benchmarks.
 type benchFixture struct {
-	pool *pgxpool.Pool
-	n    int
+	pool       *pgxpool.Pool
+	postmaster int // for the server's CPU time (benchenv.TreeCPU)
+	n          int
 }
 
 func newBench(b *testing.B) *benchFixture {
-	pg := testenv.StartPostgres(b)
-	return &benchFixture{pool: pg.Pool()}
+	pg := testenv.StartPostgres(b, testenv.WithPGSetting("autovacuum = off"))
+	pm, err := benchenv.PostmasterPid(pg.DataDir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &benchFixture{pool: pg.Pool(), postmaster: pm}
+}
+
+// cost accumulates the wall time and the CPU time of this process (the sink, or the
+// hand-written baseline) and of the PostgreSQL server over measured segments.
+type cost struct {
+	wall, self, server time.Duration
+}
+
+// measure runs fn as one segment of c.
+func (f *benchFixture) measure(b *testing.B, c *cost, fn func()) {
+	s0, err := benchenv.TreeCPU(f.postmaster)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c0, t0 := benchenv.SelfCPU(), time.Now()
+	fn()
+	c.wall += time.Since(t0)
+	c.self += benchenv.SelfCPU() - c0
+	s1, _ := benchenv.TreeCPU(f.postmaster)
+	c.server += s1 - s0
+}
+
+// report reports the rates, the ratio (baseline time ÷ sink time) and the CPU per row of each.
+func (c cost) report(b *testing.B, base cost, baseName string, rows float64) {
+	b.ReportMetric(rows/c.wall.Seconds(), "sink_rows/s")
+	b.ReportMetric(rows/base.wall.Seconds(), baseName+"_rows/s")
+	b.ReportMetric(base.wall.Seconds()/c.wall.Seconds(), "ratio")
+	b.ReportMetric(float64(c.self.Microseconds())/rows, "sink_cpu_pgrelay_us/row")
+	b.ReportMetric(float64(c.server.Microseconds())/rows, "sink_cpu_postgres_us/row")
+	b.ReportMetric(float64(base.self.Microseconds())/rows, baseName+"_cpu_client_us/row")
+	b.ReportMetric(float64(base.server.Microseconds())/rows, baseName+"_cpu_postgres_us/row")
 }
 
 func (f *benchFixture) table(b *testing.B) string {
@@ -124,11 +161,11 @@ func copyPass(b *testing.B, pool *pgxpool.Pool, table string, rows []benchRow, b
 // an update pass of `rows` rows each. Reported: rows/s of both and their ratio (goal >= 0.7).
 func BenchmarkUpsert(b *testing.B) {
 	f := newBench(b)
-	const n = 20000
+	n := benchenv.Size("PGRELAY_BENCH_SINK_ROWS", 20000, 4000)
 	for _, batch := range []int{500, 2000} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			insert, update := benchRows(n, 1), benchRows(n, 2)
-			var sinkDur, baseDur time.Duration
+			var sink, base cost
 			for i := 0; i < b.N; i++ {
 				tSink, tBase := f.table(b), f.table(b)
 				a, err := NewApplier(context.Background(), f.pool, Config{Name: tSink, Table: tSink, Mode: ModeUpsert,
@@ -141,19 +178,12 @@ func BenchmarkUpsert(b *testing.B) {
 				for _, pass := range [][]benchRow{insert, update} {
 					for j := 0; j < len(pass); j += batch {
 						chunk := pass[j:min(j+batch, len(pass))]
-						t0 := time.Now()
-						unnestPass(b, f.pool, tBase, chunk, batch)
-						baseDur += time.Since(t0)
-						t0 = time.Now()
-						sinkPass(b, a, chunk, batch, &off)
-						sinkDur += time.Since(t0)
+						f.measure(b, &base, func() { unnestPass(b, f.pool, tBase, chunk, batch) })
+						f.measure(b, &sink, func() { sinkPass(b, a, chunk, batch, &off) })
 					}
 				}
 			}
-			rows := float64(2 * n * b.N)
-			b.ReportMetric(rows/sinkDur.Seconds(), "sink_rows/s")
-			b.ReportMetric(rows/baseDur.Seconds(), "unnest_rows/s")
-			b.ReportMetric(baseDur.Seconds()/sinkDur.Seconds(), "ratio")
+			sink.report(b, base, "unnest", float64(2*n*b.N))
 		})
 	}
 }
@@ -162,11 +192,11 @@ func BenchmarkUpsert(b *testing.B) {
 // batch each. Reported: rows/s of both and their ratio (goal >= 0.5).
 func BenchmarkAppend(b *testing.B) {
 	f := newBench(b)
-	const n = 20000
+	n := benchenv.Size("PGRELAY_BENCH_SINK_ROWS", 20000, 4000)
 	for _, batch := range []int{500, 2000} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			rows := benchRows(n, 1)
-			var sinkDur, baseDur time.Duration
+			var sink, base cost
 			for i := 0; i < b.N; i++ {
 				tSink, tBase := f.table(b), f.table(b)
 				a, err := NewApplier(context.Background(), f.pool, Config{Name: tSink, Table: tSink, Mode: ModeAppend,
@@ -177,18 +207,11 @@ func BenchmarkAppend(b *testing.B) {
 				var off int64
 				for j := 0; j < len(rows); j += batch {
 					chunk := rows[j:min(j+batch, len(rows))]
-					t0 := time.Now()
-					copyPass(b, f.pool, tBase, chunk, batch)
-					baseDur += time.Since(t0)
-					t0 = time.Now()
-					sinkPass(b, a, chunk, batch, &off)
-					sinkDur += time.Since(t0)
+					f.measure(b, &base, func() { copyPass(b, f.pool, tBase, chunk, batch) })
+					f.measure(b, &sink, func() { sinkPass(b, a, chunk, batch, &off) })
 				}
 			}
-			total := float64(n * b.N)
-			b.ReportMetric(total/sinkDur.Seconds(), "sink_rows/s")
-			b.ReportMetric(total/baseDur.Seconds(), "copy_rows/s")
-			b.ReportMetric(baseDur.Seconds()/sinkDur.Seconds(), "ratio")
+			sink.report(b, base, "copy", float64(n*b.N))
 		})
 	}
 }

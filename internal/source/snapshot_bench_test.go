@@ -134,4 +134,3 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name string, drop bool) 
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-
