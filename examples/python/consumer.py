@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Consume a pgrelay queue with redis-py, following the public layout (docs/design.md section 4).
+
+    python3 consumer.py --url redis://127.0.0.1:6379 --group my_app orders
+    python3 consumer.py --url redis://127.0.0.1:6379 --dlq orders
+
+The first form reads every shard of queue `orders` through the consumer group `my_app` and prints
+each message as one JSON line, then acknowledges it. The second prints the dead letters and exits.
+See examples/README.md for what the example does and does not do.
+"""
+
+import argparse
+import json
+import signal
+import sys
+import time
+from decimal import Decimal
+
+import redis
+
+RESCAN_SECONDS = 5  # how often the shard count is read again
+
+
+class Queue:
+    """The key names of one queue (the hash tag {queue} puts them all in one cluster slot)."""
+
+    def __init__(self, prefix, name):
+        self.meta = f"{prefix}:{{{name}}}:meta"
+        self.dlq = f"{prefix}:{{{name}}}:dlq"
+        self._shard = f"{prefix}:{{{name}}}:s:"
+
+    def shard(self, n):
+        return f"{self._shard}{n}"
+
+
+def text(v):
+    return v.decode("utf-8") if isinstance(v, bytes) else v
+
+
+def message(shard, entry_id, fields):
+    """One queue entry as a dict. The payload `d` is kept as the exact text the producer wrote."""
+    f = {text(k): v for k, v in fields.items()}
+    return {
+        "shard": shard,
+        "offset": int(f["off"]),
+        "entry_id": text(entry_id),
+        "id": text(f["id"]),
+        "partition": text(f["p"]),
+        "tx": text(f["tx"]),
+        "created_at": int(f["ts"]),
+        "header": text(f["h"]),
+        "payload": text(f["d"]),
+    }
+
+
+def handle(msg):
+    """The application's work. Here: decode the event and print the message as a JSON line.
+
+    Decode with parse_float=Decimal: numeric columns keep every digit PostgreSQL printed (Python's
+    int is exact already). Make this idempotent by `id` or by (shard, offset): after a crash the
+    messages read but not yet acknowledged are delivered again.
+    """
+    event = json.loads(msg["payload"], parse_float=Decimal)
+    _ = (event["op"], event.get("table"), event.get("key"))  # what an application would use
+    print(json.dumps(msg), flush=True)
+
+
+class Consumer:
+    def __init__(self, r, queue, group, consumer, start, count, block_ms):
+        self.r, self.q, self.group, self.consumer = r, queue, group, consumer
+        self.start, self.count, self.block_ms = start, count, block_ms
+        self.shards = 0  # 0: not set up yet
+        self.checked = 0.0
+        self.stopping = False
+
+    def shard_count(self):
+        v = self.r.hget(self.q.meta, "shards")
+        return int(v) if v is not None else 0
+
+    def setup(self, shards):
+        """Create the group on every shard. A shard stream exists only once a producer wrote to it,
+        so MKSTREAM creates an empty one; BUSYGROUP means the group is there already."""
+        for n in range(shards):
+            try:
+                self.r.xgroup_create(self.q.shard(n), self.group, id=self.start, mkstream=True)
+            except redis.ResponseError as e:
+                if not str(e).startswith("BUSYGROUP"):
+                    raise
+        self.shards = shards
+        self.checked = time.monotonic()
+        self.drain_pending()
+
+    def resync(self):
+        """Read `shards` again (a queue deleted and created again may have another count) and set
+        the group up on every shard; wait while the queue does not exist."""
+        while not self.stopping:
+            shards = self.shard_count()
+            if shards > 0:
+                if shards != self.shards:
+                    print(f"queue {self.q.meta}: {shards} shards", file=sys.stderr, flush=True)
+                self.setup(shards)
+                return
+            time.sleep(0.5)
+
+    def read(self, ids, block):
+        streams = {self.q.shard(n): ids for n in range(self.shards)}
+        return self.r.xreadgroup(self.group, self.consumer, streams, count=self.count, block=block)
+
+    def drain_pending(self):
+        """Entries delivered to this consumer but not acknowledged (a crash before XACK) first."""
+        while not self.stopping:
+            got = self.read("0", None)
+            if not any(entries for _, entries in got):
+                return
+            self.process(got)
+
+    def process(self, got):
+        for stream, entries in got:
+            shard = int(text(stream).rsplit(":", 1)[1])
+            done = []
+            for entry_id, fields in entries:
+                if fields:  # an empty entry is a pending one that retention trimmed away
+                    handle(message(shard, entry_id, fields))
+                done.append(entry_id)
+            if done:
+                self.r.xack(stream, self.group, *done)
+
+    def run(self):
+        self.resync()
+        while not self.stopping:
+            if time.monotonic() - self.checked > RESCAN_SECONDS:
+                if self.shard_count() != self.shards:
+                    self.resync()
+                self.checked = time.monotonic()
+            try:
+                got = self.read(">", self.block_ms)
+            except redis.ResponseError as e:
+                # NOGROUP / UNBLOCKED: a shard stream or the group was deleted (the queue is being
+                # recreated): set up again from the meta hash
+                if "NOGROUP" in str(e) or "UNBLOCKED" in str(e):
+                    self.resync()
+                    continue
+                raise
+            if got:
+                self.process(got)
+
+
+def dead_letters(r, q):
+    """Print every dead letter: the entry's fields plus group, error, attempts and failed_at."""
+    for entry_id, fields in r.xrange(q.dlq, "-", "+"):
+        f = {text(k): text(v) for k, v in fields.items()}
+        print(json.dumps({
+            "entry_id": text(entry_id),
+            "group": f["group"],
+            "error": f["error"],
+            "attempts": int(f["attempts"]),
+            "failed_at": int(f["failed_at"]),
+            "offset": int(f["off"]),
+            "id": f["id"],
+            "partition": f["p"],
+            "payload": f["d"],
+        }), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Consume a pgrelay queue with redis-py.")
+    ap.add_argument("queue")
+    ap.add_argument("--url", default="redis://127.0.0.1:6379")
+    ap.add_argument("--prefix", default="pgrelay")
+    ap.add_argument("--group", default="example")
+    ap.add_argument("--consumer", default="example", help="consumer name inside the group (one process per group)")
+    ap.add_argument("--start", choices=["earliest", "latest"], default="earliest", help="where a new group starts")
+    ap.add_argument("--count", type=int, default=100)
+    ap.add_argument("--block-ms", type=int, default=1000)
+    ap.add_argument("--dlq", action="store_true", help="print the dead letters and exit")
+    args = ap.parse_args()
+
+    r = redis.Redis.from_url(args.url)
+    q = Queue(args.prefix, args.queue)
+    if args.dlq:
+        dead_letters(r, q)
+        return
+    c = Consumer(r, q, args.group, args.consumer, "0" if args.start == "earliest" else "$", args.count, args.block_ms)
+
+    def stop(*_):
+        c.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    c.run()
+
+
+if __name__ == "__main__":
+    main()

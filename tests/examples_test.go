@@ -1,0 +1,311 @@
+package tests
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// exampleLine is what the example consumers print for each message (examples/README.md).
+type exampleLine struct {
+	Shard     int    `json:"shard"`
+	Offset    int64  `json:"offset"`
+	EntryID   string `json:"entry_id"`
+	ID        string `json:"id"`
+	Partition string `json:"partition"`
+	Tx        string `json:"tx"`
+	CreatedAt int64  `json:"created_at"`
+	Payload   string `json:"payload"`
+}
+
+// deadLetterLine is what the examples print with --dlq.
+type deadLetterLine struct {
+	Group    string `json:"group"`
+	Error    string `json:"error"`
+	Attempts int    `json:"attempts"`
+	FailedAt int64  `json:"failed_at"`
+	Offset   int64  `json:"offset"`
+	ID       string `json:"id"`
+	Payload  string `json:"payload"`
+}
+
+// messageIDPattern is the documented shape of a pg_cdc message id (docs/design.md §3): epoch in
+// lower-case hex, LSNs in upper-case hex.
+var messageIDPattern = regexp.MustCompile(`^pg:[0-9a-f]{8}:(s:)?[0-9A-F]{16}:(f?[0-9]+)(\.1)?$`)
+
+// exampleRunner is one example consumer: how to start it.
+type exampleRunner struct {
+	name string
+	cmd  []string // program and script; the queue arguments follow
+}
+
+// exampleRunners finds Debian's python3 with redis-py and node with examples/node's ioredis
+// (both installed by scripts/setup).
+func exampleRunners(t *testing.T) []exampleRunner {
+	root := testenv.RepoRoot()
+	unavailable := func(what string) {
+		if testenv.InCI() {
+			t.Fatalf("%s (run scripts/setup)", what)
+		}
+		t.Skipf("%s (run scripts/setup)", what)
+	}
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import redis").CombinedOutput(); err != nil {
+		unavailable(fmt.Sprintf("/usr/bin/python3 cannot import redis: %v %s", err, out))
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		unavailable("node not found")
+	}
+	if _, err := os.Stat(filepath.Join(root, "examples/node/node_modules/ioredis")); err != nil {
+		unavailable("examples/node/node_modules/ioredis missing")
+	}
+	return []exampleRunner{
+		{"python", []string{"/usr/bin/python3", filepath.Join(root, "examples/python/consumer.py")}},
+		{"node", []string{node, filepath.Join(root, "examples/node/consumer.js")}},
+	}
+}
+
+func (r exampleRunner) start(t *testing.T, args ...string) *testenv.Process {
+	return testenv.StartProcess(t, nil, r.cmd[0], append(r.cmd[1:], args...)...)
+}
+
+// run runs the example to its end and returns its output.
+func (r exampleRunner) run(t *testing.T, args ...string) string {
+	out, err := exec.Command(r.cmd[0], append(r.cmd[1:], args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", r.name, args, err, out)
+	}
+	return string(out)
+}
+
+// exampleLines parses the message lines of an example's output (other lines are its log).
+func exampleLines(t *testing.T, out string) []exampleLine {
+	var lines []exampleLine
+	for _, l := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(l, `{"shard"`) {
+			continue
+		}
+		var x exampleLine
+		if err := json.Unmarshal([]byte(l), &x); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		lines = append(lines, x)
+	}
+	return lines
+}
+
+// TestExampleConsumers runs examples/python and examples/node against a queue written by pg_cdc
+// (3 shards) while pgrelay's own redis_queue input dead-letters the "poison" rows. Each example
+// reads every entry exactly once with its id, shard, offset, partition, transaction and payload
+// byte for byte as in the queue; the events replay into the source table; after SIGTERM nothing
+// is pending in its group; --dlq prints the dead letters. Then the queue is deleted and created
+// again with 5 shards (a new epoch, snapshotted): both examples, still running, follow the new
+// shard count and read the new queue exactly once too.
+func TestExampleConsumers(t *testing.T) {
+	runners := exampleRunners(t)
+	e := newCDCEnv(t, "examples", `[{table: w, queue: q}]`, "snapshot: initial")
+	raw, _ := os.ReadFile(e.config)
+	withShards := func(n int) {
+		cfg := regexp.MustCompile(`durability: aof\n(    shards: \d+\n)?`).ReplaceAllString(string(raw), fmt.Sprintf("durability: aof\n    shards: %d\n", n))
+		if err := os.WriteFile(e.config, []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withShards(3)
+	e.pg.Exec(writerTable)
+
+	// the examples start before the queue exists and wait for it
+	consumers := map[string]*testenv.Process{}
+	for _, r := range runners {
+		consumers[r.name] = r.start(t, "--url", e.rd.URL(), "--group", r.name, "q")
+	}
+	dlqMaker := startSinkPipeline(t, fmt.Sprintf(`http: {enabled: false}
+logger: {level: warn}
+input:
+  redis_queue: {url: %s, queue: q, group: dlq_maker, max_attempts: 1, lease_ttl: 3s}
+output:
+  switch:
+    cases:
+      - check: this.after.v.or("").has_prefix("poison")
+        output: {reject: 'poison row ${! json("key.id") }'}
+      - output: {drop: {}}
+`, e.rd.URL()))
+	src := e.start()
+	e.waitPointer()
+
+	stop := make(chan struct{})
+	wait := e.randomWriter(12, stop)
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	wait()
+	e.pg.Exec(`INSERT INTO w (id, v, n, j) VALUES
+	  (1001, 'poison 1', 1, '{}'), (1002, 'poison 2', 2, '{}'),
+	  (1003, 'ünïcödé "quoted" \ back', 123456789012345678901234567890.123456789, '{"big": 18446744073709551615}')`)
+	e.converge("public.w", "id")
+	first, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, p := range consumers {
+		waitExampleLines(t, name, p, len(first))
+		checkExampleRead(t, e, name+" (3 shards)", exampleLines(t, p.Output()), first)
+	}
+
+	// the dead letters: the two poison inserts, dead-lettered by group dlq_maker
+	var poison []oracle.Entry
+	for _, en := range first {
+		if strings.Contains(string(en.Payload), `"v":"poison`) {
+			poison = append(poison, en)
+		}
+	}
+	if len(poison) != 2 {
+		t.Fatalf("%d poison entries in the queue, want 2", len(poison))
+	}
+	sinkWaitUntil(t, 60*time.Second, "2 dead letters", func() (bool, string) {
+		n, _ := e.rd.Client().XLen(e.ctx, "pgrelay:{q}:dlq").Result()
+		return n == 2, fmt.Sprintf("%d dead letters", n)
+	})
+	for _, r := range runners {
+		checkDeadLetters(t, r.name, r.run(t, "--url", e.rd.URL(), "--dlq", "q"), poison)
+	}
+	dlqMaker.Signal(syscall.SIGTERM)
+	if err := dlqMaker.Wait(30 * time.Second); err != nil {
+		t.Fatalf("dlq_maker: %v", err)
+	}
+
+	// the queue is deleted and created again with 5 shards while the examples run
+	src.Signal(syscall.SIGTERM)
+	if err := src.Wait(30 * time.Second); err != nil {
+		t.Fatalf("source: %v", err)
+	}
+	rdb := e.rd.Client()
+	keys, err := rdb.Keys(e.ctx, "pgrelay:{q}:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys: %v %v", keys, err)
+	}
+	if err := rdb.Del(e.ctx, keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	withShards(5)
+	e.pg.Exec(`UPDATE w SET v = 'after the change' WHERE id = 1003`)
+	e.start()
+	e.waitPointer()
+	e.pg.Exec(`INSERT INTO w (id, v) VALUES (2001, 'new queue')`)
+	e.converge("public.w", "id")
+	second, err := oracle.ReadQueue(e.ctx, rdb, "pgrelay", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the examples read %d entries over 3 shards, then %d over 5", len(first), len(second))
+	for name, p := range consumers {
+		waitExampleLines(t, name, p, len(first)+len(second))
+		p.Signal(syscall.SIGTERM)
+		if err := p.Wait(30 * time.Second); err != nil {
+			t.Fatalf("%s after SIGTERM: %v", name, err)
+		}
+		checkExampleRead(t, e, name+" (5 shards)", exampleLines(t, p.Output())[len(first):], second)
+		for n := 0; n < 5; n++ {
+			pending, err := rdb.XPending(e.ctx, fmt.Sprintf("pgrelay:{q}:s:%d", n), name).Result()
+			if err != nil || pending.Count != 0 {
+				t.Errorf("%s: shard %d: pending %+v %v after SIGTERM", name, n, pending, err)
+			}
+		}
+	}
+}
+
+// waitExampleLines waits until an example has printed n messages.
+func waitExampleLines(t *testing.T, name string, p *testenv.Process, n int) {
+	t.Helper()
+	sinkWaitUntil(t, 60*time.Second, fmt.Sprintf("%s to print %d messages", name, n), func() (bool, string) {
+		got := len(exampleLines(t, p.Output()))
+		return got >= n, fmt.Sprintf("%d lines", got)
+	})
+}
+
+// checkExampleRead compares what an example printed with the queue: every entry exactly once,
+// with its fields byte for byte, in offset order per shard; and the events replay into the table.
+func checkExampleRead(t *testing.T, e *cdcEnv, name string, lines []exampleLine, queue []oracle.Entry) {
+	t.Helper()
+	byID := map[string]oracle.Entry{}
+	shards := map[int]bool{}
+	for _, en := range queue {
+		byID[en.ID] = en
+		shards[en.Shard] = true
+	}
+	seen := map[string]bool{}
+	lastOff := map[int]int64{}
+	var read []oracle.Entry
+	for _, l := range lines {
+		en, ok := byID[l.ID]
+		switch {
+		case !ok:
+			t.Errorf("%s: read %s, not in the queue", name, l.ID)
+		case seen[l.ID]:
+			t.Errorf("%s: read %s twice", name, l.ID)
+		case l.Shard != en.Shard || l.Offset != en.Off || l.Partition != en.Partition || l.Tx != en.Tx || l.Payload != string(en.Payload):
+			t.Errorf("%s: %s read as %+v, queue has %+v", name, l.ID, l, en)
+		case !messageIDPattern.MatchString(l.ID):
+			t.Errorf("%s: id %q does not have the documented shape", name, l.ID)
+		case l.Offset <= lastOff[l.Shard]:
+			t.Errorf("%s: shard %d offset %d after %d", name, l.Shard, l.Offset, lastOff[l.Shard])
+		}
+		seen[l.ID] = true
+		lastOff[l.Shard] = l.Offset
+		read = append(read, oracle.Entry{Shard: l.Shard, Off: l.Offset, Partition: l.Partition, ID: l.ID, Tx: l.Tx, Payload: []byte(l.Payload)})
+	}
+	if len(seen) != len(byID) || len(lines) != len(queue) {
+		t.Errorf("%s: read %d lines, %d distinct ids; the queue has %d entries", name, len(lines), len(seen), len(queue))
+	}
+	if len(shards) < 2 {
+		t.Errorf("%s: the queue used %d shard(s); the test needs several", name, len(shards))
+	}
+	// the oracle wants shard then offset order
+	sort.SliceStable(read, func(i, j int) bool {
+		if read[i].Shard != read[j].Shard {
+			return read[i].Shard < read[j].Shard
+		}
+		return read[i].Off < read[j].Off
+	})
+	res := oracle.Replay(read)
+	rows, err := oracle.TableRows(e.ctx, e.conn(), "public.w", []string{"id"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diffs := append(res.Problems, oracle.Compare(res.Tables["public.w"], rows)...); len(diffs) > 0 {
+		t.Errorf("%s: what it read does not replay into the table: %v", name, diffs)
+	}
+}
+
+// checkDeadLetters compares an example's --dlq output with the poison entries.
+func checkDeadLetters(t *testing.T, name, out string, poison []oracle.Entry) {
+	t.Helper()
+	got := map[string]deadLetterLine{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var d deadLetterLine
+		if err := json.Unmarshal([]byte(l), &d); err != nil {
+			t.Fatalf("%s --dlq: line %q: %v", name, l, err)
+		}
+		got[d.ID] = d
+	}
+	if len(got) != len(poison) {
+		t.Errorf("%s --dlq: %d dead letters, want %d:\n%s", name, len(got), len(poison), out)
+	}
+	for _, en := range poison {
+		d, ok := got[en.ID]
+		if !ok || d.Group != "dlq_maker" || !strings.Contains(d.Error, "poison row") || d.Attempts != 1 ||
+			d.FailedAt == 0 || d.Offset != en.Off || d.Payload != string(en.Payload) {
+			t.Errorf("%s --dlq: %s: %+v", name, en.ID, d)
+		}
+	}
+}
