@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -116,9 +117,7 @@ func (s Spec) readIn(ctx context.Context, conn *pgconn.PgConn, query string, arg
 		vals := rr.Values()
 		row := make([][]byte, len(vals))
 		for i, v := range vals {
-			if v != nil {
-				row[i] = append([]byte(nil), v...)
-			}
+			row[i] = bytes.Clone(v) // nil (NULL) stays nil, an empty value stays empty
 		}
 		chunk.Rows = append(chunk.Rows, row)
 	}
