@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
@@ -100,7 +101,7 @@ func TestBundleWaitsForTheRestOfATransaction(t *testing.T) {
 func TestDecoderSkipsWhatThePointerCovers(t *testing.T) {
 	start := pointer.New(1, "e", "s", "x", 100).InsideTxn(200, 2)
 	var got []item
-	d := &decoder{epoch: "e", start: start, rels: map[uint32]*relation{7: {full: "public.t"}}}
+	d := &decoder{epoch: "e", start: start, rels: map[uint32]*relation{7: {table: event.NewTable("public.t", nil, nil, nil)}}}
 	emit := func(it item) error { got = append(got, it); return nil }
 	ctx := context.Background()
 	for _, commit := range []pglogrepl.LSN{100, 200} {

@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pglogrepl"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
@@ -45,28 +47,16 @@ type item struct {
 	chunk  *chunkPart // itemChunk (internal/source/snapshot.go): the snapshot cursor after this part
 }
 
-// relCol is a column of a Relation message.
-type relCol struct {
-	name string
-	typ  *convert.Type
-}
-
 // relation is a table as the stream describes it, mapped to its configuration.
 type relation struct {
-	info  *TableInfo // nil: not configured (an unmanaged publication's extra table)
-	full  string     // "schema.name"
-	cols  []relCol
-	key   []int // column indexes of the key, in key order
-	part  []int // column indexes of partition_by columns (nil: single)
-	ident byte  // 'f' for REPLICA IDENTITY FULL
+	info  *TableInfo   // nil: not configured (an unmanaged publication's extra table)
+	table *event.Table // its name and columns; key and partition columns when configured
+	ident byte         // 'f' for REPLICA IDENTITY FULL
 }
-
-// tuple is a row as pgoutput sent it.
-type tuple []*pglogrepl.TupleDataColumn
 
 // readbackFunc reads the current values of cols of rel's row with the given key (nil when gone),
 // as seen once transaction xid (the one being decoded) is visible to other sessions.
-type readbackFunc func(ctx context.Context, rel *relation, key tuple, cols []int, xid uint32) (tuple, error)
+type readbackFunc func(ctx context.Context, rel *relation, key event.Row, cols []int, xid uint32) (event.Row, error)
 
 // decoder turns pgoutput messages into items, in commit order, dropping what the start pointer covers.
 type decoder struct {
@@ -81,15 +71,14 @@ type decoder struct {
 
 	inTxn  bool
 	commit pglogrepl.LSN
-	xid    uint32
-	ts     string
+	pos    event.Position // the transaction's lsn, xid and ts (Seq is set per change)
 	tsMs   int64
 	seq    uint64
 	txID   string
-	lsn    string // commit LSN as PostgreSQL prints it, once per transaction
 
 	truncatesSkipped uint64
-	badMessages      uint64 // pgrelay.publish() messages that were not {queue, partition, payload}
+	badMessages      uint64       // pgrelay.publish() messages that were not {queue, partition, payload}
+	rows             [2]event.Row // the new and the old row of the change being decoded
 	buf              []byte
 }
 
@@ -99,11 +88,10 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 	case *pglogrepl.RelationMessage:
 		return d.relation(ctx, m)
 	case *pglogrepl.BeginMessage:
-		d.inTxn, d.commit, d.xid, d.seq = true, m.FinalLSN, m.Xid, 0
-		d.ts = m.CommitTime.UTC().Format("2006-01-02T15:04:05.000000Z")
+		d.inTxn, d.commit, d.seq = true, m.FinalLSN, 0
+		d.pos = event.Position{LSN: m.FinalLSN.String(), Xid: m.Xid, TS: m.CommitTime.UTC().Format(event.TimeFormat)}
 		d.tsMs = m.CommitTime.UnixMilli()
 		d.txID = pointer.TxID(d.epoch, m.FinalLSN)
-		d.lsn = m.FinalLSN.String()
 		return nil
 	case *pglogrepl.CommitMessage:
 		d.inTxn = false
@@ -113,19 +101,19 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 		return emit(item{kind: itemCommit, commit: m.CommitLSN})
 	case *pglogrepl.InsertMessage:
 		return d.change(ctx, m.RelationID, emit, func(rel *relation) ([]Event, error) {
-			return d.insert(rel, m.Tuple.Columns), nil
+			return d.insert(rel, d.row(0, m.Tuple.Columns)), nil
 		})
 	case *pglogrepl.UpdateMessage:
 		return d.change(ctx, m.RelationID, emit, func(rel *relation) ([]Event, error) {
-			var old tuple
+			var old event.Row
 			if m.OldTuple != nil {
-				old = m.OldTuple.Columns
+				old = d.row(1, m.OldTuple.Columns)
 			}
-			return d.update(ctx, rel, old, m.NewTuple.Columns)
+			return d.update(ctx, rel, old, d.row(0, m.NewTuple.Columns))
 		})
 	case *pglogrepl.DeleteMessage:
 		return d.change(ctx, m.RelationID, emit, func(rel *relation) ([]Event, error) {
-			return d.delete(rel, m.OldTuple.Columns), nil
+			return d.delete(rel, d.row(1, m.OldTuple.Columns)), nil
 		})
 	case *pglogrepl.TruncateMessage:
 		return d.truncate(m, emit)
@@ -162,19 +150,10 @@ func (d *decoder) published(m *pglogrepl.LogicalDecodingMessage, emit func(item)
 	if msg.Partition != nil {
 		part = *msg.Partition
 	}
-	lsn := d.commit.String()
-	b := append([]byte(`{"op":"m","table":null,"key":null,"after":`), msg.Payload...)
-	b = append(b, `,"before":null,"lsn":"`...)
-	b = append(b, lsn...)
-	b = append(b, `","xid":`...)
-	b = strconv.AppendUint(b, uint64(d.xid), 10)
-	b = append(b, `,"ts":"`...)
-	b = append(b, d.ts...)
-	b = append(b, `","seq":`...)
-	b = strconv.AppendUint(b, seq, 10)
-	b = append(b, '}')
+	pos := d.pos
+	pos.Seq = seq
 	ev := Event{Queue: msg.Queue, Partition: part, ID: pointer.MessageID(d.epoch, d.commit, seq, 0), Tx: d.txID,
-		Op: "m", LSN: lsn, Xid: d.xid, CreatedMs: d.tsMs, Payload: b}
+		Op: event.OpMessage, LSN: pos.LSN, Xid: pos.Xid, CreatedMs: d.tsMs, Payload: event.AppendMessage(nil, msg.Payload, &pos)}
 	it.events, it.size = []Event{ev}, ev.size()
 	return emit(it)
 }
@@ -205,7 +184,7 @@ func (d *decoder) change(ctx context.Context, relID uint32, emit func(item) erro
 }
 
 func (d *decoder) relation(ctx context.Context, m *pglogrepl.RelationMessage) error {
-	rel := &relation{full: m.Namespace + "." + m.RelationName, ident: m.ReplicaIdentity}
+	full := m.Namespace + "." + m.RelationName
 	oids := make([]uint32, 0, len(m.Columns))
 	for _, c := range m.Columns {
 		oids = append(oids, c.DataType)
@@ -213,40 +192,37 @@ func (d *decoder) relation(ctx context.Context, m *pglogrepl.RelationMessage) er
 	if err := d.loadType(ctx, oids); err != nil {
 		return err
 	}
-	for _, c := range m.Columns {
-		rel.cols = append(rel.cols, relCol{name: c.Name, typ: d.reg.Lookup(c.DataType)})
+	cols := make([]event.Column, len(m.Columns))
+	for i, c := range m.Columns {
+		cols[i] = event.Column{Name: c.Name, Type: d.reg.Lookup(c.DataType)}
 	}
-	info := d.tables[rel.full]
+	var key, part []int
+	info := d.tables[full]
 	if info != nil {
 		var err error
-		if rel.key, err = rel.indexes(info.Key, "key"); err != nil {
+		if key, err = columnIndexes(full, cols, info.Key, "key"); err != nil {
 			return err
 		}
 		switch info.Mode {
 		case PartitionByKey:
-			rel.part = rel.key
+			part = key
 		case PartitionByColumns:
-			if rel.part, err = rel.indexes(info.Columns, "partition_by"); err != nil {
+			if part, err = columnIndexes(full, cols, info.Columns, "partition_by"); err != nil {
 				return err
 			}
 		}
-		rel.info = info
 	}
-	d.rels[m.RelationID] = rel
+	d.rels[m.RelationID] = &relation{info: info, table: event.NewTable(full, cols, key, part), ident: m.ReplicaIdentity}
 	return nil
 }
 
-func (rel *relation) indexes(names []string, what string) ([]int, error) {
+// columnIndexes finds the named columns of table full among cols.
+func columnIndexes(full string, cols []event.Column, names []string, what string) ([]int, error) {
 	out := make([]int, 0, len(names))
 	for _, n := range names {
-		i := -1
-		for j, c := range rel.cols {
-			if c.name == n {
-				i = j
-			}
-		}
+		i := slices.IndexFunc(cols, func(c event.Column) bool { return c.Name == n })
 		if i < 0 {
-			return nil, errcode.New("relation_changed", fmt.Sprintf("the stream's description of %s lacks %s column %s", rel.full, what, n),
+			return nil, errcode.New("relation_changed", fmt.Sprintf("the stream's description of %s lacks %s column %s", full, what, n),
 				"restore the column (or the publication's column list), then restart pg_cdc")
 		}
 		out = append(out, i)
@@ -254,49 +230,47 @@ func (rel *relation) indexes(names []string, what string) ([]int, error) {
 	return out, nil
 }
 
-// partitionName renders t's partition (DESIGN §3).
-func (rel *relation) partitionName(t tuple) string {
-	if rel.part == nil {
-		return partition.Single
+// row converts the columns of a pgoutput tuple into the decoder's row i (0 new, 1 old), reusing
+// its array: a row lives until the next message.
+func (d *decoder) row(i int, cols []*pglogrepl.TupleDataColumn) event.Row {
+	r := d.rows[i][:0]
+	for _, c := range cols {
+		switch c.DataType {
+		case pglogrepl.TupleDataTypeNull:
+			r = append(r, event.Value{Kind: event.Null})
+		case pglogrepl.TupleDataTypeToast:
+			r = append(r, event.Value{Kind: event.Unchanged})
+		default:
+			r = append(r, event.Value{Data: c.Data})
+		}
 	}
-	vals := make([]partition.Value, len(rel.part))
-	for i, c := range rel.part {
-		vals[i] = partition.Value{Text: t[c].Data, Null: t[c].DataType == pglogrepl.TupleDataTypeNull}
-	}
-	return partition.Name(vals)
+	d.rows[i] = r
+	return r
 }
 
-func (d *decoder) insert(rel *relation, row tuple) []Event {
-	return []Event{d.event(rel, "c", rel.partitionName(row), 0, row, row, nil, nil)}
+func (d *decoder) insert(rel *relation, row event.Row) []Event {
+	return []Event{d.event(rel, rel.table.Partition(row), 0, &event.Change{Op: event.OpInsert, Row: row})}
 }
 
-func (d *decoder) delete(rel *relation, old tuple) []Event {
-	return []Event{d.event(rel, "d", rel.partitionName(old), 0, old, nil, d.beforeCols(rel, true), nil)}
+func (d *decoder) delete(rel *relation, old event.Row) []Event {
+	return []Event{d.event(rel, rel.table.Partition(old), 0, &event.Change{Op: event.OpDelete, Row: old, BeforeCols: d.beforeCols(rel, true)})}
 }
 
 // beforeCols are the columns of `before`: the whole old row under FULL, else the key (or none).
 func (d *decoder) beforeCols(rel *relation, keyChanged bool) []int {
 	if rel.ident == 'f' {
-		return allCols(len(rel.cols))
+		return rel.table.All()
 	}
 	if keyChanged {
-		return rel.key
+		return rel.table.Key
 	}
 	return nil
 }
 
-func allCols(n int) []int {
-	out := make([]int, n)
-	for i := range out {
-		out[i] = i
-	}
-	return out
-}
-
-func (d *decoder) update(ctx context.Context, rel *relation, old, row tuple) ([]Event, error) {
+func (d *decoder) update(ctx context.Context, rel *relation, old, row event.Row) ([]Event, error) {
 	if rel.ident == 'f' && old != nil {
 		for i, c := range row { // FULL sends the whole old row: it holds the unchanged values
-			if c.DataType == pglogrepl.TupleDataTypeToast && i < len(old) && old[i].DataType != pglogrepl.TupleDataTypeToast {
+			if c.Kind == event.Unchanged && i < len(old) && old[i].Kind != event.Unchanged {
 				row[i] = old[i]
 			}
 		}
@@ -304,14 +278,14 @@ func (d *decoder) update(ctx context.Context, rel *relation, old, row tuple) ([]
 	if old == nil {
 		old = row
 	}
-	keyChanged := !sameValues(old, row, rel.key)
-	newPart, oldPart := rel.partitionName(row), rel.partitionName(old)
+	keyChanged := !sameValues(old, row, rel.table.Key)
+	newPart, oldPart := rel.table.Partition(row), rel.table.Partition(old)
 	if newPart == oldPart {
-		return []Event{d.event(rel, "u", newPart, 0, row, row, d.beforeCols(rel, keyChanged), old)}, nil
+		return []Event{d.event(rel, newPart, 0, &event.Change{Op: event.OpUpdate, Row: row, BeforeCols: d.beforeCols(rel, keyChanged), Before: old})}, nil
 	}
-	del := d.event(rel, "d", oldPart, 0, old, nil, d.beforeCols(rel, true), old)
+	del := d.event(rel, oldPart, 0, &event.Change{Op: event.OpDelete, Row: old, BeforeCols: d.beforeCols(rel, true)})
 	if missing := unchangedCols(row); len(missing) > 0 {
-		got, err := d.readback(ctx, rel, row, missing, d.xid)
+		got, err := d.readback(ctx, rel, row, missing, d.pos.Xid)
 		if err != nil {
 			return nil, err
 		}
@@ -321,79 +295,39 @@ func (d *decoder) update(ctx context.Context, rel *relation, old, row tuple) ([]
 			}
 		}
 	}
-	return []Event{del, d.event(rel, "c", newPart, 1, row, row, nil, nil)}, nil
+	return []Event{del, d.event(rel, newPart, 1, &event.Change{Op: event.OpInsert, Row: row})}, nil
 }
 
-func unchangedCols(row tuple) []int {
+func unchangedCols(row event.Row) []int {
 	var out []int
 	for i, c := range row {
-		if c.DataType == pglogrepl.TupleDataTypeToast {
+		if c.Kind == event.Unchanged {
 			out = append(out, i)
 		}
 	}
 	return out
 }
 
-func sameValues(a, b tuple, cols []int) bool {
+func sameValues(a, b event.Row, cols []int) bool {
 	for _, c := range cols {
-		if a[c].DataType != b[c].DataType || !bytes.Equal(a[c].Data, b[c].Data) {
+		if a[c].Kind != b[c].Kind || !bytes.Equal(a[c].Data, b[c].Data) {
 			return false
 		}
 	}
 	return true
 }
 
-// event renders one change event in DESIGN §2 field order. keyRow supplies `key`; after (nil for
-// d) supplies `after` minus unchanged columns; beforeCols of beforeRow supply `before`.
-func (d *decoder) event(rel *relation, op, part string, k int, keyRow, after tuple, beforeCols []int, beforeRow tuple) Event {
-	b := d.buf[:0]
-	b = append(b, `{"op":"`...)
-	b = append(b, op...)
-	b = append(b, `","table":`...)
-	b = convert.AppendString(b, []byte(rel.full))
-	b = append(b, `,"key":`...)
-	b = d.appendObject(b, rel, keyRow, rel.key)
-	b = append(b, `,"after":`...)
-	var unchanged []int
-	if after == nil {
-		b = append(b, "null"...)
-	} else {
-		b = d.appendObject(b, rel, after, allCols(len(rel.cols)))
-		unchanged = unchangedCols(after)
-	}
-	b = append(b, `,"before":`...)
-	if beforeCols == nil {
-		b = append(b, "null"...)
-	} else {
-		if beforeRow == nil {
-			beforeRow = keyRow
-		}
-		b = d.appendObject(b, rel, beforeRow, beforeCols)
-	}
-	if len(unchanged) > 0 {
-		b = append(b, `,"unchanged":[`...)
-		for i, c := range unchanged {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = convert.AppendString(b, []byte(rel.cols[c].name))
-		}
-		b = append(b, ']')
-	}
-	b = append(b, `,"lsn":"`...)
-	b = append(b, d.lsn...)
-	b = append(b, `","xid":`...)
-	b = strconv.AppendUint(b, uint64(d.xid), 10)
-	b = append(b, `,"ts":"`...)
-	b = append(b, d.ts...)
-	b = append(b, `","seq":`...)
-	b = strconv.AppendUint(b, d.seq-1, 10)
-	b = append(b, '}')
-	payload := append([]byte(nil), b...)
+// event renders one change of the transaction (k numbers the events of one change) as an event to
+// partition part of the table's queue.
+func (d *decoder) event(rel *relation, part string, k int, c *event.Change) Event {
+	c.Position = d.pos
+	c.Seq = d.seq - 1
+	b := rel.table.AppendChange(d.buf[:0], c)
+	payload := bytes.Clone(b)
 	// the id is pointer.MessageID, built on the transaction's id with one allocation
 	id := append(b[:0], d.txID...)
 	id = append(id, ':')
-	id = strconv.AppendUint(id, d.seq-1, 10)
+	id = strconv.AppendUint(id, c.Seq, 10)
 	if k > 0 {
 		id = append(id, '.')
 		id = strconv.AppendInt(id, int64(k), 10)
@@ -401,32 +335,8 @@ func (d *decoder) event(rel *relation, op, part string, k int, keyRow, after tup
 	d.buf = id
 	return Event{
 		Queue: rel.info.Queue, Partition: part, ID: string(id), Tx: d.txID,
-		Op: op, Table: rel.full, LSN: d.lsn, Xid: d.xid, CreatedMs: d.tsMs, Payload: payload,
+		Op: c.Op, Table: rel.table.Name, LSN: d.pos.LSN, Xid: d.pos.Xid, CreatedMs: d.tsMs, Payload: payload,
 	}
-}
-
-// appendObject renders the given columns of t, skipping unchanged TOASTed values.
-func (d *decoder) appendObject(b []byte, rel *relation, t tuple, cols []int) []byte {
-	b = append(b, '{')
-	n := 0
-	for _, c := range cols {
-		v := t[c]
-		if v.DataType == pglogrepl.TupleDataTypeToast {
-			continue
-		}
-		if n > 0 {
-			b = append(b, ',')
-		}
-		n++
-		b = convert.AppendString(b, []byte(rel.cols[c].name))
-		b = append(b, ':')
-		if v.DataType == pglogrepl.TupleDataTypeNull {
-			b = convert.AppendNull(b)
-		} else {
-			b = convert.Append(b, rel.cols[c].typ, v.Data)
-		}
-	}
-	return append(b, '}')
 }
 
 func (d *decoder) truncate(m *pglogrepl.TruncateMessage, emit func(item) error) error {
@@ -446,11 +356,10 @@ func (d *decoder) truncate(m *pglogrepl.TruncateMessage, emit func(item) error) 
 		if rel == nil || rel.info == nil {
 			continue
 		}
-		lsn := d.commit.String()
-		payload := fmt.Sprintf(`{"op":"t","table":%s,"key":null,"after":null,"before":null,"lsn":"%s","xid":%d,"ts":"%s","seq":%d}`,
-			convert.AppendString(nil, []byte(rel.full)), lsn, d.xid, d.ts, seq)
+		pos := d.pos
+		pos.Seq = seq
 		ev := Event{Queue: rel.info.Queue, Partition: partition.Single, ID: pointer.MessageID(d.epoch, d.commit, seq, k), Tx: d.txID,
-			Op: "t", Table: rel.full, LSN: lsn, Xid: d.xid, CreatedMs: d.tsMs, Payload: []byte(payload)}
+			Op: event.OpTruncate, Table: rel.table.Name, LSN: pos.LSN, Xid: pos.Xid, CreatedMs: d.tsMs, Payload: rel.table.AppendTruncate(nil, &pos)}
 		it.events = append(it.events, ev)
 		it.size += ev.size()
 		k++

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/queue"
@@ -241,7 +242,7 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	dec := &decoder{epoch: start.Epoch, start: start, truncEm: s.cfg.TruncateEmit, tables: byName, reg: reg,
 		rels:     map[uint32]*relation{},
 		loadType: func(ctx context.Context, oids []uint32) error { return reg.Load(ctx, pool, oids) },
-		readback: func(ctx context.Context, rel *relation, key tuple, cols []int, xid uint32) (tuple, error) {
+		readback: func(ctx context.Context, rel *relation, key event.Row, cols []int, xid uint32) (event.Row, error) {
 			return readback(ctx, pool, rel, key, cols, xid)
 		},
 	}
@@ -484,17 +485,18 @@ func (ss *session) reportSlotLag(pool *pgxpool.Pool) {
 // leaves the proc array (a synchronous standby can hold it there for long): until then other sessions
 // do not see the transaction's rows. So a row not found is only trusted once transaction xid is no
 // longer in progress; readback waits for that and reads again.
-func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row tuple, cols []int, xid uint32) (tuple, error) {
+func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row event.Row, cols []int, xid uint32) (event.Row, error) {
+	t := rel.table
 	var sel, where []string
 	var params [][]byte
 	for _, c := range cols {
-		sel = append(sel, pgx.Identifier{rel.cols[c].name}.Sanitize())
+		sel = append(sel, pgx.Identifier{t.Columns[c].Name}.Sanitize())
 	}
-	for i, k := range rel.key {
-		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{rel.cols[k].name}.Sanitize(), i+1))
+	for i, k := range t.Key {
+		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{t.Columns[k].Name}.Sanitize(), i+1))
 		params = append(params, row[k].Data)
 	}
-	schema, name, _ := strings.Cut(rel.full, ".")
+	schema, name, _ := strings.Cut(t.Name, ".")
 	sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + pgx.Identifier{schema, name}.Sanitize() + " WHERE " + strings.Join(where, " AND ")
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -504,25 +506,17 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row tuple,
 	res := conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
 	if res.Err == nil && len(res.Rows) == 0 {
 		if err := waitVisible(ctx, conn.Conn().PgConn(), xid); err != nil {
-			return nil, fmt.Errorf("read back unchanged values of %s: %w", rel.full, err)
+			return nil, fmt.Errorf("read back unchanged values of %s: %w", t.Name, err)
 		}
 		res = conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
 	}
 	if res.Err != nil {
-		return nil, fmt.Errorf("read back unchanged values of %s: %w", rel.full, res.Err)
+		return nil, fmt.Errorf("read back unchanged values of %s: %w", t.Name, res.Err)
 	}
 	if len(res.Rows) == 0 {
 		return nil, nil
 	}
-	out := make(tuple, len(cols))
-	for i, v := range res.Rows[0] {
-		if v == nil {
-			out[i] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
-		} else {
-			out[i] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
-		}
-	}
-	return out, nil
+	return event.TextRow(nil, res.Rows[0]), nil
 }
 
 // xactStatusSQL is the status of a 32-bit xid widened to the full xid of the current epoch (or the

@@ -1,11 +1,13 @@
 package source
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
-	"github.com/pgrelay/pgrelay/internal/partition"
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
@@ -48,15 +50,12 @@ const (
 
 // snapTable is what the snapshotter knows about one table: how to read it and how to render it.
 type snapTable struct {
-	info    *TableInfo
-	spec    snapshot.Spec
-	types   []*convert.Type
-	keyIdx  []int // positions of the key columns among spec.Columns
-	allIdx  []int // 0..len(columns)-1
-	partIdx []int // positions of the partition columns (nil: single)
-	nonKey  []string
-	full    string
-	tableJS []byte // the table name as a JSON string
+	info   *TableInfo
+	full   string
+	spec   snapshot.Spec
+	enc    *event.Table // spec.Columns with their types, the key and the partition columns
+	isKey  []bool       // per column of spec.Columns
+	nonKey []string
 }
 
 // pendingChunk is the chunk between its low watermark and the moment the reader hands it over.
@@ -128,7 +127,7 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 		sn.ss.src.log.Warnf("pg_cdc %s: snapshot: %s is no longer in tables, skipping it", sn.ss.src.cfg.Name, name)
 		return nil, nil
 	}
-	if t.types != nil {
+	if t.enc != nil {
 		return t, nil
 	}
 	rows, err := sn.pool.Query(ctx, `SELECT attname, atttypid, format_type(atttypid, atttypmod)
@@ -158,6 +157,10 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 		return nil, err
 	}
 	t.spec = snapshot.Spec{Schema: t.info.Schema, Name: t.info.Name, Columns: cols, Key: t.info.Key}
+	ecols := make([]event.Column, len(cols))
+	for i, c := range cols {
+		ecols[i] = event.Column{Name: c.Name, Type: sn.reg.Lookup(c.TypeOID)}
+	}
 	index := func(names []string) []int {
 		out := make([]int, 0, len(names))
 		for _, n := range names {
@@ -169,30 +172,22 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 		}
 		return out
 	}
-	t.keyIdx = index(t.info.Key)
-	t.allIdx = make([]int, len(cols))
-	for i := range cols {
-		t.allIdx[i] = i
-	}
+	key, part := index(t.info.Key), []int(nil)
 	switch t.info.Mode {
 	case PartitionByKey:
-		t.partIdx = t.keyIdx
+		part = key
 	case PartitionByColumns:
-		t.partIdx = index(t.info.Columns)
+		part = index(t.info.Columns)
 	}
-	isKey := map[string]bool{}
-	for _, k := range t.info.Key {
-		isKey[k] = true
+	t.enc = event.NewTable(name, ecols, key, part)
+	t.isKey = make([]bool, len(cols))
+	for _, k := range key {
+		t.isKey[k] = true
 	}
-	for _, c := range cols {
-		if !isKey[c.Name] {
+	for i, c := range cols {
+		if !t.isKey[i] {
 			t.nonKey = append(t.nonKey, c.Name)
 		}
-	}
-	t.tableJS = convert.AppendString(nil, []byte(name))
-	t.types = make([]*convert.Type, len(cols))
-	for i, c := range cols {
-		t.types[i] = sn.reg.Lookup(c.TypeOID)
 	}
 	return t, nil
 }
@@ -453,7 +448,7 @@ func (sn *snapshotter) observe(it item) {
 				continue
 			}
 			sn.txXid = e.Xid
-			if e.Op == "t" {
+			if e.Op == event.OpTruncate {
 				sn.trunc = true
 				continue
 			}
@@ -484,14 +479,14 @@ func appendEffects(out []snapshot.Effect, e *Event, t *snapTable) []snapshot.Eff
 	}
 	key := string(ev.Key)
 	switch e.Op {
-	case "c":
+	case event.OpInsert:
 		if len(ev.Unchanged) > 0 { // a key change whose read-back found nothing: not every column is carried
 			return append(out, snapshot.Effect{Key: key, Unchanged: ev.Unchanged})
 		}
 		return append(out, snapshot.Effect{Key: key, Put: true})
-	case "d":
+	case event.OpDelete:
 		return append(out, snapshot.Effect{Key: key, Delete: true})
-	case "u":
+	case event.OpUpdate:
 		if ev.Before != nil && t != nil {
 			b := []byte{'{'}
 			for i, k := range t.info.Key {
@@ -557,11 +552,12 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 // order, split into bundle-sized parts, each carrying the cursor after its last row.
 func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) {
 	t, ch := p.table, p.chunk
-	epoch := sn.epoch
 	rows := make([]snapshot.Row, len(ch.Rows))
 	index := make(map[string]int, len(ch.Rows))
+	var row event.Row
 	for i, r := range ch.Rows {
-		rows[i].Key = string(t.appendObject(nil, r, t.keyIdx))
+		row = event.TextRow(row, r)
+		rows[i].Key = string(t.enc.AppendKey(nil, row))
 		index[rows[i].Key] = i
 	}
 	var nonKey []string
@@ -581,10 +577,10 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 	limit := sn.ss.src.cfg.ChunkRows
 	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, limit)
 	p.next, p.over = next, over
-	tx := fmt.Sprintf("pg:%s:s:%016X", epoch, uint64(hw))
-	lsn := hw.String()
-	ts := ch.ReadAt.Format("2006-01-02T15:04:05.000000Z")
+	tx := fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
+	pos := event.Position{LSN: hw.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
 	ms := ch.ReadAt.UnixMilli()
+	var buf []byte
 	cfg := &sn.ss.src.cfg
 	var out []item
 	cur := item{kind: itemChunk, commit: hw}
@@ -613,11 +609,13 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		if kind[i] == 0 {
 			continue
 		}
+		row = event.TextRow(row, r)
+		pos.Seq = uint64(i)
 		var ev Event
 		if kind[i] == 'r' {
-			ev = t.readEvent(r, i, epoch, tx, lsn, ts, ms)
+			ev = t.readEvent(&buf, row, &pos, tx, ms)
 		} else {
-			ev = t.fillEvent(r, i, fillCols[i], epoch, tx, lsn, ts, ms)
+			ev = t.fillEvent(&buf, row, fillCols[i], &pos, tx, ms)
 		}
 		if len(cur.events) > 0 && (len(cur.events)+1 > cfg.MaxBundleMessages || cur.size+ev.size() > cfg.MaxBundleBytes) {
 			flush(i-1, false)
@@ -631,111 +629,34 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 
 // keyText is the cursor form of a row's key: the key values as printed.
 func (t *snapTable) keyText(row [][]byte) []string {
-	out := make([]string, len(t.keyIdx))
-	for i, j := range t.keyIdx {
+	out := make([]string, len(t.enc.Key))
+	for i, j := range t.enc.Key {
 		out[i] = string(row[j])
 	}
 	return out
 }
 
-// appendObject renders the given columns of row as the stream's decoder does.
-func (t *snapTable) appendObject(b []byte, row [][]byte, cols []int) []byte {
-	b = append(b, '{')
-	for n, c := range cols {
-		if n > 0 {
-			b = append(b, ',')
-		}
-		b = convert.AppendString(b, []byte(t.spec.Columns[c].Name))
-		b = append(b, ':')
-		if row[c] == nil {
-			b = convert.AppendNull(b)
-		} else {
-			b = convert.Append(b, t.types[c], row[c])
-		}
-	}
-	return append(b, '}')
-}
-
-func (t *snapTable) partitionName(row [][]byte) string {
-	if t.partIdx == nil {
-		return partition.Single
-	}
-	vals := make([]partition.Value, len(t.partIdx))
-	for i, c := range t.partIdx {
-		vals[i] = partition.Value{Text: row[c], Null: row[c] == nil}
-	}
-	return partition.Name(vals)
-}
-
-// readEvent renders a surviving row as an `r` event (DESIGN §2: no xid, lsn = high watermark).
-func (t *snapTable) readEvent(row [][]byte, seq int, epoch, tx, lsn, ts string, ms int64) Event {
-	n := 160 + 2*len(t.tableJS)
-	for i, v := range row {
-		n += len(v) + 2*len(t.spec.Columns[i].Name) + 8
-	}
-	b := make([]byte, 0, n)
-	b = append(b, `{"op":"r","table":`...)
-	b = append(b, t.tableJS...)
-	b = append(b, `,"key":`...)
-	b = t.appendObject(b, row, t.keyIdx)
-	b = append(b, `,"after":`...)
-	b = t.appendObject(b, row, t.allIdx)
-	b = append(b, `,"before":null`...)
-	b = t.tail(b, lsn, ts, seq)
-	return Event{Queue: t.info.Queue, Partition: t.partitionName(row), ID: tx + ":" + strconv.Itoa(seq), Tx: tx,
-		Op: "r", Table: t.full, LSN: lsn, CreatedMs: ms, Payload: b}
+// readEvent renders a surviving row as an `r` event (DESIGN §2: no xid, lsn = high watermark),
+// encoding into *buf.
+func (t *snapTable) readEvent(buf *[]byte, row event.Row, pos *event.Position, tx string, ms int64) Event {
+	return t.event(buf, &event.Change{Op: event.OpRead, Row: row, Position: *pos}, tx, "", ms)
 }
 
 // fillEvent renders a fill: a `u` whose after holds the key and the restored columns, every other
-// non-key column listed as unchanged.
-func (t *snapTable) fillEvent(row [][]byte, seq int, restore []string, epoch, tx, lsn, ts string, ms int64) Event {
-	keep := map[string]bool{}
-	for _, c := range restore {
-		keep[c] = true
-	}
-	for _, k := range t.info.Key {
-		keep[k] = true
-	}
-	var cols []int
-	var unchanged []string
+// column unchanged.
+func (t *snapTable) fillEvent(buf *[]byte, row event.Row, restore []string, pos *event.Position, tx string, ms int64) Event {
 	for i, c := range t.spec.Columns {
-		if keep[c.Name] {
-			cols = append(cols, i)
-		} else {
-			unchanged = append(unchanged, c.Name)
+		if !t.isKey[i] && !slices.Contains(restore, c.Name) {
+			row[i] = event.Value{Kind: event.Unchanged}
 		}
 	}
-	b := make([]byte, 0, 256)
-	b = append(b, `{"op":"u","table":`...)
-	b = append(b, t.tableJS...)
-	b = append(b, `,"key":`...)
-	b = t.appendObject(b, row, t.keyIdx)
-	b = append(b, `,"after":`...)
-	b = t.appendObject(b, row, cols)
-	b = append(b, `,"before":null`...)
-	if len(unchanged) > 0 {
-		b = append(b, `,"unchanged":[`...)
-		for i, c := range unchanged {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = convert.AppendString(b, []byte(c))
-		}
-		b = append(b, ']')
-	}
-	b = t.tail(b, lsn, ts, seq)
-	return Event{Queue: t.info.Queue, Partition: t.partitionName(row), ID: tx + ":f" + strconv.Itoa(seq), Tx: tx,
-		Op: "u", Table: t.full, LSN: lsn, CreatedMs: ms, Payload: b}
+	return t.event(buf, &event.Change{Op: event.OpUpdate, Row: row, Position: *pos}, tx, "f", ms)
 }
 
-func (t *snapTable) tail(b []byte, lsn, ts string, seq int) []byte {
-	b = append(b, `,"lsn":"`...)
-	b = append(b, lsn...)
-	b = append(b, `","ts":"`...)
-	b = append(b, ts...)
-	b = append(b, `","seq":`...)
-	b = strconv.AppendInt(b, int64(seq), 10)
-	return append(b, '}')
+func (t *snapTable) event(buf *[]byte, c *event.Change, tx, idTag string, ms int64) Event {
+	*buf = t.enc.AppendChange((*buf)[:0], c)
+	return Event{Queue: t.info.Queue, Partition: t.enc.Partition(c.Row), ID: tx + ":" + idTag + strconv.FormatUint(c.Seq, 10), Tx: tx,
+		Op: c.Op, Table: t.full, LSN: c.LSN, CreatedMs: ms, Payload: bytes.Clone(*buf)}
 }
 
 // watermarkID splits a watermark's content "<life>:<n>:<lw|hw>".

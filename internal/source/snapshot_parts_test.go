@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
@@ -16,10 +17,10 @@ import (
 func testTable() *snapTable {
 	info := &TableInfo{Table: Table{Schema: "public", Name: "t", Queue: "q", Mode: PartitionByKey}, Key: []string{"id"}}
 	cols := []snapshot.Column{{Name: "id", TypeOID: 23}, {Name: "big", TypeOID: 25}, {Name: "n", TypeOID: 23}}
+	enc := event.NewTable("public.t", []event.Column{{Name: "id", Type: convert.ScalarType(23)}, {Name: "big", Type: convert.ScalarType(25)},
+		{Name: "n", Type: convert.ScalarType(23)}}, []int{0}, []int{0})
 	return &snapTable{info: info, full: "public.t", spec: snapshot.Spec{Schema: "public", Name: "t", Columns: cols, Key: []string{"id"}},
-		types:  []*convert.Type{convert.ScalarType(23), convert.ScalarType(25), convert.ScalarType(23)},
-		keyIdx: []int{0}, allIdx: []int{0, 1, 2}, partIdx: []int{0}, nonKey: []string{"big", "n"},
-		tableJS: convert.AppendString(nil, []byte("public.t"))}
+		enc: enc, isKey: []bool{true, false, false}, nonKey: []string{"big", "n"}}
 }
 
 // TestChunkPartsCarryTheCursor: a 5-row chunk in bundles of 2 goes in parts whose cursors end at

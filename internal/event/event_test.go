@@ -1,0 +1,90 @@
+package event
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+)
+
+func text(s string) Value { return Value{Data: []byte(s)} }
+
+var (
+	nullV      = Value{Kind: Null}
+	unchangedV = Value{Kind: Unchanged}
+)
+
+// testTable is public."t x" (id int4, "na\"me" text, js jsonb, big text, arr int4[]) keyed by id.
+func testTable(part []int) *Table {
+	int4 := convert.ScalarType(23)
+	return NewTable(`public.t x`, []Column{{"id", int4}, {`na"me`, convert.ScalarType(25)}, {"js", convert.ScalarType(3802)},
+		{"big", convert.ScalarType(25)}, {"arr", convert.ArrayOf(1007, int4, ',')}}, []int{0}, part)
+}
+
+func TestAppendChange(t *testing.T) {
+	tab := testTable([]int{0})
+	row := Row{text("7"), text(`a"b`), text(`{"k": [1, 2.50]}`), text("x"), text("{1,NULL}")}
+	toasted := Row{text("7"), nullV, text("{}"), unchangedV, text("{}")}
+	old := Row{text("6"), text("o"), nullV, text("y"), nullV}
+	stream := Position{LSN: "0/1570EA0", Xid: 745, TS: "2026-10-03T06:15:03.583036Z", Seq: 3}
+	snap := Position{LSN: "0/500", TS: "1970-01-01T00:00:00.000000Z"}
+	for _, c := range []struct {
+		name string
+		c    Change
+		want string
+	}{
+		{"insert", Change{Op: OpInsert, Row: row, Position: stream},
+			`{"op":"c","table":"public.t x","key":{"id":7},"after":{"id":7,"na\"me":"a\"b","js":{"k": [1, 2.50]},"big":"x","arr":[1,null]},"before":null,"lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","seq":3}`},
+		{"snapshot read: no xid", Change{Op: OpRead, Row: row, Position: snap},
+			`{"op":"r","table":"public.t x","key":{"id":7},"after":{"id":7,"na\"me":"a\"b","js":{"k": [1, 2.50]},"big":"x","arr":[1,null]},"before":null,"lsn":"0/500","ts":"1970-01-01T00:00:00.000000Z","seq":0}`},
+		{"update: unchanged left out of after and listed; NULL is not unchanged", Change{Op: OpUpdate, Row: toasted, Position: stream},
+			`{"op":"u","table":"public.t x","key":{"id":7},"after":{"id":7,"na\"me":null,"js":{},"arr":[]},"before":null,"unchanged":["big"],"lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","seq":3}`},
+		{"update of the key: before from the old row", Change{Op: OpUpdate, Row: row, BeforeCols: tab.Key, Before: old, Position: stream},
+			`{"op":"u","table":"public.t x","key":{"id":7},"after":{"id":7,"na\"me":"a\"b","js":{"k": [1, 2.50]},"big":"x","arr":[1,null]},"before":{"id":6},"lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","seq":3}`},
+		{"delete under FULL: after null, before the whole row, no unchanged", Change{Op: OpDelete, Row: toasted, BeforeCols: tab.All(), Position: stream},
+			`{"op":"d","table":"public.t x","key":{"id":7},"after":null,"before":{"id":7,"na\"me":null,"js":{},"arr":[]},"lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","seq":3}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := tab.AppendChange([]byte("prefix:"), &c.c)
+			if string(got) != "prefix:"+c.want {
+				t.Errorf("got  %s\nwant prefix:%s", got, c.want)
+			}
+			if !json.Valid(got[len("prefix:"):]) {
+				t.Errorf("not JSON: %s", got)
+			}
+		})
+	}
+	if got, want := string(tab.AppendTruncate(nil, &stream)), `{"op":"t","table":"public.t x","key":null,"after":null,"before":null,"lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","seq":3}`; got != want {
+		t.Errorf("truncate %s\nwant     %s", got, want)
+	}
+	if got, want := string(AppendMessage(nil, []byte(`{"a":1}`), &stream)), `{"op":"m","table":null,"key":null,"after":{"a":1},"before":null,"lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","seq":3}`; got != want {
+		t.Errorf("message %s\nwant    %s", got, want)
+	}
+	if got := string(tab.AppendKey(nil, row)); got != `{"id":7}` {
+		t.Errorf("key %s", got)
+	}
+}
+
+func TestPartition(t *testing.T) {
+	row := Row{text("7"), text(`a|b`), nullV, unchangedV, text("{}")}
+	for _, c := range []struct {
+		name string
+		part []int
+		want string
+	}{
+		{"single", nil, "all"},
+		{"key", []int{0}, "7"},
+		{"columns, NULL and escapes", []int{1, 2, 0}, `a\|b|\N|7`},
+	} {
+		if got := testTable(c.part).Partition(row); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+func TestTextRow(t *testing.T) {
+	r := TextRow(make(Row, 5), [][]byte{[]byte("1"), nil, {}})
+	if len(r) != 3 || r[0].Kind != Text || string(r[0].Data) != "1" || r[1].Kind != Null || r[2].Kind != Text || r[2].Data == nil {
+		t.Fatalf("%+v", r)
+	}
+}
