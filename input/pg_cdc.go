@@ -21,45 +21,60 @@ func newPgCDC(conf *service.ParsedConfig, mgr *service.Resources) (service.Batch
 	if err != nil {
 		return nil, err
 	}
-	src, err := source.New(cfg, mgr.Logger(), hooks(mgr))
+	src, err := source.New(cfg, mgr.Logger(), hooks(mgr, cfg.Name))
 	if err != nil {
 		return nil, err
 	}
 	return &pgCDC{src: src}, nil
 }
 
-func hooks(mgr *service.Resources) source.Hooks {
+// sourcePhases are the phases pgrelay_source_phase reports, one series each (docs/metrics.md).
+var sourcePhases = []string{source.PhaseConnecting, source.PhaseStandby, source.PhaseWaitingForSlot,
+	source.PhaseSnapshot, source.PhaseStreaming, source.PhaseError, source.PhaseStopped}
+
+// hooks turns the source's events into metrics, each labelled with the source's name.
+func hooks(mgr *service.Resources, name string) source.Hooks {
 	m := mgr.Metrics()
-	txns := m.NewCounter("pgrelay_source_transactions")
-	lag := m.NewGauge("pgrelay_source_slot_lag_bytes")
-	msgs := m.NewCounter("pgrelay_source_messages")
-	bundles := m.NewCounter("pgrelay_source_bundles")
-	ptr := m.NewGauge("pgrelay_source_pointer_lsn")
-	owner := m.NewGauge("pgrelay_source_owner")
-	errs := m.NewCounter("pgrelay_source_errors", "code")
-	snapRows := m.NewCounter("pgrelay_source_snapshot_rows")
-	snapTables := m.NewCounter("pgrelay_source_snapshot_tables")
+	txns := m.NewCounter("pgrelay_source_transactions", "source")
+	lag := m.NewGauge("pgrelay_source_slot_lag_bytes", "source")
+	msgs := m.NewCounter("pgrelay_source_messages", "source")
+	bundles := m.NewCounter("pgrelay_source_bundles", "source")
+	ptr := m.NewGauge("pgrelay_source_pointer_lsn", "source")
+	owner := m.NewGauge("pgrelay_source_owner", "source")
+	errs := m.NewCounter("pgrelay_source_errors", "source", "code")
+	snapRows := m.NewCounter("pgrelay_source_snapshot_rows", "source")
+	snapTables := m.NewCounter("pgrelay_source_snapshot_tables", "source")
+	phase := m.NewGauge("pgrelay_source_phase", "source", "phase")
 	return source.Hooks{
-		Transactions: func(n int64) { txns.Incr(n) },
-		SlotLag:      func(n int64) { lag.Set(n) },
-		Messages:     func(n int64) { msgs.Incr(n) },
-		Bundles:      func(n int64) { bundles.Incr(n) },
-		PointerLSN:   func(lsn uint64) { ptr.Set(int64(lsn)) },
+		Transactions: func(n int64) { txns.Incr(n, name) },
+		SlotLag:      func(n int64) { lag.Set(n, name) },
+		Messages:     func(n int64) { msgs.Incr(n, name) },
+		Bundles:      func(n int64) { bundles.Incr(n, name) },
+		PointerLSN:   func(lsn uint64) { ptr.Set(int64(lsn), name) },
 		Owner: func(o bool) {
 			if o {
-				owner.Set(1)
+				owner.Set(1, name)
 			} else {
-				owner.Set(0)
+				owner.Set(0, name)
 			}
 		},
 		Error: func(code string) {
 			if code == "" {
 				code = "transient"
 			}
-			errs.Incr(1, code)
+			errs.Incr(1, name, code)
 		},
-		SnapshotRows:   func(n int64) { snapRows.Incr(n) },
-		SnapshotTables: func(n int64) { snapTables.Incr(n) },
+		Phase: func(p string) {
+			for _, q := range sourcePhases {
+				if q == p {
+					phase.Set(1, name, q)
+				} else {
+					phase.Set(0, name, q)
+				}
+			}
+		},
+		SnapshotRows:   func(n int64) { snapRows.Incr(n, name) },
+		SnapshotTables: func(n int64) { snapTables.Incr(n, name) },
 	}
 }
 

@@ -76,9 +76,14 @@ type queueInput struct {
 	conn redisconn.Config
 	conf queue.ConsumerConfig
 
-	mu       sync.Mutex
-	rdb      redis.UniversalClient
-	consumer *queue.Consumer
+	gauges groupGauges
+	log    *service.Logger
+
+	mu        sync.Mutex
+	rdb       redis.UniversalClient
+	consumer  *queue.Consumer
+	statsStop context.CancelFunc
+	statsDone chan struct{}
 }
 
 func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueInput, error) {
@@ -114,6 +119,7 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 		return nil, err
 	}
 	c.Logger = mgr.Logger()
+	in.log, in.gauges = mgr.Logger(), newGroupGauges(mgr.Metrics())
 	dead := mgr.Metrics().NewCounter("redis_queue_dead_letters")
 	gone := mgr.Metrics().NewCounter("redis_queue_trimmed_pending")
 	c.OnDeadLetter = func(n int) { dead.Incr(int64(n)) }
@@ -149,6 +155,10 @@ func (in *queueInput) Connect(ctx context.Context) error {
 		return err
 	}
 	in.rdb, in.consumer = rdb, c
+	var sctx context.Context
+	sctx, in.statsStop = context.WithCancel(context.Background())
+	in.statsDone = make(chan struct{})
+	go reportGroupStats(sctx, rdb, in.conf, in.gauges, in.log, in.statsDone)
 	return nil
 }
 
@@ -252,10 +262,13 @@ func (in *queueInput) Close(ctx context.Context) error {
 	in.mu.Lock()
 	c, rdb := in.consumer, in.rdb
 	in.consumer, in.rdb = nil, nil
+	stop, done := in.statsStop, in.statsDone
 	in.mu.Unlock()
 	if c == nil {
 		return nil
 	}
+	stop()
+	<-done
 	err := c.Close(ctx)
 	if cerr := rdb.Close(); err == nil {
 		err = cerr

@@ -199,7 +199,7 @@ type pgSink struct {
 // sinkMetrics are the sink's counters (DESIGN §8); dead letters are counted by the input.
 type sinkMetrics struct {
 	applied, skipped, failed, blocked, batches, errors *service.MetricCounter
-	lastError                                          *service.MetricGauge
+	lastError, paused                                  *service.MetricGauge
 }
 
 func newPGSink(c pgSinkConf, mgr *service.Resources) *pgSink {
@@ -212,6 +212,7 @@ func newPGSink(c pgSinkConf, mgr *service.Resources) *pgSink {
 		batches:   m.NewCounter("pg_sink_batches", "sink"),
 		errors:    m.NewCounter("pg_sink_errors", "sink", "class", "code"),
 		lastError: m.NewGauge("pg_sink_last_error_timestamp_seconds", "sink"),
+		paused:    m.NewGauge("pg_sink_paused", "sink"),
 	}}
 }
 
@@ -239,6 +240,7 @@ func (s *pgSink) Connect(ctx context.Context) error {
 		return err
 	}
 	s.pool, s.applier = pool, a
+	s.m.paused.Set(0, s.conf.sink.Name)
 	return nil
 }
 
@@ -258,6 +260,9 @@ func (s *pgSink) countError(err error, class sink.Class) {
 	}
 	s.m.errors.Incr(1, s.conf.sink.Name, class.String(), code)
 	s.m.lastError.Set(time.Now().Unix(), s.conf.sink.Name)
+	if class == sink.Environment {
+		s.m.paused.Set(1, s.conf.sink.Name) // until a batch commits or Connect succeeds
+	}
 }
 
 // WriteBatch writes the batch in one transaction; per-message data errors come back as a BatchError.
@@ -282,6 +287,7 @@ func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) err
 		return err
 	}
 	name := s.conf.sink.Name
+	s.m.paused.Set(0, name)
 	s.m.batches.Incr(1, name)
 	s.m.applied.Incr(int64(res.Applied), name)
 	s.m.skipped.Incr(int64(res.Skipped), name)

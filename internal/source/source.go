@@ -44,6 +44,8 @@ type Hooks struct {
 	SlotLag      func(bytes int64)
 	Owner        func(owner bool)
 	Error        func(code string)
+	// Phase reports each change of phase (PhaseConnecting, PhaseStreaming, ...).
+	Phase func(phase string)
 	// SnapshotRows counts snapshot rows read (after the chunk is in the queue); SnapshotTables
 	// counts tables whose snapshot finished.
 	SnapshotRows   func(n int64)
@@ -177,6 +179,9 @@ func (s *Source) setPhase(p string, err error) {
 		s.hooks.Error(errcode.Code(err))
 	}
 	if changed {
+		if s.hooks.Phase != nil {
+			s.hooks.Phase(p)
+		}
 		s.publishStatus(p, err)
 	}
 }
