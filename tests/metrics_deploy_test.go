@@ -83,9 +83,9 @@ func promMetricNames(expr string) []string {
 
 func TestPromMetricNames(t *testing.T) {
 	cases := map[string]string{
-		`sum by (source) (pgrelay_source_owner) < 1`:                                                  "pgrelay_source_owner",
+		`sum by (source) (pgrelay_source_owner) < 1`:                                                   "pgrelay_source_owner",
 		`max by (source, phase) (pgrelay_source_phase{phase="snapshot"}) == 1 and on (source) x_total`: "pgrelay_source_phase x_total",
-		`sum by (sink) (rate(pg_sink_applied[$__rate_interval])) > 1e9`:                               "pg_sink_applied",
+		`sum by (sink) (rate(pg_sink_applied[$__rate_interval])) > 1e9`:                                "pg_sink_applied",
 		`histogram_quantile(0.99, sum by (le) (rate(output_latency_ns_bucket{path=~"a.b"}[5m])))`:      "output_latency_ns_bucket",
 		`a offset 15m unless ignoring(code) b`:                                                         "a b",
 	}
