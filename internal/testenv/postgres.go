@@ -27,9 +27,12 @@ type Postgres struct {
 	Port    int
 	DataDir string
 	TLS     *TLSFiles // the certificates, when started WithTLS
-	mu      sync.Mutex
-	proc    *proc
-	pool    *pgxpool.Pool
+	// StandbyName is, on a server started by StartStandby, its application_name and the name of
+	// the physical slot it streams from on the primary (empty otherwise).
+	StandbyName string
+	mu          sync.Mutex
+	proc        *proc
+	pool        *pgxpool.Pool
 }
 
 // PGOption changes how StartPostgres starts a server.
