@@ -195,14 +195,7 @@ func CheckAOF(ctx context.Context, rdb redis.UniversalClient) error {
 		}
 		return nil
 	}
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, check)
-	case *redis.Client:
-		return check(ctx, c)
-	default:
-		return fmt.Errorf("durability: aof: unsupported client type %T", rdb)
-	}
+	return eachMaster(ctx, rdb, check)
 }
 
 // Write writes msgs, fenced and moving the pointer when cover says so. With no messages and a
