@@ -17,36 +17,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
-// Event is one change event on its way to the queue, with the metadata of docs/batch-contract.md.
-type Event struct {
-	Queue, Partition, ID, Tx string
-	Op, Table, LSN           string
-	Xid                      uint32
-	CreatedMs                int64
-	Payload                  []byte
-}
-
-func (e *Event) size() int { return len(e.Payload) + len(e.Queue) + len(e.Partition) + len(e.ID) + 64 }
-
-type itemKind uint8
-
-const (
-	itemChange   itemKind = iota // one raw change: zero (unmapped, skipped truncate), one or two events
-	itemCommit                   // the end of the transaction committing at commit
-	itemPosition                 // an idle advance: every commit ≤ lsn is in
-)
-
-// item is the unit the WAL reader hands to the bundler.
-type item struct {
-	kind   itemKind
-	commit pglogrepl.LSN
-	seq    uint64
-	events []Event
-	size   int
-	lsn    pglogrepl.LSN
-	chunk  *chunkPart // itemChunk (internal/source/snapshot.go): the snapshot cursor after this part
-}
-
 // relation is a table as the stream describes it, mapped to its configuration.
 type relation struct {
 	info  *TableInfo   // nil: not configured (an unmanaged publication's extra table)

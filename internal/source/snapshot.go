@@ -20,27 +20,12 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
-
-// PhaseSnapshot is the phase of an owner whose snapshot runs (while it also streams).
-const PhaseSnapshot = "snapshot"
 
 // WatermarkPrefix is the logical message prefix of the snapshot's watermarks. Only
 // non-transactional messages with this prefix and this life's chunk id count.
 const WatermarkPrefix = "pgrelay_snapshot"
-
-// itemChunk is one part of a snapshot chunk: its events go in at the high watermark (item.commit),
-// and the cover takes its cursor (item.chunk).
-const itemChunk itemKind = 100
-
-// chunkPart is the pointer's snapshot field after one part of a chunk is in the queue.
-type chunkPart struct {
-	cursor json.RawMessage // the Cursor JSON, or null after the last table
-	rows   int             // rows this part moves the cursor by (for metrics and the log)
-	next   string          // the table the cursor points at afterwards ("" when done)
-}
 
 const (
 	snapshotLogEvery = 5 * time.Second
@@ -683,64 +668,4 @@ func (ss *session) watermark(lm *pglogrepl.LogicalDecodingMessage, emit func(ite
 		return ss.snap.highWatermark(id, lm.LSN, emit)
 	}
 	return false, nil
-}
-
-// tableNames are the configured tables as "schema.name", in configuration order.
-func (s *Source) tableNames() []string {
-	names := make([]string, len(s.cfg.Tables))
-	for i, t := range s.cfg.Tables {
-		names[i] = t.Full()
-	}
-	return names
-}
-
-// PlanTables brings the stored pointer p up to date with the configured tables. A table missing
-// from p.Tables was added to `tables` since the pointer was written: with `snapshot: initial`
-// (snapshotNew) it joins the snapshot — appended to the running one, or as a new snapshot of the
-// added tables alone, in the same epoch (chunk numbers, and so ids, go on from where they are).
-// A table removed from `tables` leaves p.Tables, so adding it back snapshots it again (its
-// changes in between were not streamed). The result is only a plan: the first write of the
-// session stores it, so a crash before that plans the same again.
-func PlanTables(p pointer.Pointer, configured []string, snapshotNew bool) (pointer.Pointer, []string, error) {
-	if p.Tables == nil { // a pointer from before the field: nothing counts as added
-		p.Tables = configured
-		return p, nil, nil
-	}
-	known := make(map[string]bool, len(p.Tables))
-	for _, t := range p.Tables {
-		known[t] = true
-	}
-	var added []string
-	for _, t := range configured {
-		if !known[t] {
-			added = append(added, t)
-		}
-	}
-	p.Tables = configured
-	if len(added) == 0 || !snapshotNew {
-		return p, added, nil
-	}
-	var cur snapshot.Cursor
-	if len(p.Snapshot) > 0 && string(p.Snapshot) != "null" {
-		if err := json.Unmarshal(p.Snapshot, &cur); err != nil || cur.Table == "" {
-			return p, nil, fmt.Errorf("the pointer's snapshot cursor is unreadable: %s", p.Snapshot)
-		}
-		cur = cur.Append(added)
-	} else {
-		cur, _ = snapshot.Start(added)
-	}
-	b, err := json.Marshal(cur)
-	if err != nil {
-		return p, nil, err
-	}
-	p.Snapshot = b
-	return p, added, nil
-}
-
-// startCursor is the pointer's snapshot field for a new epoch: null unless `snapshot: initial`.
-func (s *Source) startCursor() json.RawMessage {
-	if !s.cfg.SnapshotInitial {
-		return nil
-	}
-	return s.fullCursor()
 }

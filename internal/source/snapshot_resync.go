@@ -159,16 +159,6 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, slot string, pid int) err
 	return nil
 }
 
-// fullCursor is the snapshot of every table (a resync always snapshots).
-func (s *Source) fullCursor() json.RawMessage {
-	cur, ok := snapshot.Start(s.tableNames())
-	if !ok {
-		return nil
-	}
-	b, _ := json.Marshal(cur)
-	return b
-}
-
 // SnapshotProgress is the snapshot's progress as `pgrelay status` shows it: the pointer's cursor
 // and the table's row estimate (pg_class.reltuples, so the percent is approximate).
 type SnapshotProgress struct {

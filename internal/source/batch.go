@@ -1,0 +1,245 @@
+package source
+
+import (
+	"context"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pointer"
+	"github.com/pgrelay/pgrelay/internal/queue"
+)
+
+// Event is one change event on its way to the queue, with the metadata of docs/batch-contract.md.
+type Event struct {
+	Queue, Partition, ID, Tx string
+	Op, Table, LSN           string
+	Xid                      uint32
+	CreatedMs                int64
+	Payload                  []byte
+}
+
+func (e *Event) size() int { return len(e.Payload) + len(e.Queue) + len(e.Partition) + len(e.ID) + 64 }
+
+// Batch is one bundle of events with the pointer it moves to.
+type Batch struct {
+	Events     []Event
+	Cover      pointer.Pointer
+	CoverJSON  []byte
+	LeaseKey   string
+	Fence      string
+	PointerKey string
+	// Out is the consumer's form of the batch (the input's Benthos messages), made by Next's
+	// prepare when the batch was built ahead; nil otherwise.
+	Out     any
+	sess    *session
+	txns    int                 // transactions completed by this batch
+	receipt *queue.CoverReceipt // marked by redis_queue once the cover is the stored pointer
+}
+
+// Receipt is the note the redis_queue output marks once this batch's cover is the stored
+// pointer, so Ack need not read the pointer back (docs/batch-contract.md).
+func (b *Batch) Receipt() *queue.CoverReceipt {
+	if b.receipt == nil {
+		b.receipt = queue.NewCoverReceipt(b.Cover.Position())
+	}
+	return b.receipt
+}
+
+func (b *Batch) cover() *queue.Cover {
+	return &queue.Cover{LeaseKey: b.LeaseKey, Fence: b.Fence, PointerKey: b.PointerKey, Pointer: b.CoverJSON, Pos: b.Cover.Position()}
+}
+
+// Next blocks until the previous batch is acknowledged and a new one is due, then returns it.
+// While the previous batch is in flight, a full bundle already queued is built ahead and given
+// to prepare (the input's conversion), so it is ready the moment the ack arrives; it is still
+// handed out only after that ack (one unacknowledged batch at a time, DESIGN §5).
+func (s *Source) Next(ctx context.Context, prepare func(*Batch)) (*Batch, error) {
+	s.nextMu.Lock()
+	defer s.nextMu.Unlock()
+	if err := s.waitTurn(ctx, prepare); err != nil {
+		return nil, err
+	}
+	b, err := s.next(ctx)
+	if err != nil {
+		<-s.inflight
+		return nil, err
+	}
+	s.unacked <- struct{}{}
+	return b, nil
+}
+
+// waitTurn takes the in-flight slot (the previous batch is acknowledged), building the next
+// batch ahead while it waits.
+func (s *Source) waitTurn(ctx context.Context, prepare func(*Batch)) error {
+	for {
+		select {
+		case s.inflight <- struct{}{}:
+			return nil
+		default:
+		}
+		wake := s.buildAhead(ctx, prepare)
+		select {
+		case s.inflight <- struct{}{}:
+			return nil
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// buildAhead builds a full batch while another is in flight, unless one is built already or a
+// nacked batch waits for its re-send; it returns what to wait on before trying again.
+func (s *Source) buildAhead(ctx context.Context, prepare func(*Batch)) <-chan struct{} {
+	s.mu.Lock()
+	sess, changed, busy := s.sess, s.sessCh, s.ahead != nil || s.retry != nil
+	s.mu.Unlock()
+	if sess == nil || busy {
+		return changed
+	}
+	full := sess.q.whenFull()
+	select {
+	case <-full:
+	default:
+		return full
+	}
+	b, _, err := sess.build(ctx, true)
+	if err != nil {
+		sess.fail(err)
+	}
+	if b == nil {
+		return changed
+	}
+	if prepare != nil {
+		prepare(b)
+	}
+	s.mu.Lock()
+	if s.sess == sess {
+		s.ahead = b
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// takeAhead returns the batch built ahead, if it belongs to the current, still running session
+// (a failed session's batch would follow a batch that may not be in).
+func (s *Source) takeAhead() *Batch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.ahead
+	s.ahead = nil
+	if b != nil && b.sess == s.sess && b.sess.ctx.Err() == nil {
+		return b
+	}
+	return nil
+}
+
+func (s *Source) next(ctx context.Context) (*Batch, error) {
+	if b := s.takeRetry(ctx); b != nil {
+		return b, nil
+	}
+	if b := s.takeAhead(); b != nil {
+		return b, nil
+	}
+	for {
+		sess, changed := s.current()
+		if sess == nil {
+			select {
+			case <-changed:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		b, wait, err := sess.bundle(ctx)
+		if err != nil {
+			sess.fail(err)
+		}
+		if b != nil {
+			return b, nil
+		}
+		t := time.NewTimer(wait.after)
+		select {
+		case <-wait.ch:
+		case <-t.C:
+		case <-changed:
+		case <-sess.ctx.Done():
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// takeRetry returns the nacked batch of the current session, after a backoff.
+func (s *Source) takeRetry(ctx context.Context) *Batch {
+	s.mu.Lock()
+	b, n := s.retry, s.attempts
+	s.retry = nil
+	ok := b != nil && b.sess == s.sess
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	sleep(ctx, min(100*time.Millisecond<<min(n, 8), 10*time.Second))
+	return b
+}
+
+// Ack handles the output's verdict on b. Success: make sure the pointer reached the cover (write
+// it when the output did not), and only then let the reader tell PostgreSQL the new position.
+// Fenced: stop and start over from the pointer. Anything else: re-send the same batch.
+func (s *Source) Ack(ctx context.Context, b *Batch, err error) error {
+	defer func() {
+		<-s.unacked
+		<-s.inflight
+	}()
+	if err == nil {
+		err = s.ensurePointer(ctx, b)
+	}
+	cur, _ := s.current()
+	if cur != b.sess {
+		return nil // a batch of an ended session: the next one re-reads the pointer
+	}
+	switch {
+	case err == nil:
+		s.mu.Lock()
+		s.attempts = 0
+		s.mu.Unlock()
+		b.sess.acked(b)
+		return nil
+	case errcode.Is(err, "fenced"):
+		b.sess.fail(err)
+		return nil
+	default:
+		s.mu.Lock()
+		s.retry = b
+		s.attempts++
+		s.mu.Unlock()
+		s.log.Warnf("pg_cdc %s: batch up to %s not delivered, re-sending: %v", s.cfg.Name, b.Cover.Position(), err)
+		return nil
+	}
+}
+
+// waitAcked blocks until no returned batch awaits its ack, so a new session reads a pointer that
+// no earlier batch can still move.
+func (s *Source) waitAcked(ctx context.Context) error {
+	for len(s.unacked) > 0 {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+	return nil
+}
+
+// ensurePointer makes sure the stored pointer is at or past the batch's cover. With redis_queue
+// it is (the output moved it in the same script call as the messages and marked the batch's
+// receipt); otherwise one fenced compare-and-set writes it (a duplicate when it is already there).
+func (s *Source) ensurePointer(ctx context.Context, b *Batch) error {
+	if b.receipt.Done() {
+		return nil
+	}
+	_, err := s.writer.Write(ctx, nil, b.cover())
+	return err
+}

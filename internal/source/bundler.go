@@ -1,0 +1,155 @@
+package source
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pointer"
+)
+
+// waitFor says what the bundler waits on when no batch is due.
+type waitFor struct {
+	ch    <-chan struct{}
+	after time.Duration
+}
+
+// bundle builds the next batch from the queued items, or does an idle pointer advance, or says
+// what to wait for. Only Next calls it, with no batch unacknowledged.
+func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) { return ss.build(ctx, false) }
+
+// build is bundle; ahead (while the previous batch is still in flight) returns only a full
+// batch and never writes the pointer, so nothing moves it under the batch in flight.
+func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, error) {
+	cfg := &ss.src.cfg
+	items, changed := ss.q.snapshot()
+	idle := waitFor{ch: changed, after: time.Hour}
+	if ss.ctx.Err() != nil {
+		return nil, idle, nil
+	}
+	// The cover is built once at the end: per-change pointer values would cost an allocation each.
+	complete, inTxn, txCommit, txDone := ss.plan.LSNValue(), ss.plan.InTxn != nil, ss.plan.CommitValue(), uint64(0)
+	if inTxn {
+		txDone = ss.plan.InTxn.Done
+	}
+	var events []Event
+	var cursor json.RawMessage
+	size, n, full, txns, chunks := 0, 0, false, 0, uint64(0)
+	for ; n < len(items) && !full; n++ {
+		it := items[n]
+		switch it.kind {
+		case itemChange:
+			if len(events) > 0 && (len(events)+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
+				full = true
+				n--
+				continue
+			}
+			events = append(events, it.events...)
+			size += it.size
+			inTxn, txCommit, txDone = true, it.commit, it.seq+1
+		case itemCommit:
+			complete, inTxn = it.commit, false
+			txns++
+		case itemChunk:
+			if len(events) > 0 && (len(events)+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
+				full = true
+				n--
+				continue
+			}
+			events = append(events, it.events...)
+			size += it.size
+			if it.commit-1 > complete { // every commit before the high watermark is in
+				complete = it.commit - 1
+			}
+			cursor = it.chunk.cursor
+			chunks++
+		case itemPosition:
+			if !inTxn && it.lsn > complete {
+				complete = it.lsn
+			}
+		}
+	}
+	cover := ss.plan.AtCommit(complete)
+	if inTxn {
+		cover = cover.InsideTxn(txCommit, txDone)
+	}
+	if chunks > 0 {
+		cover.Snapshot, cover.SnapshotChunks = cursor, cover.SnapshotChunks+chunks
+	}
+	if len(events) == 0 {
+		if ahead {
+			return nil, idle, nil
+		}
+		if n == 0 || !ss.plan.Less(cover) {
+			ss.q.pop(n)
+			return nil, idle, nil
+		}
+		if chunks > 0 { // an empty chunk moves the cursor at once
+			return nil, idle, ss.idleAdvance(ctx, cover, n)
+		}
+		if wait := time.Until(ss.lastIdleWrite.Add(idleWriteEvery)); wait > 0 {
+			return nil, waitFor{ch: changed, after: wait}, nil
+		}
+		return nil, idle, ss.idleAdvance(ctx, cover, n)
+	}
+	if !full && (len(events) < cfg.MaxBundleMessages && size < cfg.MaxBundleBytes) {
+		if ahead {
+			return nil, idle, nil
+		}
+		if cover.InTxn != nil { // the rest of the transaction is on its way
+			return nil, idle, nil
+		}
+		if ss.firstSeen.IsZero() {
+			ss.firstSeen = time.Now()
+		}
+		if wait := time.Until(ss.firstSeen.Add(cfg.Linger)); wait > 0 {
+			return nil, waitFor{ch: changed, after: wait}, nil
+		}
+	}
+	ss.q.pop(n)
+	ss.plan = cover
+	ss.firstSeen = time.Time{}
+	return &Batch{Events: events, Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease,
+		Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss, txns: txns}, idle, nil
+}
+
+// idleAdvance moves the pointer over items without events (idle WAL, empty transactions).
+func (ss *session) idleAdvance(ctx context.Context, cover pointer.Pointer, n int) error {
+	b := &Batch{Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease, Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss}
+	ss.lastIdleWrite = time.Now()
+	if _, err := ss.src.writer.Write(ctx, nil, b.cover()); err != nil {
+		if errcode.Is(err, "fenced") {
+			return err
+		}
+		ss.src.log.Warnf("pg_cdc %s: idle pointer advance: %v", ss.src.cfg.Name, err)
+		return nil
+	}
+	ss.q.pop(n)
+	ss.plan = cover
+	ss.acked(b)
+	return nil
+}
+
+// acked records that b's cover is durably the pointer: PostgreSQL may now drop the WAL before it.
+func (ss *session) acked(b *Batch) {
+	ss.flush.Store(uint64(b.Cover.LSNValue()))
+	if ss.snap != nil {
+		ss.snap.ackedCover(b.Cover.SnapshotChunks)
+	}
+	h := ss.src.hooks
+	if h.PointerLSN != nil {
+		h.PointerLSN(uint64(b.Cover.LSNValue()))
+	}
+	if h.Transactions != nil && b.txns > 0 {
+		h.Transactions(int64(b.txns))
+	}
+	if len(b.Events) > 0 {
+		if h.Messages != nil {
+			h.Messages(int64(len(b.Events)))
+		}
+		if h.Bundles != nil {
+			h.Bundles(1)
+		}
+	}
+}

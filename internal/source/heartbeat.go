@@ -1,0 +1,52 @@
+package source
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// heartbeat emits a non-transactional logical message when no WAL data arrived for a while, so
+// an idle publication still advances the pointer and the slot.
+func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
+	every := ss.src.cfg.Heartbeat
+	t := time.NewTicker(every / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ss.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ss.reportSlotLag(pool)
+		if resync, err := ss.src.resyncRequested(ss.ctx); err == nil && resync {
+			ss.fail(errResyncRequested)
+			return
+		}
+		if time.Since(time.Unix(0, ss.lastData.Load())) < every {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ss.ctx, every)
+		_, err := pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'pgrelay_heartbeat', $1::text)`, epoch)
+		cancel()
+		if err != nil && ss.ctx.Err() == nil {
+			ss.src.log.Warnf("pg_cdc %s: heartbeat: %v", ss.src.cfg.Name, err)
+		}
+		ss.lastData.Store(time.Now().UnixNano())
+	}
+}
+
+// reportSlotLag publishes the slot's lag (current WAL − confirmed_flush_lsn) in bytes.
+func (ss *session) reportSlotLag(pool *pgxpool.Pool) {
+	if ss.src.hooks.SlotLag == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ss.ctx, 5*time.Second)
+	defer cancel()
+	var lag int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint
+		FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, ss.src.cfg.Slot).Scan(&lag); err == nil {
+		ss.src.hooks.SlotLag(lag)
+	}
+}

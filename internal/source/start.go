@@ -1,0 +1,197 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
+	"github.com/pgrelay/pgrelay/internal/pointer"
+	"github.com/pgrelay/pgrelay/internal/queue"
+)
+
+// session connects, runs the start checks, and streams until an error; nil only when ctx ends.
+func (s *Source) session(ctx context.Context) error {
+	s.setPhase(PhaseConnecting, nil)
+	if err := s.waitAcked(ctx); err != nil {
+		return nil
+	}
+	if err := queue.CheckEviction(ctx, s.rdb); err != nil {
+		return err
+	}
+	qcfg, err := s.cfg.PG.ConnConfig()
+	if err != nil {
+		return err
+	}
+	pcfg, _ := pgxpool.ParseConfig("")
+	pcfg.ConnConfig.Config = *qcfg
+	pcfg.MaxConns = 5 // readback, heartbeat, the snapshot's read and its watermarks
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer pool.Close()
+	version, err := CheckServer(ctx, pool, s.cfg.SlotFailover) // the pool connects here
+	if err != nil {
+		return pgconnect.Explain(err) // a TLS or pg_hba.conf refusal gets its code and fix
+	}
+	tables, err := LoadTables(ctx, pool, s.cfg.Tables)
+	if err != nil {
+		return err
+	}
+	if err := EnsurePublication(ctx, pool, s.cfg.Publication, s.cfg.ManagePublication, tables, version); err != nil {
+		return err
+	}
+	if err := s.ensurePublishFunction(ctx, pool); err != nil {
+		return err
+	}
+	rcfg, err := s.cfg.PG.ReplicationConfig()
+	if err != nil {
+		return err
+	}
+	repl, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return pgconnect.Explain(fmt.Errorf("open the replication connection: %w", err))
+	}
+	defer repl.Close(context.Background())
+	sys, err := pglogrepl.IdentifySystem(ctx, repl)
+	if err != nil {
+		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	start, err := s.startPointer(ctx, pool, sys)
+	if err != nil {
+		return err
+	}
+	start, added, err := PlanTables(start, s.tableNames(), s.cfg.SnapshotInitial)
+	if err != nil {
+		return err
+	}
+	if len(added) > 0 {
+		what := "streamed from now on (snapshot: never)"
+		if s.cfg.SnapshotInitial {
+			what = "snapshotted while streaming"
+		}
+		s.log.Infof("pg_cdc %s: table(s) %s added since the last start: %s", s.cfg.Name, strings.Join(added, ", "), what)
+	}
+	return s.stream(ctx, pool, repl, tables, start, version)
+}
+
+// ensurePublishFunction installs pgrelay.publish() when configured to; a missing privilege is a
+// warning, not a reason to stop streaming the tables.
+func (s *Source) ensurePublishFunction(ctx context.Context, pool *pgxpool.Pool) error {
+	if !s.cfg.PublishFunction {
+		return nil
+	}
+	installed, err := EnsurePublishFunction(ctx, pool)
+	switch {
+	case errcode.Is(err, "publish_function"):
+		s.log.Warnf("pg_cdc %s: %v", s.cfg.Name, err)
+	case err != nil:
+		return err
+	case installed:
+		s.log.Infof("pg_cdc %s: installed %s", s.cfg.Name, PublishFunction)
+	}
+	return nil
+}
+
+// startPointer settles the pointer and the slot (DESIGN §5), creating both on the first start,
+// and waits while another process uses the slot.
+func (s *Source) startPointer(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.IdentifySystemResult) (pointer.Pointer, error) {
+	for {
+		if resync, err := s.resyncRequested(ctx); err != nil {
+			return pointer.Pointer{}, err
+		} else if resync {
+			if _, err := s.resync(ctx, pool, sys); err != nil {
+				return pointer.Pointer{}, err
+			}
+		}
+		ptr, err := s.readPointer(ctx)
+		if err != nil {
+			return pointer.Pointer{}, err
+		}
+		st, err := ReadSlot(ctx, pool, s.cfg.Slot)
+		if err != nil {
+			return pointer.Pointer{}, err
+		}
+		if ptr != nil {
+			if err := CheckPointer(*ptr, s.cfg.Slot, sys.SystemID, st); err != nil {
+				return pointer.Pointer{}, err
+			}
+		} else {
+			p, err := s.firstPointer(ctx, pool, sys, st)
+			if err != nil {
+				return pointer.Pointer{}, err
+			}
+			ptr = &p
+			if st, err = ReadSlot(ctx, pool, s.cfg.Slot); err != nil {
+				return pointer.Pointer{}, err
+			}
+		}
+		if err := CheckSlot(st, s.cfg.Slot, sys.DBName, *ptr); err != nil {
+			return pointer.Pointer{}, err
+		}
+		if st.ActivePID == 0 {
+			return *ptr, nil
+		}
+		s.setPhase(PhaseWaitingForSlot, fmt.Errorf("slot %s is in use by process %d", s.cfg.Slot, st.ActivePID))
+		sleep(ctx, 2*time.Second)
+		if ctx.Err() != nil {
+			return pointer.Pointer{}, ctx.Err()
+		}
+	}
+}
+
+// firstPointer creates the slot (or adopts an existing one) and writes the first pointer of a
+// new epoch; with `snapshot: initial` the pointer carries the snapshot's starting cursor.
+func (s *Source) firstPointer(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.IdentifySystemResult, st SlotState) (pointer.Pointer, error) {
+	at := st.ConfirmedFlush
+	if !st.Exists {
+		lsn, err := CreateSlot(ctx, pool, s.cfg.Slot, s.cfg.SlotFailover)
+		if err != nil {
+			return pointer.Pointer{}, err
+		}
+		at = lsn
+		s.log.Infof("pg_cdc %s: created slot %s at %s", s.cfg.Name, s.cfg.Slot, lsn)
+	}
+	// The slot sends commits at or after `at`; the pointer covers the ones before it.
+	p := pointer.New(1, pointer.NewEpoch(), sys.SystemID, s.cfg.Slot, at-1)
+	p.Snapshot, p.Tables = s.startCursor(), s.tableNames()
+	b := &Batch{Cover: p, CoverJSON: p.Marshal(time.Now()), LeaseKey: s.keys.Lease, Fence: s.lease.Token(), PointerKey: s.keys.Pointer}
+	if _, err := s.writer.Write(ctx, nil, b.cover()); err != nil {
+		return pointer.Pointer{}, fmt.Errorf("write the first pointer: %w", err)
+	}
+	stored, err := s.readPointer(ctx)
+	if err != nil || stored == nil {
+		return pointer.Pointer{}, fmt.Errorf("read the first pointer back: %v", err)
+	}
+	return *stored, nil
+}
+
+// readPointer reads the stored pointer (nil when there is none).
+func (s *Source) readPointer(ctx context.Context) (*pointer.Pointer, error) {
+	return ReadPointer(ctx, s.rdb, s.keys.Pointer)
+}
+
+// ReadPointer reads a stored pointer (nil when there is none).
+func ReadPointer(ctx context.Context, rdb redis.Cmdable, key string) (*pointer.Pointer, error) {
+	raw, err := rdb.Get(ctx, key).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pointer %s: %w", key, err)
+	}
+	p, err := pointer.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}

@@ -1,0 +1,196 @@
+package source
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// statusEvery is how often the reader reports its position when nothing changed (at most; a
+// quarter of the server's wal_sender_timeout when that is shorter); a new flush position is
+// reported within flushReportDelay.
+const (
+	statusEvery      = 10 * time.Second
+	flushReportDelay = time.Second
+	idleWriteEvery   = time.Second
+)
+
+// statusInterval is statusEvery, or a quarter of wal_sender_timeout when that is shorter, so the
+// walsender never times out even while the reader is held back by a slow output.
+func statusInterval(ctx context.Context, pool *pgxpool.Pool) time.Duration {
+	var ms int64
+	if err := pool.QueryRow(ctx, `SELECT setting::bigint FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&ms); err != nil || ms <= 0 {
+		return statusEvery
+	}
+	return max(min(statusEvery, time.Duration(ms)*time.Millisecond/4), 100*time.Millisecond)
+}
+
+// read receives the WAL, answers keepalives and reports the flush position; it returns when the
+// session ends (after sending the final position).
+func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
+	var sentFlush uint64
+	lastStatus := time.Time{}
+	sendStatus := func() error {
+		f := ss.flush.Load()
+		lsn := pglogrepl.LSN(f)
+		err := pglogrepl.SendStandbyStatusUpdate(context.Background(), repl, pglogrepl.StandbyStatusUpdate{
+			WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ClientTime: time.Now()})
+		sentFlush, lastStatus = f, time.Now()
+		return err
+	}
+	nextStatus := func() time.Time {
+		if ss.flush.Load() != sentFlush {
+			return lastStatus.Add(flushReportDelay)
+		}
+		return lastStatus.Add(ss.every)
+	}
+	defer func() { _ = sendStatus() }()
+	var lastPos pglogrepl.LSN
+	position := func(lsn pglogrepl.LSN) error {
+		if dec.inTxn || lsn <= lastPos {
+			return nil
+		}
+		lastPos = lsn
+		return ss.push(item{kind: itemPosition, lsn: lsn}, sendStatus, nextStatus)
+	}
+	emit := func(it item) error {
+		if it.kind == itemCommit && it.commit > lastPos {
+			lastPos = it.commit
+		}
+		if it.kind == itemChunk && it.commit-1 > lastPos {
+			lastPos = it.commit - 1
+		}
+		if ss.snap != nil {
+			ss.snap.observe(it)
+		}
+		return ss.push(it, sendStatus, nextStatus)
+	}
+	var rctx deadlineCtx // one deadline context per status period, not one (a timer) per message
+	defer rctx.stop()
+	for {
+		if !time.Now().Before(nextStatus()) {
+			if err := sendStatus(); err != nil {
+				return fmt.Errorf("send standby status: %w", err)
+			}
+		}
+		raw, err := repl.ReceiveMessage(rctx.until(ss.ctx, nextStatus()))
+		if err != nil {
+			if ss.ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive WAL: %w", err)
+		}
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyData:
+			if err := ss.copyData(m.Data, dec, emit, position, &lastStatus); err != nil {
+				if ss.ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+}
+
+func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, position func(pglogrepl.LSN) error, lastStatus *time.Time) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		if ka.ReplyRequested {
+			*lastStatus = time.Time{}
+		}
+		if ka.ServerWALEnd > 0 {
+			// Every record before ServerWALEnd was decoded and sent: commits ≤ end-1 are all here.
+			return position(ka.ServerWALEnd - 1)
+		}
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse XLogData: %w", err)
+		}
+		ss.lastData.Store(time.Now().UnixNano())
+		msg, err := pglogrepl.Parse(x.WALData)
+		if err != nil {
+			return fmt.Errorf("decode pgoutput: %w", err)
+		}
+		if lm, ok := msg.(*pglogrepl.LogicalDecodingMessage); ok && !lm.Transactional {
+			if lm.Prefix == WatermarkPrefix && ss.snap != nil {
+				if handled, err := ss.watermark(lm, emit); handled || err != nil {
+					return err
+				}
+			}
+			if lm.LSN > 0 {
+				return position(lm.LSN - 1)
+			}
+			return nil
+		}
+		return dec.handle(ss.ctx, msg, emit)
+	}
+	return nil
+}
+
+// push hands an item to the bundler, blocking while the queue is full but still reporting the
+// position to PostgreSQL on time, so a slow output never times the walsender out.
+func (ss *session) push(it item, sendStatus func() error, nextStatus func() time.Time) error {
+	for {
+		ok, changed := ss.q.tryPush(it)
+		if ok {
+			return nil
+		}
+		t := time.NewTimer(time.Until(nextStatus()))
+		select {
+		case <-changed:
+		case <-t.C:
+			if err := sendStatus(); err != nil {
+				t.Stop()
+				return fmt.Errorf("send standby status: %w", err)
+			}
+		case <-ss.ctx.Done():
+			t.Stop()
+			return ss.ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// deadlineCtx hands out one context per deadline: the WAL reader waits for each message with
+// the time of its next status report as the deadline, which changes only a few times a second,
+// so making a context (and its timer) per message would be wasted work.
+type deadlineCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	at     time.Time
+}
+
+// until returns a context of parent that ends at at, reusing the last one while it still fits.
+func (d *deadlineCtx) until(parent context.Context, at time.Time) context.Context {
+	if d.ctx == nil || !at.Equal(d.at) || d.ctx.Err() != nil {
+		d.stop()
+		d.ctx, d.cancel = context.WithDeadline(parent, at)
+		d.at = at
+	}
+	return d.ctx
+}
+
+// stop releases the current context.
+func (d *deadlineCtx) stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+}
