@@ -9,6 +9,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
+// idleWriteEvery is how often, at most, an idle pointer advance writes the pointer.
+const idleWriteEvery = time.Second
+
 // waitFor says what the bundler waits on when no batch is due.
 type waitFor struct {
 	ch    <-chan struct{}
@@ -36,29 +39,23 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	var events []Event
 	var cursor json.RawMessage
 	size, n, full, txns, chunks := 0, 0, false, 0, uint64(0)
-	for ; n < len(items) && !full; n++ {
+	for ; n < len(items); n++ {
 		it := items[n]
-		switch it.kind {
-		case itemChange:
+		if it.kind == itemChange || it.kind == itemChunk {
 			if len(events) > 0 && (len(events)+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
-				full = true
-				n--
-				continue
+				full = true // it starts the next batch
+				break
 			}
 			events = append(events, it.events...)
 			size += it.size
+		}
+		switch it.kind {
+		case itemChange:
 			inTxn, txCommit, txDone = true, it.commit, it.seq+1
 		case itemCommit:
 			complete, inTxn = it.commit, false
 			txns++
 		case itemChunk:
-			if len(events) > 0 && (len(events)+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
-				full = true
-				n--
-				continue
-			}
-			events = append(events, it.events...)
-			size += it.size
 			if it.commit-1 > complete { // every commit before the high watermark is in
 				complete = it.commit - 1
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -116,25 +117,16 @@ func checkPartitionColumns(ctx context.Context, q queryer, ti TableInfo) error {
 		return fmt.Errorf("read columns: %w", err)
 	}
 	for _, c := range ti.Columns {
-		if !contains(cols, c) {
+		if !slices.Contains(cols, c) {
 			return errcode.New("partition_by", "partition_by column "+c+" is not a column of "+ti.Full(), "fix tables[].partition_by")
 		}
-		if ti.Identity != 'f' && !contains(ti.Key, c) {
+		if ti.Identity != 'f' && !slices.Contains(ti.Key, c) {
 			return errcode.New("partition_by", "partition_by column "+c+" of "+ti.Full()+
 				" is not part of the key, so a delete could not name its partition",
 				"partition by key columns only, or ALTER TABLE "+ti.Full()+" REPLICA IDENTITY FULL")
 		}
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // EnsurePublication creates or corrects a managed publication (exactly the tables, whole, every

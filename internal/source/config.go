@@ -1,8 +1,3 @@
-// Package source is the pg_cdc machinery (DESIGN §5): start checks, the managed publication and
-// slot, pgoutput decoding into change events (DESIGN §2), bundling with covers, lease ownership
-// and the ack path that tells PostgreSQL a position only once it is durably in the queue.
-//
-// The Benthos plugin (input/pg_cdc.go) is a thin shell over Source.
 package source
 
 import (

@@ -7,6 +7,36 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
+// itemKind is what an item carries.
+type itemKind uint8
+
+const (
+	itemChange   itemKind = iota // one raw change: zero (unmapped, skipped truncate), one or two events
+	itemCommit                   // the end of the transaction committing at commit
+	itemPosition                 // an idle advance: every commit ≤ lsn is in
+	// itemChunk is one part of a snapshot chunk: its events go in at the high watermark (commit),
+	// and the cover takes its cursor (chunk).
+	itemChunk
+)
+
+// item is the unit the WAL reader (and the snapshotter, through it) hands to the bundler.
+type item struct {
+	kind   itemKind
+	commit pglogrepl.LSN
+	seq    uint64
+	events []Event
+	size   int
+	lsn    pglogrepl.LSN
+	chunk  *chunkPart // itemChunk: the snapshot cursor after this part
+}
+
+// chunkPart is the pointer's snapshot field after one part of a chunk is in the queue.
+type chunkPart struct {
+	cursor json.RawMessage // the Cursor JSON, or null after the last table
+	rows   int             // rows this part moves the cursor by (for metrics and the log)
+	next   string          // the table the cursor points at afterwards ("" when done)
+}
+
 // itemQueue is the bounded hand-over between the WAL reader and the bundler. The reader stops
 // reading the WAL while it holds 2× the bundle limits, so memory stays bounded whatever the
 // transaction size; a change bigger than the limit still passes alone.
@@ -118,34 +148,4 @@ func (q *itemQueue) pop(n int) {
 func (q *itemQueue) signal() {
 	close(q.changed)
 	q.changed = make(chan struct{})
-}
-
-type itemKind uint8
-
-const (
-	itemChange   itemKind = iota // one raw change: zero (unmapped, skipped truncate), one or two events
-	itemCommit                   // the end of the transaction committing at commit
-	itemPosition                 // an idle advance: every commit ≤ lsn is in
-)
-
-// item is the unit the WAL reader hands to the bundler.
-type item struct {
-	kind   itemKind
-	commit pglogrepl.LSN
-	seq    uint64
-	events []Event
-	size   int
-	lsn    pglogrepl.LSN
-	chunk  *chunkPart // itemChunk (internal/source/snapshot.go): the snapshot cursor after this part
-}
-
-// itemChunk is one part of a snapshot chunk: its events go in at the high watermark (item.commit),
-// and the cover takes its cursor (item.chunk).
-const itemChunk itemKind = 100
-
-// chunkPart is the pointer's snapshot field after one part of a chunk is in the queue.
-type chunkPart struct {
-	cursor json.RawMessage // the Cursor JSON, or null after the last table
-	rows   int             // rows this part moves the cursor by (for metrics and the log)
-	next   string          // the table the cursor points at afterwards ("" when done)
 }

@@ -22,6 +22,7 @@ const (
 	PhaseStandby        = "standby"
 	PhaseWaitingForSlot = "waiting_for_slot"
 	PhaseStreaming      = "streaming"
+	PhaseSnapshot       = "snapshot" // streaming while the snapshot runs
 	PhaseError          = "error"
 	PhaseStopped        = "stopped"
 )
@@ -291,6 +292,3 @@ func (s *Source) current() (*session, <-chan struct{}) {
 	defer s.mu.Unlock()
 	return s.sess, s.sessCh
 }
-
-// PhaseSnapshot is the phase of an owner whose snapshot runs (while it also streams).
-const PhaseSnapshot = "snapshot"

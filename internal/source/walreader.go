@@ -17,7 +17,6 @@ import (
 const (
 	statusEvery      = 10 * time.Second
 	flushReportDelay = time.Second
-	idleWriteEvery   = time.Second
 )
 
 // statusInterval is statusEvery, or a quarter of wal_sender_timeout when that is shorter, so the

@@ -1,0 +1,21 @@
+// Package source is the pg_cdc machinery (DESIGN §5): start checks, the managed publication and
+// slot, pgoutput decoding into change events (DESIGN §2), bundling with covers, lease ownership
+// and the ack path that tells PostgreSQL a position only once it is durably in the queue.
+//
+// The Benthos plugin (input/pg_cdc.go) is a thin shell over Source.
+//
+// Files by job: source.go is the Source, its phases and the ownership loop (lease, sessions with
+// backoff); batch.go hands out one Batch at a time (Next, building the next one ahead) and takes
+// the output's verdict (Ack); start.go starts a session: server, table, publication and publish
+// function checks, then settling the pointer and the slot; tables.go plans the pointer's table
+// list and snapshot cursor; session.go starts replication and runs one streaming life;
+// walreader.go receives the WAL and reports the flush position in standby status updates;
+// decode.go turns pgoutput messages into items of change events (written by internal/event);
+// readback.go reads back unchanged TOASTed values once their transaction is visible;
+// heartbeat.go keeps an idle slot moving and reports the slot's lag; itemqueue.go is the bounded
+// hand-over from the reader to the bundler; bundler.go cuts batches and their covers;
+// snapshot.go is the snapshotter, reading chunks between watermarks while streaming;
+// snapshot_resync.go starts over on request; catalog.go and slot.go read and check the catalog,
+// the publication and the slot; config.go, cluster.go and spec.go are the configuration; cli.go
+// holds the status and teardown commands.
+package source
