@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -31,48 +32,67 @@ func TestSnapshotResyncAfterSlotLost(t *testing.T) {
 	}
 	first := e.pointer()
 	e.pg.DropSlot("pgrelay_resync")
+	e.waitStatus(`"code":"slot_lost"`)
+	e.resync(first)
+	time.Sleep(500 * time.Millisecond)
+	close(stopWriter)
+	wait()
+	e.convergeEpoch("public.w", "id")
+}
+
+// waitStatus waits up to 60 s until a field of the source's status hash contains want.
+func (e *cdcEnv) waitStatus(want string) {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
 	for {
-		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{q}:src:resync:status").Result()
-		found := false
+		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{"+e.queue+"}:src:"+e.name+":status").Result()
 		for _, v := range st {
-			found = found || strings.Contains(v, `"code":"slot_lost"`)
-		}
-		if found {
-			break
+			if strings.Contains(v, want) {
+				return
+			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no slot_lost: %v", st)
+			e.t.Fatalf("no %s in the status: %v", want, st)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	out, err := exec.Command(testenv.Binary(t), "resync", "-c", e.config).CombinedOutput()
+}
+
+// resync runs `pgrelay resync -c <config>` and waits until the source has a new epoch, one
+// generation after first, whose snapshot has completed.
+func (e *cdcEnv) resync(first *pointer.Pointer) {
+	e.t.Helper()
+	out, err := exec.Command(testenv.Binary(e.t), "resync", "-c", e.config).CombinedOutput()
 	if err != nil {
-		t.Fatalf("resync: %v\n%s", err, out)
+		e.t.Fatalf("resync: %v\n%s", err, out)
 	}
-	deadline = time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		p := e.pointer()
 		if c, _ := e.snapshotCursor(); p != nil && p.Epoch != first.Epoch && c == nil {
 			if p.Gen != first.Gen+1 {
-				t.Errorf("generation %d after %d", p.Gen, first.Gen)
+				e.t.Errorf("generation %d after %d", p.Gen, first.Gen)
 			}
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("resync never finished: %+v", p)
+			e.t.Fatalf("resync never finished: %+v", p)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	time.Sleep(500 * time.Millisecond)
-	close(stopWriter)
-	wait()
+}
+
+// convergeEpoch waits until the replay of the pointer's epoch alone equals table, and checks that
+// no id repeats across the epochs in the queue.
+func (e *cdcEnv) convergeEpoch(table string, key ...string) {
+	e.t.Helper()
 	epoch := e.pointer().Epoch
 	conn := e.conn()
-	deadline = time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		all, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", e.queue)
 		if err != nil {
-			t.Fatal(err)
+			e.t.Fatal(err)
 		}
 		var mine []oracle.Entry
 		seen := map[string]bool{}
@@ -87,25 +107,25 @@ func TestSnapshotResyncAfterSlotLost(t *testing.T) {
 			}
 		}
 		res := oracle.Replay(mine)
-		rows, err := oracle.TableRows(e.ctx, conn, "public.w", []string{"id"})
+		rows, err := oracle.TableRows(e.ctx, conn, table, key)
 		if err != nil {
-			t.Fatal(err)
+			e.t.Fatal(err)
 		}
-		diffs := append(res.Problems, oracle.Compare(res.Tables["public.w"], rows)...)
+		diffs := append(res.Problems, oracle.Compare(res.Tables[table], rows)...)
 		if dup != "" {
 			diffs = append(diffs, "id "+dup+" twice across epochs")
 		}
 		if len(diffs) == 0 {
-			t.Logf("epoch %s: %d of %d entries", epoch, len(mine), len(all))
+			e.t.Logf("epoch %s: %d of %d entries", epoch, len(mine), len(all))
 			return
 		}
 		if time.Now().After(deadline) {
 			for i, d := range diffs {
 				if i < 20 {
-					t.Error(d)
+					e.t.Error(d)
 				}
 			}
-			t.Fatalf("%d differences", len(diffs))
+			e.t.Fatalf("%d differences", len(diffs))
 		}
 		time.Sleep(250 * time.Millisecond)
 	}

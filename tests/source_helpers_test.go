@@ -33,7 +33,13 @@ type cdcEnv struct {
 }
 
 func newCDCEnv(t testing.TB, name, tables, extra string) *cdcEnv {
-	e := &cdcEnv{t: t, ctx: context.Background(), pg: testenv.StartPostgres(t), rd: testenv.StartRedis(t), name: name, queue: "q"}
+	pg := testenv.StartPostgres(t)
+	return newCDCEnvOn(t, pg, pg.DSN(), name, tables, extra)
+}
+
+// newCDCEnvOn is newCDCEnv on a server already started, pg_cdc connecting through dsn.
+func newCDCEnvOn(t testing.TB, pg *testenv.Postgres, dsn, name, tables, extra string) *cdcEnv {
+	e := &cdcEnv{t: t, ctx: context.Background(), pg: pg, rd: testenv.StartRedis(t), name: name, queue: "q"}
 	e.config = filepath.Join(t.TempDir(), "pgrelay.yaml")
 	yaml := fmt.Sprintf(`http:
   enabled: false
@@ -54,7 +60,7 @@ output:
 logger:
   level: info
 shutdown_timeout: 20s
-`, name, e.pg.DSN(), tables, e.rd.URL(), indentLines(extra, "    "), e.rd.URL())
+`, name, dsn, tables, e.rd.URL(), indentLines(extra, "    "), e.rd.URL())
 	if err := os.WriteFile(e.config, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
