@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -105,7 +106,9 @@ func exampleLines(t *testing.T, out string) []exampleLine {
 	return lines
 }
 
-// TestExampleConsumers runs examples/python and examples/node against a queue written by pg_cdc
+// TestExampleConsumers first runs each example alone on a 3-shard queue holding one message (two
+// shard streams do not exist yet: the example must create its group with MKSTREAM). Then it runs
+// examples/python and examples/node against a queue written by pg_cdc
 // (3 shards) while pgrelay's own redis_queue input dead-letters the "poison" rows. Each example
 // reads every entry exactly once with its id, shard, offset, partition, transaction and payload
 // byte for byte as in the queue; the events replay into the source table; after SIGTERM nothing
@@ -124,6 +127,22 @@ func TestExampleConsumers(t *testing.T) {
 	}
 	withShards(3)
 	e.pg.Exec(writerTable)
+
+	// each example alone on a queue whose first message created one of its three shard streams:
+	// it creates its group on the other two with MKSTREAM and reads the message
+	w := queue.NewWriter(e.rd.Client(), queue.WriterConfig{Shards: 3})
+	for _, r := range runners {
+		q := "first_" + r.name
+		if _, err := w.Write(e.ctx, []queue.Message{{Queue: q, Partition: "p", ID: "m1", Payload: []byte(`{"op":"m"}`)}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		p := r.start(t, "--url", e.rd.URL(), "--group", r.name, q)
+		waitExampleLines(t, r.name, p, 1)
+		p.Signal(syscall.SIGTERM)
+		if err := p.Wait(30 * time.Second); err != nil {
+			t.Fatalf("%s on %s: %v\n%s", r.name, q, err, p.Output())
+		}
+	}
 
 	// the examples start before the queue exists and wait for it
 	consumers := map[string]*testenv.Process{}
