@@ -13,6 +13,7 @@ import (
 	_ "github.com/redpanda-data/benthos/v4/public/components/io"
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 	"github.com/redpanda-data/benthos/v4/public/service"
+	ucli "github.com/urfave/cli/v2"
 
 	_ "github.com/pgrelay/pgrelay/input"
 	"github.com/pgrelay/pgrelay/internal/cli"
@@ -39,7 +40,8 @@ func main() {
 		service.CLIOptSetVersion(b.String(), b.date),
 		service.CLIOptSetDocumentationURL("https://github.com/pgrelay/pgrelay/tree/main/docs"),
 	}
-	for _, c := range cli.Commands() {
+	// pgrelay's own subcommands, next to Benthos' run, lint, echo, streams, list...
+	for _, c := range []*ucli.Command{cli.Status(), cli.Resync(), cli.Teardown(), cli.Queue()} {
 		opts = append(opts, service.CLIOptAddCommand(c))
 	}
 	// Benthos handles SIGINT/SIGTERM itself; cancelling this context would skip the graceful stop.

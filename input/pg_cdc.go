@@ -5,19 +5,295 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
+	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
 	"github.com/pgrelay/pgrelay/internal/source"
+	"github.com/pgrelay/pgrelay/internal/speclint"
 )
 
-func init() {
-	service.MustRegisterBatchInput("pg_cdc", source.Spec(), newPgCDC)
+// Field names of the pg_cdc input (the connection fields are pgconnect's, under redis: redisconn's).
+const (
+	pcFieldName              = "name"
+	pcFieldTables            = "tables"
+	pcFieldTable             = "table"
+	pcFieldQueue             = "queue"
+	pcFieldPartitionBy       = "partition_by"
+	pcFieldPublication       = "publication"
+	pcFieldPublicationName   = "name"
+	pcFieldPublicationManage = "manage"
+	pcFieldPublishFunction   = "publish_function"
+	pcFieldSlot              = "slot"
+	pcFieldSlotName          = "name"
+	pcFieldSlotFailover      = "failover"
+	pcFieldRedis             = "redis"
+	pcFieldLeaseTTL          = "lease_ttl"
+	pcFieldMaxBundleMessages = "max_bundle_messages"
+	pcFieldMaxBundleBytes    = "max_bundle_bytes"
+	pcFieldLinger            = "linger"
+	pcFieldHeartbeat         = "heartbeat"
+	pcFieldTruncate          = "truncate"
+	pcFieldSnapshot          = "snapshot"
+	pcFieldChunkRows         = "chunk_rows"
+)
+
+// partition_by's and the enums' values.
+const (
+	pcPartitionKey, pcPartitionSingle = "key", "single"
+	pcTruncateSkip, pcTruncateEmit    = "skip", "emit"
+	pcSnapshotNever, pcSnapshotInit   = "never", "initial"
+)
+
+// PgCDCSpec is the pg_cdc input's config spec.
+func PgCDCSpec() *service.ConfigSpec {
+	tablePath := func(f string) string { return pcFieldTables + "[]." + f }
+	return service.NewConfigSpec().
+		Beta().
+		Version("0.1.0").
+		Categories("Services").
+		Summary("Streams committed PostgreSQL changes (logical replication, pgoutput) into pgrelay's Redis Streams queue, exactly once with the `redis_queue` output.").
+		Description(`Each committed transaction becomes change events (one JSON object per message: op, table, key,
+before, after, lsn, xid, ts) in commit order, one batch per transaction or several small ones; a large
+transaction goes in pieces whose cover records how far in they got. Every replica runs the same config; one
+owns the source through a lease in Redis, the others stand by.
+
+With the `+"`redis_queue`"+` output the messages and the source's pointer are written in one atomic script:
+exactly once. With any other output pg_cdc writes the pointer itself after the ack: at-least-once (a crash
+between the output's write and the pointer write repeats the batch). PostgreSQL is told a position only after
+the pointer holds it.
+
+Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_id`, `op`, `table`, `lsn`, `xid`"+`,
+`+"`created_at`"+`, and the batch's `+"`pgrelay_lease_key`, `pgrelay_fence`, `pgrelay_pointer_key`, `pgrelay_cover`"+`,
+which the `+"`redis_queue`"+` output reads. Keep a batch whole on its way there (no output `+"`batching`"+`).`).
+		Fields(pgconnect.Fields()...).
+		Fields(
+			service.NewStringField(pcFieldName).Description("The connector's name; the slot and publication default to `pgrelay_<name>` (`-` becomes `_`), and the lease and pointer keys carry it.").
+				Example("orders").LintRule(speclint.Match(pcFieldName, source.NamePattern, false)),
+			service.NewObjectListField(pcFieldTables,
+				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public.").
+					LintRule(speclint.Match(tablePath(pcFieldTable), source.TablePattern, false)),
+				service.NewStringField(pcFieldQueue).Description(fmt.Sprintf("The queue its changes go to (1-%d bytes, no braces).", source.MaxQueueBytes)).
+					LintRule(fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}") { [%q] }`,
+						source.MaxQueueBytes, fmt.Sprintf("%s must be 1-%d bytes without { or }", tablePath(pcFieldQueue), source.MaxQueueBytes))),
+				service.NewAnyField(pcFieldPartitionBy).Description("`key` (the key columns, default), `single` (one partition `all`, total order), or a list of columns.").Default(pcPartitionKey).
+					LintRule(fmt.Sprintf(`root = if this.type() == "string" { if ![%q, %q].contains(this) { [%q] } } else if this.type() == "array" { if this.length() == 0 || this.any(c -> c.type() != "string" || c == "") { [%q] } } else { [%q] }`,
+						pcPartitionKey, pcPartitionSingle, tablePath(pcFieldPartitionBy)+" must be key, single or a list of columns",
+						tablePath(pcFieldPartitionBy)+" must list at least one column, each a non-empty string",
+						tablePath(pcFieldPartitionBy)+" must be key, single or a list of columns")),
+			).Description("The tables to stream, in order; the lease and pointer live under the first one's queue.").
+				LintRule(fmt.Sprintf(`root = if this.type() != "array" { deleted() } else if this.length() < 1 || this.length() > %d { [%q] } else if this.map_each(t -> if t.%s.or("").contains(".") { t.%s } else { "public." + t.%s.or("") }).unique().length() != this.length() { [%q] }`,
+					source.MaxTables, fmt.Sprintf("%s must list 1-%d tables", pcFieldTables, source.MaxTables),
+					pcFieldTable, pcFieldTable, pcFieldTable, pcFieldTables+" must not list a table twice (name is public.name)")),
+			service.NewObjectField(pcFieldPublication,
+				service.NewStringField(pcFieldPublicationName).Description("Publication name; default `pgrelay_<name>`.").Default("").
+					LintRule(fmt.Sprintf(`root = if this.length() > %d { [%q] }`, source.MaxPublicationBytes,
+						fmt.Sprintf("%s.%s must be at most %d bytes", pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes))),
+				service.NewBoolField(pcFieldPublicationManage).Description("Create the publication, and correct it to exactly the tables (whole, every operation). When false it is only checked.").Default(true),
+			).Description("The publication pgoutput reads."),
+			service.NewBoolField(pcFieldPublishFunction).Description("At start, install `pgrelay.publish(queue, partition, payload)` (a transactional publish into the queue without an outbox table) when no function of that signature exists; an existing one is never replaced. Without the privilege (CREATE on the database) a `publish_function` warning is logged and the source streams on.").Default(true),
+			service.NewObjectField(pcFieldSlot,
+				service.NewStringField(pcFieldSlotName).Description("Replication slot name; default `pgrelay_<name>`.").Default("").
+					LintRule(speclint.Match(pcFieldSlot+"."+pcFieldSlotName, source.SlotPattern, true)),
+				service.NewBoolField(pcFieldSlotFailover).Description("Create a failover slot (PostgreSQL 17+).").Default(false),
+			).Description("The logical replication slot (created on the first start, never silently recreated)."),
+			service.NewObjectField(pcFieldRedis, redisconn.Fields()...).Description("The Redis holding the lease and pointer (the same as the redis_queue output's)."),
+			service.NewDurationField(pcFieldLeaseTTL).Description(fmt.Sprintf("Lease time to live (%s-%s); renewed every third of it, released at once on SIGTERM.", source.MinLeaseTTL, source.MaxLeaseTTL)).Default("10s").
+				LintRule(speclint.Duration(pcFieldLeaseTTL, source.MinLeaseTTL, source.MaxLeaseTTL)),
+			service.NewIntField(pcFieldMaxBundleMessages).Description(fmt.Sprintf("Most messages per batch (%d-%d); a larger transaction goes in pieces.", source.MinBundleMessages, source.MaxBundleMsgs)).Default(1000).
+				LintRule(speclint.Int(pcFieldMaxBundleMessages, source.MinBundleMessages, source.MaxBundleMsgs)),
+			service.NewIntField(pcFieldMaxBundleBytes).Description(fmt.Sprintf("Most payload bytes per batch (%d-%d).", source.MinBundleBytes, source.MaxBundleBytesLim)).Default(4<<20).
+				LintRule(speclint.Int(pcFieldMaxBundleBytes, source.MinBundleBytes, source.MaxBundleBytesLim)),
+			service.NewDurationField(pcFieldLinger).Description(fmt.Sprintf("How long a batch may wait for more transactions before it goes (0s-%s); 0 sends as soon as nothing more is buffered.", source.MaxLinger)).Default("0s").
+				LintRule(speclint.Duration(pcFieldLinger, 0, source.MaxLinger)),
+			service.NewDurationField(pcFieldHeartbeat).Description(fmt.Sprintf("With no WAL data for this long, emit a heartbeat message so an idle source still advances (%s-%s).", source.MinHeartbeat, source.MaxHeartbeat)).Default("10s").
+				LintRule(speclint.Duration(pcFieldHeartbeat, source.MinHeartbeat, source.MaxHeartbeat)),
+			service.NewStringEnumField(pcFieldTruncate, pcTruncateSkip, pcTruncateEmit).Description("`skip` (counted, logged) or `emit` a `t` event to partition `all` (needs partition_by: single on every table).").Default(pcTruncateSkip),
+			service.NewStringEnumField(pcFieldSnapshot, pcSnapshotNever, pcSnapshotInit).Description("`never`: stream from the slot's creation. `initial`: on the first start (and after `pgrelay resync`) also copy the rows already in the tables, as `r` events, chunk by chunk while the stream runs.").Default(pcSnapshotNever),
+			service.NewIntField(pcFieldChunkRows).Description(fmt.Sprintf("Rows per snapshot chunk (%d-%d): each chunk is one short REPEATABLE READ read between two watermarks.", source.MinChunkRows, source.MaxChunkRows)).Default(source.DefaultChunkRows).
+				LintRule(speclint.Int(pcFieldChunkRows, source.MinChunkRows, source.MaxChunkRows)),
+		).
+		LintRule(speclint.Rule(append(append(pgconnect.LintChecks(), speclint.RedisURLChecks(pcFieldRedis)...),
+			speclint.Check(fmt.Sprintf(`this.%s.or(%q) == %q && this.%s.or([]).any(t -> t.%s.or(%q) != %q)`,
+				pcFieldTruncate, pcTruncateSkip, pcTruncateEmit, pcFieldTables, pcFieldPartitionBy, pcPartitionKey, pcPartitionSingle),
+				pcFieldTruncate+": emit needs partition_by: single on every table (a truncate has no key)"),
+			speclint.Check(fmt.Sprintf(`this.%s.%s.or([]).length() > 0 && this.%s.or([]).map_each(t -> t.%s.or("").redis_cluster_slot()).unique().length() > 1`,
+				pcFieldRedis, redisconn.FieldClusterURLs, pcFieldTables, pcFieldQueue),
+				"on Redis Cluster every queue of one source must hash to the same slot (cluster_slot): give its tables the same queue"),
+		)...)).
+		Example("Orders into a queue", "Streams every committed change of public.orders into the queue `orders`, exactly once with the `redis_queue` output, copying the rows already there first. Run two or more copies for high availability: one owns the source, the others stand by.", `
+input:
+  pg_cdc:
+    name: orders
+    dsn: ${PG_DSN:postgres://pgrelay@127.0.0.1:5432/app}
+    password: ${PGPASSWORD:}
+    tables:
+      - table: public.orders
+        queue: orders
+    redis:
+      url: ${REDIS_URL:redis://127.0.0.1:6379}
+    snapshot: initial
+output:
+  redis_queue:
+    url: ${REDIS_URL:redis://127.0.0.1:6379}
+    durability: aof
+`).
+		Example("Several tables, one total order", "Every table in one partition (`single`), so a consumer sees the changes in exactly the commit order; a TRUNCATE is emitted as a `t` event.", `
+input:
+  pg_cdc:
+    name: ledger
+    host: 127.0.0.1
+    user: pgrelay
+    password: ${PGPASSWORD}
+    database: bank
+    tables:
+      - { table: accounts, queue: ledger, partition_by: single }
+      - { table: transfers, queue: ledger, partition_by: single }
+    truncate: emit
+    redis:
+      url: ${REDIS_URL:redis://127.0.0.1:6379}
+output:
+  redis_queue:
+    url: ${REDIS_URL:redis://127.0.0.1:6379}
+`)
 }
 
+func init() {
+	// Used by pg_cdc's lint rule, so it is registered before the spec is built.
+	bloblang.MustRegisterMethodV2("redis_cluster_slot",
+		bloblang.NewPluginSpec().Category("String Manipulation").
+			Description("The Redis Cluster hash slot (0-16383) of a key: CRC16 of its hash tag (the part between the first `{` and the next `}`, when not empty), else of the whole key, mod 16384.").
+			Example("", `root = this.key.redis_cluster_slot()`, [2]string{`{"key":"pgrelay:{orders}:s:0"}`, `105`}),
+		func(*bloblang.ParsedParams) (bloblang.Method, error) {
+			return bloblang.StringMethod(func(s string) (any, error) { return int64(source.ClusterSlot(s)), nil }), nil
+		})
+	service.MustRegisterBatchInput("pg_cdc", PgCDCSpec(), newPgCDC)
+}
+
+// PgCDCConfigFromParsed reads a pg_cdc section parsed with PgCDCSpec into source.Config and validates it;
+// errors start with the field's path.
+func PgCDCConfigFromParsed(conf *service.ParsedConfig) (source.Config, error) {
+	var c source.Config
+	var err error
+	str := func(dst *string, path ...string) {
+		if err == nil {
+			*dst, err = conf.FieldString(path...)
+		}
+	}
+	dur := func(dst *time.Duration, path string) {
+		if err == nil {
+			*dst, err = conf.FieldDuration(path)
+		}
+	}
+	integer := func(dst *int, path string) {
+		if err == nil {
+			*dst, err = conf.FieldInt(path)
+		}
+	}
+	boolean := func(dst *bool, path ...string) {
+		if err == nil {
+			*dst, err = conf.FieldBool(path...)
+		}
+	}
+	str(&c.Name, pcFieldName)
+	if c.PG, err = pgconnect.Parse(conf); err != nil {
+		return c, err
+	}
+	str(&c.Publication, pcFieldPublication, pcFieldPublicationName)
+	boolean(&c.ManagePublication, pcFieldPublication, pcFieldPublicationManage)
+	boolean(&c.PublishFunction, pcFieldPublishFunction)
+	str(&c.Slot, pcFieldSlot, pcFieldSlotName)
+	boolean(&c.SlotFailover, pcFieldSlot, pcFieldSlotFailover)
+	dur(&c.LeaseTTL, pcFieldLeaseTTL)
+	integer(&c.MaxBundleMessages, pcFieldMaxBundleMessages)
+	integer(&c.MaxBundleBytes, pcFieldMaxBundleBytes)
+	dur(&c.Linger, pcFieldLinger)
+	dur(&c.Heartbeat, pcFieldHeartbeat)
+	integer(&c.ChunkRows, pcFieldChunkRows)
+	var truncate, snapshot string
+	str(&truncate, pcFieldTruncate)
+	str(&snapshot, pcFieldSnapshot)
+	if err != nil {
+		return c, err
+	}
+	switch truncate {
+	case pcTruncateSkip, pcTruncateEmit:
+		c.TruncateEmit = truncate == pcTruncateEmit
+	default:
+		return c, fmt.Errorf("%s: %q is not %s or %s", pcFieldTruncate, truncate, pcTruncateSkip, pcTruncateEmit)
+	}
+	switch snapshot {
+	case pcSnapshotNever, pcSnapshotInit:
+		c.SnapshotInitial = snapshot == pcSnapshotInit
+	default:
+		return c, fmt.Errorf("%s: %q is not %s or %s", pcFieldSnapshot, snapshot, pcSnapshotInit, pcSnapshotNever)
+	}
+	if c.Redis, err = redisconn.Parse(conf.Namespace(pcFieldRedis)); err != nil {
+		return c, fmt.Errorf("%s: %w", pcFieldRedis, err)
+	}
+	if c.Tables, err = pgCDCTables(conf); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// pgCDCTables reads the tables list.
+func pgCDCTables(conf *service.ParsedConfig) ([]source.Table, error) {
+	list, err := conf.FieldObjectList(pcFieldTables)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]source.Table, 0, len(list))
+	for i, tc := range list {
+		path := func(f string) string { return fmt.Sprintf("%s[%d].%s", pcFieldTables, i, f) }
+		var t source.Table
+		name, err := tc.FieldString(pcFieldTable)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path(pcFieldTable), err)
+		}
+		t.Schema, t.Name = source.ParseTable(name)
+		if t.Queue, err = tc.FieldString(pcFieldQueue); err != nil {
+			return nil, fmt.Errorf("%s: %w", path(pcFieldQueue), err)
+		}
+		pb, err := tc.FieldAny(pcFieldPartitionBy)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path(pcFieldPartitionBy), err)
+		}
+		switch v := pb.(type) {
+		case string:
+			switch v {
+			case pcPartitionKey:
+				t.Mode = source.PartitionByKey
+			case pcPartitionSingle:
+				t.Mode = source.PartitionBySingle
+			default:
+				return nil, fmt.Errorf("%s: %q is not %s, %s or a list of columns", path(pcFieldPartitionBy), v, pcPartitionKey, pcPartitionSingle)
+			}
+		case []any:
+			t.Mode = source.PartitionByColumns
+			for _, c := range v {
+				s, ok := c.(string)
+				if !ok || s == "" {
+					return nil, fmt.Errorf("%s: columns must be non-empty strings", path(pcFieldPartitionBy))
+				}
+				t.Columns = append(t.Columns, s)
+			}
+		default:
+			return nil, fmt.Errorf("%s: use %s, %s or a list of columns", path(pcFieldPartitionBy), pcPartitionKey, pcPartitionSingle)
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+//------------------------------------------------------------------------------
+
 func newPgCDC(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchInput, error) {
-	cfg, err := source.ParseConfig(conf)
+	cfg, err := PgCDCConfigFromParsed(conf)
 	if err != nil {
 		return nil, err
 	}

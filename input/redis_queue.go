@@ -15,7 +15,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
 
-func redisQueueInputSpec() *service.ConfigSpec {
+// RedisQueueSpec is the redis_queue input's config spec.
+func RedisQueueSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Beta().
 		Categories("Services").
@@ -65,11 +66,59 @@ output:
 }
 
 func init() {
-	service.MustRegisterBatchInput("redis_queue", redisQueueInputSpec(),
+	service.MustRegisterBatchInput("redis_queue", RedisQueueSpec(),
 		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchInput, error) {
 			return newQueueInput(conf, mgr)
 		})
 }
+
+// RedisQueueConfig is a parsed redis_queue input section.
+type RedisQueueConfig struct {
+	Conn     redisconn.Config
+	Consumer queue.ConsumerConfig // without Logger and the metric hooks
+}
+
+// RedisQueueConfigFromParsed reads a redis_queue input section parsed with RedisQueueSpec and
+// validates it (a bad queue or group name fails here, at start, not at connect).
+func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (RedisQueueConfig, error) {
+	var rc RedisQueueConfig
+	var err error
+	if rc.Conn, err = redisconn.Parse(conf); err != nil {
+		return rc, err
+	}
+	c := &rc.Consumer
+	c.Prefix = rc.Conn.Prefix
+	if c.Queue, err = conf.FieldString("queue"); err != nil {
+		return rc, err
+	}
+	if c.Group, err = conf.FieldString("group"); err != nil {
+		return rc, err
+	}
+	if c.StartFrom, err = conf.FieldString("start_from"); err != nil {
+		return rc, err
+	}
+	if c.BatchCount, err = conf.FieldInt("batch_count"); err != nil {
+		return rc, err
+	}
+	if c.BatchBytes, err = conf.FieldInt("batch_bytes"); err != nil {
+		return rc, err
+	}
+	if c.Block, err = conf.FieldDuration("block"); err != nil {
+		return rc, err
+	}
+	if c.MaxAttempts, err = conf.FieldInt("max_attempts"); err != nil {
+		return rc, err
+	}
+	if c.LeaseTTL, err = conf.FieldDuration("lease_ttl"); err != nil {
+		return rc, err
+	}
+	if _, err := queue.NewConsumer(nil, *c); err != nil {
+		return rc, err
+	}
+	return rc, nil
+}
+
+//------------------------------------------------------------------------------
 
 // queueInput is the redis_queue input: a thin shell over queue.Consumer.
 type queueInput struct {
@@ -87,47 +136,18 @@ type queueInput struct {
 }
 
 func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueInput, error) {
-	in := &queueInput{}
-	var err error
-	if in.conn, err = redisconn.Parse(conf); err != nil {
+	rc, err := RedisQueueConfigFromParsed(conf)
+	if err != nil {
 		return nil, err
 	}
+	in := &queueInput{conn: rc.Conn, conf: rc.Consumer}
 	c := &in.conf
-	c.Prefix = in.conn.Prefix
-	if c.Queue, err = conf.FieldString("queue"); err != nil {
-		return nil, err
-	}
-	if c.Group, err = conf.FieldString("group"); err != nil {
-		return nil, err
-	}
-	if c.StartFrom, err = conf.FieldString("start_from"); err != nil {
-		return nil, err
-	}
-	if c.BatchCount, err = conf.FieldInt("batch_count"); err != nil {
-		return nil, err
-	}
-	if c.BatchBytes, err = conf.FieldInt("batch_bytes"); err != nil {
-		return nil, err
-	}
-	if c.Block, err = conf.FieldDuration("block"); err != nil {
-		return nil, err
-	}
-	if c.MaxAttempts, err = conf.FieldInt("max_attempts"); err != nil {
-		return nil, err
-	}
-	if c.LeaseTTL, err = conf.FieldDuration("lease_ttl"); err != nil {
-		return nil, err
-	}
 	c.Logger = mgr.Logger()
 	in.log, in.gauges = mgr.Logger(), newGroupGauges(mgr.Metrics())
 	dead := mgr.Metrics().NewCounter("redis_queue_dead_letters")
 	gone := mgr.Metrics().NewCounter("redis_queue_trimmed_pending")
 	c.OnDeadLetter = func(n int) { dead.Incr(int64(n)) }
 	c.OnGone = func(n int) { gone.Incr(int64(n)) }
-	// validate now, so a bad queue or group name fails at start, not at connect
-	if _, err := queue.NewConsumer(nil, *c); err != nil {
-		return nil, err
-	}
 	return in, nil
 }
 

@@ -15,7 +15,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/sink"
 )
 
-func pgSinkSpec() *service.ConfigSpec {
+// PgSinkSpec is the pg_sink output's config spec.
+func PgSinkSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Beta().
 		Categories("Services").
@@ -112,26 +113,27 @@ root = [
 `
 
 func init() {
-	service.MustRegisterBatchOutput("pg_sink", pgSinkSpec(),
+	service.MustRegisterBatchOutput("pg_sink", PgSinkSpec(),
 		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchOutput, service.BatchPolicy, int, error) {
-			c, err := parsePGSink(conf)
+			c, err := PgSinkConfigFromParsed(conf)
 			if err != nil {
 				return nil, service.BatchPolicy{}, 0, err
 			}
-			return newPGSink(c, mgr), service.BatchPolicy{}, c.maxInFlight, nil
+			return newPGSink(c, mgr), service.BatchPolicy{}, c.MaxInFlight, nil
 		})
 }
 
-// pgSinkConf is the parsed configuration.
-type pgSinkConf struct {
-	sink        sink.Config
-	conn        pgconnect.Config
+// PgSinkConfig is a parsed pg_sink section.
+type PgSinkConfig struct {
+	Sink        sink.Config
+	Conn        pgconnect.Config
+	MaxInFlight int
 	maxConns    int
-	maxInFlight int
 }
 
-func parsePGSink(conf *service.ParsedConfig) (pgSinkConf, error) {
-	var c pgSinkConf
+// PgSinkConfigFromParsed reads a pg_sink section parsed with PgSinkSpec and validates it.
+func PgSinkConfigFromParsed(conf *service.ParsedConfig) (PgSinkConfig, error) {
+	var c PgSinkConfig
 	var mode string
 	var err error
 	str := func(dst *string, path ...string) {
@@ -139,15 +141,15 @@ func parsePGSink(conf *service.ParsedConfig) (pgSinkConf, error) {
 			*dst, err = conf.FieldString(path...)
 		}
 	}
-	if c.conn, err = pgconnect.Parse(conf); err != nil {
+	if c.Conn, err = pgconnect.Parse(conf); err != nil {
 		return c, err
 	}
-	str(&c.sink.Name, "name")
-	str(&c.sink.Table, "table")
+	str(&c.Sink.Name, "name")
+	str(&c.Sink.Table, "table")
 	str(&mode, "mode")
-	str(&c.sink.Statement, "statement")
-	str(&c.sink.ProgressTable, "progress_table")
-	md := &c.sink.Metadata
+	str(&c.Sink.Statement, "statement")
+	str(&c.Sink.ProgressTable, "progress_table")
+	md := &c.Sink.Metadata
 	for path, dst := range map[string]*string{"partition": &md.Partition, "shard": &md.Shard, "offset": &md.Offset,
 		"message_id": &md.MessageID, "transaction_id": &md.TransactionID, "created_at": &md.CreatedAt, "payload": &md.Payload} {
 		str(dst, "metadata", path)
@@ -155,39 +157,39 @@ func parsePGSink(conf *service.ParsedConfig) (pgSinkConf, error) {
 	if err != nil {
 		return c, err
 	}
-	c.sink.Mode = sink.Mode(mode)
-	if c.sink.Key, err = conf.FieldStringList("key"); err != nil {
+	c.Sink.Mode = sink.Mode(mode)
+	if c.Sink.Key, err = conf.FieldStringList("key"); err != nil {
 		return c, err
 	}
-	if c.sink.Params, err = conf.FieldStringList("params"); err != nil {
+	if c.Sink.Params, err = conf.FieldStringList("params"); err != nil {
 		return c, err
 	}
-	if c.sink.CreateProgressTable, err = conf.FieldBool("create_progress_table"); err != nil {
+	if c.Sink.CreateProgressTable, err = conf.FieldBool("create_progress_table"); err != nil {
 		return c, err
 	}
-	if c.sink.RequireProgress, err = conf.FieldBool("require_progress"); err != nil {
+	if c.Sink.RequireProgress, err = conf.FieldBool("require_progress"); err != nil {
 		return c, err
 	}
-	if c.maxInFlight, err = conf.FieldInt("max_in_flight"); err != nil {
+	if c.MaxInFlight, err = conf.FieldInt("max_in_flight"); err != nil {
 		return c, err
 	}
-	if c.sink.RetryMax, err = conf.FieldDuration("retry_max_wait"); err != nil {
+	if c.Sink.RetryMax, err = conf.FieldDuration("retry_max_wait"); err != nil {
 		return c, err
 	}
-	if c.maxInFlight < 1 {
+	if c.MaxInFlight < 1 {
 		return c, errcode.New("sink_config", "max_in_flight must be at least 1", "set max_in_flight: 1 or more")
 	}
-	c.maxConns = c.maxInFlight + 1
-	c.conn.ApplicationName = "pgrelay-sink-" + c.sink.Name
-	if err := c.conn.Validate(); err != nil {
+	c.maxConns = c.MaxInFlight + 1
+	c.Conn.ApplicationName = "pgrelay-sink-" + c.Sink.Name
+	if err := c.Conn.Validate(); err != nil {
 		return c, errcode.New("sink_config", err.Error(), "correct the connection fields (dsn, host, port, tls)")
 	}
-	return c, c.sink.Validate()
+	return c, c.Sink.Validate()
 }
 
 // pgSink is the Benthos shell over sink.Applier.
 type pgSink struct {
-	conf pgSinkConf
+	conf PgSinkConfig
 	log  *service.Logger
 	m    sinkMetrics
 
@@ -202,9 +204,9 @@ type sinkMetrics struct {
 	lastError, paused                                  *service.MetricGauge
 }
 
-func newPGSink(c pgSinkConf, mgr *service.Resources) *pgSink {
+func newPGSink(c PgSinkConfig, mgr *service.Resources) *pgSink {
 	m := mgr.Metrics()
-	return &pgSink{conf: c, log: mgr.Logger().With("sink", c.sink.Name), m: sinkMetrics{
+	return &pgSink{conf: c, log: mgr.Logger().With("sink", c.Sink.Name), m: sinkMetrics{
 		applied:   m.NewCounter("pg_sink_applied", "sink"),
 		skipped:   m.NewCounter("pg_sink_skipped", "sink"),
 		failed:    m.NewCounter("pg_sink_failed", "sink"),
@@ -224,7 +226,7 @@ func (s *pgSink) Connect(ctx context.Context) error {
 	if s.applier != nil {
 		return nil
 	}
-	pcfg, err := s.conf.conn.PoolConfig(s.conf.maxConns)
+	pcfg, err := s.conf.Conn.PoolConfig(s.conf.maxConns)
 	if err != nil {
 		return err
 	}
@@ -232,7 +234,7 @@ func (s *pgSink) Connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a, err := sink.NewApplier(ctx, pool, s.conf.sink, s.onRetry)
+	a, err := sink.NewApplier(ctx, pool, s.conf.Sink, s.onRetry)
 	if err != nil {
 		err = pgconnect.Explain(err) // a TLS or pg_hba.conf refusal gets its code and fix
 		pool.Close()
@@ -240,7 +242,7 @@ func (s *pgSink) Connect(ctx context.Context) error {
 		return err
 	}
 	s.pool, s.applier = pool, a
-	s.m.paused.Set(0, s.conf.sink.Name)
+	s.m.paused.Set(0, s.conf.Sink.Name)
 	return nil
 }
 
@@ -258,10 +260,10 @@ func (s *pgSink) countError(err error, class sink.Class) {
 	if code == "" {
 		code = "unknown"
 	}
-	s.m.errors.Incr(1, s.conf.sink.Name, class.String(), code)
-	s.m.lastError.Set(time.Now().Unix(), s.conf.sink.Name)
+	s.m.errors.Incr(1, s.conf.Sink.Name, class.String(), code)
+	s.m.lastError.Set(time.Now().Unix(), s.conf.Sink.Name)
 	if class == sink.Environment {
-		s.m.paused.Set(1, s.conf.sink.Name) // until a batch commits or Connect succeeds
+		s.m.paused.Set(1, s.conf.Sink.Name) // until a batch commits or Connect succeeds
 	}
 }
 
@@ -286,7 +288,7 @@ func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) err
 		s.countError(err, sink.Environment)
 		return err
 	}
-	name := s.conf.sink.Name
+	name := s.conf.Sink.Name
 	s.m.paused.Set(0, name)
 	s.m.batches.Incr(1, name)
 	s.m.applied.Incr(int64(res.Applied), name)

@@ -17,7 +17,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
 
-func redisQueueOutputSpec() *service.ConfigSpec {
+// RedisQueueSpec is the redis_queue output's config spec.
+func RedisQueueSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Beta().
 		Categories("Services").
@@ -88,9 +89,9 @@ output:
 }
 
 func init() {
-	service.MustRegisterBatchOutput("redis_queue", redisQueueOutputSpec(),
+	service.MustRegisterBatchOutput("redis_queue", RedisQueueSpec(),
 		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchOutput, service.BatchPolicy, int, error) {
-			c, err := parseQueueOutput(conf)
+			c, err := RedisQueueConfigFromParsed(conf)
 			if err != nil {
 				return nil, service.BatchPolicy{}, 0, err
 			}
@@ -106,9 +107,9 @@ func init() {
 		})
 }
 
-// queueOutputConfig is the parsed output config.
-type queueOutputConfig struct {
-	conn           redisconn.Config
+// RedisQueueConfig is a parsed redis_queue output section.
+type RedisQueueConfig struct {
+	Conn           redisconn.Config
 	queueField     fieldReader
 	partitionField fieldReader
 	idField        fieldReader
@@ -118,8 +119,12 @@ type queueOutputConfig struct {
 	metadata       *service.MetadataFilter
 }
 
-func parseQueueOutput(conf *service.ParsedConfig) (c queueOutputConfig, err error) {
-	if c.conn, err = redisconn.Parse(conf); err != nil {
+// StaticQueue is the queue the output writes to when it is one fixed name.
+func (c RedisQueueConfig) StaticQueue() (string, bool) { return c.queueField.interp.Static() }
+
+// RedisQueueConfigFromParsed reads a redis_queue output section parsed with RedisQueueSpec.
+func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (c RedisQueueConfig, err error) {
+	if c.Conn, err = redisconn.Parse(conf); err != nil {
 		return c, err
 	}
 	if c.queueField, err = newFieldReader(conf, "queue"); err != nil {
@@ -131,7 +136,7 @@ func parseQueueOutput(conf *service.ParsedConfig) (c queueOutputConfig, err erro
 	if c.idField, err = newFieldReader(conf, "id"); err != nil {
 		return c, err
 	}
-	c.writer.Prefix = c.conn.Prefix
+	c.writer.Prefix = c.Conn.Prefix
 	if conf.Contains("shards") {
 		if c.writer.Shards, err = conf.FieldInt("shards"); err != nil {
 			return c, err
@@ -202,7 +207,7 @@ func parseDurability(conf *service.ParsedConfig) (queue.Durability, error) {
 
 // queueOutput is the redis_queue output: a thin shell over queue.Writer.
 type queueOutput struct {
-	conf queueOutputConfig
+	conf RedisQueueConfig
 	log  *service.Logger
 
 	written    *service.MetricCounter
@@ -217,7 +222,7 @@ type queueOutput struct {
 	done   chan struct{}
 }
 
-func newQueueOutput(c queueOutputConfig, mgr *service.Resources) *queueOutput {
+func newQueueOutput(c RedisQueueConfig, mgr *service.Resources) *queueOutput {
 	m := mgr.Metrics()
 	return &queueOutput{conf: c, log: mgr.Logger(), queues: map[string]struct{}{},
 		written:    m.NewCounter("redis_queue_messages_written"),
@@ -231,7 +236,7 @@ func (o *queueOutput) Connect(ctx context.Context) error {
 	if o.writer != nil {
 		return nil
 	}
-	rdb, err := o.conf.conn.Client()
+	rdb, err := o.conf.Conn.Client()
 	if err != nil {
 		return err
 	}

@@ -89,3 +89,25 @@ metrics:
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestCLIOutputCarriesNoRedisClientLog: against a Redis that cannot be reached, `pgrelay queue` and
+// `pgrelay status` print their one error, without go-redis' own log lines (its pool logs every
+// failed dial).
+func TestCLIOutputCarriesNoRedisClientLog(t *testing.T) {
+	url := fmt.Sprintf("redis://127.0.0.1:%d", testenv.FreePort(t)) // nothing listens there
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("input:\n  redis_queue: {url: %q, queue: q, group: g}\noutput:\n  drop: {}\n", url)), 0o644)
+	for _, args := range [][]string{
+		{"queue", "info", "--url", url, "--timeout", "3s", "q"},
+		{"queue", "dlq", "-c", cfg, "--timeout", "3s"},
+		{"status", "-c", cfg},
+	} {
+		out, err := exec.Command(testenv.Binary(t), args...).CombinedOutput()
+		if err == nil {
+			t.Fatalf("pgrelay %s succeeded without Redis: %s", strings.Join(args, " "), out)
+		}
+		if !strings.Contains(string(out), "connection refused") || strings.Contains(string(out), "redis: 20") || strings.Contains(string(out), "connection pool") {
+			t.Errorf("pgrelay %s printed:\n%s\nwant its own error only, without go-redis log lines", strings.Join(args, " "), out)
+		}
+	}
+}

@@ -1,38 +1,47 @@
-// Package cli holds pgrelay's own subcommands (status, resync, teardown, queue), added to the
-// Benthos CLI by main. Each subcommand registers itself here from the package that implements it,
-// so main stays a list of imports.
+// Package cli holds pgrelay's own subcommands, one file each: status, resync, teardown and queue.
+// main lists them where it builds the Benthos CLI. Every subcommand that takes a pipeline config
+// (-c) reads it with readPipeline (pipeline.go), which parses each pg_cdc, pg_sink and redis_queue
+// section with that plugin's own spec and parser, so a subcommand sees exactly the values the
+// running pipeline uses, TLS included.
 package cli
 
 import (
-	"sort"
-	"sync"
+	"context"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/urfave/cli/v2"
 )
 
-var (
-	mu       sync.Mutex
-	commands = map[string]*cli.Command{}
-)
+// timeout bounds one subcommand's work against the servers.
+const timeout = 30 * time.Second
 
-// Register adds a subcommand; it panics on a duplicate name, a programming error caught at start.
-func Register(c *cli.Command) {
-	mu.Lock()
-	defer mu.Unlock()
-	if _, dup := commands[c.Name]; dup {
-		panic("cli: duplicate command " + c.Name)
-	}
-	commands[c.Name] = c
+// configFlag is -c, the pipeline config.
+func configFlag(usage string) cli.Flag {
+	return &cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: usage, Required: true}
 }
 
-// Commands lists the registered subcommands by name.
-func Commands() []*cli.Command {
-	mu.Lock()
-	defer mu.Unlock()
-	out := make([]*cli.Command, 0, len(commands))
-	for _, c := range commands {
-		out = append(out, c)
+// jsonFlag is --json.
+func jsonFlag() cli.Flag { return &cli.BoolFlag{Name: "json", Usage: "print JSON"} }
+
+// quiet makes a command and its subcommands keep go-redis' own log lines (a pool that cannot
+// dial logs each attempt) out of their output: the command reports the error itself, once.
+func quiet(c *cli.Command) *cli.Command {
+	before := c.Before
+	c.Before = func(ctx *cli.Context) error {
+		redis.SetLogger(discardLogger{})
+		if before != nil {
+			return before(ctx)
+		}
+		return nil
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	for _, sub := range c.Subcommands {
+		quiet(sub)
+	}
+	return c
 }
+
+// discardLogger drops go-redis' log lines.
+type discardLogger struct{}
+
+func (discardLogger) Printf(context.Context, string, ...any) {}

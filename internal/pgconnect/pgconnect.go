@@ -5,6 +5,7 @@
 package pgconnect
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/speclint"
 )
 
 // Config is a parsed PostgreSQL connection: a DSN and/or separate fields; a field that is set
@@ -33,27 +35,63 @@ type Config struct {
 // TLSModes are the accepted tls.mode values (libpq's sslmode).
 var TLSModes = []string{"", "disable", "allow", "prefer", "require", "verify-ca", "verify-full"}
 
+// Field names of the connection fields.
+const (
+	FieldDSN           = "dsn"
+	FieldHost          = "host"
+	FieldPort          = "port"
+	FieldUser          = "user"
+	FieldPassword      = "password"
+	FieldDatabase      = "database"
+	FieldTLS           = "tls"
+	FieldTLSMode       = "mode"
+	FieldTLSRootCAFile = "root_ca_file"
+	FieldTLSClientCert = "client_cert_file"
+	FieldTLSClientKey  = "client_key_file"
+	MaxPort            = 65535
+	tlsModeVerifyCA    = "verify-ca"
+	tlsModeVerifyFull  = "verify-full"
+	msgRootCANeedsMode = FieldTLS + "." + FieldTLSRootCAFile + ": needs " + FieldTLS + "." + FieldTLSMode + " " + tlsModeVerifyCA + " or " + tlsModeVerifyFull
+	msgCertAndKey      = FieldTLS + "." + FieldTLSClientCert + ": " + FieldTLSClientCert + " and " + FieldTLSClientKey + " go together"
+	msgDSNOrHost       = FieldDSN + ": set " + FieldDSN + " or " + FieldHost
+	dsnURLPrefix       = "postgres://"
+	dsnURLPrefixLong   = "postgresql://"
+	dsnKeyValuePattern = `^\s*([A-Za-z_]+\s*=\s*('([^'\\]|\\.)*'|[^\s']+)\s*)*$`
+)
+
 // Fields returns the connection fields, to put at the top level of a component's spec.
 func Fields() []*service.ConfigField {
 	return []*service.ConfigField{
-		service.NewStringField("dsn").
+		service.NewStringField(FieldDSN).
 			Description("PostgreSQL connection string (URL or key=value). The fields host, port, user, password, database and tls override its parts. Put passwords in `${ENV}` variables.").
-			Example("postgres://pgrelay:${PGPASSWORD}@127.0.0.1:5432/app").Default("").Secret(),
-		service.NewStringField("host").Description("Host name or socket directory (when no dsn, or to override it).").Default(""),
-		service.NewIntField("port").Description("Port; 0 keeps the dsn's (or 5432).").Default(0).
-			LintRule(`root = if this < 0 || this > 65535 { ["port must be in 0-65535"] }`),
-		service.NewStringField("user").Description("User name.").Default(""),
-		service.NewStringField("password").Description("Password. Use `${ENV}`.").Default("").Secret(),
-		service.NewStringField("database").Description("Database name.").Default(""),
-		service.NewObjectField("tls",
-			service.NewStringEnumField("mode", TLSModes...).
+			Example("postgres://pgrelay:${PGPASSWORD}@127.0.0.1:5432/app").Default("").Secret().
+			LintRule(fmt.Sprintf("let bad = if this == \"\" { false } else if this.has_prefix(%q) || this.has_prefix(%q) { this.parse_url().catch(null) == null } else { !this.re_match(%s) }\nroot = if $bad { [%q] }",
+				dsnURLPrefix, dsnURLPrefixLong, speclint.Quote(dsnKeyValuePattern), FieldDSN+" must be a postgres:// URL or key=value pairs")),
+		service.NewStringField(FieldHost).Description("Host name or socket directory (when no dsn, or to override it).").Default(""),
+		service.NewIntField(FieldPort).Description("Port; 0 keeps the dsn's (or 5432).").Default(0).
+			LintRule(speclint.Int(FieldPort, 0, MaxPort)),
+		service.NewStringField(FieldUser).Description("User name.").Default(""),
+		service.NewStringField(FieldPassword).Description("Password. Use `${ENV}`.").Default("").Secret(),
+		service.NewStringField(FieldDatabase).Description("Database name.").Default(""),
+		service.NewObjectField(FieldTLS,
+			service.NewStringEnumField(FieldTLSMode, TLSModes...).
 				Description("TLS to PostgreSQL (libpq's sslmode): disable; prefer (TLS if offered); require (encrypted, not verified); verify-ca (certificate checked); verify-full (certificate and host name checked). Empty keeps the dsn's (libpq's default: prefer).").
 				Default(""),
-			service.NewStringField("root_ca_file").Description("PEM file of the CA that signed the server's certificate (verify-ca, verify-full).").Default(""),
-			service.NewStringField("client_cert_file").Description("PEM client certificate (with client_key_file).").Default(""),
-			service.NewStringField("client_key_file").Description("PEM client key (with client_cert_file).").Default(""),
-		).Description("TLS to PostgreSQL."),
+			service.NewStringField(FieldTLSRootCAFile).Description("PEM file of the CA that signed the server's certificate (verify-ca, verify-full).").Default(""),
+			service.NewStringField(FieldTLSClientCert).Description("PEM client certificate (with client_key_file).").Default(""),
+			service.NewStringField(FieldTLSClientKey).Description("PEM client key (with client_cert_file).").Default(""),
+		).Description("TLS to PostgreSQL.").
+			LintRule(speclint.Rule(
+				speclint.Check(fmt.Sprintf(`this.%s.or("") != "" && ![%q, %q].contains(this.%s.or(""))`, FieldTLSRootCAFile, tlsModeVerifyCA, tlsModeVerifyFull, FieldTLSMode), msgRootCANeedsMode),
+				speclint.Check(fmt.Sprintf(`(this.%s.or("") == "") != (this.%s.or("") == "")`, FieldTLSClientCert, FieldTLSClientKey), msgCertAndKey),
+			)),
 	}
+}
+
+// LintChecks are the component-wide checks of the connection fields (speclint.Check expressions),
+// for the spec's LintRule: a dsn or a host.
+func LintChecks() []string {
+	return []string{speclint.Check(fmt.Sprintf(`this.%s.or("") == "" && this.%s.or("") == ""`, FieldDSN, FieldHost), msgDSNOrHost)}
 }
 
 // Parse reads the fields added by Fields.
@@ -65,17 +103,17 @@ func Parse(conf *service.ParsedConfig) (Config, error) {
 			*dst, err = conf.FieldString(path...)
 		}
 	}
-	str(&c.DSN, "dsn")
-	str(&c.Host, "host")
-	str(&c.User, "user")
-	str(&c.Password, "password")
-	str(&c.Database, "database")
-	str(&c.TLSMode, "tls", "mode")
-	str(&c.RootCAFile, "tls", "root_ca_file")
-	str(&c.CertFile, "tls", "client_cert_file")
-	str(&c.KeyFile, "tls", "client_key_file")
+	str(&c.DSN, FieldDSN)
+	str(&c.Host, FieldHost)
+	str(&c.User, FieldUser)
+	str(&c.Password, FieldPassword)
+	str(&c.Database, FieldDatabase)
+	str(&c.TLSMode, FieldTLS, FieldTLSMode)
+	str(&c.RootCAFile, FieldTLS, FieldTLSRootCAFile)
+	str(&c.CertFile, FieldTLS, FieldTLSClientCert)
+	str(&c.KeyFile, FieldTLS, FieldTLSClientKey)
 	if err == nil {
-		c.Port, err = conf.FieldInt("port")
+		c.Port, err = conf.FieldInt(FieldPort)
 	}
 	return c, err
 }
@@ -88,18 +126,18 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case !known:
-		return fmt.Errorf("tls.mode: %q is not one of %s", c.TLSMode, strings.Join(TLSModes[1:], ", "))
-	case c.RootCAFile != "" && c.TLSMode != "verify-ca" && c.TLSMode != "verify-full":
-		return fmt.Errorf("tls.root_ca_file: needs tls.mode verify-ca or verify-full")
+		return fmt.Errorf("%s.%s: %q is not one of %s", FieldTLS, FieldTLSMode, c.TLSMode, strings.Join(TLSModes[1:], ", "))
+	case c.RootCAFile != "" && c.TLSMode != tlsModeVerifyCA && c.TLSMode != tlsModeVerifyFull:
+		return errors.New(msgRootCANeedsMode)
 	case (c.CertFile == "") != (c.KeyFile == ""):
-		return fmt.Errorf("tls.client_cert_file: client_cert_file and client_key_file go together")
+		return errors.New(msgCertAndKey)
 	case c.DSN == "" && c.Host == "":
-		return fmt.Errorf("dsn: set dsn or host")
-	case c.Port < 0 || c.Port > 65535:
-		return fmt.Errorf("port: %d is not in 1-65535", c.Port)
+		return errors.New(msgDSNOrHost)
+	case c.Port < 0 || c.Port > MaxPort:
+		return fmt.Errorf("%s: %d is not in 0-%d", FieldPort, c.Port, MaxPort)
 	}
 	if _, err := c.ConnConfig(); err != nil {
-		return fmt.Errorf("dsn: %v", err)
+		return fmt.Errorf("%s: %v", FieldDSN, err)
 	}
 	return nil
 }
@@ -178,7 +216,7 @@ func joinDSN(dsn string, kv []string) string {
 	if len(kv) == 0 {
 		return dsn
 	}
-	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+	if !strings.HasPrefix(dsn, dsnURLPrefix) && !strings.HasPrefix(dsn, dsnURLPrefixLong) {
 		return strings.TrimSpace(dsn + " " + strings.Join(kv, " "))
 	}
 	sep := "?"

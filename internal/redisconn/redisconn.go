@@ -23,20 +23,30 @@ type Config struct {
 	Prefix      string // key prefix, "pgrelay" by default
 }
 
+// Field names of the connection fields.
+const (
+	FieldURL         = "url"
+	FieldClusterURLs = "cluster_urls"
+	FieldUsername    = "username"
+	FieldPassword    = "password"
+	FieldTLS         = "tls"
+	FieldPrefix      = "prefix"
+)
+
 // Fields returns the connection fields, to embed at the top level of a component's spec.
 func Fields() []*service.ConfigField {
 	return []*service.ConfigField{
-		service.NewStringField("url").
+		service.NewStringField(FieldURL).
 			Description("Redis URL: `redis://[user[:password]@]host:port[/db]`, or `rediss://` for TLS. Put passwords in `${ENV}` variables.").
 			Example("redis://127.0.0.1:6379").Example("rediss://pgrelay:${REDIS_PASSWORD}@redis.internal:6380").
 			Default("redis://127.0.0.1:6379").Secret(),
-		service.NewStringListField("cluster_urls").
+		service.NewStringListField(FieldClusterURLs).
 			Description("Seed nodes of a Redis Cluster (`redis://host:port`). When set, `url` is ignored and a cluster client is used.").
 			Default([]any{}).Advanced(),
-		service.NewStringField("username").Description("ACL user name; overrides the URL's.").Default("").Advanced(),
-		service.NewStringField("password").Description("Password; overrides the URL's. Use `${ENV}`.").Default("").Secret().Advanced(),
-		service.NewTLSToggledField("tls"),
-		service.NewStringField("prefix").Description("Prefix of every key pgrelay uses (DESIGN §4).").Default("pgrelay").
+		service.NewStringField(FieldUsername).Description("ACL user name; overrides the URL's.").Default("").Advanced(),
+		service.NewStringField(FieldPassword).Description("Password; overrides the URL's. Use `${ENV}`.").Default("").Secret().Advanced(),
+		service.NewTLSToggledField(FieldTLS),
+		service.NewStringField(FieldPrefix).Description("Prefix of every key pgrelay uses in Redis.").Default("pgrelay").
 			LintRule(`root = if !this.re_match("^[A-Za-z0-9_.-]+$") { ["prefix must be letters, digits, '_', '.' or '-'"] }`),
 	}
 }
@@ -45,26 +55,26 @@ func Fields() []*service.ConfigField {
 func Parse(conf *service.ParsedConfig) (Config, error) {
 	var c Config
 	var err error
-	if c.URL, err = conf.FieldString("url"); err != nil {
+	if c.URL, err = conf.FieldString(FieldURL); err != nil {
 		return c, err
 	}
-	if c.ClusterURLs, err = conf.FieldStringList("cluster_urls"); err != nil {
+	if c.ClusterURLs, err = conf.FieldStringList(FieldClusterURLs); err != nil {
 		return c, err
 	}
-	if c.Username, err = conf.FieldString("username"); err != nil {
+	if c.Username, err = conf.FieldString(FieldUsername); err != nil {
 		return c, err
 	}
-	if c.Password, err = conf.FieldString("password"); err != nil {
+	if c.Password, err = conf.FieldString(FieldPassword); err != nil {
 		return c, err
 	}
-	tlsConf, enabled, err := conf.FieldTLSToggled("tls")
+	tlsConf, enabled, err := conf.FieldTLSToggled(FieldTLS)
 	if err != nil {
 		return c, err
 	}
 	if enabled {
 		c.TLS = tlsConf
 	}
-	if c.Prefix, err = conf.FieldString("prefix"); err != nil {
+	if c.Prefix, err = conf.FieldString(FieldPrefix); err != nil {
 		return c, err
 	}
 	return c, c.Validate()

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -28,38 +26,6 @@ type Live struct {
 	Errors      map[string]int64 `json:"errors,omitempty"` // "class/code" → count
 	LastErrorAt *time.Time       `json:"last_error_at,omitempty"`
 	Problem     string           `json:"scrape_error,omitempty"`
-}
-
-// MetricsURLEnv overrides the metrics endpoint status scrapes (e.g. for `pgrelay streams`, whose
-// http and metrics sections live in another file than the pipeline's).
-const MetricsURLEnv = "PGRELAY_METRICS_URL"
-
-// metricsURL is the Prometheus endpoint of a pipeline config: its http server (default
-// 0.0.0.0:4195, asked on 127.0.0.1) when the config has a prometheus metrics exporter; "" otherwise.
-func metricsURL(doc map[string]any) string {
-	if u := os.Getenv(MetricsURLEnv); u != "" {
-		return u
-	}
-	metrics, _ := doc["metrics"].(map[string]any)
-	if _, ok := metrics["prometheus"]; !ok {
-		return ""
-	}
-	httpSection, _ := doc["http"].(map[string]any)
-	if enabled, ok := httpSection["enabled"].(bool); ok && !enabled {
-		return ""
-	}
-	addr, _ := httpSection["address"].(string)
-	if addr == "" {
-		addr = "0.0.0.0:4195"
-	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return ""
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
-	}
-	return "http://" + net.JoinHostPort(host, port) + "/metrics"
 }
 
 // promLine is one sample of the Prometheus text format: name{labels} value.

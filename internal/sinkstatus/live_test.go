@@ -6,31 +6,6 @@ import (
 	"time"
 )
 
-func TestMetricsURL(t *testing.T) {
-	cases := []struct {
-		name string
-		doc  map[string]any
-		want string
-	}{
-		{"no metrics section", map[string]any{"http": map[string]any{"address": "127.0.0.1:9"}}, ""},
-		{"prometheus on the default address", map[string]any{"metrics": map[string]any{"prometheus": map[string]any{}}}, "http://127.0.0.1:4195/metrics"},
-		{"prometheus on a set address", map[string]any{"metrics": map[string]any{"prometheus": nil}, "http": map[string]any{"address": "10.1.2.3:4196"}}, "http://10.1.2.3:4196/metrics"},
-		{"http disabled", map[string]any{"metrics": map[string]any{"prometheus": nil}, "http": map[string]any{"enabled": false}}, ""},
-		{"another exporter", map[string]any{"metrics": map[string]any{"json_api": nil}}, ""},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if got := metricsURL(c.doc); got != c.want {
-				t.Fatalf("got %q, want %q", got, c.want)
-			}
-		})
-	}
-	t.Setenv(MetricsURLEnv, "http://127.0.0.1:1/metrics")
-	if got := metricsURL(nil); got != "http://127.0.0.1:1/metrics" {
-		t.Fatalf("env override: %q", got)
-	}
-}
-
 func TestLiveAddReadsOnlyItsSink(t *testing.T) {
 	text := `# TYPE pg_sink_applied counter
 pg_sink_applied{label="o",path="root.output",sink="copy",stream="a"} 49

@@ -1,47 +1,12 @@
 package sinkstatus
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/urfave/cli/v2"
 )
-
-// WithSinks wraps the status command's action (the source part): for a config holding a pg_cdc
-// input the source part runs first; then every pg_sink output and redis_queue input of the config
-// is shown. A config with neither a source nor a sink part is an error naming what is looked for.
-func WithSinks(sources cli.ActionFunc) cli.ActionFunc {
-	return func(c *cli.Context) error {
-		path := c.String("config")
-		parts, err := PartsFromFile(path)
-		if err != nil {
-			return cli.Exit(err.Error(), 2)
-		}
-		if len(parts.Sinks) == 0 && len(parts.Groups) == 0 {
-			return sources(c) // only a source, or nothing: the source part says so
-		}
-		if parts.HasSource {
-			if err := sources(c); err != nil {
-				return err
-			}
-		}
-		ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
-		defer cancel()
-		st := Read(ctx, parts)
-		if err := Print(c.App.Writer, st, c.Bool("json")); err != nil {
-			return err
-		}
-		if p := st.Problems(); len(p) > 0 {
-			return cli.Exit(strings.Join(p, "\n"), 1)
-		}
-		return nil
-	}
-}
 
 // Print writes the status as indented JSON or as text.
 func Print(w io.Writer, st *Status, asJSON bool) error {

@@ -1,3 +1,7 @@
+// Package sinkstatus is the sink half of `pgrelay status`: for every pg_sink of a pipeline it
+// reads the sink's progress rows (the offset applied per queue shard), and for every redis_queue
+// input the consumer group's lag, pending entries, owners and dead letters, and prints them
+// human-readable or as JSON. The command (internal/cli) reads the config and fills Parts.
 package sinkstatus
 
 import (
@@ -13,7 +17,31 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
+
+// SinkRef is what a pg_sink of the config says: where its progress rows are.
+type SinkRef struct {
+	Name          string
+	Table         string
+	Mode          string
+	ProgressTable string
+	Conn          pgconnect.Config
+}
+
+// GroupRef is what a redis_queue input of the config says: which group reads which queue where.
+type GroupRef struct {
+	Queue string
+	Group string
+	Redis redisconn.Config
+}
+
+// Parts are the sink-side components of one pipeline config.
+type Parts struct {
+	Sinks      []SinkRef
+	Groups     []GroupRef
+	MetricsURL string // the pipeline's Prometheus endpoint, "" when it has none
+}
 
 // Status is the sink side of one pipeline config.
 type Status struct {

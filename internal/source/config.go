@@ -65,12 +65,32 @@ const (
 	MaxTables                         = 256
 	MinChunkRows, MaxChunkRows        = 1, 100000
 	DefaultChunkRows                  = 2000
+	MaxQueueBytes                     = 128 // a table's queue name
+	MaxPublicationBytes               = 63  // PostgreSQL's identifier limit
+)
+
+// The names a config gives, as regular expressions (the spec's lint rules use the same).
+const (
+	NamePattern  = `^[a-z0-9][a-z0-9_-]{0,47}$` // name
+	SlotPattern  = `^[a-z_][a-z0-9_]{0,62}$`    // slot.name, after its default
+	TablePattern = `^[^.]+([.].+)?$`            // tables[].table: what ParseTable splits into a schema and a name
 )
 
 var (
-	namePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,47}$`)
-	identPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+	namePattern  = regexp.MustCompile(NamePattern)
+	identPattern = regexp.MustCompile(SlotPattern)
 )
+
+// ClusterSlot is Redis Cluster's hash slot of key: CRC16 of its hash tag (the text between the
+// first "{" and the next "}", when not empty), else of the whole key, mod 16384.
+func ClusterSlot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return clusterSlot(key)
+}
 
 // fieldErr is a config error naming the field's path.
 func fieldErr(path, format string, args ...any) error {
@@ -104,8 +124,8 @@ func (c *Config) Validate() error {
 	if !identPattern.MatchString(c.Slot) {
 		return fieldErr("slot.name", "%q must match %s", c.Slot, identPattern)
 	}
-	if len(c.Publication) == 0 || len(c.Publication) > 63 {
-		return fieldErr("publication.name", "%q must be 1-63 bytes", c.Publication)
+	if len(c.Publication) == 0 || len(c.Publication) > MaxPublicationBytes {
+		return fieldErr("publication.name", "%q must be 1-%d bytes", c.Publication, MaxPublicationBytes)
 	}
 	if err := c.validateTables(); err != nil {
 		return err
@@ -137,8 +157,8 @@ func (c *Config) validateTables() error {
 			return fieldErr(path+".table", "%s is listed twice", t.Full())
 		}
 		seen[t.Full()] = true
-		if t.Queue == "" || len(t.Queue) > 128 || strings.ContainsAny(t.Queue, "{}") {
-			return fieldErr(path+".queue", "%q must be 1-128 bytes without { or }", t.Queue)
+		if t.Queue == "" || len(t.Queue) > MaxQueueBytes || strings.ContainsAny(t.Queue, "{}") {
+			return fieldErr(path+".queue", "%q must be 1-%d bytes without { or }", t.Queue, MaxQueueBytes)
 		}
 		if t.Mode == PartitionByColumns && len(t.Columns) == 0 {
 			return fieldErr(path+".partition_by", "list at least one column, or use key or single")

@@ -16,6 +16,8 @@
 // hand-over from the reader to the bundler; bundler.go cuts batches and their covers;
 // snapshot.go is the snapshotter, reading chunks between watermarks while streaming;
 // snapshot_resync.go starts over on request; catalog.go and slot.go read and check the catalog,
-// the publication and the slot; config.go, cluster.go and spec.go are the configuration; cli.go
-// holds the status and teardown commands.
+// the publication and the slot; config.go and cluster.go are the configuration and its checks
+// (the spec and its parser are the plugin's, in input/pg_cdc.go); admin.go is what an operator
+// does outside a running pipeline: read the status, request a resync, tear a source down (the
+// pgrelay subcommands in internal/cli call it).
 package source

@@ -4,57 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/urfave/cli/v2"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pointer"
-	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
 // errResyncRequested ends a streaming session when the resync key appears.
 var errResyncRequested = errcode.New("resync", "a resync was requested (`pgrelay resync`)",
 	"none: pg_cdc drops and recreates the slot, starts a new epoch and snapshots every table")
-
-func resyncCommand() *cli.Command {
-	return &cli.Command{
-		Name: "resync",
-		Usage: "Ask the pg_cdc sources of a config to start over: new slot, new epoch, full snapshot " +
-			"(the fix for slot_lost, slot_invalidated, system_changed, slot_ahead)",
-		Flags: []cli.Flag{configFlag()},
-		Action: func(c *cli.Context) error {
-			return forEachSource(c, func(ctx context.Context, cfg Config) error {
-				return RequestResync(ctx, cfg, c.App.Writer)
-			})
-		},
-	}
-}
-
-// RequestResync writes the source's resync key. The replica owning the source acts on it within a
-// heartbeat (or at its next start); a source with no running replica resyncs when one starts.
-func RequestResync(ctx context.Context, cfg Config, w io.Writer) error {
-	rdb, err := cfg.Redis.Client()
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	keys := KeysFor(&cfg)
-	host, _ := os.Hostname()
-	req, _ := json.Marshal(map[string]string{"requested_at": time.Now().UTC().Format(time.RFC3339Nano), "by": host + ":" + strconv.Itoa(os.Getpid())})
-	if err := rdb.Set(ctx, keys.Resync, req, 0).Err(); err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	fmt.Fprintf(w, "resync of %s requested (%s): the owning pgrelay drops and recreates slot %s, starts a new epoch and snapshots every table\n",
-		cfg.Name, keys.Resync, cfg.Slot)
-	return nil
-}
 
 // resyncRequested reports whether the resync key exists.
 func (s *Source) resyncRequested(ctx context.Context) (bool, error) {
@@ -155,54 +118,6 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, slot string, pid int) err
 	}
 	if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err != nil {
 		return fmt.Errorf("drop slot %s: %w", slot, err)
-	}
-	return nil
-}
-
-// SnapshotProgress is the snapshot's progress as `pgrelay status` shows it: the pointer's cursor
-// and the table's row estimate (pg_class.reltuples, so the percent is approximate).
-type SnapshotProgress struct {
-	Table      string  `json:"table"`
-	TableIndex int     `json:"table_index"` // 0-based position of Table in the snapshot's tables
-	Tables     int     `json:"tables"`
-	RowsDone   int64   `json:"rows_done"` // rows of Table already in the queue
-	Estimate   int64   `json:"estimate"`  // reltuples of Table (-1 or 0: never analyzed)
-	Percent    float64 `json:"percent"`   // RowsDone / Estimate of Table, capped at 100
-}
-
-// readSnapshot fills st.Snapshot from the pointer's cursor (nothing when no snapshot runs).
-func (st *Status) readSnapshot(ctx context.Context, cfg Config) error {
-	if len(st.Pointer) == 0 {
-		return nil
-	}
-	var p struct {
-		Snapshot *snapshot.Cursor `json:"snapshot"`
-	}
-	if err := json.Unmarshal(st.Pointer, &p); err != nil || p.Snapshot == nil {
-		return nil
-	}
-	cur := p.Snapshot
-	sp := &SnapshotProgress{Table: cur.Table, Tables: len(cur.Tables), RowsDone: cur.Rows}
-	for i, t := range cur.Tables {
-		if t == cur.Table {
-			sp.TableIndex = i
-		}
-	}
-	st.Snapshot = sp
-	pool, err := connectPool(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	schema, name := ParseTable(cur.Table)
-	var est float64
-	if err := pool.QueryRow(ctx, `SELECT c.reltuples::float8 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&est); err != nil {
-		return fmt.Errorf("snapshot estimate of %s: %w", cur.Table, err)
-	}
-	sp.Estimate = int64(est)
-	if sp.Estimate > 0 {
-		sp.Percent = min(100, float64(sp.RowsDone)*100/float64(sp.Estimate))
 	}
 	return nil
 }

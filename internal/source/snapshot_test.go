@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay/input"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/source"
 )
@@ -345,11 +346,11 @@ func TestSlotLostThenResync(t *testing.T) {
 	// Drop the slot under the running source (it reconnects at once; DropSlot ends its walsender and retries).
 	e.pg.DropSlot("pgrelay_rs")
 	e.waitStatus("q", "rs", `"code":"slot_lost"`)
-	conf, err := source.Spec().ParseYAML(fmt.Sprintf("name: rs\ndsn: %s\ntables: [{table: r, queue: q}]\nredis: {url: %s}\n", e.pg.DSN(), e.rd.URL()), nil)
+	conf, err := input.PgCDCSpec().ParseYAML(fmt.Sprintf("name: rs\ndsn: %s\ntables: [{table: r, queue: q}]\nredis: {url: %s}\n", e.pg.DSN(), e.rd.URL()), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := source.ParseConfig(conf)
+	cfg, err := input.PgCDCConfigFromParsed(conf)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -20,9 +21,12 @@ type Redis struct {
 	t    testing.TB
 	Port int
 	Dir  string
+	TLS  *RedisTLSFiles // set by StartRedisTLS: the server speaks only TLS
 	args []string
 	mu   sync.Mutex
 	proc *proc
+
+	tlsConf *tls.Config // the test's own connections to a TLS server
 }
 
 func redisBin(t testing.TB) string {
@@ -38,16 +42,22 @@ func redisBin(t testing.TB) string {
 // (for example "--appendfsync", "everysec").
 func StartRedis(t testing.TB, extra ...string) *Redis {
 	t.Helper()
-	bin := redisBin(t)
 	r := &Redis{t: t, Port: FreePort(t), Dir: tempDir(t, "redis")}
+	r.run(append([]string{"--port", fmt.Sprint(r.Port)}, extra...))
+	return r
+}
+
+// run starts the server with the common arguments, then args (the listening port, the caller's).
+func (r *Redis) run(args []string) {
+	r.t.Helper()
+	bin := redisBin(r.t)
 	r.args = append([]string{
-		"--bind", "127.0.0.1", "--port", fmt.Sprint(r.Port), "--dir", r.Dir,
+		"--bind", "127.0.0.1", "--dir", r.Dir,
 		"--appendonly", "yes", "--appendfsync", "always", "--save", "",
 		"--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
-	}, extra...)
+	}, args...)
 	r.start(bin)
-	t.Cleanup(r.Stop)
-	return r
+	r.t.Cleanup(r.Stop)
 }
 
 func (r *Redis) start(bin string) {
@@ -66,14 +76,14 @@ func (r *Redis) start(bin string) {
 	if err := waitTCP(p, r.Port, 30*time.Second); err != nil {
 		r.t.Fatalf("testenv: redis: %v", err)
 	}
-	if err := waitRedisLoaded(r.Addr()); err != nil {
+	if err := waitRedisLoaded(r.Addr(), r.tlsConf); err != nil {
 		r.t.Fatalf("testenv: redis: %v", err)
 	}
 }
 
 // waitRedisLoaded waits until the server has loaded its data (PING answers without LOADING).
-func waitRedisLoaded(addr string) error {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+func waitRedisLoaded(addr string, tlsConf *tls.Config) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, TLSConfig: tlsConf})
 	defer c.Close()
 	var err error
 	for i := 0; i < 300; i++ {
@@ -88,12 +98,17 @@ func waitRedisLoaded(addr string) error {
 // Addr is host:port of the server.
 func (r *Redis) Addr() string { return fmt.Sprintf("127.0.0.1:%d", r.Port) }
 
-// URL is the redis:// URL of the server.
-func (r *Redis) URL() string { return "redis://" + r.Addr() }
+// URL is the redis:// URL of the server (rediss:// for a TLS server).
+func (r *Redis) URL() string {
+	if r.TLS != nil {
+		return "rediss://" + r.Addr()
+	}
+	return "redis://" + r.Addr()
+}
 
 // Client returns a new client of the server, closed when the test ends.
 func (r *Redis) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), TLSConfig: r.tlsConf})
 	r.t.Cleanup(func() { c.Close() })
 	return c
 }

@@ -6,127 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-	"github.com/urfave/cli/v2"
-	"gopkg.in/yaml.v3"
 
-	pcli "github.com/pgrelay/pgrelay/internal/cli"
-	"github.com/pgrelay/pgrelay/internal/configfile"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
-	"github.com/pgrelay/pgrelay/internal/sinkstatus"
+	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
-func init() {
-	pcli.Register(statusCommand())
-	pcli.Register(teardownCommand())
-	pcli.Register(resyncCommand())
-}
-
-func configFlag() cli.Flag {
-	return &cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "the pipeline config holding the pg_cdc input", Required: true}
-}
-
-func statusCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "status",
-		Usage: "Show each pg_cdc source of a config (owner, phases, pointer, slot and lag), then each pg_sink and redis_queue input (applied offsets per shard, group lag, pending, dead letters)",
-		Flags: []cli.Flag{configFlag(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}},
-		Action: sinkstatus.WithSinks(func(c *cli.Context) error {
-			return forEachSource(c, func(ctx context.Context, cfg Config) error {
-				st, err := ReadStatus(ctx, cfg)
-				if err != nil {
-					return err
-				}
-				return printStatus(c.App.Writer, st, c.Bool("json"))
-			})
-		}),
-	}
-}
-
-func teardownCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "teardown",
-		Usage: "Drop a pg_cdc source's slot and managed publication and delete its pointer (stop pgrelay first)",
-		Flags: []cli.Flag{configFlag(), &cli.BoolFlag{Name: "force", Usage: "even while a replica holds the lease"}},
-		Action: func(c *cli.Context) error {
-			return forEachSource(c, func(ctx context.Context, cfg Config) error {
-				return Teardown(ctx, cfg, c.Bool("force"), c.App.Writer)
-			})
-		},
-	}
-}
-
-// forEachSource parses the config file and runs fn for every pg_cdc input in it.
-func forEachSource(c *cli.Context, fn func(context.Context, Config) error) error {
-	cfgs, err := ConfigsFromFile(c.String("config"))
-	if err != nil {
-		return cli.Exit(err.Error(), 2)
-	}
-	if len(cfgs) == 0 {
-		return cli.Exit("no pg_cdc input in "+c.String("config"), 2)
-	}
-	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
-	defer cancel()
-	for _, cfg := range cfgs {
-		if err := fn(ctx, cfg); err != nil {
-			return cli.Exit(fmt.Sprintf("%s: %v", cfg.Name, err), 1)
-		}
-	}
-	return nil
-}
-
-// ConfigsFromFile finds every pg_cdc input of a pipeline config (env references resolved as
-// Benthos does: ${VAR} or ${VAR:default}) and parses each.
-func ConfigsFromFile(path string) ([]Config, error) {
-	doc, err := configfile.Load(path)
-	if err != nil {
-		return nil, err
-	}
-	var out []Config
-	var walk func(v any) error
-	walk = func(v any) error {
-		switch v := v.(type) {
-		case map[string]any:
-			keys := make([]string, 0, len(v))
-			for k := range v {
-				keys = append(keys, k)
-			}
-			sort.Strings(keys)
-			for _, k := range keys {
-				if k == "pg_cdc" {
-					b, _ := yaml.Marshal(v[k])
-					pc, err := Spec().ParseYAML(string(b), nil)
-					if err != nil {
-						return fmt.Errorf("pg_cdc: %w", err)
-					}
-					cfg, err := ParseConfig(pc)
-					if err != nil {
-						return fmt.Errorf("pg_cdc: %w", err)
-					}
-					out = append(out, cfg)
-					continue
-				}
-				if err := walk(v[k]); err != nil {
-					return err
-				}
-			}
-		case []any:
-			for _, x := range v {
-				if err := walk(x); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	return out, walk(doc)
-}
+// The operator's actions on a source, outside a running pipeline (pgrelay status, resync and
+// teardown): each connects, does its one thing and closes.
 
 // Status is what `pgrelay status` shows for one source.
 type Status struct {
@@ -207,48 +101,23 @@ func connectPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	return pgxpool.NewWithConfig(ctx, pcfg)
 }
 
-func printStatus(w io.Writer, st *Status, asJSON bool) error {
-	if asJSON {
-		b, _ := json.MarshalIndent(st, "", "  ")
-		_, err := fmt.Fprintln(w, string(b))
+// RequestResync writes the source's resync key. The replica owning the source acts on it within a
+// heartbeat (or at its next start); a source with no running replica resyncs when one starts.
+func RequestResync(ctx context.Context, cfg Config, w io.Writer) error {
+	rdb, err := cfg.Redis.Client()
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "source %s\n", st.Name)
-	if st.Owner == "" {
-		fmt.Fprintln(w, "  owner:       none")
-	} else {
-		fmt.Fprintf(w, "  owner:       %s (lease %.1fs left)\n", st.Owner, float64(st.LeaseTTLLeftMs)/1000)
+	defer rdb.Close()
+	keys := KeysFor(&cfg)
+	host, _ := os.Hostname()
+	req, _ := json.Marshal(map[string]string{"requested_at": time.Now().UTC().Format(time.RFC3339Nano), "by": host + ":" + strconv.Itoa(os.Getpid())})
+	if err := rdb.Set(ctx, keys.Resync, req, 0).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
 	}
-	reps := make([]string, 0, len(st.Replicas))
-	for k := range st.Replicas {
-		reps = append(reps, k)
-	}
-	sort.Strings(reps)
-	for _, k := range reps {
-		fmt.Fprintf(w, "  replica:     %s %s\n", k, st.Replicas[k])
-	}
-	fmt.Fprintf(w, "  pointer:     %s\n", orNone(string(st.Pointer)))
-	fmt.Fprintf(w, "  slot:        %s exists=%v active_pid=%d confirmed_flush=%s wal_status=%s lag_bytes=%d\n",
-		st.Slot, st.SlotExists, st.SlotActivePID, orNone(st.ConfirmedFlush), orNone(st.WALStatus), st.SlotLagBytes)
-	fmt.Fprintf(w, "  publication: %s\n", st.Publication)
-	if sp := st.Snapshot; sp != nil && sp.Estimate > 0 {
-		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done of ~%d (%.1f%%)\n",
-			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone, sp.Estimate, sp.Percent)
-	} else if sp != nil {
-		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done (no estimate: the table was never analyzed)\n",
-			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone)
-	}
-	if st.PostgresProblem != "" {
-		fmt.Fprintf(w, "  postgres:    %s\n", st.PostgresProblem)
-	}
+	fmt.Fprintf(w, "resync of %s requested (%s): the owning pgrelay drops and recreates slot %s, starts a new epoch and snapshots every table\n",
+		cfg.Name, keys.Resync, cfg.Slot)
 	return nil
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "none"
-	}
-	return s
 }
 
 // Teardown drops the slot and (when managed) the publication, then deletes the pointer, lease
@@ -296,5 +165,53 @@ func Teardown(ctx context.Context, cfg Config, force bool, w io.Writer) error {
 		return fmt.Errorf("redis: %w", err)
 	}
 	fmt.Fprintf(w, "deleted %s\n", keys.Pointer)
+	return nil
+}
+
+// SnapshotProgress is the snapshot's progress as `pgrelay status` shows it: the pointer's cursor
+// and the table's row estimate (pg_class.reltuples, so the percent is approximate).
+type SnapshotProgress struct {
+	Table      string  `json:"table"`
+	TableIndex int     `json:"table_index"` // 0-based position of Table in the snapshot's tables
+	Tables     int     `json:"tables"`
+	RowsDone   int64   `json:"rows_done"` // rows of Table already in the queue
+	Estimate   int64   `json:"estimate"`  // reltuples of Table (-1 or 0: never analyzed)
+	Percent    float64 `json:"percent"`   // RowsDone / Estimate of Table, capped at 100
+}
+
+// readSnapshot fills st.Snapshot from the pointer's cursor (nothing when no snapshot runs).
+func (st *Status) readSnapshot(ctx context.Context, cfg Config) error {
+	if len(st.Pointer) == 0 {
+		return nil
+	}
+	var p struct {
+		Snapshot *snapshot.Cursor `json:"snapshot"`
+	}
+	if err := json.Unmarshal(st.Pointer, &p); err != nil || p.Snapshot == nil {
+		return nil
+	}
+	cur := p.Snapshot
+	sp := &SnapshotProgress{Table: cur.Table, Tables: len(cur.Tables), RowsDone: cur.Rows}
+	for i, t := range cur.Tables {
+		if t == cur.Table {
+			sp.TableIndex = i
+		}
+	}
+	st.Snapshot = sp
+	pool, err := connectPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	schema, name := ParseTable(cur.Table)
+	var est float64
+	if err := pool.QueryRow(ctx, `SELECT c.reltuples::float8 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&est); err != nil {
+		return fmt.Errorf("snapshot estimate of %s: %w", cur.Table, err)
+	}
+	sp.Estimate = int64(est)
+	if sp.Estimate > 0 {
+		sp.Percent = min(100, float64(sp.RowsDone)*100/float64(sp.Estimate))
+	}
 	return nil
 }

@@ -1,7 +1,4 @@
-// Package queuecli is `pgrelay queue`: inspect a queue (`info`) and manage its dead letters
-// (`dlq`, with --replay or --drop), human-readable or --json. It registers itself with
-// internal/cli; the output package imports it.
-package queuecli
+package cli
 
 import (
 	"context"
@@ -16,17 +13,14 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/urfave/cli/v2"
 
-	pcli "github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
 
-func init() { pcli.Register(Command()) }
-
 // connFlags are the connection flags of every queue subcommand.
 func connFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "take the connection (and queue, when static) from the first redis_queue input or output of this pipeline config"},
+		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "take the connection (TLS included) and the queue, when it is a fixed name, from the first redis_queue input (else output) of this pipeline config"},
 		&cli.StringFlag{Name: "url", Usage: "Redis URL (redis:// or rediss://)", Value: "redis://127.0.0.1:6379", EnvVars: []string{"REDIS_URL"}},
 		&cli.StringSliceFlag{Name: "cluster-url", Usage: "seed node of a Redis Cluster (repeat for several); overrides --url"},
 		&cli.StringFlag{Name: "prefix", Usage: "key prefix", Value: queue.DefaultPrefix},
@@ -35,14 +29,15 @@ func connFlags() []cli.Flag {
 	}
 }
 
-// Command is the `queue` command with its subcommands.
-func Command() *cli.Command {
-	return &cli.Command{
+// Queue is `pgrelay queue`: inspect a queue (`info`) and manage its dead letters (`dlq`, with
+// --replay or --drop), human-readable or --json.
+func Queue() *cli.Command {
+	return quiet(&cli.Command{
 		Name:  "queue",
 		Usage: "Inspect a pgrelay queue and manage its dead letters",
 		Description: "Flags go before the queue name, e.g. `pgrelay queue info --url redis://127.0.0.1:6379 --json orders`.\n" +
 			"The connection comes from --url (or $REDIS_URL) or --cluster-url, with --prefix as in the pipeline config,\n" +
-			"or from -c <pipeline config>: its first redis_queue input or output (then the queue name may be left out).",
+			"or from -c <pipeline config>: its first redis_queue input, else output, TLS included (then the queue name may be left out).",
 		Subcommands: []*cli.Command{
 			{
 				Name:      "info",
@@ -65,7 +60,7 @@ func Command() *cli.Command {
 				Action: func(c *cli.Context) error { return run(c, dlq) },
 			},
 		},
-	}
+	})
 }
 
 // env is what a subcommand works with.
@@ -81,7 +76,7 @@ func run(c *cli.Context, fn func(context.Context, *env) error) error {
 	conn := redisconn.Config{URL: c.String("url"), ClusterURLs: c.StringSlice("cluster-url"), Prefix: c.String("prefix")}
 	name := c.Args().First()
 	if path := c.String("config"); path != "" {
-		fromFile, q, err := fromConfig(path)
+		fromFile, q, err := queueFromConfig(path)
 		if err != nil {
 			return cli.Exit(err.Error(), 2)
 		}
@@ -115,6 +110,25 @@ func run(c *cli.Context, fn func(context.Context, *env) error) error {
 		return cli.Exit(err.Error(), 1)
 	}
 	return nil
+}
+
+// queueFromConfig is the connection of the pipeline's first redis_queue input, else output, and
+// its queue when that is one fixed name.
+func queueFromConfig(path string) (redisconn.Config, string, error) {
+	p, err := readPipeline(path)
+	if err != nil {
+		return redisconn.Config{}, "", err
+	}
+	if len(p.queueInputs) > 0 {
+		in := p.queueInputs[0]
+		return in.Conn, in.Consumer.Queue, nil
+	}
+	if len(p.queueOutputs) > 0 {
+		out := p.queueOutputs[0]
+		q, _ := out.StaticQueue()
+		return out.Conn, q, nil
+	}
+	return redisconn.Config{}, "", fmt.Errorf("%s: no redis_queue input or output", path)
 }
 
 func info(ctx context.Context, e *env) error {

@@ -1,0 +1,130 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/pgrelay/pgrelay/internal/sinkstatus"
+	"github.com/pgrelay/pgrelay/internal/source"
+)
+
+// Status is `pgrelay status -c <config>`.
+func Status() *cli.Command {
+	return quiet(&cli.Command{
+		Name: "status",
+		Usage: "Show each pg_cdc source of a config (owner, phases, pointer, slot and lag), then each pg_sink and " +
+			"redis_queue input (applied offsets per shard, group lag, pending, dead letters)",
+		Flags:  []cli.Flag{configFlag("the pipeline config"), jsonFlag()},
+		Action: status,
+	})
+}
+
+func status(c *cli.Context) error {
+	p, err := readPipeline(c.String("config"))
+	if err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+	if len(p.sources) == 0 && len(p.sinks) == 0 && len(p.queueInputs) == 0 {
+		return cli.Exit("no pg_cdc input, pg_sink output or redis_queue input in "+p.path, 2)
+	}
+	w, asJSON := c.App.Writer, c.Bool("json")
+	if err := forEachSource(c.Context, p, func(ctx context.Context, cfg source.Config) error {
+		st, err := source.ReadStatus(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		return printSource(w, st, asJSON)
+	}); err != nil {
+		return err
+	}
+	parts := sinkParts(p)
+	if len(parts.Sinks) == 0 && len(parts.Groups) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(c.Context, timeout)
+	defer cancel()
+	st := sinkstatus.Read(ctx, parts)
+	if err := sinkstatus.Print(w, st, asJSON); err != nil {
+		return err
+	}
+	if problems := st.Problems(); len(problems) > 0 {
+		return cli.Exit(strings.Join(problems, "\n"), 1)
+	}
+	return nil
+}
+
+// sinkParts are the pipeline's pg_sink outputs and redis_queue inputs, as sinkstatus reads them.
+func sinkParts(p *pipeline) sinkstatus.Parts {
+	parts := sinkstatus.Parts{MetricsURL: p.metricsURL}
+	for _, s := range p.sinks {
+		conn := s.Conn
+		conn.ApplicationName = "pgrelay-status"
+		parts.Sinks = append(parts.Sinks, sinkstatus.SinkRef{Name: s.Sink.Name, Table: s.Sink.Table,
+			Mode: string(s.Sink.Mode), ProgressTable: s.Sink.ProgressTable, Conn: conn})
+	}
+	for _, q := range p.queueInputs {
+		parts.Groups = append(parts.Groups, sinkstatus.GroupRef{Queue: q.Consumer.Queue, Group: q.Consumer.Group, Redis: q.Conn})
+	}
+	return parts
+}
+
+// forEachSource runs fn for every pg_cdc input of the pipeline; the first error ends the command
+// with exit status 1, naming the source.
+func forEachSource(ctx context.Context, p *pipeline, fn func(context.Context, source.Config) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for _, cfg := range p.sources {
+		if err := fn(ctx, cfg); err != nil {
+			return cli.Exit(fmt.Sprintf("%s: %v", cfg.Name, err), 1)
+		}
+	}
+	return nil
+}
+
+// printSource writes one source's status as indented JSON or as text.
+func printSource(w io.Writer, st *source.Status, asJSON bool) error {
+	if asJSON {
+		return printJSON(w, st)
+	}
+	fmt.Fprintf(w, "source %s\n", st.Name)
+	if st.Owner == "" {
+		fmt.Fprintln(w, "  owner:       none")
+	} else {
+		fmt.Fprintf(w, "  owner:       %s (lease %.1fs left)\n", st.Owner, float64(st.LeaseTTLLeftMs)/1000)
+	}
+	reps := make([]string, 0, len(st.Replicas))
+	for k := range st.Replicas {
+		reps = append(reps, k)
+	}
+	sort.Strings(reps)
+	for _, k := range reps {
+		fmt.Fprintf(w, "  replica:     %s %s\n", k, st.Replicas[k])
+	}
+	fmt.Fprintf(w, "  pointer:     %s\n", orNone(string(st.Pointer)))
+	fmt.Fprintf(w, "  slot:        %s exists=%v active_pid=%d confirmed_flush=%s wal_status=%s lag_bytes=%d\n",
+		st.Slot, st.SlotExists, st.SlotActivePID, orNone(st.ConfirmedFlush), orNone(st.WALStatus), st.SlotLagBytes)
+	fmt.Fprintf(w, "  publication: %s\n", st.Publication)
+	if sp := st.Snapshot; sp != nil && sp.Estimate > 0 {
+		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done of ~%d (%.1f%%)\n",
+			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone, sp.Estimate, sp.Percent)
+	} else if sp != nil {
+		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done (no estimate: the table was never analyzed)\n",
+			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone)
+	}
+	if st.PostgresProblem != "" {
+		fmt.Fprintf(w, "  postgres:    %s\n", st.PostgresProblem)
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}

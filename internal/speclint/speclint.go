@@ -1,0 +1,101 @@
+// Package speclint builds the Bloblang lint rules of pgrelay's plugin specs from the same names and
+// limits the plugins' validation uses, so `pgrelay lint` refuses what a start would refuse, with
+// one wording per kind of rule.
+//
+// A field rule (Int, Duration, Match, ...) is a whole mapping for ConfigField.LintRule: `this` is
+// the field's value. A check (Check) is an expression yielding a message or null, for a
+// component-wide rule that combines several fields: Rule joins checks into one mapping for
+// ConfigSpec.LintRule (a spec has one).
+package speclint
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	// The rules use Bloblang methods of Benthos' pure components (parse_duration, parse_url); a
+	// spec's rules are parsed when the spec is built, in the plugins' init, so those methods must
+	// be registered first.
+	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
+
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+)
+
+// Int refuses an integer outside [min, max].
+func Int(field string, min, max int) string {
+	return fmt.Sprintf(`root = if this < %d || this > %d { [%q] }`, min, max, fmt.Sprintf("%s must be in %d-%d", field, min, max))
+}
+
+// IntMin refuses an integer below min.
+func IntMin(field string, min int) string {
+	return fmt.Sprintf(`root = if this < %d { [%q] }`, min, fmt.Sprintf("%s must be at least %d", field, min))
+}
+
+// Duration refuses a duration outside [min, max] and one that does not parse (Go's syntax: 500ms,
+// 10s, 1h).
+func Duration(field string, min, max time.Duration) string {
+	return fmt.Sprintf(`root = if this.parse_duration() < %d || this.parse_duration() > %d { [%q] }`,
+		min.Nanoseconds(), max.Nanoseconds(), fmt.Sprintf("%s must be a duration in %s-%s", field, min, max))
+}
+
+// DurationMin refuses a duration below min and one that does not parse.
+func DurationMin(field string, min time.Duration) string {
+	return fmt.Sprintf(`root = if this.parse_duration() < %d { [%q] }`,
+		min.Nanoseconds(), fmt.Sprintf("%s must be a duration of at least %s", field, min))
+}
+
+// Match refuses a string the regular expression does not match; when optional, "" passes (the
+// field's default is derived elsewhere).
+func Match(field, pattern string, optional bool) string {
+	cond := fmt.Sprintf(`!this.re_match(%s)`, Quote(pattern))
+	if optional {
+		cond = `this != "" && ` + cond
+	}
+	return fmt.Sprintf(`root = if %s { [%q] }`, cond, fmt.Sprintf("%s must match %s", field, pattern))
+}
+
+// Rule joins checks into one component-wide lint mapping: every check that yields a message is
+// reported.
+func Rule(checks ...string) string {
+	return "root = [\n  " + strings.Join(checks, ",\n  ") + ",\n].filter(e -> e != null)"
+}
+
+// Check is an expression for Rule: msg when cond (a Bloblang boolean over `this`) holds, else null.
+func Check(cond, msg string) string {
+	return fmt.Sprintf(`if %s { %q }`, cond, msg)
+}
+
+// Quote makes s a Bloblang string literal.
+func Quote(s string) string {
+	if !strings.Contains(s, `"""`) {
+		return `"""` + s + `"""`
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// RedisURLChecks are the Checks of the Redis connection fields (redisconn.Fields) under path (""
+// at the top level, else e.g. "redis"): url, or every cluster_urls entry when there are some,
+// must be a redis://, rediss:// or unix:// URL, the database a number (an absent url is the
+// default's, which is).
+func RedisURLChecks(path string) []string {
+	at := "this"
+	if path != "" {
+		at += "." + path
+	}
+	field := func(f string) string {
+		if path == "" {
+			return f
+		}
+		return path + "." + f
+	}
+	ok := func(expr string) string {
+		return expr + `.parse_url().catch({"scheme": ""}).(u -> u.scheme == "unix" || (["redis", "rediss"].contains(u.scheme) && u.path.or("").re_match("^(/[0-9]*)?$")))`
+	}
+	cluster := fmt.Sprintf(`%s.%s.or([])`, at, redisconn.FieldClusterURLs)
+	return []string{
+		Check(fmt.Sprintf(`%s.length() == 0 && !%s`, cluster, ok(fmt.Sprintf(`%s.%s.or("redis://")`, at, redisconn.FieldURL))),
+			field(redisconn.FieldURL)+" must be redis://host:port[/db], rediss://host:port[/db] or unix:///path"),
+		Check(fmt.Sprintf(`%s.any(x -> !%s)`, cluster, ok("x")),
+			field(redisconn.FieldClusterURLs)+" must list redis://host:port or rediss://host:port URLs"),
+	}
+}
