@@ -49,7 +49,7 @@ class 42) pause the sink with a coded error until fixed.`).
 				"sql":    "Run `statement` once per message with `params`.",
 			}).Description("How messages change the table."),
 			service.NewStringListField("key").Description("Conflict key columns (upsert, cdc); default the primary key, else the replica-identity index. Must match a unique index.").Default([]any{}),
-			service.NewStringField("statement").Description("Mode sql: the statement, with `$1..$n` for `params`. Cast params in the statement (`$1::numeric`): they arrive as text.").
+			service.NewStringField("statement").Description("Mode sql: the statement, with `$1..$n` for `params`. Cast params in the statement (`$1::numeric`): they arrive as text. Several statements separated by `;` run in order for each message, each seeing what the ones before it changed; `$n` is the same params entry in all of them.").
 				Example("UPDATE accounts SET balance = balance + $1::numeric WHERE id = $2::bigint").Default(""),
 			service.NewStringListField("params").Description("Mode sql: one entry per `$n`: a path into the JSON payload (`$`, `$.a.b`, `$.lines[0]`, `$[\"odd.key\"]`) or `@partition`, `@shard`, `@offset`, `@message_id`, `@transaction_id`, `@created_at` (ms), `@queue`. A missing path is NULL.").
 				Example([]string{"$.amount", "$.id"}).Default([]any{}),

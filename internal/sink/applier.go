@@ -134,7 +134,7 @@ func (a *Applier) refresh(ctx context.Context) error {
 	return nil
 }
 
-// checkStatement prepares the sql mode's statement once at start, so a typo, a missing table or a
+// checkStatement prepares the sql mode's statements once at start, so a typo, a missing table or a
 // wrong number of params is a coded error before any message is read.
 func (a *Applier) checkStatement(ctx context.Context) error {
 	conn, err := a.pool.Acquire(ctx)
@@ -142,17 +142,24 @@ func (a *Applier) checkStatement(ctx context.Context) error {
 		return fmt.Errorf("check statement: %w", err)
 	}
 	defer conn.Release()
-	sd, err := conn.Conn().Prepare(ctx, "", a.cfg.Statement)
-	if err != nil {
-		if Classify(err) == Transient {
-			return fmt.Errorf("check statement: %w", err)
+	parts := splitStatement(a.cfg.Statement)
+	for i, p := range parts {
+		which := "the statement"
+		if len(parts) > 1 {
+			which = fmt.Sprintf("statement %d of %d (%s)", i+1, len(parts), excerpt([]byte(p.sql)))
 		}
-		return errcode.Wrap("sql_statement", DataError(err), "PostgreSQL refuses the statement",
-			"fix `statement` (and the objects it names, and the sink user's privileges)")
-	}
-	if len(sd.ParamOIDs) != len(a.cfg.Params) {
-		return errcode.New("sql_params_mismatch", fmt.Sprintf("the statement takes %d parameters but params lists %d", len(sd.ParamOIDs), len(a.cfg.Params)),
-			"give exactly one params entry per $n, in order")
+		sd, err := conn.Conn().Prepare(ctx, "", p.sql)
+		if err != nil {
+			if Classify(err) == Transient {
+				return fmt.Errorf("check statement: %w", err)
+			}
+			return errcode.Wrap("sql_statement", DataError(err), "PostgreSQL refuses "+which,
+				"fix `statement` (and the objects it names, and the sink user's privileges)")
+		}
+		if len(sd.ParamOIDs) != len(p.params) {
+			return errcode.New("sql_params_mismatch", fmt.Sprintf("%s takes %d parameters but names %d", which, len(sd.ParamOIDs), len(p.params)),
+				"give exactly one params entry per $n, in order")
+		}
 	}
 	return nil
 }

@@ -11,7 +11,6 @@ package sink
 
 import (
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
@@ -73,7 +72,7 @@ func (c *Config) Validate() error {
 			return errcode.New("sink_config", fmt.Sprintf("statement and params are for mode sql, not %s", c.Mode), "remove them or use mode: sql")
 		}
 	case ModeSQL:
-		if c.Statement == "" {
+		if len(splitStatement(c.Statement)) == 0 {
 			return errcode.New("sink_config", "mode sql needs a statement", "set `statement`")
 		}
 		if len(c.Key) > 0 || c.Metadata != (MetadataColumns{}) {
@@ -116,81 +115,4 @@ func checkParamCount(stmt string, params []string) error {
 		}
 	}
 	return nil
-}
-
-// placeholders finds $n outside string literals, quoted identifiers, dollar quotes and comments.
-func placeholders(s string) (int, map[int]bool) {
-	seen := map[int]bool{}
-	max := 0
-	for i := 0; i < len(s); i++ {
-		switch {
-		case s[i] == '\'' || s[i] == '"':
-			q := s[i]
-			for i++; i < len(s) && s[i] != q; i++ {
-			}
-		case s[i] == '-' && i+1 < len(s) && s[i+1] == '-':
-			for i < len(s) && s[i] != '\n' {
-				i++
-			}
-		case s[i] == '/' && i+1 < len(s) && s[i+1] == '*':
-			end := indexFrom(s, "*/", i+2)
-			if end < 0 {
-				return max, seen
-			}
-			i = end + 1
-		case s[i] == '$':
-			j := i + 1
-			for j < len(s) && s[j] >= '0' && s[j] <= '9' {
-				j++
-			}
-			if j > i+1 && (i == 0 || !isIdentChar(s[i-1])) {
-				n, _ := strconv.Atoi(s[i+1 : j])
-				seen[n] = true
-				if n > max {
-					max = n
-				}
-				i = j - 1
-				continue
-			}
-			if tag, ok := dollarTag(s, i); ok {
-				end := indexFrom(s, tag, i+len(tag))
-				if end < 0 {
-					return max, seen
-				}
-				i = end + len(tag) - 1
-			}
-		}
-	}
-	return max, seen
-}
-
-func isIdentChar(b byte) bool {
-	return b == '_' || b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9'
-}
-
-// dollarTag returns the $tag$ opening a dollar-quoted string at i.
-func dollarTag(s string, i int) (string, bool) {
-	if i > 0 && isIdentChar(s[i-1]) {
-		return "", false
-	}
-	j := i + 1
-	for j < len(s) && isIdentChar(s[j]) && !(j == i+1 && s[j] >= '0' && s[j] <= '9') {
-		j++
-	}
-	if j < len(s) && s[j] == '$' {
-		return s[i : j+1], true
-	}
-	return "", false
-}
-
-func indexFrom(s, sub string, from int) int {
-	if from > len(s) {
-		return -1
-	}
-	for k := from; k+len(sub) <= len(s); k++ {
-		if s[k:k+len(sub)] == sub {
-			return k
-		}
-	}
-	return -1
 }

@@ -263,18 +263,19 @@ func (c cdcMode) plan(ops []op) ([]stmt, error) {
 	return f.flush(stmts)
 }
 
-// sqlMode runs the user's statement once per message with params as text.
+// sqlMode runs the user's statement (or statements, split at their semicolons: sqlscript.go)
+// once per message with params as text.
 type sqlMode struct {
-	statement string
-	params    []param
-	needJSON  bool
+	parts    []sqlPart
+	params   []param
+	needJSON bool
 }
 
 func newSQLMode(statement string, paths []string) (*sqlMode, error) {
 	if err := checkParamCount(statement, paths); err != nil {
 		return nil, err
 	}
-	s := &sqlMode{statement: statement}
+	s := &sqlMode{parts: splitStatement(statement)}
 	for _, p := range paths {
 		pp, _ := newParam(p)
 		s.params = append(s.params, pp)
@@ -300,9 +301,11 @@ func (s *sqlMode) decode(m *Message) (op, error) {
 }
 
 func (s *sqlMode) plan(ops []op) ([]stmt, error) {
-	stmts := make([]stmt, len(ops))
+	stmts := make([]stmt, 0, len(ops)*len(s.parts))
 	for i := range ops {
-		stmts[i] = stmt{sql: s.statement, args: ops[i].params}
+		for _, p := range s.parts {
+			stmts = append(stmts, stmt{sql: p.sql, args: p.args(ops[i].params)})
+		}
 	}
 	return stmts, nil
 }
