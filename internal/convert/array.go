@@ -76,6 +76,9 @@ func (p *arrayParser) parseLevel(dst []byte, depth int) ([]byte, bool) {
 // parseElement parses one quoted or unquoted element and appends its converted value.
 func (p *arrayParser) parseElement(dst []byte) ([]byte, bool) {
 	p.buf = p.buf[:0]
+	if p.pos >= len(p.src) { // "{" with nothing after it
+		return dst, false
+	}
 	if p.src[p.pos] == '"' {
 		p.pos++
 		for {

@@ -88,7 +88,7 @@ func Append(dst []byte, t *Type, text []byte) []byte {
 		}
 	case KindJSON:
 		if j := trimSpace(text); len(j) > 0 && json.Valid(j) {
-			return append(dst, j...)
+			return appendUTF8(dst, j)
 		}
 	case KindTimestamptz:
 		if ts, ok := isoTimestamp(text, true); ok {
@@ -144,6 +144,25 @@ func AppendString(dst []byte, s []byte) []byte {
 		i += size
 	}
 	return append(dst, '"')
+}
+
+// appendUTF8 appends s with each byte that is not part of valid UTF-8 replaced by U+FFFD, as
+// AppendString does. json.Valid accepts such bytes inside strings (a json value of a SQL_ASCII
+// database can hold them); the event must stay UTF-8, and in valid JSON they can only be in strings.
+func appendUTF8(dst, s []byte) []byte {
+	if utf8.Valid(s) {
+		return append(dst, s...)
+	}
+	for len(s) > 0 {
+		r, size := utf8.DecodeRune(s)
+		if r == utf8.RuneError && size == 1 {
+			dst = utf8.AppendRune(dst, utf8.RuneError)
+		} else {
+			dst = append(dst, s[:size]...)
+		}
+		s = s[size:]
+	}
+	return dst
 }
 
 // isJSONNumber reports whether b matches the RFC 8259 number grammar.

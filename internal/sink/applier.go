@@ -296,7 +296,9 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*
 	var shards []ShardKey
 	seen := map[ShardKey]bool{}
 	for i, m := range msgs {
-		ops[i], decodeErr[i] = h.decode(m)
+		if decodeErr[i] = checkSize(m); decodeErr[i] == nil {
+			ops[i], decodeErr[i] = h.decode(m)
+		}
 		if m.HasPosition && !seen[m.shardKey()] {
 			seen[m.shardKey()] = true
 			shards = append(shards, m.shardKey())

@@ -18,8 +18,8 @@ const (
 	// Transient errors (connection, serialization, deadlock, resources, shutdown, lock timeout) are
 	// retried inside WriteBatch with backoff and never reach the input.
 	Transient Class = iota
-	// Data errors (SQLSTATE classes 21, 22, 23, 27, 44, 54, P0, or an unreadable payload) belong to
-	// one message: it is isolated and reported to the input, which counts an attempt.
+	// Data errors (SQLSTATE classes 21, 22, 23, 27, 44, 54, P0, an unreadable or too large payload)
+	// belong to one message: it is isolated and reported to the input, which counts an attempt.
 	Data
 	// Environment errors (class 42, missing table, privileges, anything unknown) pause the sink:
 	// retried with backoff and logged, never charged to a message.
@@ -38,7 +38,7 @@ func (c Class) String() string {
 
 // Classify sorts err by its SQLSTATE (or, without one, by what failed).
 func Classify(err error) Class {
-	if errcode.Is(err, "bad_payload") {
+	if errcode.Is(err, "bad_payload") || errcode.Is(err, "payload_too_large") {
 		return Data
 	}
 	var pgErr *pgconn.PgError

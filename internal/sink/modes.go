@@ -154,20 +154,48 @@ type cdcMode struct{ w *writer }
 
 // event is the part of a change event the sink reads.
 type event struct {
-	Op        string          `json:"op"`
-	Key       Row             `json:"key"`
-	After     json.RawMessage `json:"after"`
-	Before    json.RawMessage `json:"before"`
-	Unchanged []string        `json:"unchanged"`
+	Op        string
+	Key       Row
+	After     json.RawMessage
+	Before    json.RawMessage
+	Unchanged []string
+}
+
+// readEvent reads a change event's members by their exact names (DESIGN §2): op a string, key null
+// or an object, unchanged null or an array of strings; after and before are read by the op.
+func readEvent(payload []byte) (event, error) {
+	row, err := decodeObject(payload)
+	if err != nil {
+		return event{}, err
+	}
+	ev := event{After: row["after"], Before: row["before"]}
+	if raw := row["op"]; !isNull(raw) {
+		if raw[0] != '"' {
+			return ev, badPayload("change event op is not a string: %s", excerpt(raw))
+		}
+		op, err := textOf(raw)
+		if err != nil {
+			return ev, badPayload("change event op: %v", err)
+		}
+		ev.Op = op.String
+	}
+	if raw := row["key"]; !isNull(raw) {
+		if ev.Key, err = decodeObject(raw); err != nil {
+			return ev, badPayload("change event key is not an object: %s", excerpt(raw))
+		}
+	}
+	if raw := row["unchanged"]; !isNull(raw) {
+		if err := json.Unmarshal(raw, &ev.Unchanged); err != nil {
+			return ev, badPayload("change event unchanged is not an array of column names: %s", excerpt(raw))
+		}
+	}
+	return ev, nil
 }
 
 func (c cdcMode) decode(m *Message) (op, error) {
-	if _, err := decodeObject(m.Payload); err != nil {
+	ev, err := readEvent(m.Payload)
+	if err != nil {
 		return op{}, err
-	}
-	var ev event
-	if err := json.Unmarshal(bytes.TrimSpace(m.Payload), &ev); err != nil {
-		return op{}, badPayload("not a change event: %v", err)
 	}
 	switch ev.Op {
 	case "c", "r", "u":
@@ -286,8 +314,10 @@ func newSQLMode(statement string, paths []string) (*sqlMode, error) {
 
 func (s *sqlMode) decode(m *Message) (op, error) {
 	doc := json.RawMessage(bytes.TrimSpace(m.Payload))
-	if s.needJSON && !json.Valid(doc) {
-		return op{}, badPayload("payload is not JSON, but params read paths inside it: %s", excerpt(doc))
+	if s.needJSON {
+		if err := scanValue(doc); err != nil {
+			return op{}, badPayload("payload is not valid JSON (%v), but params read paths inside it: %s", err, excerpt(doc))
+		}
 	}
 	args := make([]any, len(s.params))
 	for i, p := range s.params {

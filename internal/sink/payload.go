@@ -16,6 +16,21 @@ import (
 // Values are never decoded through float64, so 30-digit numerics and bigints past 2^53 stay exact.
 type Row map[string]json.RawMessage
 
+// MaxPayloadBytes is the largest payload the sink reads: 64 MiB. A larger one is refused with
+// payload_too_large before any parsing (a data error: dead-lettered after max_attempts), so a
+// runaway producer costs the sink the message's bytes and nothing more.
+const MaxPayloadBytes = 64 << 20
+
+// checkSize refuses a payload over MaxPayloadBytes.
+func checkSize(m *Message) error {
+	if len(m.Payload) <= MaxPayloadBytes {
+		return nil
+	}
+	return errcode.New("payload_too_large",
+		fmt.Sprintf("payload is %d bytes, over the sink's limit of %d (64 MiB)", len(m.Payload), MaxPayloadBytes),
+		"keep large values elsewhere and send a reference, or split the message; the input dead-letters this message after max_attempts")
+}
+
 // badPayload is the data error for a payload the mode cannot read.
 func badPayload(format string, args ...any) error {
 	return errcode.New("bad_payload", fmt.Sprintf(format, args...),

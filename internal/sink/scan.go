@@ -3,10 +3,12 @@ package sink
 import (
 	"encoding/json"
 	"fmt"
+	"unicode/utf8"
 )
 
 // scanObject splits a JSON object into its top-level keys and the exact bytes of their values,
-// validating the whole document on the way. Unlike encoding/json it decodes nothing below the top
+// validating the whole document on the way (strings must be UTF-8, as RFC 8259 requires: a value is
+// never passed on with bytes PostgreSQL would refuse or encoding/json would replace). Unlike encoding/json it decodes nothing below the top
 // level and copies no value.
 func scanObject(b []byte) (Row, error) {
 	row := make(Row, 8)
@@ -71,6 +73,16 @@ func scanMembers(b []byte, fn func(key []byte, escaped bool, val []byte) error) 
 	}
 }
 
+// scanValue validates b as one JSON value with the scanner's rules (UTF-8 strings, nesting limit).
+func scanValue(b []byte) error {
+	s := scanner{b: b}
+	s.ws()
+	if err := s.value(0); err != nil {
+		return err
+	}
+	return s.end()
+}
+
 type scanner struct {
 	b []byte
 	i int
@@ -104,7 +116,7 @@ func (s *scanner) eat(c byte) bool {
 func (s *scanner) end() error {
 	s.ws()
 	if s.i != len(s.b) {
-		return s.fail("unexpected data after the object")
+		return s.fail("unexpected data after the value")
 	}
 	return nil
 }
@@ -138,6 +150,12 @@ func (s *scanner) str() (escaped bool, err error) {
 			}
 		case c < 0x20:
 			return escaped, s.fail("control character in a string")
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(s.b[s.i:])
+			if r == utf8.RuneError && size == 1 {
+				return escaped, s.fail("invalid UTF-8 in a string")
+			}
+			s.i += size
 		default:
 			s.i++
 		}

@@ -105,6 +105,7 @@ func TestClassify(t *testing.T) {
 		{&pgconn.PgError{Code: "42703"}, Environment},
 		{fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "23505"}), Data},
 		{badPayload("x"), Data},
+		{checkSize(&Message{Payload: make([]byte, MaxPayloadBytes+1)}), Data},
 		{errcode.New("target_missing", "x", "y"), Environment},
 		{fmt.Errorf("read tcp: connection reset by peer"), Transient},
 	}
@@ -116,6 +117,22 @@ func TestClassify(t *testing.T) {
 	e := DataError(&pgconn.PgError{Code: "23514", Message: `new row for relation "t" violates check constraint "c"`, Detail: "Failing row contains (1)."})
 	if e.Error() != `23514: new row for relation "t" violates check constraint "c" (Failing row contains (1).)` {
 		t.Errorf("DataError = %q", e)
+	}
+}
+
+// TestPayloadLimit: MaxPayloadBytes is accepted, one byte more is payload_too_large, and the
+// error names the size, not the payload.
+func TestPayloadLimit(t *testing.T) {
+	if err := checkSize(&Message{Payload: make([]byte, MaxPayloadBytes)}); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, MaxPayloadBytes+1)
+	for i := range big {
+		big[i] = 'x'
+	}
+	err := checkSize(&Message{Payload: big})
+	if !errcode.Is(err, "payload_too_large") || !containsStr(err.Error(), "67108865 bytes") || len(err.Error()) > 300 {
+		t.Fatalf("%v", err)
 	}
 }
 
