@@ -248,12 +248,12 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		{"source, wrong Redis password", sourceConfig(e.dsn("relay"), e.redisURL("stranger"), testenv.FreePort(t)), []string{"WRONGPASS"}},
 		{"source, PostgreSQL unreachable", sourceConfig(closedPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"connection refused"}},
 		{"source, Redis unreachable", sourceConfig(e.dsn("relay"), closedRedis, testenv.FreePort(t)), []string{"connection refused"}},
-		{"source, malformed Redis URL", sourceConfig(e.dsn("relay"), badRedisURL, testenv.FreePort(t)), []string{"invalid port", "notaport"}},
-		{"source, malformed DSN", sourceConfig(badPGDSN, e.redisURL("relay"), testenv.FreePort(t)), []string{"invalid port"}},
+		{"source, malformed Redis URL", sourceConfig(e.dsn("relay"), badRedisURL, testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
+		{"source, malformed DSN", sourceConfig(badPGDSN, e.redisURL("relay"), testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
 		{"sink, wrong PostgreSQL password", sinkConfig(wrongPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"password authentication failed"}},
 		{"sink, wrong Redis password", sinkConfig(e.dsn("relay"), e.redisURL("stranger"), testenv.FreePort(t)), []string{"WRONGPASS"}},
 		{"sink, PostgreSQL unreachable", sinkConfig(closedPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"connection refused"}},
-		{"sink, malformed Redis URL", sinkConfig(e.dsn("relay"), badRedisURL, testenv.FreePort(t)), []string{"invalid port", "notaport"}},
+		{"sink, malformed Redis URL", sinkConfig(e.dsn("relay"), badRedisURL, testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
 	} {
 		t.Run(c.what, func(t *testing.T) {
 			leaks := &leakCheck{t: t}
@@ -275,6 +275,13 @@ func TestSecretsNeverPrinted(t *testing.T) {
 			}
 		})
 	}
+
+	// the CLI reads a URL without the linter in between
+	out := pgrelayOutput(t, nil, "queue", "info", "--url", badRedisURL, "accts")
+	if !strings.Contains(out, "relay:xxxxx@") {
+		t.Errorf("queue info --url with a malformed URL does not show it redacted:\n%s", out)
+	}
+	leaks.check("queue info --url with a malformed URL", out)
 
 	// everything pgrelay stored in Redis (pointers, leases, status hashes, streams, dead letters)
 	keys, err := e.rdb.Keys(ctx, "*").Result()
