@@ -99,6 +99,9 @@ func (c *Config) Validate() error {
 // checkParamCount requires exactly len(params) distinct placeholders $1..$n in the statement.
 func checkParamCount(stmt string, params []string) error {
 	max, seen := placeholders(stmt)
+	if seen[0] {
+		return errcode.New("sql_params_mismatch", "statement uses $0", "number the placeholders from $1")
+	}
 	for i := 1; i <= max; i++ {
 		if !seen[i] {
 			return errcode.New("sql_params_mismatch", fmt.Sprintf("statement uses $%d but not $%d", max, i),

@@ -430,3 +430,66 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSplitStatement splits any statement the config check accepts (with one params entry per
+// $n): each part's placeholders are exactly $1..$k, each stands for a params entry that exists, and
+// renumbering them back gives the part as written; picking a part's arguments never fails.
+func FuzzSplitStatement(f *testing.F) {
+	for _, seed := range []string{
+		"UPDATE a SET b = $2 WHERE id = $1", "INSERT INTO c VALUES ($1, $2); UPDATE d SET n = n + 1 WHERE id = $1",
+		"SELECT $2; SELECT $3::int, $1, $3", " ; SELECT 1;; -- just a comment\n; /* c */ ;\n",
+		`SELECT ';$9', ";$8", $$ ; $7 $$, $f$ ; $f$, E'\'; $6', $1 -- ; $5` + "\n" + `/* ; /* nested ; */ $4 */; SELECT $1`,
+		"SELECT a$1 FROM t$2; SELECT $1", `SELECT 'a\'; SELECT $1`, "SELECT $0, $1", "SELECT $01; SELECT $1",
+		"SELECT $99999999999999999999", "SELECT $1$", "SELECT $a$ $1 $a$; SELECT $1", "SELECT /* unterminated $1",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, stmt string) {
+		largest, _ := placeholders(stmt)
+		if largest > 50 {
+			return
+		}
+		params := make([]string, largest)
+		for i := range params {
+			params[i] = "@partition"
+		}
+		if err := checkParamCount(stmt, params); err != nil {
+			return
+		}
+		all := make([]any, largest)
+		for i := range all {
+			all[i] = i
+		}
+		for _, p := range splitStatement(stmt) {
+			k, seen := placeholders(p.sql)
+			if k != len(p.params) || len(seen) != k {
+				t.Fatalf("%q: part %q has placeholders %v for %d params", stmt, p.sql, seen, len(p.params))
+			}
+			for i, n := range p.params {
+				if n < 0 || n >= largest || i > 0 && n <= p.params[i-1] {
+					t.Fatalf("%q: part %q stands for params %v of %d", stmt, p.sql, p.params, largest)
+				}
+			}
+			if args := p.args(all); len(args) != k {
+				t.Fatalf("%q: part %q got %d args for %d placeholders", stmt, p.sql, len(args), k)
+			}
+			back := mapPlaceholders(p.sql, func(n int) int { return p.params[n-1] + 1 })
+			if whole := mapPlaceholders(stmt, func(n int) int { return n }); !strings.Contains(whole, back) {
+				t.Fatalf("%q: part %q renumbered back is %q, not a part of %q", stmt, p.sql, back, whole)
+			}
+		}
+	})
+}
+
+// mapPlaceholders rewrites each placeholder $n of s (as walkSQL finds them) as $f(n).
+func mapPlaceholders(s string, f func(int) int) string {
+	var b strings.Builder
+	at := 0
+	walkSQL(s, func(tok sqlToken) {
+		if tok.kind == tokParam {
+			b.WriteString(s[at:tok.pos] + "$" + strconv.Itoa(f(tok.n)))
+			at = tok.end
+		}
+	})
+	return b.String() + s[at:]
+}
