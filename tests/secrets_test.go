@@ -202,7 +202,10 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		}
 		leaks.check(name+" /metrics", body)
 	}
-	metricsEnv := []string{fmt.Sprintf("PGRELAY_METRICS_URL=http://127.0.0.1:%d/metrics", sinkPort)}
+	// a metrics URL may carry credentials too (a proxy with basic auth in front of /metrics)
+	metricsEnv := []string{fmt.Sprintf("PGRELAY_METRICS_URL=http://relay:%s@127.0.0.1:%d/metrics", secret, sinkPort)}
+	deadMetricsEnv := []string{fmt.Sprintf("PGRELAY_METRICS_URL=http://relay:%s@127.0.0.1:%d/metrics", secret, testenv.FreePort(t))}
+	badMetricsEnv := []string{fmt.Sprintf("PGRELAY_METRICS_URL=http://relay:%s@127.0.0.1:notaport/metrics", secret)}
 	for _, c := range []struct {
 		what string
 		env  []string
@@ -213,6 +216,8 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		{"status --json (source)", nil, []string{"status", "-c", srcConf, "--json"}, "secret-src"},
 		{"status (sink)", metricsEnv, []string{"status", "-c", sinkConf}, "accts_copy"},
 		{"status --json (sink)", metricsEnv, []string{"status", "-c", sinkConf, "--json"}, "accts_copy"},
+		{"status (sink, metrics unreachable)", deadMetricsEnv, []string{"status", "-c", sinkConf}, "connection refused"},
+		{"status --json (sink, metrics URL malformed)", badMetricsEnv, []string{"status", "-c", sinkConf, "--json"}, "does not parse"},
 		{"queue info --url", nil, []string{"queue", "info", "--url", e.redisURL("relay"), "accts"}, "accts"},
 		{"queue info --json -c", nil, []string{"queue", "info", "-c", sinkConf, "--json"}, "accts"},
 		{"queue dlq --json", nil, []string{"queue", "dlq", "--url", e.redisURL("relay"), "--json", "accts"}, "["},

@@ -38,10 +38,11 @@ func scrapeLive(ctx context.Context, url, name string) *Live {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		live.Problem = err.Error()
+	if err != nil { // its text quotes the URL, password included
+		live.URL, live.Problem = "", "the metrics URL does not parse"
 		return live
 	}
+	live.URL = req.URL.Redacted() // a password in the URL never shows
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		live.Problem = fmt.Sprintf("cannot read the metrics (is the pipeline running?): %v", err)
