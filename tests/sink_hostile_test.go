@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/sink"
@@ -84,32 +83,13 @@ func TestSinkHostileInput(t *testing.T) {
 		}
 	}
 	for _, p := range poisons {
-		list := perPartition[p.partition]
-		m := sinkMessage{partition: p.partition, id: p.id, payload: p.payload}
-		switch p.pos {
-		case "first":
-			list = append([]sinkMessage{m}, list...)
-		case "middle":
-			mid := len(list) / 2
-			list = append(append(append([]sinkMessage{}, list[:mid]...), m), list[mid:]...)
-		default:
-			list = append(list, m)
-		}
-		perPartition[p.partition] = list
+		perPartition[p.partition] = insertAt(perPartition[p.partition], sinkMessage{partition: p.partition, id: p.id, payload: p.payload}, p.pos)
 	}
-	var all []sinkMessage
-	for round := 0; ; round++ {
-		added := false
-		for k := 1; k <= 6; k++ {
-			if list := perPartition[fmt.Sprintf("p%d", k)]; round < len(list) {
-				all = append(all, list[round])
-				added = true
-			}
-		}
-		if !added {
-			break
-		}
+	var lists [][]sinkMessage
+	for k := 1; k <= 6; k++ {
+		lists = append(lists, perPartition[fmt.Sprintf("p%d", k)])
 	}
+	all := interleave(lists)
 	send, stop := sinkQueueProducer(t, r.URL(), "items", 4)
 	sendAll(t, send, all, 20)
 	stop()
@@ -133,16 +113,7 @@ output:
     table: items
     mode: cdc
 `, r.URL(), pg.DSN()))
-	layout := queue.NewLayout("pgrelay")
-	sinkWaitUntil(t, 120*time.Second, fmt.Sprintf("the queue drained with %d dead letters", len(poisons)), func() (bool, string) {
-		i, err := queue.Inspect(ctx, r.Client(), layout, "items")
-		if err != nil || len(i.Groups) == 0 {
-			return false, fmt.Sprint(err)
-		}
-		g := i.Groups[0]
-		return g.Lag == 0 && g.Pending == 0 && i.DeadLetters == int64(len(poisons)),
-			fmt.Sprintf("lag %d pending %d dead %d; output: %s", g.Lag, g.Pending, i.DeadLetters, sinkLastLines(p.Output(), 5))
-	})
+	waitDrained(t, r, "items", len(poisons), p)
 	rss := peakRSS(t, p.Pid())
 	p.Kill()
 	t.Logf("sink peak RSS %d MiB with a %d MiB message", rss>>20, len(huge)>>20)
@@ -150,7 +121,7 @@ output:
 		t.Errorf("sink peak RSS %d MiB, over %d MiB (8 × the largest message)", rss>>20, limit>>20)
 	}
 
-	dls, err := queue.ListDeadLetters(ctx, r.Client(), layout, "items", "", 0)
+	dls, err := queue.ListDeadLetters(ctx, r.Client(), queue.NewLayout("pgrelay"), "items", "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -285,24 +285,14 @@ func TestSinkPoisonMessages(t *testing.T) {
 	poison := func(id int, name string) sinkMessage {
 		return sinkMessage{partition: fmt.Sprint(id), id: name, payload: fmt.Sprintf(`{"id":%d,"v":-1,"seq":0}`, id)}
 	}
-	perID[1] = append([]sinkMessage{poison(1, "poison-first")}, perID[1]...)
-	mid := len(perID[2]) / 2
-	perID[2] = append(append(append([]sinkMessage{}, perID[2][:mid]...), poison(2, "poison-middle")), perID[2][mid:]...)
-	perID[3] = append(perID[3], poison(3, "poison-last"))
-	// interleave the partitions, keeping each partition's order
-	var all []sinkMessage
-	for round := 0; ; round++ {
-		added := false
-		for id := 1; id <= ids; id++ {
-			if round < len(perID[id]) {
-				all = append(all, perID[id][round])
-				added = true
-			}
-		}
-		if !added {
-			break
-		}
+	perID[1] = insertAt(perID[1], poison(1, "poison-first"), "first")
+	perID[2] = insertAt(perID[2], poison(2, "poison-middle"), "middle")
+	perID[3] = insertAt(perID[3], poison(3, "poison-last"), "last")
+	lists := make([][]sinkMessage, ids)
+	for id := 1; id <= ids; id++ {
+		lists[id-1] = perID[id]
 	}
+	all := interleave(lists)
 	send, stop := sinkQueueProducer(t, r.URL(), "items", 4)
 	sendAll(t, send, all, 100)
 	stop()
@@ -325,17 +315,9 @@ output:
     table: items
     mode: upsert
 `, r.URL(), pg.DSN()))
-	layout := queue.NewLayout("pgrelay")
-	sinkWaitUntil(t, 90*time.Second, "the queue drained with 3 dead letters", func() (bool, string) {
-		i, err := queue.Inspect(context.Background(), r.Client(), layout, "items")
-		if err != nil || len(i.Groups) == 0 {
-			return false, fmt.Sprint(err)
-		}
-		g := i.Groups[0]
-		return g.Lag == 0 && g.Pending == 0 && i.DeadLetters == 3,
-			fmt.Sprintf("lag %d pending %d dead %d; output: %s", g.Lag, g.Pending, i.DeadLetters, sinkLastLines(p.Output(), 5))
-	})
+	waitDrained(t, r, "items", 3, p)
 	p.Kill()
+	layout := queue.NewLayout("pgrelay")
 
 	dls, err := queue.ListDeadLetters(context.Background(), r.Client(), layout, "items", "", 0)
 	if err != nil {
@@ -371,6 +353,50 @@ output:
 	if seen != ids {
 		t.Fatalf("%d items, want %d", seen, ids)
 	}
+}
+
+// insertAt puts m first, in the middle or last of list.
+func insertAt(list []sinkMessage, m sinkMessage, pos string) []sinkMessage {
+	switch pos {
+	case "first":
+		return append([]sinkMessage{m}, list...)
+	case "middle":
+		mid := len(list) / 2
+		return append(append(append([]sinkMessage{}, list[:mid]...), m), list[mid:]...)
+	}
+	return append(list, m)
+}
+
+// interleave takes one message of each list in turn, keeping each list's (partition's) order.
+func interleave(lists [][]sinkMessage) []sinkMessage {
+	var all []sinkMessage
+	for round := 0; ; round++ {
+		added := false
+		for _, l := range lists {
+			if round < len(l) {
+				all = append(all, l[round])
+				added = true
+			}
+		}
+		if !added {
+			return all
+		}
+	}
+}
+
+// waitDrained waits until queue q's (only) group has no lag and nothing pending and the queue
+// holds deadLetters dead letters.
+func waitDrained(t *testing.T, r *testenv.Redis, q string, deadLetters int, p *testenv.Process) {
+	t.Helper()
+	sinkWaitUntil(t, 120*time.Second, fmt.Sprintf("the queue drained with %d dead letters", deadLetters), func() (bool, string) {
+		i, err := queue.Inspect(context.Background(), r.Client(), queue.NewLayout("pgrelay"), q)
+		if err != nil || len(i.Groups) == 0 {
+			return false, fmt.Sprint(err)
+		}
+		g := i.Groups[0]
+		return g.Lag == 0 && g.Pending == 0 && i.DeadLetters == int64(deadLetters),
+			fmt.Sprintf("lag %d pending %d dead %d; output: %s", g.Lag, g.Pending, i.DeadLetters, sinkLastLines(p.Output(), 5))
+	})
 }
 
 func sinkSorted(s []string) []string {
