@@ -90,13 +90,13 @@ func (e *secretEnv) redisURL(user string) string {
 }
 
 // sourceConfig is pg_cdc → redis_queue with the given connections; sinkConfig is redis_queue → pg_sink.
-func sourceConfig(dsn, redisURL string, port int) string {
+func sourceConfig(name, dsn, redisURL string, port int) string {
 	return fmt.Sprintf(`http: { address: 127.0.0.1:%d }
 metrics: { prometheus: {} }
 logger: { level: debug }
 input:
   pg_cdc:
-    name: secret-src
+    name: %s
     dsn: %s
     tables: [ { table: public.accounts, queue: accts } ]
     redis: { url: %s }
@@ -107,7 +107,7 @@ output:
   redis_queue:
     url: %s
 shutdown_timeout: 5s
-`, port, dsn, redisURL, redisURL)
+`, port, name, dsn, redisURL, redisURL)
 }
 
 func sinkConfig(dsn, redisURL string, port int) string {
@@ -179,7 +179,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	e.pg.Exec(`INSERT INTO accounts SELECT g, 'owner ' || g, g * 1.5 FROM generate_series(1, 50) g`)
 
 	srcPort, sinkPort := testenv.FreePort(t), testenv.FreePort(t)
-	srcConf := writeConfig(t, "source.yaml", sourceConfig(e.dsn("relay"), e.redisURL("relay"), srcPort))
+	srcConf := writeConfig(t, "source.yaml", sourceConfig("secret-src", e.dsn("relay"), e.redisURL("relay"), srcPort))
 	sinkConf := writeConfig(t, "sink.yaml", sinkConfig(e.dsn("relay"), e.redisURL("relay"), sinkPort))
 	src := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", srcConf)
 	sink := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", sinkConf)
@@ -245,41 +245,46 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	closedRedis := fmt.Sprintf("redis://relay:%s@127.0.0.1:%d", secret, closed)
 	badRedisURL := fmt.Sprintf("redis://relay:%s@127.0.0.1:notaport", secret)
 	badPGDSN := fmt.Sprintf("postgres://relay:%s@127.0.0.1:notaport/postgres", secret)
-	for _, c := range []struct {
-		what, config string
-		want         []string // what the failure says (any of them)
-	}{
-		{"source, wrong PostgreSQL password", sourceConfig(wrongPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"password authentication failed"}},
-		{"source, wrong Redis password", sourceConfig(e.dsn("relay"), e.redisURL("stranger"), testenv.FreePort(t)), []string{"WRONGPASS"}},
-		{"source, PostgreSQL unreachable", sourceConfig(closedPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"connection refused"}},
-		{"source, Redis unreachable", sourceConfig(e.dsn("relay"), closedRedis, testenv.FreePort(t)), []string{"connection refused"}},
-		{"source, malformed Redis URL", sourceConfig(e.dsn("relay"), badRedisURL, testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
-		{"source, malformed DSN", sourceConfig(badPGDSN, e.redisURL("relay"), testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
-		{"sink, wrong PostgreSQL password", sinkConfig(wrongPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"password authentication failed"}},
-		{"sink, wrong Redis password", sinkConfig(e.dsn("relay"), e.redisURL("stranger"), testenv.FreePort(t)), []string{"WRONGPASS"}},
-		{"sink, PostgreSQL unreachable", sinkConfig(closedPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"connection refused"}},
-		{"sink, malformed Redis URL", sinkConfig(e.dsn("relay"), badRedisURL, testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
-	} {
-		t.Run(c.what, func(t *testing.T) {
-			leaks := &leakCheck{t: t}
-			conf := writeConfig(t, "failing.yaml", c.config)
-			p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", conf)
-			deadline := time.Now().Add(30 * time.Second)
-			for !containsAny(p.Output(), c.want) && !p.Exited() && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Millisecond)
-			}
-			time.Sleep(200 * time.Millisecond) // let the failure's follow-up lines out
-			p.Kill()
-			out := p.Output()
-			if !containsAny(out, c.want) {
-				t.Errorf("the failure names none of %q:\n%s", c.want, sinkLastLines(out, 20))
-			}
-			leaks.check("log", out)
-			for _, args := range [][]string{{"status", "-c", conf}, {"status", "-c", conf, "--json"}, {"queue", "info", "-c", conf, "accts"}} {
-				leaks.check(strings.Join(args[:2], " ")+" of the failing config", pgrelayOutput(t, nil, args...))
-			}
-		})
-	}
+	keyValuePG := fmt.Sprintf("'host=127.0.0.1 port=%d user=stranger password=%s dbname=postgres sslmode=disable'", e.pg.Port, secret)
+	t.Run("failing starts", func(t *testing.T) { // in parallel; returns when all are done
+		for _, c := range []struct {
+			what, config string
+			want         []string // what the failure says (any of them)
+		}{
+			{"source, wrong PostgreSQL password", sourceConfig("failing-1", wrongPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"password authentication failed"}},
+			{"source, wrong Redis password", sourceConfig("failing-2", e.dsn("relay"), e.redisURL("stranger"), testenv.FreePort(t)), []string{"WRONGPASS"}},
+			{"source, PostgreSQL unreachable", sourceConfig("failing-3", closedPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"connection refused"}},
+			{"source, Redis unreachable", sourceConfig("failing-4", e.dsn("relay"), closedRedis, testenv.FreePort(t)), []string{"connection refused"}},
+			{"source, malformed Redis URL", sourceConfig("failing-5", e.dsn("relay"), badRedisURL, testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
+			{"source, malformed DSN", sourceConfig("failing-6", badPGDSN, e.redisURL("relay"), testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
+			{"sink, wrong PostgreSQL password", sinkConfig(wrongPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"password authentication failed"}},
+			{"sink, wrong password in a key=value DSN", sinkConfig(keyValuePG, e.redisURL("relay"), testenv.FreePort(t)), []string{"password authentication failed"}},
+			{"sink, wrong Redis password", sinkConfig(e.dsn("relay"), e.redisURL("stranger"), testenv.FreePort(t)), []string{"WRONGPASS"}},
+			{"sink, PostgreSQL unreachable", sinkConfig(closedPG, e.redisURL("relay"), testenv.FreePort(t)), []string{"connection refused"}},
+			{"sink, malformed Redis URL", sinkConfig(e.dsn("relay"), badRedisURL, testenv.FreePort(t)), []string{"invalid port", "Config lint error"}},
+		} {
+			t.Run(c.what, func(t *testing.T) {
+				t.Parallel()
+				leaks := &leakCheck{t: t}
+				conf := writeConfig(t, "failing.yaml", c.config)
+				p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", conf)
+				deadline := time.Now().Add(60 * time.Second)
+				for !containsAny(p.Output(), c.want) && !p.Exited() && time.Now().Before(deadline) {
+					time.Sleep(100 * time.Millisecond)
+				}
+				time.Sleep(200 * time.Millisecond) // let the failure's follow-up lines out
+				p.Kill()
+				out := p.Output()
+				if !containsAny(out, c.want) {
+					t.Errorf("the failure names none of %q:\n%s", c.want, sinkLastLines(out, 20))
+				}
+				leaks.check("log", out)
+				for _, args := range [][]string{{"status", "-c", conf}, {"status", "-c", conf, "--json"}, {"queue", "info", "-c", conf, "accts"}} {
+					leaks.check(strings.Join(args[:2], " ")+" of the failing config", pgrelayOutput(t, nil, args...))
+				}
+			})
+		}
+	})
 
 	// the CLI reads a URL without the linter in between
 	out := pgrelayOutput(t, nil, "queue", "info", "--url", badRedisURL, "accts")
