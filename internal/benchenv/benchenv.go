@@ -148,18 +148,27 @@ func RedisPid(ctx context.Context, rdb *redis.Client) (int, error) {
 	return 0, errors.New("INFO server has no process_id")
 }
 
-// SlotPid waits up to timeout for replication slot slot to be in use and returns the pid of the
-// walsender serving it.
+// WalsenderPid is the pid of the walsender streaming replication slot slot, if one is. (A slot's
+// active_pid alone may be an ordinary backend: pg_create_logical_replication_slot holds the slot
+// for the session that creates it.)
+func WalsenderPid(ctx context.Context, pool *pgxpool.Pool, slot string) (int, error) {
+	var pid int32
+	err := pool.QueryRow(ctx, `SELECT s.active_pid FROM pg_replication_slots s
+		JOIN pg_stat_activity a ON a.pid = s.active_pid AND a.backend_type = 'walsender'
+		WHERE s.slot_name = $1`, slot).Scan(&pid)
+	return int(pid), err
+}
+
+// SlotPid waits up to timeout for a walsender to stream replication slot slot and returns its pid.
 func SlotPid(ctx context.Context, pool *pgxpool.Pool, slot string, timeout time.Duration) (int, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		var pid *int32
-		err := pool.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid)
-		if err == nil && pid != nil {
-			return int(*pid), nil
+		pid, err := WalsenderPid(ctx, pool, slot)
+		if err == nil && pid != 0 {
+			return pid, nil
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("slot %s not in use after %s (%v)", slot, timeout, err)
+			return 0, fmt.Errorf("no walsender on slot %s after %s (%v)", slot, timeout, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

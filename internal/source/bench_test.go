@@ -36,7 +36,8 @@ func BenchmarkSourceTx1000(b *testing.B) { benchSource(b, 1000) }
 //     its walsender's CPU per change is the decode cost, its rate the decode ceiling;
 //   - queue: pg_cdc into redis_queue (durability aof unless PGRELAY_BENCH_FSYNC says otherwise);
 //   - drop: pg_cdc into the drop output (the source alone);
-//   - xadd: the entries pg_cdc wrote, XADDed again in plain pipelines of 1,000 (the Redis ceiling).
+//   - xadd: the entries pg_cdc wrote, XADDed again in plain pipelines of 1,000 (the Redis ceiling);
+//   - multi: the same in MULTI/EXEC pipelines of 1,000 (one AOF write and fsync per 1,000).
 //
 // It reports the medians of the rates, their ratios to raw, the CPU time per change of each
 // process (pgrelay is this process: the pipeline runs in-process) and the projected ratio with a
@@ -83,7 +84,8 @@ func benchSource(b *testing.B, txRows int) {
 			raw := recvLogical(b, e, pids, recv, "raw"+strconv.Itoa(r), endpos)
 			queue := catchUp(b, e, pids, "q"+strconv.Itoa(r), before)
 			drop := catchUp(b, e, pids, "d"+strconv.Itoa(r), before)
-			xadd := rawXAdd(b, e, pids, "q"+strconv.Itoa(r))
+			xadd := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), false)
+			multi := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), true)
 			decode := benchenv.PerChange(raw.walsender, total)
 			m.Add("raw_changes/s", raw.rate(total))
 			m.Add("raw_cpu_walsender_us/change", decode)
@@ -105,6 +107,9 @@ func benchSource(b *testing.B, txRows int) {
 			m.Add("xadd_changes/s", xadd.rate(total))
 			m.Add("xadd_ratio", xadd.rate(total)/raw.rate(total))
 			m.Add("xadd_cpu_redis_us/change", benchenv.PerChange(xadd.redis, total))
+			m.Add("multi_changes/s", multi.rate(total))
+			m.Add("multi_ratio", multi.rate(total)/raw.rate(total))
+			m.Add("multi_cpu_redis_us/change", benchenv.PerChange(multi.redis, total))
 		}
 		m.Report(b)
 	}
@@ -209,8 +214,11 @@ func recvLogical(b *testing.B, e *env, pids benchProcs, bin, slot, endpos string
 
 // rawXAdd reads back every entry pg_cdc wrote to queue q and times writing them again, same
 // fields and bytes, to other keys with pipelines of 1,000 plain XADDs: what the Redis server
-// itself costs under this run's settings. The keys are deleted afterwards.
-func rawXAdd(b *testing.B, e *env, pids benchProcs, q string) phase {
+// itself costs under this run's settings. With multi each pipeline is one MULTI/EXEC: with
+// appendfsync always a plain pipeline costs Redis an AOF write and fsync per read of the socket
+// (~16 KiB), a transaction one per 1,000 entries, like pgrelay's one script call per batch. The
+// keys are deleted afterwards.
+func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi bool) phase {
 	rdb := e.rd.Client()
 	var entries []redis.XMessage
 	var keys []string
@@ -227,8 +235,12 @@ func rawXAdd(b *testing.B, e *env, pids benchProcs, q string) phase {
 	}
 	fields := []string{"off", "p", "id", "tx", "ts", "h", "d"}
 	m := startMeter(b, pids)
+	pipelined := rdb.Pipelined
+	if multi {
+		pipelined = rdb.TxPipelined
+	}
 	for i := 0; i < len(entries); i += 1000 {
-		_, err := rdb.Pipelined(e.ctx, func(p redis.Pipeliner) error {
+		_, err := pipelined(e.ctx, func(p redis.Pipeliner) error {
 			for j := i; j < min(i+1000, len(entries)); j++ {
 				vals := make([]any, 0, 14)
 				for _, f := range fields {
@@ -262,10 +274,7 @@ func catchUp(b *testing.B, e *env, pids benchProcs, name string, before pglogrep
 	ws := 0
 	for {
 		if ws == 0 {
-			var pid *int32
-			if e.pg.Pool().QueryRow(e.ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, "pgrelay_"+name).Scan(&pid); pid != nil {
-				ws = int(*pid)
-			}
+			ws, _ = benchenv.WalsenderPid(e.ctx, e.pg.Pool(), "pgrelay_"+name)
 		}
 		raw, err := rdb.Get(e.ctx, "pgrelay:{"+name+"}:src:"+name+":ptr").Bytes()
 		if err == nil {

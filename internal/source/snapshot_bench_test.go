@@ -23,11 +23,12 @@ import (
 //     snapshot becoming null (default chunk_rows and bundle limits; PGRELAY_BENCH_SNAPSHOT_EXTRA
 //     adds pg_cdc fields);
 //   - drop: the same snapshot into the drop output (the source alone);
-//   - xadd: the snapshot's entries XADDed again in plain pipelines of 1,000 (the Redis ceiling).
+//   - xadd: the snapshot's entries XADDed again in plain pipelines of 1,000 (the Redis ceiling);
+//   - multi: the same in MULTI/EXEC pipelines of 1,000 (see rawXAdd).
 //
 // It reports the medians of the rates, the ratios (drop and queue to COPY, queue to xadd) and
-// the CPU time per row of pgrelay (this process), redis-server, the COPY's backend and the
-// PostgreSQL backends serving the snapshot (the whole server but the walsender).
+// the CPU time per row of pgrelay (this process), redis-server, the COPY's backend, the walsender
+// and the PostgreSQL backends reading the chunks (the whole server but the walsender).
 func BenchmarkSnapshot(b *testing.B) {
 	total := benchenv.Size("PGRELAY_BENCH_SNAPSHOT_ROWS", 300000, 20000)
 	runs := benchenv.Runs()
@@ -58,7 +59,8 @@ func BenchmarkSnapshot(b *testing.B) {
 			name := fmt.Sprintf("sq%d_%d", i, r)
 			queue := snapshotRun(b, e, pids, name, false)
 			drop := snapshotRun(b, e, pids, fmt.Sprintf("sd%d_%d", i, r), true)
-			xadd := rawXAdd(b, e, pids, name)
+			xadd := rawXAdd(b, e, pids, name, false)
+			multi := rawXAdd(b, e, pids, name, true)
 			m.Add("copy_rows/s", cp.rate(total))
 			m.Add("copy_cpu_backend_us/row", benchenv.PerChange(cp.postgres, total))
 			for _, p := range []struct {
@@ -71,12 +73,16 @@ func BenchmarkSnapshot(b *testing.B) {
 				if p.name == "queue" {
 					m.Add(p.name+"_cpu_redis_us/row", benchenv.PerChange(p.ph.redis, total))
 				}
-				m.Add(p.name+"_cpu_backends_us/row", benchenv.PerChange(p.ph.postgres-p.ph.walsender, total))
+				// the chunk readers are the pipeline's ordinary backends: the whole server but the walsender
+				m.Add(p.name+"_cpu_chunk_readers_us/row", benchenv.PerChange(p.ph.postgres-p.ph.walsender, total))
 				m.Add(p.name+"_cpu_walsender_us/row", benchenv.PerChange(p.ph.walsender, total))
 			}
 			m.Add("xadd_rows/s", xadd.rate(total))
 			m.Add("xadd_cpu_redis_us/row", benchenv.PerChange(xadd.redis, total))
 			m.Add("queue_xadd_ratio", queue.rate(total)/xadd.rate(total))
+			m.Add("multi_rows/s", multi.rate(total))
+			m.Add("multi_cpu_redis_us/row", benchenv.PerChange(multi.redis, total))
+			m.Add("queue_multi_ratio", queue.rate(total)/multi.rate(total))
 		}
 		m.Report(b)
 	}
@@ -116,10 +122,7 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name string, drop bool) 
 	deadline := time.Now().Add(30 * time.Minute)
 	for {
 		if ws == 0 {
-			var pid *int32
-			if e.pg.Pool().QueryRow(e.ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, "pgrelay_"+name).Scan(&pid); pid != nil {
-				ws = int(*pid)
-			}
+			ws, _ = benchenv.WalsenderPid(e.ctx, e.pg.Pool(), "pgrelay_"+name)
 		}
 		if p, err := source.ReadPointer(e.ctx, rdb, key); err == nil && p != nil && string(p.Snapshot) == "null" {
 			ph := m.end()
