@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -330,6 +331,7 @@ func Profile(tb testing.TB, name string) func() {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	runtime.SetCPUProfileRate(1000) // 10x the default: enough samples from a few seconds
 	if err := pprof.StartCPUProfile(f); err != nil {
 		f.Close()
 		tb.Logf("benchenv: no CPU profile for %s: %v", name, err)
