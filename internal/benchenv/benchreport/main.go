@@ -116,6 +116,7 @@ const (
 	app    = "BenchmarkAppend/batch=500"
 	app2k  = "BenchmarkAppend/batch=2000"
 	rcpu   = "BenchmarkRedisCPU"
+	q2t    = "BenchmarkQueueToTable"
 )
 
 var figures = []figure{
@@ -167,6 +168,8 @@ var figures = []figure{
 		baseName: "COPY", baseUnit: "copy_rows/s", ratioUnit: "ratio", goal: "≥ 0.85", met: atLeast(app, "ratio", 0.85), chart: true, chartGoal: 0.85},
 	{section: "Sink", name: "append, 2,000-row batches, rows/s", bench: app2k, unit: "sink_rows/s",
 		baseName: "COPY", baseUnit: "copy_rows/s", ratioUnit: "ratio", goal: "≥ 0.85", met: atLeast(app2k, "ratio", 0.85)},
+	{section: "Sink", name: "queue → table through the binary (redis_queue → pg_sink upsert), rows/s", bench: q2t, unit: "sink_rows/s",
+		baseName: "hand-written XREADGROUP + unnest + XACK loop", baseUnit: "loop_rows/s", ratioUnit: "ratio", goal: "—", chart: true},
 }
 
 // ratio is the figure's ratio to its baseline (higher is better for pgrelay).
@@ -243,6 +246,7 @@ func cpuTable(r results, w *strings.Builder) {
 		{snap, "Snapshot, µs per row"},
 		{ups, "Sink upsert (500-row batches), µs per row"},
 		{app, "Sink append (500-row batches), µs per row"},
+		{q2t, "Queue → table through the binary, µs per row"},
 		{rcpu, "Redis alone, µs per entry (BenchmarkRedisCPU)"},
 	}
 	for _, b := range benches {
@@ -367,7 +371,7 @@ func chart(r results, png string) error {
 			continue
 		}
 		label := strings.SplitN(f.name, ",", 2)[0]
-		if f.section == "Sink" {
+		if f.section == "Sink" && !strings.HasPrefix(label, "queue") {
 			label = "sink " + label
 		}
 		bars = append(bars, bar{label, v, f.chartGoal})
