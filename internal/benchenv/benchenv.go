@@ -14,12 +14,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -316,14 +316,26 @@ func fileExists(p string) bool {
 	return err == nil && !st.IsDir()
 }
 
-// Profile writes a CPU profile of this process to $PGRELAY_BENCH_PROFILE/<name>.pprof while the
-// measured window runs, when that directory is set; the returned func ends it. Profiling costs a
-// few per cent of CPU: profile in a separate run from the one whose figures are reported.
+// profiles counts the profiles written per name, so each run's window gets its own file.
+var (
+	profilesMu sync.Mutex
+	profiles   = map[string]int{}
+)
+
+// Profile writes a CPU profile of this process to $PGRELAY_BENCH_PROFILE/<name>_<n>.pprof (n: 1
+// for the first window of that name, then 2, ...) while the measured window runs, when that
+// directory is set; the returned func ends it. Profiling costs a few per cent of CPU: profile in
+// a separate run from the one whose figures are reported. go tool pprof (and pprofgroup) add
+// up several files.
 func Profile(tb testing.TB, name string) func() {
 	dir := os.Getenv("PGRELAY_BENCH_PROFILE")
 	if dir == "" {
 		return func() {}
 	}
+	profilesMu.Lock()
+	profiles[name]++
+	name = fmt.Sprintf("%s_%d", name, profiles[name])
+	profilesMu.Unlock()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		tb.Fatal(err)
 	}
@@ -331,7 +343,6 @@ func Profile(tb testing.TB, name string) func() {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	runtime.SetCPUProfileRate(1000) // 10x the default: enough samples from a few seconds
 	if err := pprof.StartCPUProfile(f); err != nil {
 		f.Close()
 		tb.Logf("benchenv: no CPU profile for %s: %v", name, err)

@@ -266,7 +266,11 @@ func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi bool) phase 
 // after LSN before, and returns the window. The pipeline runs in this process: its CPU is
 // this process' over the window (the pointer polling beside it costs ~1 %).
 func catchUp(b *testing.B, e *env, pids benchProcs, name string, before pglogrepl.LSN) phase {
-	defer benchenv.Profile(b, "stream_"+strings.TrimRight(name, "0123456789"))()
+	kind := "queue"
+	if strings.HasPrefix(name, "d") {
+		kind = "drop"
+	}
+	defer benchenv.Profile(b, "stream_"+kind)()
 	m := startMeter(b, pids)
 	stop := runBench(b, e, name)
 	defer stop()
