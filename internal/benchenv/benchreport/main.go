@@ -143,10 +143,10 @@ var figures = []figure{
 	{section: "Snapshot", name: "snapshot → drop (the source alone), rows/s", bench: snap, unit: "drop_rows/s",
 		baseName: "COPY TO STDOUT", baseUnit: "copy_rows/s", ratioUnit: "drop_ratio", goal: "≥ 0.5", met: atLeast(snap, "drop_ratio", 0.5), chart: true, chartGoal: 0.5},
 	{section: "Snapshot", name: "snapshot → redis_queue, rows/s", bench: snap, unit: "queue_rows/s",
-		baseName: "Redis ceiling (plain XADD pipelines)", baseUnit: "xadd_rows/s", ratioUnit: "queue_xadd_ratio", goal: "≥ 0.9",
-		met: atLeast(snap, "queue_xadd_ratio", 0.9), chart: true, chartGoal: 0.9},
+		baseName: "Redis ceiling: the entries in MULTI/EXEC pipelines of 1,000", baseUnit: "multi_rows/s", ratioUnit: "queue_multi_ratio", goal: "≥ 0.9",
+		met: atLeast(snap, "queue_multi_ratio", 0.9), chart: true, chartGoal: 0.9},
 	{section: "Snapshot", name: "snapshot → redis_queue, rows/s", bench: snap, unit: "queue_rows/s",
-		baseName: "the same XADDs in MULTI/EXEC pipelines", baseUnit: "multi_rows/s", ratioUnit: "queue_multi_ratio", goal: "—"},
+		baseName: "plain XADD pipelines (no ceiling with appendfsync always)", baseUnit: "xadd_rows/s", ratioUnit: "queue_xadd_ratio", goal: "—"},
 	{section: "Snapshot", name: "snapshot → redis_queue, rows/s", bench: snap, unit: "queue_rows/s",
 		baseName: "COPY TO STDOUT", baseUnit: "copy_rows/s", ratioUnit: "queue_ratio", goal: "—"},
 	{section: "Snapshot", name: "pgrelay CPU per snapshot row → drop, µs", bench: snap, unit: "drop_cpu_pgrelay_us/row",
@@ -310,7 +310,10 @@ func generate(r results, meta [][2]string, pngName string) string {
 		fmt.Fprintf(&w, "| %s | %s |\n", kv[0], kv[1])
 	}
 	w.WriteString("\n## Figures and goals\n\nMedians of the alternating runs of each benchmark; every baseline is measured in the same run. " +
-		"Ratio: pgrelay ÷ baseline for rates, baseline ÷ pgrelay for CPU and latency (higher is better for pgrelay).\n")
+		"Ratio: pgrelay ÷ baseline for rates, baseline ÷ pgrelay for CPU and latency (higher is better for pgrelay); where a benchmark " +
+		"reports it, the median of the runs' own ratios (so not always the ratio of the two medians). The Redis ceiling of the goals is " +
+		"the entries XADDed again in MULTI/EXEC pipelines of 1,000: with appendfsync always a plain pipeline makes Redis fsync once " +
+		"per socket read (see Where the CPU goes).\n")
 	section := ""
 	for _, f := range figures {
 		if f.section != section {
@@ -351,6 +354,9 @@ func generate(r results, meta [][2]string, pngName string) string {
 	return w.String()
 }
 
+// chartMax is where the chart's bars stop (their labels still give the ratio).
+const chartMax = 2.0
+
 // chart writes the PNG of the ratios with gnuplot (Debian gnuplot-nox, installed by scripts/setup).
 func chart(r results, png string) error {
 	gp, err := exec.LookPath("gnuplot")
@@ -370,7 +376,13 @@ func chart(r results, png string) error {
 		if !ok {
 			continue
 		}
+		if f.met != nil {
+			if _, known := f.met(r); !known {
+				continue // a run the baseline shows to be invalid
+			}
+		}
 		label := strings.SplitN(f.name, ",", 2)[0]
+		label, _, _ = strings.Cut(label, " (")
 		if f.section == "Sink" && !strings.HasPrefix(label, "queue") {
 			label = "sink " + label
 		}
@@ -390,7 +402,7 @@ func chart(r results, png string) error {
 		if b.goal > 0 {
 			goal = strconv.FormatFloat(b.goal, 'f', 3, 64)
 		}
-		fmt.Fprintf(&data, "%d %.4f %s \"%s\"\n", len(bars)-1-i, b.ratio, goal, strings.ReplaceAll(b.label, `"`, `'`))
+		fmt.Fprintf(&data, "%d %.4f %s \"%s\" %.4f\n", len(bars)-1-i, min(b.ratio, chartMax), goal, strings.ReplaceAll(b.label, `"`, `'`), b.ratio)
 	}
 	dataFile := filepath.Join(dir, "ratios.dat")
 	if err := os.WriteFile(dataFile, []byte(data.String()), 0o644); err != nil {
@@ -398,18 +410,18 @@ func chart(r results, png string) error {
 	}
 	script := fmt.Sprintf(`set terminal pngcairo size 1000,%d font "DejaVu Sans,11" noenhanced
 set output %q
-set title "pgrelay ÷ its baseline from the same run (1 = as fast or as cheap)"
+set title "pgrelay ÷ its baseline, same run (1 = as fast or as cheap)"
 set xlabel "ratio to the baseline measured in the same run (higher is better)"
 set yrange [-0.7:%d]
-set xrange [0:*]
+set xrange [0:%g]
 set grid xtics
 set key bottom right
 set style fill solid 0.6 border -1
 set arrow from 1, graph 0 to 1, graph 1 nohead dt 2 lc rgb "#555555"
 plot %q using ($2/2):1:($2/2):(0.35):ytic(4) with boxxyerror lc rgb "#3b75af" title "ratio", \
-     '' using 2:1:(sprintf("%%.2f", $2)) with labels left offset 0.5,0 notitle, \
+     '' using 2:1:(sprintf("%%.2f", $5)) with labels left offset 0.5,0 notitle, \
      '' using 3:($1-0.42):(0):(0.84) with vectors nohead lw 3 lc rgb "#d62728" title "goal"
-`, 140+40*len(bars), png, len(bars), dataFile)
+`, 140+40*len(bars), png, len(bars), chartMax*1.15, dataFile)
 	scriptFile := filepath.Join(dir, "chart.gp")
 	if err := os.WriteFile(scriptFile, []byte(script), 0o644); err != nil {
 		return err
