@@ -47,12 +47,12 @@ CREATE TABLE order_items (
 // projection (config/order_docs_target.sql, config/order_docs_projection.yaml).
 type shop struct {
 	*cdcEnv
-	t      *testing.T
+	t      testing.TB
 	models map[string]*pgx.Conn // database → a UTC session, like the sink's
 }
 
-func newShop(t *testing.T) *shop {
-	pg := testenv.StartPostgres(t)
+func newShop(t testing.TB, opts ...testenv.PGOption) *shop {
+	pg := testenv.StartPostgres(t, opts...)
 	s := &shop{cdcEnv: &cdcEnv{t: t, ctx: context.Background(), pg: pg, rd: testenv.StartRedis(t), name: "shop", queue: "shop"},
 		t: t, models: map[string]*pgx.Conn{}}
 	pg.Exec(shopDDL)
@@ -69,11 +69,35 @@ func (s *shop) startSource() *testenv.Process {
 		"-s", "input.pg_cdc.lease_ttl=3s", "-s", "input.pg_cdc.heartbeat=1s", filepath.Join(testenv.RepoRoot(), "config", "order_docs_source.yaml"))
 }
 
-// startProjection runs config/order_docs_projection.yaml into database db as sink (and group) name.
-func (s *shop) startProjection(db, name string) *testenv.Process {
-	return testenv.StartProcess(s.t, s.env(db), testenv.Binary(s.t), "run", "-s", "http.enabled=false",
-		"-s", "input.redis_queue.lease_ttl=3s", "-s", "input.redis_queue.group="+name, "-s", "output.pg_sink.name="+name,
-		filepath.Join(testenv.RepoRoot(), "config", "order_docs_projection.yaml"))
+// startProjection runs config/order_docs_projection.yaml into database db as sink (and group)
+// name; set adds `-s path=value` settings.
+func (s *shop) startProjection(db, name string, set ...string) *testenv.Process {
+	args := []string{"run", "-s", "http.enabled=false", "-s", "input.redis_queue.lease_ttl=3s",
+		"-s", "input.redis_queue.group=" + name, "-s", "output.pg_sink.name=" + name}
+	for _, kv := range set {
+		args = append(args, "-s", kv)
+	}
+	return testenv.StartProcess(s.t, s.env(db), testenv.Binary(s.t), append(args, projectionConfig())...)
+}
+
+func projectionConfig() string {
+	return filepath.Join(testenv.RepoRoot(), "config", "order_docs_projection.yaml")
+}
+
+// waitFor polls cond every `every` until it holds or d passes.
+func waitFor(tb testing.TB, d, every time.Duration, what string, cond func() (bool, string)) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		time.Sleep(every)
+	}
+	tb.Fatalf("timed out waiting for %s (last state: %s)", what, last)
 }
 
 // readModel creates database db with config/order_docs_target.sql.
@@ -167,7 +191,7 @@ func (s *shop) waitSourceDone() {
 	if err := s.pg.Pool().QueryRow(s.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&now); err != nil {
 		s.t.Fatal(err)
 	}
-	sinkWaitUntil(s.t, 60*time.Second, "the source's pointer past "+now.String(), func() (bool, string) {
+	waitFor(s.t, 60*time.Second, 100*time.Millisecond, "the source's pointer past "+now.String(), func() (bool, string) {
 		p := s.pointer()
 		return p != nil && p.LSNValue()+1 >= now, fmt.Sprint(p)
 	})
@@ -177,7 +201,7 @@ func (s *shop) waitSourceDone() {
 // at its last offset) and checks that nothing was dead-lettered.
 func (s *shop) waitApplied(db, name string, p *testenv.Process) {
 	s.t.Helper()
-	sinkWaitUntil(s.t, 90*time.Second, name+" at the end of the queue", func() (bool, string) {
+	waitFor(s.t, 90*time.Second, 100*time.Millisecond, name+" at the end of the queue", func() (bool, string) {
 		info, err := queue.Inspect(s.ctx, s.rd.Client(), queue.NewLayout("pgrelay"), s.queue)
 		if err != nil {
 			return false, err.Error()
@@ -383,7 +407,7 @@ func (s *shop) killInTransaction(target *pgx.Conn, p *testenv.Process) {
 		}
 	}
 	p.Kill()
-	sinkWaitUntil(s.t, 30*time.Second, "the killed projection's sessions to end", func() (bool, string) {
+	waitFor(s.t, 30*time.Second, 50*time.Millisecond, "the killed projection's sessions to end", func() (bool, string) {
 		var n int
 		err := target.QueryRow(s.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgrelay-sink-order_docs'`).Scan(&n)
 		return err == nil && n == 0, fmt.Sprint(n, err)

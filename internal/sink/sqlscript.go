@@ -230,3 +230,14 @@ func indexFrom(s, sub string, from int) int {
 	}
 	return -1
 }
+
+// Statements splits a mode sql `statement` the way the sink runs it, for a client that runs the
+// same statements itself: the statements in order, each with its placeholders numbered $1..$k, and
+// for each the indexes (from 0) of the params entries its $1..$k stand for.
+func Statements(statement string) (sqls []string, params [][]int) {
+	for _, p := range splitStatement(statement) {
+		sqls = append(sqls, p.sql)
+		params = append(params, p.params)
+	}
+	return sqls, params
+}

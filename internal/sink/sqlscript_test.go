@@ -40,6 +40,13 @@ func TestSplitStatement(t *testing.T) {
 	}
 }
 
+func TestStatements(t *testing.T) {
+	sqls, params := Statements("SELECT $2; SELECT $1, $3")
+	if fmt.Sprint(sqls, params) != "[SELECT $1 SELECT $1, $2] [[1] [0 2]]" {
+		t.Fatalf("Statements: %q %v", sqls, params)
+	}
+}
+
 func TestSQLPartArgs(t *testing.T) {
 	all := []any{"a", "b", "c"}
 	for _, c := range []struct {
