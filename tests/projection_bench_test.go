@@ -262,10 +262,15 @@ func (s *shop) projectionLatency(b *testing.B, m *benchenv.Metrics, w *projWrite
 	}()
 	go func() { // the same transactions' events in the queue
 		defer listening.Done()
-		s.readQueueTimes(ctx, func(lsn string, ts, now time.Time) {
-			mu.Lock()
-			queueAt[lsn] = now
-			mu.Unlock()
+		rdb := s.rd.Client()
+		defer rdb.Close()
+		followQueue(ctx, rdb, s.queue, func(payload string, now time.Time) {
+			var ev struct{ LSN string }
+			if json.Unmarshal([]byte(payload), &ev) == nil {
+				mu.Lock()
+				queueAt[ev.LSN] = now
+				mu.Unlock()
+			}
 		})
 	}()
 	c0 := time.Now()
@@ -306,15 +311,13 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// readQueueTimes follows every shard of the queue with blocking XREADs from its current end and
-// calls seen with each entry's commit LSN and time and when it was read, until ctx ends.
-func (s *shop) readQueueTimes(ctx context.Context, seen func(lsn string, ts, now time.Time)) {
+// followQueue follows every shard of queue q with blocking XREADs from its current end and calls
+// seen with each entry's payload and when it was read, until ctx ends.
+func followQueue(ctx context.Context, rdb *redis.Client, q string, seen func(payload string, now time.Time)) {
 	l := queue.NewLayout("pgrelay")
-	rdb := s.rd.Client()
-	defer rdb.Close()
 	var streams, ids []string
 	for sh := 0; sh < 16; sh++ {
-		st := l.Stream(s.queue, sh)
+		st := l.Stream(q, sh)
 		streams = append(streams, st)
 		id := "0"
 		if tail, err := rdb.XRevRangeN(ctx, st, "+", "-", 1).Result(); err == nil && len(tail) == 1 {
@@ -330,18 +333,12 @@ func (s *shop) readQueueTimes(ctx context.Context, seen func(lsn string, ts, now
 		now := time.Now()
 		for _, st := range res {
 			for k, name := range streams {
-				if name != st.Stream || len(st.Messages) == 0 {
-					continue
+				if name == st.Stream && len(st.Messages) > 0 {
+					ids[k] = st.Messages[len(st.Messages)-1].ID
 				}
-				ids[k] = st.Messages[len(st.Messages)-1].ID
 			}
 			for _, msg := range st.Messages {
-				var ev struct{ LSN, TS string }
-				if json.Unmarshal([]byte(fmt.Sprint(msg.Values["d"])), &ev) != nil {
-					continue
-				}
-				ts, _ := time.Parse(time.RFC3339Nano, ev.TS)
-				seen(ev.LSN, ts, now)
+				seen(fmt.Sprint(msg.Values["d"]), now)
 			}
 		}
 	}

@@ -117,6 +117,8 @@ const (
 	app2k  = "BenchmarkAppend/batch=2000"
 	rcpu   = "BenchmarkRedisCPU"
 	q2t    = "BenchmarkQueueToTable"
+	proj   = "BenchmarkProjection"
+	pub    = "BenchmarkPublishOutbox"
 )
 
 var figures = []figure{
@@ -170,7 +172,34 @@ var figures = []figure{
 		baseName: "COPY", baseUnit: "copy_rows/s", ratioUnit: "ratio", goal: "≥ 0.85", met: atLeast(app2k, "ratio", 0.85)},
 	{section: "Sink", name: "queue → table through the binary (redis_queue → pg_sink upsert), rows/s", bench: q2t, unit: "sink_rows/s",
 		baseName: "hand-written XREADGROUP + unnest + XACK loop", baseUnit: "loop_rows/s", ratioUnit: "ratio", goal: "—", chart: true},
+	{section: projSection, name: "commit → document p50, ms", bench: proj, unit: "doc_p50_ms",
+		baseName: "commit → queue p50, same transactions", baseUnit: "queue_p50_ms", lowerBetter: true, goal: "≤ 4.3 ms (reference projector)", met: atMost(proj, "doc_p50_ms", 4.3)},
+	{section: projSection, name: "commit → document p95, ms", bench: proj, unit: "doc_p95_ms",
+		baseName: "commit → queue p95", baseUnit: "queue_p95_ms", lowerBetter: true, goal: "≤ 7.0 ms (reference projector)", met: atMost(proj, "doc_p95_ms", 7)},
+	{section: projSection, name: "commit → document p99, ms", bench: proj, unit: "doc_p99_ms",
+		baseName: "commit → queue p99", baseUnit: "queue_p99_ms", lowerBetter: true, goal: "≤ 8.6 ms (reference projector)", met: atMost(proj, "doc_p99_ms", 8.6)},
+	{section: projSection, name: "live: changes/s with every document committed", bench: proj, unit: "live_changes/s",
+		baseName: "the 4 writers' own rate", baseUnit: "writers_changes/s", goal: "≥ 920 (reference projector)", met: atLeast(proj, "live_changes/s", 920), chart: true},
+	{section: projSection, name: "replay from the queue start, changes/s", bench: proj, unit: "replay_changes/s",
+		baseName: "hand-written XREADGROUP projector, same statements", baseUnit: "loop_changes/s", ratioUnit: "replay_ratio", goal: "≥ 2,900 (reference projector)",
+		met: atLeast(proj, "replay_changes/s", 2900), chart: true},
+	{section: pubSection, name: "pgrelay.publish() → queue, commit → entry p50, ms", bench: pub, unit: "pub_p50_ms",
+		baseName: "outbox + poller, p50", baseUnit: "outbox_p50_ms", lowerBetter: true, goal: "—"},
+	{section: pubSection, name: "pgrelay.publish() → queue, commit → entry p99, ms", bench: pub, unit: "pub_p99_ms",
+		baseName: "outbox + poller, p99", baseUnit: "outbox_p99_ms", lowerBetter: true, goal: "≤ 10 ms", met: atMost(pub, "pub_p99_ms", 10), chart: true},
+	{section: pubSection, name: "pgrelay.publish() → queue, events/s (4 writers flat out)", bench: pub, unit: "pub_events/s",
+		baseName: "outbox + poller, events/s", baseUnit: "outbox_events/s", ratioUnit: "ratio", goal: "≥ 1", met: atLeast(pub, "ratio", 1), chart: true, chartGoal: 1},
+	{section: pubSection, name: "PostgreSQL CPU per event, µs", bench: pub, unit: "pub_cpu_postgres_us/entry",
+		baseName: "outbox + poller", baseUnit: "outbox_cpu_postgres_us/entry", lowerBetter: true, goal: "—"},
+	{section: pubSection, name: "outbox rows left dead for VACUUM after the runs", bench: pub, unit: "outbox_dead_rows",
+		baseName: "pgrelay.publish(): no table", goal: "—"},
 }
+
+// pubSection is the transactional publish's part of the report (latency at 1,000 tx/s).
+const pubSection = "Transactional publish: pgrelay.publish() against an outbox (latency at 1,000 tx/s)"
+
+// projSection is the read-model recipe's part of the report (docs/recipes.md).
+const projSection = "Read-model projection (docs/recipes.md; latency at 200 tx/s ≈ 600 changes/s)"
 
 // ratio is the figure's ratio to its baseline (higher is better for pgrelay).
 func (f figure) ratio(r results) (float64, bool) {
@@ -247,6 +276,8 @@ func cpuTable(r results, w *strings.Builder) {
 		{ups, "Sink upsert (500-row batches), µs per row"},
 		{app, "Sink append (500-row batches), µs per row"},
 		{q2t, "Queue → table through the binary, µs per row"},
+		{proj, "Read-model projection, µs per change"},
+		{pub, "Publish against an outbox, µs per event (client: the writers, plus the poller on the outbox side)"},
 		{rcpu, "Redis alone, µs per entry (BenchmarkRedisCPU)"},
 	}
 	for _, b := range benches {
