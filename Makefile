@@ -28,5 +28,12 @@ demo: setup build
 bench: setup build
 	scripts/bench $(if $(filter 1,$(QUICK)),--quick)
 
+# Long runs, not in CI (scripts/soak; figures in the log and bin/soak/): `make soak` is 30 minutes of
+# steady pgbench load with each replica's RSS, goroutines, fds and sockets over time and their slope.
+# PGRELAY_SOAK_* change durations and rates (scripts/soak --help).
+.PHONY: soak
+soak: setup
+	scripts/soak steady
+
 clean:
 	rm -rf bin .demo

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/oracle"
@@ -96,7 +97,14 @@ output:
 
 // rowHashes reads md5(row_to_json(t)::text) of every row of rt, by id.
 func rowHashes(ctx context.Context, pool *pgxpool.Pool) (map[int64]string, error) {
-	rows, err := pool.Query(ctx, `SELECT id, md5(row_to_json(t)::text) FROM rt t`)
+	return tableHashes(ctx, pool, "rt", "id")
+}
+
+// tableHashes reads md5(row_to_json(t)::text) of every row of table, by its bigint-compatible key
+// column.
+func tableHashes(ctx context.Context, pool *pgxpool.Pool, table, key string) (map[int64]string, error) {
+	rows, err := pool.Query(ctx, `SELECT `+pgx.Identifier{key}.Sanitize()+`::bigint, md5(row_to_json(t)::text) FROM `+
+		pgx.Identifier(strings.Split(table, ".")).Sanitize()+` t`)
 	if err != nil {
 		return nil, err
 	}

@@ -59,19 +59,6 @@ func pidOfOwner(e *cdcEnv) int {
 }
 
 // vmHWM reads a process's peak resident set size in bytes.
-func vmHWM(pid int) int64 {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
-			f := strings.Fields(line)
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
-}
+func vmHWM(pid int) int64 { return procStatusKB(pid, "VmHWM") * 1024 }
 
 func crc32IEEE(s string) uint32 { return crc32.ChecksumIEEE([]byte(s)) }
