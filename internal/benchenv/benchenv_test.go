@@ -1,0 +1,122 @@
+package benchenv
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// burn uses at least d of this process' CPU time (getrusage), however loaded the machine is.
+func burn(t *testing.T, d time.Duration) {
+	start, deadline := SelfCPU(), time.Now().Add(60*time.Second)
+	x := 0
+	for SelfCPU()-start < d {
+		for i := 0; i < 100000; i++ {
+			x += i
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no CPU time for a minute")
+		}
+	}
+	_ = x
+}
+
+func TestCPUOfThisProcessGrowsWithWork(t *testing.T) {
+	before, err := CPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	burn(t, 150*time.Millisecond)
+	after, err := CPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// /proc counts 10 ms ticks; the race detector's goroutines may add a little
+	if got := after - before; got < 130*time.Millisecond {
+		t.Fatalf("/proc CPU grew by %s while getrusage grew by 150 ms", got)
+	}
+	if _, err := CPU(1 << 30); err == nil {
+		t.Fatal("CPU of a pid that does not exist: no error")
+	}
+}
+
+// TreeCPU keeps the CPU of a child that has exited and been reaped (cutime), as a PostgreSQL
+// backend's is kept by its postmaster.
+func TestTreeCPUCountsReapedChildren(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh")
+	}
+	// sh runs a child that uses 100 ms of CPU (this test binary, see TestMain) and waits for
+	// it, then sleeps: the child is gone and sh holds its time
+	cmd := exec.Command(sh, "-c", `"$0"; sleep 30`, os.Args[0])
+	cmd.Env = append(os.Environ(), "BENCHENV_BURN=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if kids := descendants(cmd.Process.Pid); len(kids) == 1 && !isTestBinary(kids[0]) { // only sleep is left
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the busy child did not finish")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	own, err := CPU(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree, err := TreeCPU(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree-own < 90*time.Millisecond {
+		t.Fatalf("TreeCPU %s, own %s: the reaped child's CPU is missing", tree, own)
+	}
+}
+
+// TestMain makes this test binary the busy child of TestTreeCPUCountsReapedChildren when
+// BENCHENV_BURN=1: it uses 100 ms of CPU and exits.
+func TestMain(m *testing.M) {
+	if os.Getenv("BENCHENV_BURN") == "1" {
+		start := SelfCPU()
+		for x := 0; SelfCPU()-start < 100*time.Millisecond; x++ {
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func isTestBinary(pid int) bool {
+	exe, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe")
+	self, _ := os.Executable()
+	return exe == self
+}
+
+func TestMedianAndSize(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := Median(c.in); got != c.want {
+			t.Errorf("Median(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+	t.Setenv("PGRELAY_BENCH_QUICK", "1")
+	t.Setenv("PGRELAY_BENCH_X", "")
+	if got := Size("PGRELAY_BENCH_X", 100, 10); got != 10 {
+		t.Errorf("quick Size = %d, want 10", got)
+	}
+	t.Setenv("PGRELAY_BENCH_X", "7")
+	if got := Size("PGRELAY_BENCH_X", 100, 10); got != 7 {
+		t.Errorf("Size with the variable set = %d, want 7", got)
+	}
+	if got := PerChange(3*time.Second, 1_000_000); got != 3 {
+		t.Errorf("PerChange = %v, want 3 µs", got)
+	}
+}

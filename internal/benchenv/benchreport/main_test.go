@@ -1,0 +1,59 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const sample = `goos: linux
+BenchmarkSourceTx1000-2   	       1	99632277027 ns/op	     28000 drop_changes/s	         7.000 drop_cpu_pgrelay_us/change	         0.5 drop_ratio	     30000 queue_changes/s	         8.000 queue_cpu_pgrelay_us/change	         2.500 queue_cpu_redis_us/change	         0.5 queue_ratio	     60000 raw_changes/s	         4.000 raw_cpu_walsender_us/change
+BenchmarkSourceLatency-2   	       1	1 ns/op	         9 p50_ms	       70 p99_ms	     -4000 p99_over_raw_ms	      2800 raw_p50_ms	      5000 raw_p99_ms
+BenchmarkUpsert/batch=500-2         	       1	 551450891 ns/op	         0.95 ratio	     51251 sink_rows/s	     53000 unnest_rows/s
+ok  	github.com/pgrelay/pgrelay/internal/source	105.257s
+`
+
+func TestReportPlacesFiguresBesideBaselinesAndKeepsHandWrittenText(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "bench.txt")
+	if err := os.WriteFile(out, []byte(sample), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := parse([]string{out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := r.get("BenchmarkUpsert/batch=500", "sink_rows/s"); v != 51251 {
+		t.Fatalf("sub-benchmark figure: %v", v)
+	}
+	md := filepath.Join(dir, "benchmarks.md")
+	if err := os.WriteFile(md, []byte("# Benchmarks\n\nintro\n\n"+beginMark+"\nold\n"+endMark+"\n\n## Where the CPU goes\n\nkept\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := splice(md, generate(r, [][2]string{{"date", "today"}}, "")); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(md)
+	got := string(b)
+	for _, want := range []string{
+		"intro", "## Where the CPU goes\n\nkept", "| date | today |",
+		// rate beside its baseline, the benchmark's own ratio
+		"| pg_cdc → redis_queue, changes/s | 30,000 | pg_recvlogical, raw pgoutput | 60,000 | 0.50 |",
+		// CPU: baseline ÷ value, judged against the goal
+		"| pgrelay CPU per change → redis_queue, µs | 8.00 | decode (walsender of pg_recvlogical), µs | 4.00 | 0.50 | ≤ 3 µs | **no** |",
+		"| redis-server CPU per change (durability aof), µs | 2.50 | decode, µs | 4.00 | 1.60 | ≤ 6 µs | yes |",
+		"| upsert, 500-row batches, rows/s | 51,251 | hand-written unnest + ON CONFLICT | 53,000 | 0.95 | ≥ 0.9 | yes |",
+		// an overloaded machine's latency run is not judged
+		"not valid: the baseline shows an overloaded machine",
+		// the CPU table
+		"| queue | 8.00 | 2.50 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "\nold\n") || strings.Count(got, beginMark) != 1 {
+		t.Errorf("the generated part was not replaced exactly once:\n%s", got)
+	}
+}
