@@ -144,6 +144,11 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 	c := &in.conf
 	c.Logger = mgr.Logger()
 	in.log, in.gauges = mgr.Logger(), newGroupGauges(mgr.Metrics())
+	c.NewReader = func(poolSize int) (redis.UniversalClient, error) {
+		conn := in.conn
+		conn.PoolSize = poolSize
+		return conn.Client()
+	}
 	dead := mgr.Metrics().NewCounter("redis_queue_dead_letters")
 	gone := mgr.Metrics().NewCounter("redis_queue_trimmed_pending")
 	c.OnDeadLetter = func(n int) { dead.Incr(int64(n)) }

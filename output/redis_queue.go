@@ -223,6 +223,9 @@ type queueOutput struct {
 }
 
 func newQueueOutput(c RedisQueueConfig, mgr *service.Resources) *queueOutput {
+	if msg := c.writer.Durability.FailoverWarning(c.Conn.HasFailover()); msg != "" {
+		mgr.Logger().Warn(msg)
+	}
 	m := mgr.Metrics()
 	return &queueOutput{conf: c, log: mgr.Logger(), queues: map[string]struct{}{},
 		written:    m.NewCounter("redis_queue_messages_written"),

@@ -23,6 +23,9 @@ func connFlags() []cli.Flag {
 		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "take the connection (TLS included) and the queue, when it is a fixed name, from the first redis_queue input (else output) of this pipeline config"},
 		&cli.StringFlag{Name: "url", Usage: "Redis URL (redis:// or rediss://)", Value: "redis://127.0.0.1:6379", EnvVars: []string{"REDIS_URL"}},
 		&cli.StringSliceFlag{Name: "cluster-url", Usage: "seed node of a Redis Cluster (repeat for several); overrides --url"},
+		&cli.StringSliceFlag{Name: "sentinel", Usage: "a Redis Sentinel, host:port (repeat for each); with --sentinel-master the master is the one they name, reached with --url's user, password and TLS"},
+		&cli.StringFlag{Name: "sentinel-master", Usage: "the name the sentinels monitor the master under"},
+		&cli.StringFlag{Name: "sentinel-password", Usage: "the sentinels' password", EnvVars: []string{"REDIS_SENTINEL_PASSWORD"}},
 		&cli.StringFlag{Name: "prefix", Usage: "key prefix", Value: queue.DefaultPrefix},
 		&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		&cli.DurationFlag{Name: "timeout", Usage: "give up after this long", Value: 30 * time.Second},
@@ -36,7 +39,7 @@ func Queue() *cli.Command {
 		Name:  "queue",
 		Usage: "Inspect a pgrelay queue and manage its dead letters",
 		Description: "Flags go before the queue name, e.g. `pgrelay queue info --url redis://127.0.0.1:6379 --json orders`.\n" +
-			"The connection comes from --url (or $REDIS_URL) or --cluster-url, with --prefix as in the pipeline config,\n" +
+			"The connection comes from --url (or $REDIS_URL), --cluster-url, or --sentinel with --sentinel-master, with --prefix as in the pipeline config,\n" +
 			"or from -c <pipeline config>: its first redis_queue input, else output, TLS included (then the queue name may be left out).",
 		Subcommands: []*cli.Command{
 			{
@@ -63,6 +66,22 @@ func Queue() *cli.Command {
 	})
 }
 
+// flagConn is the connection the flags give.
+func flagConn(c *cli.Context) (redisconn.Config, error) {
+	conn := redisconn.Config{URL: c.String("url"), ClusterURLs: c.StringSlice("cluster-url"), Prefix: c.String("prefix")}
+	if !c.IsSet("sentinel") && !c.IsSet("sentinel-master") {
+		return conn, nil
+	}
+	conn.Sentinel = &redisconn.Sentinel{MasterName: c.String("sentinel-master"), Addrs: c.StringSlice("sentinel"),
+		Password: c.String("sentinel-password")}
+	o, err := redis.ParseURL(conn.URL) // the master's user, password and TLS
+	if err != nil {
+		return conn, redisconn.Config{URL: conn.URL}.Validate()
+	}
+	conn.Username, conn.Password, conn.TLS = o.Username, o.Password, o.TLSConfig
+	return conn, nil
+}
+
 // env is what a subcommand works with.
 type env struct {
 	c      *cli.Context
@@ -73,7 +92,10 @@ type env struct {
 }
 
 func run(c *cli.Context, fn func(context.Context, *env) error) error {
-	conn := redisconn.Config{URL: c.String("url"), ClusterURLs: c.StringSlice("cluster-url"), Prefix: c.String("prefix")}
+	conn, err := flagConn(c)
+	if err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
 	name := c.Args().First()
 	if path := c.String("config"); path != "" {
 		fromFile, q, err := queueFromConfig(path)

@@ -48,6 +48,10 @@ type ConsumerConfig struct {
 	MaxAttempts int           // failed attempts before a message is dead-lettered (default 3)
 	LeaseTTL    time.Duration // shard lease TTL, renewed every TTL/3 (default 10 s)
 	Owner       string        // this replica's lease owner id (default host:pid:random)
+	// NewReader builds the client of the blocking reads, with room for poolSize connections per
+	// server (redisconn.Config.Client with PoolSize). Nil: a copy of a plain or Cluster client's
+	// options with a larger pool; give it for a Sentinel client, whose copy would not follow a failover.
+	NewReader func(poolSize int) (redis.UniversalClient, error)
 	// Backoff is the first wait before a nacked shard is read again; it doubles per consecutive
 	// nack of the shard up to MaxBackoff (defaults 100 ms and 5 s).
 	Backoff, MaxBackoff time.Duration

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
 
 // errNoQueue means the queue's meta does not exist yet (no producer has written to it).
@@ -80,9 +81,13 @@ func (c *Consumer) setup(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
+	reader, err := c.readerClient(shards)
+	if err != nil {
+		return 0, fmt.Errorf("reader client: %w", err)
+	}
 	c.mu.Lock()
 	c.shards = shards
-	c.reader = readerClient(c.rdb, shards)
+	c.reader = reader
 	c.mu.Unlock()
 	c.conf.Logger.Infof("queue %s: %d shards, group %s, replica %s", c.conf.Queue, shards, c.conf.Group, c.conf.Owner)
 	return shards, nil
@@ -101,26 +106,30 @@ func (c *Consumer) createGroup(ctx context.Context, n int) error {
 	return nil
 }
 
-// readerClient returns a client whose pool has room for a blocking read on every shard.
-func readerClient(rdb redis.UniversalClient, shards int) redis.UniversalClient {
+// readerClient returns a client whose pool has room for a blocking read on every shard: from
+// ConsumerConfig.NewReader, or else a copy of a plain or Cluster client with a larger pool.
+func (c *Consumer) readerClient(shards int) (redis.UniversalClient, error) {
 	need := shards + 8
-	switch cl := rdb.(type) {
+	if c.conf.NewReader != nil {
+		return c.conf.NewReader(need)
+	}
+	switch cl := c.rdb.(type) {
 	case *redis.Client:
 		o := *cl.Options()
 		if o.PoolSize >= need {
-			return rdb
+			return c.rdb, nil
 		}
 		o.PoolSize = need
-		return redis.NewClient(&o)
+		return redis.NewClient(&o), nil
 	case *redis.ClusterClient:
 		o := *cl.Options()
 		if o.PoolSize >= need {
-			return rdb
+			return c.rdb, nil
 		}
 		o.PoolSize = need
-		return redis.NewClusterClient(&o)
+		return redisconn.NewClusterClient(&o), nil
 	}
-	return rdb
+	return c.rdb, nil
 }
 
 // fairShare refreshes this replica's membership and returns ceil(shards / live replicas).

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
 	"github.com/pgrelay/pgrelay/resources"
 )
 
@@ -105,6 +106,19 @@ type Durability struct {
 	Replicas int
 	// WaitTimeout bounds the WAIT (default 5 s).
 	WaitTimeout time.Duration
+}
+
+// FailoverWarning is what to log at start when the connection fails over by itself (Redis Sentinel
+// or Cluster, failover true) and durability is aof alone: an acknowledged write is on the master's
+// disk, but a replica promoted in its place may not have received it. "" when there is nothing to say.
+func (d Durability) FailoverWarning(failover bool) string {
+	if !failover || !d.AOF || d.Replicas > 0 {
+		return ""
+	}
+	return "durability: aof with Redis Sentinel or Cluster: an acknowledged write is on the master's disk, " +
+		"but a replica promoted after the master fails may not have received it, and the write is then lost " +
+		"(the queue silently misses it, or pg_cdc stops with slot_ahead). Use durability: {replicas: 1} so a write is " +
+		"acknowledged only once a replica has it (docs/queue.md, Failover)"
 }
 
 // WriterConfig configures a Writer.
@@ -436,35 +450,27 @@ func (w *Writer) forgetShards(msgs []Message) {
 }
 
 // run executes the script; with Durability.Replicas it pipelines EVALSHA and WAIT on one
-// connection of the queue's master (WAIT counts the replicas that have this connection's writes).
+// connection of the queue's master (WAIT counts the replicas that have this connection's writes),
+// following Redis Cluster redirections (redisconn.MasterPipeline).
 func (w *Writer) run(ctx context.Context, keys []string, args []any) (string, error) {
 	if w.conf.Durability.Replicas <= 0 {
 		return writeScript.Run(ctx, w.rdb, keys, args...).Text()
 	}
-	var node redis.Cmdable = w.rdb
-	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
-		c, err := cc.MasterForKey(ctx, keys[0])
-		if err != nil {
-			return "", fmt.Errorf("find the master of %s: %w", keys[0], err)
-		}
-		node = c
-	}
-	for attempt := 0; ; attempt++ {
-		var ev *redis.Cmd
-		var wt *redis.Cmd
-		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
-			ev = writeScript.EvalSha(ctx, p, keys, args...)
-			wt = p.Do(ctx, "wait", w.conf.Durability.Replicas, w.conf.Durability.WaitTimeout.Milliseconds())
-			return nil
-		})
-		if ev != nil && redis.HasErrorPrefix(ev.Err(), "NOSCRIPT") && attempt == 0 {
-			if err := writeScript.Load(ctx, node).Err(); err != nil {
-				return "", fmt.Errorf("load queue_write.lua: %w", err)
+	for eval := false; ; eval = true {
+		var ev, wt *redis.Cmd
+		_, err := redisconn.MasterPipeline(ctx, w.rdb, keys[0], func(p redis.Pipeliner) {
+			if eval { // the server does not have the script yet (NOSCRIPT): send it whole
+				ev = writeScript.Eval(ctx, p, keys, args...)
+			} else {
+				ev = writeScript.EvalSha(ctx, p, keys, args...)
 			}
-			continue
+			wt = p.Do(ctx, "wait", w.conf.Durability.Replicas, w.conf.Durability.WaitTimeout.Milliseconds())
+		})
+		if ev == nil {
+			return "", err
 		}
-		if err != nil && ev.Err() != nil {
-			return "", ev.Err()
+		if !eval && redis.HasErrorPrefix(ev.Err(), "NOSCRIPT") {
+			continue
 		}
 		reply, err := ev.Text()
 		if err != nil {
@@ -480,7 +486,7 @@ func (w *Writer) run(ctx context.Context, keys []string, args []any) (string, er
 		if got < int64(w.conf.Durability.Replicas) {
 			return "", errcode.New("replicas_shortfall",
 				fmt.Sprintf("the write reached %d of %d replicas within %s", got, w.conf.Durability.Replicas, w.conf.Durability.WaitTimeout),
-				"check the replicas' health and link, lower durability.replicas, or raise durability.wait_timeout")
+				"check the replicas' health and link, lower durability.replicas, or raise durability.timeout")
 		}
 		return reply, nil
 	}
@@ -508,15 +514,15 @@ func classify(err error) error {
 	return err
 }
 
-// isTransient reports whether a failed write may succeed when retried: connection trouble or a
-// server that is loading, failing over or busy. Coded (user-caused) errors never are.
+// isTransient reports whether a failed write may succeed when retried: connection trouble, a
+// server that is loading, failing over or busy, or a Cluster redirection left after following some. Coded (user-caused) errors never are.
 func isTransient(err error) bool {
 	if err == nil || errcode.Code(err) != "" || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var rErr redis.Error
 	if errors.As(err, &rErr) {
-		for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS"} {
+		for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "MOVED", "ASK"} {
 			if redis.HasErrorPrefix(err, p) {
 				return true
 			}

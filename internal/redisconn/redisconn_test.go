@@ -1,6 +1,22 @@
 package redisconn
 
-import "testing"
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
 
 func TestKey(t *testing.T) {
 	cases := []struct {
@@ -25,23 +41,213 @@ func TestValidateAndRedact(t *testing.T) {
 	}
 	for _, u := range []string{"http://u:secret@h:1", "redis://u:secret@h:notaport", "redis://u:secret@[::1", "redis://:secret@h:1/x"} {
 		err := (Config{URL: u}).Validate()
-		if err == nil {
-			t.Fatalf("%s accepted", redact(u))
+		if !errcode.Is(err, "redis_config") {
+			t.Fatalf("%s: %v", redact(u), err)
 		}
-		if got := err.Error(); contains(got, "secret") {
+		if got := err.Error(); strings.Contains(got, "secret") {
 			t.Errorf("password leaked into error: %s", got)
 		}
-		if _, err := (Config{ClusterURLs: []string{u}}).Client(); err == nil || contains(err.Error(), "secret") {
+		if _, err := (Config{ClusterURLs: []string{u}}).Client(); err == nil || strings.Contains(err.Error(), "secret") {
 			t.Errorf("cluster_urls %s: %v", redact(u), err)
 		}
 	}
 }
 
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
+// TestParse parses the fields through the linter and the spec, as a component does.
+func TestParse(t *testing.T) {
+	cases := []struct {
+		name, yaml string
+		check      func(Config) bool
+		code       string // expected error code ("": none)
+	}{
+		{"defaults", `{}`, func(c Config) bool {
+			return c.URL == "redis://127.0.0.1:6379" && c.Sentinel == nil && len(c.ClusterURLs) == 0 && c.Prefix == "pgrelay" && c.TLS == nil && !c.HasFailover()
+		}, ""},
+		{"cluster", `cluster_urls: [redis://a:1, redis://b:2]`, func(c Config) bool {
+			return len(c.ClusterURLs) == 2 && c.HasFailover()
+		}, ""},
+		{"sentinel", `
+password: datapw
+sentinel:
+  master_name: mymaster
+  addresses: [10.0.0.1:26379, "[::1]:26380"]
+  password: sentinelpw
+`, func(c Config) bool {
+			s := c.Sentinel
+			return s != nil && s.MasterName == "mymaster" && len(s.Addrs) == 2 && s.Password == "sentinelpw" && s.Username == "" &&
+				s.TLS == nil && c.Password == "datapw" && c.HasFailover()
+		}, ""},
+		{"tls for the master only", `
+tls: {enabled: true}
+sentinel: {master_name: m, addresses: [h:1]}
+`, func(c Config) bool {
+			return c.TLS != nil && c.Sentinel.TLS == nil
+		}, ""},
+		{"tls for the sentinels only", `
+sentinel: {master_name: m, addresses: [h:1], tls: {enabled: true}}
+`, func(c Config) bool {
+			return c.TLS == nil && c.Sentinel.TLS != nil
+		}, ""},
+		{"sentinel and cluster", `
+cluster_urls: [redis://a:1]
+sentinel: {master_name: m, addresses: [h:1]}
+`, nil, "redis_config"},
+		{"sentinel without master name", `sentinel: {addresses: [h:1]}`, nil, "lint"},
+		{"sentinel without addresses", `sentinel: {master_name: m}`, nil, "redis_config"},
+		{"sentinel with an empty master name", `sentinel: {master_name: "", addresses: [h:1]}`, nil, "redis_config"},
+		{"sentinel with no addresses", `sentinel: {master_name: m, addresses: []}`, nil, "redis_config"},
+		{"sentinel address without port", `sentinel: {master_name: m, addresses: [h]}`, nil, "redis_config"},
+		{"bad url", `url: http://h:1`, nil, "redis_config"},
+	}
+	spec := service.NewConfigSpec().Fields(Fields()...)
+	env := service.NewEmptyEnvironment()
+	err := env.RegisterInput("redis_test", spec, func(*service.ParsedConfig, *service.Resources) (service.Input, error) {
+		return nil, errors.New("not built")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			lint := env.NewStreamBuilder().AddInputYAML("redis_test:\n" + indent(c.yaml))
+			if c.code == "lint" {
+				if lint == nil {
+					t.Fatal("the linter accepted it")
+				}
+				return
+			}
+			if lint != nil {
+				t.Fatal(lint)
+			}
+			pc, err := spec.ParseYAML(c.yaml, env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Parse(pc)
+			if c.code != "" {
+				if !errcode.Is(err, c.code) {
+					t.Fatalf("error %v, want code %s", err, c.code)
+				}
+				return
+			}
+			if err != nil || !c.check(got) {
+				t.Fatalf("%+v %v", got, err)
+			}
+		})
+	}
+}
+
+func indent(s string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(strings.Trim(s, "\n"), "\n") {
+		b.WriteString("  " + l + "\n")
+	}
+	return b.String()
+}
+
+func TestTopologyChanged(t *testing.T) {
+	ctx := context.Background()
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	cases := []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"nil", ctx, nil, false},
+		{"nil reply", ctx, redis.Nil, false},
+		{"moved", ctx, proto("MOVED 1 127.0.0.1:7001"), true},
+		{"ask", ctx, proto("ASK 1 127.0.0.1:7001"), true},
+		{"clusterdown", ctx, proto("CLUSTERDOWN The cluster is down"), true},
+		{"readonly", ctx, proto("READONLY You can't write against a read only replica."), true},
+		{"script error", ctx, proto("ERR Error running script"), false},
+		{"connection refused", ctx, &net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
+		{"eof", ctx, io.EOF, true},
+		{"closed client", ctx, redis.ErrClosed, false},
+		{"context ended", done, io.EOF, false},
+	}
+	for _, c := range cases {
+		if got := topologyChanged(c.ctx, c.err); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
-	return false
+}
+
+// proto makes a Redis error reply as go-redis returns it.
+func proto(msg string) error {
+	cmd := redis.NewCmd(context.Background())
+	cmd.SetErr(replyError(msg))
+	return cmd.Err()
+}
+
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+func TestSentinelDialerPicksTLS(t *testing.T) {
+	// A listener that records whether the client opened with a TLS ClientHello (first byte 0x16).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	first := make(chan byte, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b := make([]byte, 1)
+			_, _ = io.ReadFull(c, b)
+			first <- b[0]
+			c.Close()
+		}
+	}()
+	addr := ln.Addr().String()
+	tlsConf := &tls.Config{InsecureSkipVerify: true}
+	for _, c := range []struct {
+		name           string
+		sentinels      []string
+		sentinel, data *tls.Config
+		wantTLS        bool
+	}{
+		{"a sentinel with sentinel TLS", []string{addr}, tlsConf, nil, true},
+		{"a sentinel without TLS", []string{addr}, nil, tlsConf, false},
+		{"a data node with data TLS", []string{"127.0.0.1:1"}, nil, tlsConf, true},
+		{"a data node without TLS", []string{"127.0.0.1:1"}, tlsConf, nil, false},
+	} {
+		dial := sentinelDialer(c.sentinels, c.sentinel, c.data)
+		conn, err := dial(context.Background(), "tcp", addr)
+		if err == nil {
+			_, _ = conn.Write([]byte("*1\r\n$4\r\nPING\r\n"))
+			conn.Close()
+		}
+		if got := <-first == 0x16; got != c.wantTLS {
+			t.Errorf("%s: TLS %v, want %v", c.name, got, c.wantTLS)
+		}
+	}
+}
+
+// TestSentinelUnreachableFailsFast: with no sentinel listening, a command fails within seconds
+// (go-redis's default dial retries, nested through the sentinels, took ~40 s), so a start or a
+// shutdown is never held that long.
+func TestSentinelUnreachableFailsFast(t *testing.T) {
+	conn := Config{Sentinel: &Sentinel{MasterName: "m", Addrs: []string{
+		fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}}}
+	rdb, err := conn.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	start := time.Now()
+	err = rdb.Ping(context.Background()).Err()
+	if err == nil || !strings.Contains(err.Error(), "sentinels") {
+		t.Fatalf("ping: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("failed after %s", d)
+	}
 }

@@ -141,63 +141,58 @@ func (r *Redis) Stop() {
 	p.signal(syscall.SIGTERM, 10*time.Second)
 }
 
-// RedisCluster is a throwaway 3-master Redis Cluster on loopback (no replicas).
-type RedisCluster struct {
-	Nodes []*Redis
+// Pause stops the server with SIGSTOP: it keeps its connections but answers nothing until Resume.
+func (r *Redis) Pause() { r.groupSignal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (r *Redis) Resume() { r.groupSignal(syscall.SIGCONT) }
+
+func (r *Redis) groupSignal(sig syscall.Signal) {
+	r.mu.Lock()
+	p := r.proc
+	r.mu.Unlock()
+	if p != nil && !p.exited() {
+		syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
 }
 
-// StartRedisCluster starts three cluster-enabled redis-servers and joins them with
-// `redis-cli --cluster create`; it returns once every node reports cluster_state:ok.
-func StartRedisCluster(t testing.TB) *RedisCluster {
-	t.Helper()
-	cli, err := exec.LookPath("redis-cli")
+// Alive reports whether the server process runs (it may be paused).
+func (r *Redis) Alive() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proc != nil && !r.proc.exited()
+}
+
+// Info returns one section of INFO as a map, from a new connection.
+func (r *Redis) Info(section string) (map[string]string, error) {
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
+	defer c.Close()
+	text, err := c.Info(context.Background(), section).Result()
 	if err != nil {
-		missing(t, "redis-cli")
+		return nil, err
 	}
-	rc := &RedisCluster{}
-	var addrs []string
-	for i := 0; i < 3; i++ {
-		n := StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000")
-		rc.Nodes = append(rc.Nodes, n)
-		addrs = append(addrs, n.Addr())
-	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s", err, out)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for _, n := range rc.Nodes {
-		c := redis.NewClient(&redis.Options{Addr: n.Addr()})
-		for {
-			info, err := c.ClusterInfo(context.Background()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
-				break
-			}
-			if time.Now().After(deadline) {
-				c.Close()
-				t.Fatalf("testenv: cluster not ok: %v %s", err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		c.Close()
-	}
-	return rc
+	return parseInfo(text), nil
 }
 
-// Addrs lists host:port of every node.
-func (rc *RedisCluster) Addrs() []string {
-	var out []string
-	for _, n := range rc.Nodes {
-		out = append(out, n.Addr())
+// parseInfo reads INFO's "key:value" lines.
+func parseInfo(text string) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			out[k] = v
+		}
 	}
 	return out
 }
 
-// Client returns a cluster client, closed when the test ends.
-func (rc *RedisCluster) Client(t testing.TB) *redis.ClusterClient {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs()})
-	t.Cleanup(func() { c.Close() })
-	return c
+// waitFor polls cond every 20 ms until it returns nil or timeout passes; it returns cond's last error.
+func waitFor(timeout time.Duration, cond func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

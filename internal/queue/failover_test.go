@@ -1,0 +1,139 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// sentinelClient is the failover client pgrelay builds for the setup's sentinels.
+func sentinelClient(t *testing.T, rs *testenv.RedisSentinel) redis.UniversalClient {
+	t.Helper()
+	conn := redisconn.Config{Sentinel: &redisconn.Sentinel{MasterName: testenv.SentinelMaster, Addrs: rs.SentinelAddrs()}}
+	rdb, err := conn.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// ids lists the message ids of queue q (one shard), read through rdb.
+func ids(t *testing.T, rdb redis.UniversalClient, l Layout, q string) []string {
+	t.Helper()
+	var out []string
+	for i := 0; ; i++ {
+		xs, err := rdb.XRange(context.Background(), l.Stream(q, 0), "-", "+").Result()
+		if err == nil {
+			for _, x := range xs {
+				out = append(out, x.Values["id"].(string))
+			}
+			return out
+		}
+		if i > 250 { // the client may need a moment to reach the new master
+			t.Fatalf("read %s: %v", q, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSentinelFailoverDurability shows what each durability promises across a Sentinel failover
+// when the replica did not receive a write: the replica is paused (SIGSTOP) and cut off, a batch is
+// written, the master is SIGKILLed, the replica resumes and is promoted.
+//   - aof: the batch was acknowledged (it was on the master's disk) and is lost.
+//   - {replicas: 1}: the batch was refused with replicas_shortfall, so nothing acknowledged is lost;
+//     once the old master is back as a replica, writes through the same client are acknowledged again.
+//
+// The AOF check runs on the failover client, before and after the failover.
+func TestSentinelFailoverDurability(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		dur  Durability
+	}{
+		{"aof", Durability{AOF: true}},
+		{"replicas", Durability{Replicas: 1, WaitTimeout: 3 * time.Second}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			rs := testenv.StartRedisSentinel(t, 1)
+			master, replica := rs.Nodes[0], rs.Nodes[1]
+			rdb := sentinelClient(t, rs)
+			w := NewWriter(rdb, WriterConfig{Shards: 1, Durability: c.dur, RetryFor: -1})
+			if err := w.Connect(ctx); err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			if _, err := w.Write(ctx, msgs("q", 3, 1), nil); err != nil {
+				t.Fatalf("first batch: %v", err)
+			}
+			rs.WaitReplicated(master, 10*time.Second)
+
+			// The replica stops, and the master drops its link (so nothing more reaches the
+			// replica's socket): from now on the replica receives nothing.
+			replica.Pause()
+			if err := master.Client().ClientKillByFilter(ctx, "TYPE", "replica").Err(); err != nil {
+				t.Fatal(err)
+			}
+			second := msgs("q", 5, 1)[3:]
+			_, err := w.Write(ctx, second, nil)
+			master.Kill()
+			replica.Resume()
+			promoted := rs.WaitPromoted(master, 30*time.Second)
+			if promoted != replica {
+				t.Fatalf("promoted %s", promoted.Addr())
+			}
+			got := ids(t, rdb, w.Layout(), "q")
+			if fmt.Sprint(got) != "[m0 m1 m2]" {
+				t.Fatalf("after the failover the queue holds %v, want the first batch only", got)
+			}
+			switch {
+			case c.dur.AOF && err != nil:
+				t.Fatalf("aof: the second batch was not acknowledged: %v", err)
+			case c.dur.AOF:
+				t.Logf("aof: the second batch was acknowledged and is lost: the queue holds %v", got)
+			case !errcode.Is(err, "replicas_shortfall"):
+				t.Fatalf("replicas: the second batch: %v, want replicas_shortfall", err)
+			default:
+				t.Logf("replicas: the second batch was refused (%v); nothing acknowledged is lost", err)
+			}
+			if err := CheckAOF(ctx, rdb); err != nil {
+				t.Fatalf("AOF check on the new master: %v", err)
+			}
+			if c.dur.Replicas == 0 {
+				return
+			}
+			rs.Rejoin(master, promoted)
+			rs.WaitReplicated(promoted, 30*time.Second)
+			if _, err := w.Write(ctx, second, nil); err != nil {
+				t.Fatalf("after the old master came back as a replica: %v", err)
+			}
+			if got := ids(t, rdb, w.Layout(), "q"); fmt.Sprint(got) != "[m0 m1 m2 m3 m4]" {
+				t.Fatalf("queue %v", got)
+			}
+		})
+	}
+}
+
+func TestFailoverWarning(t *testing.T) {
+	for _, c := range []struct {
+		dur      Durability
+		failover bool
+		want     bool
+	}{
+		{Durability{AOF: true}, true, true},
+		{Durability{AOF: true}, false, false},
+		{Durability{Replicas: 1}, true, false},
+		{Durability{}, true, false},
+	} {
+		if got := c.dur.FailoverWarning(c.failover) != ""; got != c.want {
+			t.Errorf("%+v failover %v: warning %v", c.dur, c.failover, got)
+		}
+	}
+}
