@@ -15,6 +15,7 @@ import (
 // answer (the stale slot map is reloaded) and then the ASK answer, and each time the commands run
 // on the node that serves the key, on one connection (WAIT sees the write).
 func TestMasterPipelineFollowsRedirects(t *testing.T) {
+	t.Parallel()
 	rc := testenv.StartRedisCluster(t)
 	ctx := context.Background()
 	cc := NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs()})
@@ -91,6 +92,7 @@ func TestMasterPipelineFollowsRedirects(t *testing.T) {
 // (its failing dials made it reload the slot map), where go-redis alone would keep dialing the
 // dead master until its 60 s reload.
 func TestClusterClientReloadsOnDeadMaster(t *testing.T) {
+	t.Parallel()
 	rc := testenv.StartRedisCluster(t, testenv.WithClusterReplicas(1), testenv.WithNodeTimeout(time.Second))
 	ctx := context.Background()
 	cc := NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs()})
