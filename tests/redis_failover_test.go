@@ -281,4 +281,17 @@ func TestSentinelFailoverPipelinesStayExact(t *testing.T) {
 		master.Addr(), promoted.Seconds(), whole.Seconds(), acked.Seconds())
 	time.Sleep(time.Second)
 	e.finish(stop, wait)
+
+	// The CLI reaches the new master through the sentinels given as flags.
+	args := []string{"queue", "info", "--json", "--sentinel-master", testenv.SentinelMaster}
+	for _, a := range rs.SentinelAddrs() {
+		args = append(args, "--sentinel", a)
+	}
+	var info queue.Info
+	if err := json.Unmarshal([]byte(runCLI(t, append(args, e.queue)...)), &info); err != nil {
+		t.Fatalf("queue info --sentinel: %v", err)
+	}
+	if info.Shards != 16 || len(info.Groups) != 1 || info.Groups[0].Lag != 0 {
+		t.Errorf("queue info --sentinel: %+v", info)
+	}
 }
