@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"os"
 	"os/exec"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -103,6 +104,7 @@ func benchSource(b *testing.B, txRows int) {
 				m.Add(p.name+"_cpu_walsender_us/change", benchenv.PerChange(p.ph.walsender, total))
 				m.Add(p.name+"_cpu_postgres_other_us/change", benchenv.PerChange(p.ph.postgres-p.ph.walsender, total))
 				m.Add(p.name+"_projected_ratio", decode/benchenv.PerChange(max(p.ph.pgrelay, p.ph.redis, p.ph.walsender), total))
+				addAlloc(&m, p.name, "change", p.ph, total)
 			}
 			m.Add("xadd_changes/s", xadd.rate(total))
 			m.Add("xadd_ratio", xadd.rate(total)/raw.rate(total))
@@ -141,6 +143,9 @@ type phase struct {
 	walsender time.Duration // the walsender serving the pipeline's slot
 	postgres  time.Duration // the whole PostgreSQL server, walsender included
 	client    time.Duration // an external client (pg_recvlogical)
+	// what this process allocated in the window (the in-process pipeline's garbage)
+	allocBytes, allocs uint64
+	gcs                uint32
 }
 
 func (p phase) rate(n int) float64 { return float64(n) / p.elapsed.Seconds() }
@@ -151,10 +156,12 @@ type meter struct {
 	pids              benchProcs
 	start             time.Time
 	self, rd, pgTotal time.Duration
+	mem               runtime.MemStats
 }
 
 func startMeter(b *testing.B, pids benchProcs) *meter {
 	m := &meter{b: b, pids: pids}
+	runtime.ReadMemStats(&m.mem)
 	m.self, m.rd, m.pgTotal = benchenv.SelfCPU(), m.cpu(benchenv.CPU, pids.redis), m.cpu(benchenv.TreeCPU, pids.postmaster)
 	m.start = time.Now()
 	return m
@@ -169,8 +176,19 @@ func (m *meter) cpu(read func(int) (time.Duration, error), pid int) time.Duratio
 }
 
 func (m *meter) end() phase {
-	return phase{elapsed: time.Since(m.start), pgrelay: benchenv.SelfCPU() - m.self,
+	p := phase{elapsed: time.Since(m.start), pgrelay: benchenv.SelfCPU() - m.self,
 		redis: m.cpu(benchenv.CPU, m.pids.redis) - m.rd, postgres: m.cpu(benchenv.TreeCPU, m.pids.postmaster) - m.pgTotal}
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	p.allocBytes, p.allocs, p.gcs = mem.TotalAlloc-m.mem.TotalAlloc, mem.Mallocs-m.mem.Mallocs, mem.NumGC-m.mem.NumGC
+	return p
+}
+
+// addAlloc reports what the in-process pipeline allocated per change (or row) in window p.
+func addAlloc(m *benchenv.Metrics, name, per string, p phase, n int) {
+	m.Add(name+"_alloc_bytes/"+per, float64(p.allocBytes)/float64(n))
+	m.Add(name+"_allocs/"+per, float64(p.allocs)/float64(n))
+	m.Add(name+"_gc_cycles", float64(p.gcs))
 }
 
 func currentLSN(b *testing.B, e *env) pglogrepl.LSN {

@@ -76,6 +76,7 @@ func BenchmarkSnapshot(b *testing.B) {
 				// the chunk readers are the pipeline's ordinary backends: the whole server but the walsender
 				m.Add(p.name+"_cpu_chunk_readers_us/row", benchenv.PerChange(p.ph.postgres-p.ph.walsender, total))
 				m.Add(p.name+"_cpu_walsender_us/row", benchenv.PerChange(p.ph.walsender, total))
+				addAlloc(&m, p.name, "row", p.ph, total)
 			}
 			m.Add("xadd_rows/s", xadd.rate(total))
 			m.Add("xadd_cpu_redis_us/row", benchenv.PerChange(xadd.redis, total))

@@ -256,6 +256,36 @@ func cell(r results, bench, unit string) string {
 	return num(v)
 }
 
+var allocUnit = regexp.MustCompile(`^(.+?)_alloc_bytes/(change|row)$`)
+
+// allocTable lists what the in-process pipeline allocated per change (or row): the garbage that
+// drives Go's GC, a large share of pgrelay's CPU.
+func allocTable(r results, w *strings.Builder) {
+	var rows []string
+	for _, bench := range []string{stream, snap} {
+		var units []string
+		for u := range r[bench] {
+			units = append(units, u)
+		}
+		sort.Strings(units)
+		for _, u := range units {
+			m := allocUnit.FindStringSubmatch(u)
+			if m == nil {
+				continue
+			}
+			vals := r[bench]
+			rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s |", strings.TrimPrefix(bench, "Benchmark"), m[1],
+				num(vals[u]), num(vals[m[1]+"_allocs/"+m[2]]), num(vals[m[1]+"_gc_cycles"])))
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	w.WriteString("\n**pgrelay's allocations (runtime.MemStats over the window), per change or row**\n\n" +
+		"| benchmark | phase | bytes | allocations | GC cycles in the window |\n|---|---|---|---|---|\n")
+	w.WriteString(strings.Join(rows, "\n") + "\n")
+}
+
 // procRank orders the CPU table's columns: pgrelay first, then the servers, then the clients.
 func procRank(p string) int {
 	for i, name := range []string{"pgrelay", "redis", "walsender", "chunk_readers", "backend", "postgres", "postgres_other", "pg_recvlogical", "client"} {
@@ -378,6 +408,7 @@ func generate(r results, meta [][2]string, pngName string) string {
 		"client work; `multi` and `xadd` are the Redis ceilings (MULTI/EXEC and plain pipelines of 1,000). " +
 		"`projected` (streaming) = decode CPU per change ÷ the largest per-change CPU among the pipeline's processes.\n")
 	cpuTable(r, &w)
+	allocTable(r, &w)
 	if pngName != "" {
 		fmt.Fprintf(&w, "\n![ratios to the baselines](%s)\n", pngName)
 	}
