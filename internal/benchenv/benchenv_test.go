@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -51,7 +52,7 @@ func TestTreeCPUCountsReapedChildren(t *testing.T) {
 	}
 	// sh runs a child that uses 100 ms of CPU (this test binary, see TestMain) and waits for
 	// it, then sleeps: the child is gone and sh holds its time
-	cmd := exec.Command(sh, "-c", `"$0"; sleep 30`, os.Args[0])
+	cmd := exec.Command(sh, "-c", `"$0"; sleep 30; exit 0`, os.Args[0])
 	cmd.Env = append(os.Environ(), "BENCHENV_BURN=1")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -59,7 +60,7 @@ func TestTreeCPUCountsReapedChildren(t *testing.T) {
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if kids := descendants(cmd.Process.Pid); len(kids) == 1 && !isTestBinary(kids[0]) { // only sleep is left
+		if kids := descendants(cmd.Process.Pid); len(kids) == 1 && isSleep(kids[0]) { // the busy child is gone
 			break
 		}
 		if time.Now().After(deadline) {
@@ -92,10 +93,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func isTestBinary(pid int) bool {
-	exe, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe")
-	self, _ := os.Executable()
-	return exe == self
+// isSleep reports whether pid runs sleep (not sh between fork and exec, nor the busy child).
+func isSleep(pid int) bool {
+	comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	return strings.TrimSpace(string(comm)) == "sleep"
 }
 
 func TestMedianAndSize(t *testing.T) {
