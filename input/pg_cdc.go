@@ -3,6 +3,7 @@ package input
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -117,14 +118,14 @@ which the `+"`redis_queue`"+` output reads. Keep a batch whole on its way there 
 			service.NewIntField(pcFieldChunkRows).Description(fmt.Sprintf("Rows per snapshot chunk (%d-%d): each chunk is one short REPEATABLE READ read between two watermarks.", source.MinChunkRows, source.MaxChunkRows)).Default(source.DefaultChunkRows).
 				LintRule(speclint.Int(pcFieldChunkRows, source.MinChunkRows, source.MaxChunkRows)),
 		).
-		LintRule(speclint.Rule(append(append(pgconnect.LintChecks(), speclint.RedisURLChecks(pcFieldRedis)...),
+		LintRule(speclint.Rule(slices.Concat(pgconnect.LintChecks(), speclint.RedisURLChecks(pcFieldRedis), []string{
 			speclint.Check(fmt.Sprintf(`this.%s.or(%q) == %q && this.%s.or([]).any(t -> t.%s.or(%q) != %q)`,
 				pcFieldTruncate, pcTruncateSkip, pcTruncateEmit, pcFieldTables, pcFieldPartitionBy, pcPartitionKey, pcPartitionSingle),
 				pcFieldTruncate+": emit needs partition_by: single on every table (a truncate has no key)"),
 			speclint.Check(fmt.Sprintf(`this.%s.%s.or([]).length() > 0 && this.%s.or([]).map_each(t -> t.%s.or("").redis_cluster_slot()).unique().length() > 1`,
 				pcFieldRedis, redisconn.FieldClusterURLs, pcFieldTables, pcFieldQueue),
 				"on Redis Cluster every queue of one source must hash to the same slot (cluster_slot): give its tables the same queue"),
-		)...)).
+		})...)).
 		Example("Orders into a queue", "Streams every committed change of public.orders into the queue `orders`, exactly once with the `redis_queue` output, copying the rows already there first. Run two or more copies for high availability: one owns the source, the others stand by.", `
 input:
   pg_cdc:

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -13,12 +14,29 @@ import (
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
+	"github.com/pgrelay/pgrelay/internal/speclint"
 )
+
+// Field names of the redis_queue input (the connection fields are redisconn's).
+const (
+	rqiFieldQueue       = "queue"
+	rqiFieldGroup       = "group"
+	rqiFieldStartFrom   = "start_from"
+	rqiFieldBatchCount  = "batch_count"
+	rqiFieldBatchBytes  = "batch_bytes"
+	rqiFieldBlock       = "block"
+	rqiFieldMaxAttempts = "max_attempts"
+	rqiFieldLeaseTTL    = "lease_ttl"
+)
+
+// start_from's values.
+const rqiStartEarliest, rqiStartLatest = "earliest", "latest"
 
 // RedisQueueSpec is the redis_queue input's config spec.
 func RedisQueueSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Beta().
+		Version("0.1.0").
 		Categories("Services").
 		Summary("Consumes a pgrelay Redis Streams queue with a consumer group, in order per partition, with dead letters.").
 		Description(`
@@ -41,20 +59,26 @@ Metadata: `+"`queue`, `partition`, `message_id`, `transaction_id`"+` (strings), 
 (written by the redis_queue output's `+"`metadata`"+` option) are restored too, except these eight names.`).
 		Fields(redisconn.Fields()...).
 		Fields(
-			service.NewStringField("queue").Description("Queue to consume.").Example("orders"),
-			service.NewStringField("group").Description("Consumer group: one per pipeline; every replica of the pipeline uses the same name.").Example("orders_sink").
-				LintRule(`root = if this == "" || this.contains(":") || this.contains("{") || this.contains("}") { ["group must be non-empty without ':', '{' or '}'"] }`),
-			service.NewStringEnumField("start_from", "earliest", "latest").
-				Description("Where a new group starts: the oldest entry kept, or only entries written after it is created.").Default("earliest"),
-			service.NewIntField("batch_count").Description("Most messages per batch.").Default(500).
-				LintRule(`root = if this < 1 { ["batch_count must be at least 1"] }`),
-			service.NewIntField("batch_bytes").Description("Most payload bytes per batch (a batch holds at least one message).").Default(4<<20),
-			service.NewDurationField("block").Description("How long one read waits for new entries.").Default("1s").Advanced(),
-			service.NewIntField("max_attempts").Description("Failed attempts after which a message moves to the dead-letter stream.").Default(3).
-				LintRule(`root = if this < 1 { ["max_attempts must be at least 1"] }`),
-			service.NewDurationField("lease_ttl").Description("Shard lease TTL; renewed every third of it. A crashed replica's shards move after this.").Default("10s").Advanced(),
+			service.NewStringField(rqiFieldQueue).Description(fmt.Sprintf("Queue to consume (1-%d bytes, no `{` or `}`).", queue.MaxQueueNameBytes)).Example("orders").
+				LintRule(fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}") { [%q] }`,
+					queue.MaxQueueNameBytes, fmt.Sprintf("%s must be 1-%d bytes without { or }", rqiFieldQueue, queue.MaxQueueNameBytes))),
+			service.NewStringField(rqiFieldGroup).Description("Consumer group: one per pipeline; every replica of the pipeline uses the same name.").Example("orders_sink").
+				LintRule(fmt.Sprintf(`root = if this == "" || this.contains(":") || this.contains("{") || this.contains("}") { [%q] }`, rqiFieldGroup+" must be non-empty without ':', '{' or '}'")),
+			service.NewStringEnumField(rqiFieldStartFrom, rqiStartEarliest, rqiStartLatest).
+				Description("Where a new group starts: the oldest entry kept, or only entries written after it is created.").Default(rqiStartEarliest),
+			service.NewIntField(rqiFieldBatchCount).Description("Most messages per batch.").Default(500).
+				LintRule(speclint.IntMin(rqiFieldBatchCount, 1)),
+			service.NewIntField(rqiFieldBatchBytes).Description("Most payload bytes per batch (a batch holds at least one message).").Default(4<<20).
+				LintRule(speclint.IntMin(rqiFieldBatchBytes, 1)),
+			service.NewDurationField(rqiFieldBlock).Description("How long one read waits for new entries.").Default("1s").Advanced().
+				LintRule(speclint.DurationAbove(rqiFieldBlock, 0)),
+			service.NewIntField(rqiFieldMaxAttempts).Description("Failed attempts after which a message moves to the dead-letter stream.").Default(3).
+				LintRule(speclint.IntMin(rqiFieldMaxAttempts, 1)),
+			service.NewDurationField(rqiFieldLeaseTTL).Description("Shard lease TTL; renewed every third of it. A crashed replica's shards move after this.").Default("10s").Advanced().
+				LintRule(speclint.DurationAbove(rqiFieldLeaseTTL, 0)),
 		).
-		Example("Print a queue", "", `
+		LintRule(speclint.Rule(speclint.RedisURLChecks("")...)).
+		Example("Print a queue", "Reads the queue `orders` as the group `printer` and prints each message; every copy of this pipeline shares the queue's shards, and a message that fails three times moves to the dead-letter stream.", `
 input:
   redis_queue:
     url: ${REDIS_URL:redis://127.0.0.1:6379}
@@ -88,28 +112,28 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (RedisQueueConfig, e
 	}
 	c := &rc.Consumer
 	c.Prefix = rc.Conn.Prefix
-	if c.Queue, err = conf.FieldString("queue"); err != nil {
+	if c.Queue, err = conf.FieldString(rqiFieldQueue); err != nil {
 		return rc, err
 	}
-	if c.Group, err = conf.FieldString("group"); err != nil {
+	if c.Group, err = conf.FieldString(rqiFieldGroup); err != nil {
 		return rc, err
 	}
-	if c.StartFrom, err = conf.FieldString("start_from"); err != nil {
+	if c.StartFrom, err = conf.FieldString(rqiFieldStartFrom); err != nil {
 		return rc, err
 	}
-	if c.BatchCount, err = conf.FieldInt("batch_count"); err != nil {
+	if c.BatchCount, err = conf.FieldInt(rqiFieldBatchCount); err != nil {
 		return rc, err
 	}
-	if c.BatchBytes, err = conf.FieldInt("batch_bytes"); err != nil {
+	if c.BatchBytes, err = conf.FieldInt(rqiFieldBatchBytes); err != nil {
 		return rc, err
 	}
-	if c.Block, err = conf.FieldDuration("block"); err != nil {
+	if c.Block, err = conf.FieldDuration(rqiFieldBlock); err != nil {
 		return rc, err
 	}
-	if c.MaxAttempts, err = conf.FieldInt("max_attempts"); err != nil {
+	if c.MaxAttempts, err = conf.FieldInt(rqiFieldMaxAttempts); err != nil {
 		return rc, err
 	}
-	if c.LeaseTTL, err = conf.FieldDuration("lease_ttl"); err != nil {
+	if c.LeaseTTL, err = conf.FieldDuration(rqiFieldLeaseTTL); err != nil {
 		return rc, err
 	}
 	if _, err := queue.NewConsumer(nil, *c); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,12 +14,56 @@ import (
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/sink"
+	"github.com/pgrelay/pgrelay/internal/speclint"
 )
+
+// Field names of the pg_sink output (the connection fields are pgconnect's).
+const (
+	psFieldName                = "name"
+	psFieldTable               = "table"
+	psFieldMode                = "mode"
+	psFieldKey                 = "key"
+	psFieldStatement           = "statement"
+	psFieldParams              = "params"
+	psFieldMetadata            = "metadata"
+	psFieldProgressTable       = "progress_table"
+	psFieldCreateProgressTable = "create_progress_table"
+	psFieldRequireProgress     = "require_progress"
+	psFieldMaxInFlight         = "max_in_flight"
+	psFieldRetryMaxWait        = "retry_max_wait"
+)
+
+// Limits of pg_sink's numeric fields.
+const (
+	psMaxInFlight   = 256
+	psDefaultFlight = 4
+)
+
+// psMetadataColumns are metadata's fields and where each goes in sink.MetadataColumns.
+var psMetadataColumns = []struct {
+	field string
+	col   func(*sink.MetadataColumns) *string
+	doc   string
+}{
+	{"partition", func(m *sink.MetadataColumns) *string { return &m.Partition }, "Column for the message's partition."},
+	{"shard", func(m *sink.MetadataColumns) *string { return &m.Shard }, "Column for the queue shard."},
+	{"offset", func(m *sink.MetadataColumns) *string { return &m.Offset }, "Column for the shard offset."},
+	{"message_id", func(m *sink.MetadataColumns) *string { return &m.MessageID }, "Column for the message id."},
+	{"transaction_id", func(m *sink.MetadataColumns) *string { return &m.TransactionID }, "Column for the source transaction id."},
+	{"created_at", func(m *sink.MetadataColumns) *string { return &m.CreatedAt }, "Column for the created-at time (a timestamp column gets a timestamp, a number column milliseconds)."},
+	{"payload", func(m *sink.MetadataColumns) *string { return &m.Payload }, "Column for the whole payload (json, jsonb or text)."},
+}
 
 // PgSinkSpec is the pg_sink output's config spec.
 func PgSinkSpec() *service.ConfigSpec {
+	var metadata []*service.ConfigField
+	for _, m := range psMetadataColumns {
+		metadata = append(metadata, service.NewStringField(m.field).Description(m.doc).Default(""))
+	}
+	metaNames := "@" + strings.Join(sink.MetaParams, ", @")
 	return service.NewConfigSpec().
 		Beta().
+		Version("0.1.0").
 		Categories("Services").
 		Summary("Writes messages into a PostgreSQL table exactly once, in append, upsert, cdc or sql mode.").
 		Description(`Each batch is one PostgreSQL transaction that also moves the sink's progress rows
@@ -30,7 +75,7 @@ exactly-once; messages without queue/shard/offset metadata are refused unless `+
 The target table is never created or altered; it is checked at start (exists, key, writable columns,
 privileges). Payload keys map to the columns of exactly the same name; a column the message does not
 name keeps its value on update and gets its DEFAULT on insert. Values are converted by PostgreSQL from
-the exact text the producer wrote. See docs/sink.md.
+the exact text the producer wrote.
 
 Errors: transient ones (connection, deadlock, serialization) are retried inside the output; a data
 error (SQLSTATE classes 21, 22, 23, 27, 44, 54, P0 or an unreadable payload) fails that message only
@@ -39,38 +84,34 @@ error (SQLSTATE classes 21, 22, 23, 27, 44, 54, P0 or an unreadable payload) fai
 class 42) pause the sink with a coded error until fixed.`).
 		Fields(pgconnect.Fields()...).
 		Fields(
-			service.NewStringField("name").Description("The sink's identity in the progress table. Keep it stable: a new name starts over from the queue's first offsets.").
-				LintRule(`root = if this == "" { ["name must not be empty"] }`),
-			service.NewStringField("table").Description("Target table, `schema.name` (quote as in SQL: `public.\"Orders\"`). Not used in mode sql.").Default(""),
-			service.NewStringAnnotatedEnumField("mode", map[string]string{
-				"append": "Insert every message as a new row.",
-				"upsert": "Insert, or update on the key the columns the message names.",
-				"cdc":    "Apply change events (DESIGN §2): c/r/u upsert `after` minus `unchanged`, a key change moves the row, d deletes, t truncates.",
-				"sql":    "Run `statement` once per message with `params`.",
+			service.NewStringField(psFieldName).Description("The sink's identity in the progress table. Keep it stable: a new name starts over from the queue's first offsets.").
+				LintRule(fmt.Sprintf(`root = if this == "" { [%q] }`, psFieldName+" must not be empty")),
+			service.NewStringField(psFieldTable).Description("Target table, `schema.name` (quote as in SQL: `public.\"Orders\"`). Not used in mode sql.").Default(""),
+			service.NewStringAnnotatedEnumField(psFieldMode, map[string]string{
+				string(sink.ModeAppend): "Insert every message as a new row.",
+				string(sink.ModeUpsert): "Insert, or update on the key the columns the message names.",
+				string(sink.ModeCDC):    "Apply pgrelay change events (from `pg_cdc`): c/r/u upsert `after` minus `unchanged`, a key change moves the row, d deletes, t truncates.",
+				string(sink.ModeSQL):    "Run `statement` once per message with `params`.",
 			}).Description("How messages change the table."),
-			service.NewStringListField("key").Description("Conflict key columns (upsert, cdc); default the primary key, else the replica-identity index. Must match a unique index.").Default([]any{}),
-			service.NewStringField("statement").Description("Mode sql: the statement, with `$1..$n` for `params`. Cast params in the statement (`$1::numeric`): they arrive as text. Several statements separated by `;` run in order for each message, each seeing what the ones before it changed; `$n` is the same params entry in all of them.").
+			service.NewStringListField(psFieldKey).Description("Conflict key columns (upsert, cdc); default the primary key, else the replica-identity index. Must match a unique index.").Default([]any{}),
+			service.NewStringField(psFieldStatement).Description("Mode sql: the statement, with `$1..$n` for `params`. Cast params in the statement (`$1::numeric`): they arrive as text. Several statements separated by `;` run in order for each message, each seeing what the ones before it changed; `$n` is the same params entry in all of them.").
 				Example("UPDATE accounts SET balance = balance + $1::numeric WHERE id = $2::bigint").Default(""),
-			service.NewStringListField("params").Description("Mode sql: one entry per `$n`: a path into the JSON payload (`$`, `$.a.b`, `$.lines[0]`, `$[\"odd.key\"]`) or `@partition`, `@shard`, `@offset`, `@message_id`, `@transaction_id`, `@created_at` (ms), `@queue`. A missing path is NULL.").
-				Example([]string{"$.amount", "$.id"}).Default([]any{}),
-			service.NewObjectField("metadata",
-				service.NewStringField("partition").Description("Column for the message's partition.").Default(""),
-				service.NewStringField("shard").Description("Column for the queue shard.").Default(""),
-				service.NewStringField("offset").Description("Column for the shard offset.").Default(""),
-				service.NewStringField("message_id").Description("Column for the message id.").Default(""),
-				service.NewStringField("transaction_id").Description("Column for the source transaction id.").Default(""),
-				service.NewStringField("created_at").Description("Column for the created-at time (a timestamp column gets a timestamp, a number column milliseconds).").Default(""),
-				service.NewStringField("payload").Description("Column for the whole payload (json, jsonb or text).").Default(""),
-			).Description("Target columns filled from message metadata (append, upsert, cdc)."),
-			service.NewStringField("progress_table").Description("The progress table, `schema.name`.").Default(sink.DefaultProgressTable),
-			service.NewBoolField("create_progress_table").Description("Create the progress table (and its schema) when missing; with false a missing or wrong table is an error printing the DDL.").Default(true),
-			service.NewBoolField("require_progress").Description("Refuse messages without queue/shard/offset metadata (they cannot be deduplicated). With false they are written at-least-once.").Default(true).Advanced(),
-			service.NewIntField("max_in_flight").Description("Batches written in parallel (transactions over different shards).").Default(4).
-				LintRule(`root = if this < 1 || this > 256 { ["max_in_flight must be between 1 and 256"] }`),
-			service.NewDurationField("retry_max_wait").Description("Longest wait between retries of a transient or environment error.").Default("10s").Advanced(),
+			service.NewStringListField(psFieldParams).Description("Mode sql: one entry per `$n`: a path into the JSON payload (`$`, `$.a.b`, `$.lines[0]`, `$[\"odd.key\"]`) or "+metaNames+" (`@created_at` in ms). A missing path is NULL.").
+				Example([]string{"$.amount", "$.id"}).Default([]any{}).
+				LintRule(fmt.Sprintf(`root = if this.type() == "string" && !this.re_match(%s) { [%q] }`, speclint.Quote(psParamPattern()),
+					psFieldParams+` entries must be paths ($, $.a.b, $.lines[0], $["odd.key"]) or `+metaNames)),
+			service.NewObjectField(psFieldMetadata, metadata...).Description("Target columns filled from message metadata (append, upsert, cdc)."),
+			service.NewStringField(psFieldProgressTable).Description("The progress table, `schema.name`.").Default(sink.DefaultProgressTable).
+				LintRule(fmt.Sprintf(`root = if !this.re_match("^[^.]+[.][^.]+$") { [%q] }`, psFieldProgressTable+" must be schema.name")),
+			service.NewBoolField(psFieldCreateProgressTable).Description("Create the progress table (and its schema) when missing; with false a missing or wrong table is an error printing the DDL.").Default(true),
+			service.NewBoolField(psFieldRequireProgress).Description("Refuse messages without queue/shard/offset metadata (they cannot be deduplicated). With false they are written at-least-once.").Default(true).Advanced(),
+			service.NewIntField(psFieldMaxInFlight).Description(fmt.Sprintf("Batches written in parallel (transactions over different shards), 1-%d; the pool has one more connection.", psMaxInFlight)).Default(psDefaultFlight).
+				LintRule(speclint.Int(psFieldMaxInFlight, 1, psMaxInFlight)),
+			service.NewDurationField(psFieldRetryMaxWait).Description("Longest wait between retries of a transient or environment error.").Default("10s").Advanced().
+				LintRule(speclint.DurationMin(psFieldRetryMaxWait, 0)),
 		).
-		LintRule(pgSinkLint).
-		Example("Upsert orders from a queue", "", `
+		LintRule(speclint.Rule(append(pgconnect.LintChecks(), pgSinkChecks()...)...)).
+		Example("Upsert orders from a queue", "Applies the change events pg_cdc wrote into the queue `orders` to a copy of the table, exactly once; every replica of this pipeline shares the queue's shards through the group.", `
 input:
   redis_queue:
     url: ${REDIS_URL:redis://127.0.0.1:6379}
@@ -83,7 +124,7 @@ output:
     table: public.orders
     mode: cdc
 `).
-		Example("Non-idempotent statement, exactly once", "", `
+		Example("Non-idempotent statement, exactly once", "Adds each message's amount to an account balance. The statement is not idempotent, but the progress row committed in the same transaction makes a redelivered message a skip, never a second addition.", `
 output:
   pg_sink:
     dsn: ${TARGET_DSN:postgres://pgrelay@127.0.0.1:5432/bank}
@@ -94,23 +135,33 @@ output:
 `)
 }
 
-// pgSinkLint catches the impossible combinations of fields.
-const pgSinkLint = `
-let mode = this.mode.or("")
-let stmt = this.statement.or("")
-let params = this.params.or([])
-let meta = this.metadata.or({}).values().filter(v -> v != "")
-root = [
-  if $mode == "sql" && $stmt == "" { "mode sql needs a statement" },
-  if $mode != "sql" && this.table.or("") == "" { "mode " + $mode + " needs a table" },
-  if $mode != "sql" && ($stmt != "" || $params.length() > 0) { "statement and params are only used in mode sql" },
-  if ($mode == "sql" || $mode == "append") && this.key.or([]).length() > 0 { "key is only used in modes upsert and cdc" },
-  if $mode == "sql" && this.table.or("") != "" { "table is not used in mode sql: name it in the statement" },
-  if $mode == "sql" && $meta.length() > 0 { "metadata columns are not used in mode sql: use @partition, @offset... params" },
-  if $mode == "sql" && !$stmt.contains("'") && !$stmt.contains("--") && !$stmt.contains("/*") && $stmt.re_find_all("\\$[0-9]+").unique().length() != $params.length() { "params must have one entry per $n placeholder in statement" },
-  if !this.progress_table.or("pgrelay.sink_progress").re_match("^[^.]+[.][^.]+$") { "progress_table must be schema.name" },
-].filter(e -> e != null)
-`
+// psParamPattern is what a params entry may be: a path as the sink parses it, or @ and a metadata
+// name.
+func psParamPattern() string {
+	return `^(\$(\.[^.\[\]]+|\["([^"\\]|\\.)*" *\]|\[\+?[0-9]+\])*|@(` + strings.Join(sink.MetaParams, "|") + `))$`
+}
+
+// psPlaceholders lists the numbers of the $n placeholders of $stmt as the sink finds them: string
+// literals, quoted identifiers, comments and $$-quoted strings are matched whole and dropped, so
+// only real placeholders are left ($tag$-quoted strings are the one form not recognised here).
+const psPlaceholders = `$stmt.re_find_all("'[^']*'|\"[^\"]*\"|--[^\\n]*|(?s)/\\*.*?\\*/|(?s)\\$\\$.*?\\$\\$|(^|[^A-Za-z0-9_])\\$[0-9]+").filter(t -> t.re_match("\\$[0-9]+$") && !t.has_prefix("'") && !t.has_prefix("\"") && !t.has_prefix("--") && !t.has_prefix("/*") && !t.has_prefix("$$")).map_each(t -> t.re_find_all("[0-9]+$").index(0).number())`
+
+// pgSinkChecks are the component-wide checks: the combinations of mode, table, key, statement,
+// params and metadata that cannot work (sink.Config.Validate refuses the same).
+func pgSinkChecks() []string {
+	sql := string(sink.ModeSQL)
+	placeholders := strings.Replace(psPlaceholders, "$stmt", fmt.Sprintf(`this.%s.or("")`, psFieldStatement), 1)
+	return []string{
+		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") == ""`, psFieldMode, sql, psFieldStatement), "mode sql needs a statement"),
+		speclint.CheckExpr(fmt.Sprintf(`this.%s.or("") != %q && this.%s.or("") == ""`, psFieldMode, sql, psFieldTable), fmt.Sprintf(`"mode " + this.%s.or("") + " needs a table"`, psFieldMode)),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") != %q && (this.%s.or("") != "" || this.%s.or([]).length() > 0)`, psFieldMode, sql, psFieldStatement, psFieldParams), "statement and params are only used in mode sql"),
+		speclint.Check(fmt.Sprintf(`[%q, %q].contains(this.%s.or("")) && this.%s.or([]).length() > 0`, sql, string(sink.ModeAppend), psFieldMode, psFieldKey), "key is only used in modes upsert and cdc"),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") != ""`, psFieldMode, sql, psFieldTable), "table is not used in mode sql: name it in the statement"),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or({}).values().any(v -> v != "")`, psFieldMode, sql, psFieldMetadata), "metadata columns are not used in mode sql: use @partition, @offset... params"),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && (%s).(ns -> ns.length() > 0 && ns.max() != ns.unique().length())`, psFieldMode, sql, placeholders), "statement must number its placeholders $1..$n without gaps"),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && (%s).unique().length() != this.%s.or([]).length()`, psFieldMode, sql, placeholders, psFieldParams), "params must have one entry per $n placeholder in statement"),
+	}
+}
 
 func init() {
 	service.MustRegisterBatchOutput("pg_sink", PgSinkSpec(),
@@ -144,40 +195,39 @@ func PgSinkConfigFromParsed(conf *service.ParsedConfig) (PgSinkConfig, error) {
 	if c.Conn, err = pgconnect.Parse(conf); err != nil {
 		return c, err
 	}
-	str(&c.Sink.Name, "name")
-	str(&c.Sink.Table, "table")
-	str(&mode, "mode")
-	str(&c.Sink.Statement, "statement")
-	str(&c.Sink.ProgressTable, "progress_table")
-	md := &c.Sink.Metadata
-	for path, dst := range map[string]*string{"partition": &md.Partition, "shard": &md.Shard, "offset": &md.Offset,
-		"message_id": &md.MessageID, "transaction_id": &md.TransactionID, "created_at": &md.CreatedAt, "payload": &md.Payload} {
-		str(dst, "metadata", path)
+	str(&c.Sink.Name, psFieldName)
+	str(&c.Sink.Table, psFieldTable)
+	str(&mode, psFieldMode)
+	str(&c.Sink.Statement, psFieldStatement)
+	str(&c.Sink.ProgressTable, psFieldProgressTable)
+	for _, m := range psMetadataColumns {
+		str(m.col(&c.Sink.Metadata), psFieldMetadata, m.field)
 	}
 	if err != nil {
 		return c, err
 	}
 	c.Sink.Mode = sink.Mode(mode)
-	if c.Sink.Key, err = conf.FieldStringList("key"); err != nil {
+	if c.Sink.Key, err = conf.FieldStringList(psFieldKey); err != nil {
 		return c, err
 	}
-	if c.Sink.Params, err = conf.FieldStringList("params"); err != nil {
+	if c.Sink.Params, err = conf.FieldStringList(psFieldParams); err != nil {
 		return c, err
 	}
-	if c.Sink.CreateProgressTable, err = conf.FieldBool("create_progress_table"); err != nil {
+	if c.Sink.CreateProgressTable, err = conf.FieldBool(psFieldCreateProgressTable); err != nil {
 		return c, err
 	}
-	if c.Sink.RequireProgress, err = conf.FieldBool("require_progress"); err != nil {
+	if c.Sink.RequireProgress, err = conf.FieldBool(psFieldRequireProgress); err != nil {
 		return c, err
 	}
-	if c.MaxInFlight, err = conf.FieldInt("max_in_flight"); err != nil {
+	if c.MaxInFlight, err = conf.FieldInt(psFieldMaxInFlight); err != nil {
 		return c, err
 	}
-	if c.Sink.RetryMax, err = conf.FieldDuration("retry_max_wait"); err != nil {
+	if c.Sink.RetryMax, err = conf.FieldDuration(psFieldRetryMaxWait); err != nil {
 		return c, err
 	}
-	if c.MaxInFlight < 1 {
-		return c, errcode.New("sink_config", "max_in_flight must be at least 1", "set max_in_flight: 1 or more")
+	if c.MaxInFlight < 1 || c.MaxInFlight > psMaxInFlight {
+		return c, errcode.New("sink_config", fmt.Sprintf("%s %d is not in 1-%d", psFieldMaxInFlight, c.MaxInFlight, psMaxInFlight),
+			fmt.Sprintf("set %s to 1-%d", psFieldMaxInFlight, psMaxInFlight))
 	}
 	c.maxConns = c.MaxInFlight + 1
 	c.Conn.ApplicationName = "pgrelay-sink-" + c.Sink.Name

@@ -13,25 +13,54 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
+	"github.com/pgrelay/pgrelay/internal/speclint"
+)
+
+// Field names of the redis_queue output (the connection fields are redisconn's).
+const (
+	rqoFieldQueue             = "queue"
+	rqoFieldPartition         = "partition"
+	rqoFieldID                = "id"
+	rqoFieldShards            = "shards"
+	rqoFieldDurability        = "durability"
+	rqoFieldReplicas          = "replicas" // in durability
+	rqoFieldTimeout           = "timeout"  // in durability
+	rqoFieldMaxAge            = "max_age"
+	rqoFieldMaxLength         = "max_length"
+	rqoFieldTrimInterval      = "trim_interval"
+	rqoFieldMaxScriptMessages = "max_script_messages"
+	rqoFieldMaxScriptBytes    = "max_script_bytes"
+	rqoFieldMetadata          = "metadata"
+	rqoFieldBatching          = "batching"
+)
+
+// durability's values, and the limits of the numeric fields.
+const (
+	rqoDurabilityNone, rqoDurabilityAOF = "none", "aof"
+	rqoMaxShards                        = 1024
+	rqoMinScriptBytes                   = 1024
 )
 
 // RedisQueueSpec is the redis_queue output's config spec.
 func RedisQueueSpec() *service.ConfigSpec {
+	durabilityMsg := fmt.Sprintf("%s must be %s, %s or {%s: N, %s: 5s}", rqoFieldDurability, rqoDurabilityNone, rqoDurabilityAOF, rqoFieldReplicas, rqoFieldTimeout)
 	return service.NewConfigSpec().
 		Beta().
+		Version("0.1.0").
 		Categories("Services").
 		Summary("Writes messages to a pgrelay Redis Streams queue, one atomic script call per batch.").
 		Description(`
-Each batch is one call of the write script (resources/queue_write.lua): every check first, then an XADD of
-each message to its shard (CRC-32 of the partition mod shards) with the shard's next offset, then the source
-pointer when the batch carries one. See docs/queue.md for the layout, which any Redis client can consume.
+Each batch is one call of pgrelay's write script: every check first, then an XADD of each message to its
+shard (CRC-32 of the partition mod shards) with the shard's next offset, then the source pointer when the
+batch carries one. The queue's layout is public: any Redis client can consume it.
 
 When the messages carry the metadata `+"`pgrelay_lease_key`, `pgrelay_fence`, `pgrelay_pointer_key`, `pgrelay_cover`"+`
-(set by `+"`pg_cdc`"+`, docs/batch-contract.md), the write is fenced by the source's lease and moves the
-source's pointer in the same atomic step: a stale fence is refused with an error coded `+"`fenced`"+`, and a cover
-that is already in is a `+"`duplicate`"+`, a success that writes nothing.
+(set by `+"`pg_cdc`"+`), the write is fenced by the source's lease and moves the source's pointer in the same
+atomic step: a stale fence is refused with an error coded `+"`fenced`"+`, and a cover that is already in is a
+`+"`duplicate`"+`, a success that writes nothing.
 
 A batch over `+"`max_script_messages`"+` or `+"`max_script_bytes`"+` is written in several calls; only then is it
 not atomic (a crash between the calls repeats the earlier ones under the same message ids).
@@ -40,41 +69,53 @@ With any input other than `+"`pg_cdc`"+` this output is at-least-once: a write t
 is retried and may repeat messages (same ids).`).
 		Fields(redisconn.Fields()...).
 		Fields(
-			service.NewInterpolatedStringField("queue").
-				Description("Queue name (1-256 characters, no `{` or `}`).").
+			service.NewInterpolatedStringField(rqoFieldQueue).
+				Description(fmt.Sprintf("Queue name (1-%d bytes, no `{` or `}`).", queue.MaxQueueNameBytes)).
 				Default(`${! meta("queue") }`).Example("orders"),
-			service.NewInterpolatedStringField("partition").
+			service.NewInterpolatedStringField(rqoFieldPartition).
 				Description("Partition: messages of one partition go to one shard and are read back in the order written.").
 				Default(`${! meta("partition") }`).Example(`${! json("customer_id") }`),
-			service.NewInterpolatedStringField("id").
+			service.NewInterpolatedStringField(rqoFieldID).
 				Description("Message id, stable across re-sends so consumers can recognise repeats.").
 				Default(`${! meta("message_id") }`).Example(`${! uuid_v4() }`),
-			service.NewIntField("shards").
-				Description("Shard count of a queue this output creates (default 16). An existing queue keeps its count; when this field is set and differs from an existing queue's count, writing fails with `shards_mismatch` (never a silent reshard).").
-				Optional().LintRule(`root = if this < 1 || this > 1024 { ["shards must be between 1 and 1024"] }`),
-			service.NewAnyField("durability").
+			service.NewIntField(rqoFieldShards).
+				Description(fmt.Sprintf("Shard count of a queue this output creates (default %d, at most %d). An existing queue keeps its count; when this field is set and differs from an existing queue's count, writing fails with `shards_mismatch` (never a silent reshard).", queue.DefaultShards, rqoMaxShards)).
+				Optional().LintRule(speclint.Int(rqoFieldShards, 1, rqoMaxShards)),
+			service.NewAnyField(rqoFieldDurability).
 				Description("What an acknowledged write survives: `none`; `aof` (requires appendonly yes and appendfsync always on every master, checked at connect); or `{replicas: N, timeout: 5s}` (WAIT for N replicas; a shortfall is an error so the source never confirms a write that might vanish).").
-				Default("none").Example("aof").Example(map[string]any{"replicas": 1, "timeout": "5s"}).
-				LintRule(`root = if this.type() == "string" { if !["none", "aof"].contains(this) { ["durability must be none, aof or {replicas: N}"] } } else if this.type() == "object" { if this.replicas.or(0) < 1 { ["durability.replicas must be at least 1"] } } else { ["durability must be none, aof or {replicas: N}"] }`),
-			service.NewDurationField("max_age").
+				Default(rqoDurabilityNone).Example(rqoDurabilityAOF).Example(map[string]any{rqoFieldReplicas: 1, rqoFieldTimeout: "5s"}).
+				LintRule(fmt.Sprintf(`root = if this.type() == "string" { if ![%q, %q].contains(this) { [%q] } } else if this.type() == "object" { [
+  if this.%s.type() != "number" || this.%s < 1 { %q },
+  if this.%s.or("") != "" && this.%s.parse_duration().catch(null) == null { %q },
+].filter(e -> e != null) } else { [%q] }`,
+					rqoDurabilityNone, rqoDurabilityAOF, durabilityMsg,
+					rqoFieldReplicas, rqoFieldReplicas, rqoFieldDurability+"."+rqoFieldReplicas+" must be a number, at least 1",
+					rqoFieldTimeout, rqoFieldTimeout, rqoFieldDurability+"."+rqoFieldTimeout+" must be a duration such as 5s",
+					durabilityMsg)),
+			service.NewDurationField(rqoFieldMaxAge).
 				Description("Retention: entries older than this may be trimmed, but only once every consumer group has acked them. Empty: no age bound.").
-				Default("").Example("168h").Advanced(),
-			service.NewIntField("max_length").
+				Default("").Example("168h").Advanced().
+				LintRule(fmt.Sprintf(`root = if this != "" && this.parse_duration().catch(null) == null { [%q] }`, rqoFieldMaxAge+" must be empty or a duration such as 168h")),
+			service.NewIntField(rqoFieldMaxLength).
 				Description("Retention: entries beyond the newest max_length of a shard may be trimmed, but only once every consumer group has acked them. 0: no length bound.").
 				Default(0).Advanced(),
-			service.NewDurationField("trim_interval").Description("How often retention runs.").Default("30s").Advanced(),
-			service.NewIntField("max_script_messages").Description("Most messages per script call.").Default(1000).Advanced().
-				LintRule(`root = if this < 1 { ["max_script_messages must be at least 1"] }`),
-			service.NewIntField("max_script_bytes").Description("Most bytes per script call.").Default(8<<20).Advanced().
-				LintRule(`root = if this < 1024 { ["max_script_bytes must be at least 1024"] }`),
-			service.NewMetadataFilterField("metadata").
+			service.NewDurationField(rqoFieldTrimInterval).Description("How often retention runs (more than 0s).").Default("30s").Advanced().
+				LintRule(speclint.DurationAbove(rqoFieldTrimInterval, 0)),
+			service.NewIntField(rqoFieldMaxScriptMessages).Description("Most messages per script call.").Default(1000).Advanced().
+				LintRule(speclint.IntMin(rqoFieldMaxScriptMessages, 1)),
+			service.NewIntField(rqoFieldMaxScriptBytes).Description(fmt.Sprintf("Most bytes per script call (at least %d).", rqoMinScriptBytes)).Default(8<<20).Advanced().
+				LintRule(speclint.IntMin(rqoFieldMaxScriptBytes, rqoMinScriptBytes)),
+			service.NewMetadataFilterField(rqoFieldMetadata).
 				Description("Metadata keys written into each entry's `h` header (a JSON object); the `redis_queue` input restores them. None by default; the `pgrelay_*` keys are never written.").
-				Optional().Advanced(),
+				Optional().Advanced().
+				LintRule(fmt.Sprintf(`root = if this.type() == "object" && this.include_patterns.or([]).any(p -> "".re_match(p).catch(null) == null) { [%q] }`,
+					rqoFieldMetadata+".include_patterns must be regular expressions (Go's syntax)")),
 			service.NewOutputMaxInFlightField().Default(1).
 				Description("Batches written at the same time. 1 (the default) keeps the order of a partition across batches; more trades that order for throughput (messages inside one batch always stay in order)."),
-			service.NewBatchPolicyField("batching"),
+			service.NewBatchPolicyField(rqoFieldBatching),
 		).
-		Example("Generated messages into a queue", "Any Benthos pipeline can produce into a queue.", `
+		LintRule(speclint.Rule(speclint.RedisURLChecks("")...)).
+		Example("Generated messages into a queue", "Any Benthos pipeline can produce into a queue: here four partitions of generated numbers, each message with a fresh id.", `
 input:
   generate:
     interval: 1s
@@ -85,6 +126,12 @@ output:
     queue: numbers
     partition: ${! json("n") % 4 }
     id: ${! uuid_v4() }
+`).
+		Example("A durable source queue", "The output of a pg_cdc pipeline: queue, partition and id come from pg_cdc's metadata (the defaults), and an acknowledged write survives a Redis crash (aof) before PostgreSQL is told it may drop the WAL.", `
+output:
+  redis_queue:
+    url: ${REDIS_URL:redis://127.0.0.1:6379}
+    durability: aof
 `)
 }
 
@@ -95,7 +142,7 @@ func init() {
 			if err != nil {
 				return nil, service.BatchPolicy{}, 0, err
 			}
-			pol, err := conf.FieldBatchPolicy("batching")
+			pol, err := conf.FieldBatchPolicy(rqoFieldBatching)
 			if err != nil {
 				return nil, pol, 0, err
 			}
@@ -127,46 +174,50 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (c RedisQueueConfig,
 	if c.Conn, err = redisconn.Parse(conf); err != nil {
 		return c, err
 	}
-	if c.queueField, err = newFieldReader(conf, "queue"); err != nil {
+	if c.queueField, err = newFieldReader(conf, rqoFieldQueue); err != nil {
 		return c, err
 	}
-	if c.partitionField, err = newFieldReader(conf, "partition"); err != nil {
+	if c.partitionField, err = newFieldReader(conf, rqoFieldPartition); err != nil {
 		return c, err
 	}
-	if c.idField, err = newFieldReader(conf, "id"); err != nil {
+	if c.idField, err = newFieldReader(conf, rqoFieldID); err != nil {
 		return c, err
 	}
 	c.writer.Prefix = c.Conn.Prefix
-	if conf.Contains("shards") {
-		if c.writer.Shards, err = conf.FieldInt("shards"); err != nil {
+	if conf.Contains(rqoFieldShards) {
+		if c.writer.Shards, err = conf.FieldInt(rqoFieldShards); err != nil {
 			return c, err
 		}
 		c.writer.StrictShards = true
 	}
-	if c.writer.MaxScriptMessages, err = conf.FieldInt("max_script_messages"); err != nil {
+	if c.writer.MaxScriptMessages, err = conf.FieldInt(rqoFieldMaxScriptMessages); err != nil {
 		return c, err
 	}
-	if c.writer.MaxScriptBytes, err = conf.FieldInt("max_script_bytes"); err != nil {
+	if c.writer.MaxScriptBytes, err = conf.FieldInt(rqoFieldMaxScriptBytes); err != nil {
 		return c, err
 	}
 	if c.writer.Durability, err = parseDurability(conf); err != nil {
 		return c, err
 	}
-	if s, _ := conf.FieldString("max_age"); s != "" {
-		if c.retention.MaxAge, err = conf.FieldDuration("max_age"); err != nil {
+	if s, _ := conf.FieldString(rqoFieldMaxAge); s != "" {
+		if c.retention.MaxAge, err = conf.FieldDuration(rqoFieldMaxAge); err != nil {
 			return c, err
 		}
 	}
-	maxLen, err := conf.FieldInt("max_length")
+	maxLen, err := conf.FieldInt(rqoFieldMaxLength)
 	if err != nil {
 		return c, err
 	}
 	c.retention.MaxLength = int64(maxLen)
-	if c.trimEvery, err = conf.FieldDuration("trim_interval"); err != nil {
+	if c.trimEvery, err = conf.FieldDuration(rqoFieldTrimInterval); err != nil {
 		return c, err
 	}
-	if conf.Contains("metadata") {
-		if c.metadata, err = conf.FieldMetadataFilter("metadata"); err != nil {
+	if c.trimEvery <= 0 {
+		return c, errcode.New("queue_config", fmt.Sprintf("%s %s is not above 0s", rqoFieldTrimInterval, c.trimEvery),
+			fmt.Sprintf("set %s to a positive duration, e.g. 30s", rqoFieldTrimInterval))
+	}
+	if conf.Contains(rqoFieldMetadata) {
+		if c.metadata, err = conf.FieldMetadataFilter(rqoFieldMetadata); err != nil {
 			return c, err
 		}
 	}
@@ -176,33 +227,33 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (c RedisQueueConfig,
 // parseDurability reads `durability`: "none", "aof" or {replicas: N, timeout: D}.
 func parseDurability(conf *service.ParsedConfig) (queue.Durability, error) {
 	var d queue.Durability
-	v, err := conf.FieldAny("durability")
+	v, err := conf.FieldAny(rqoFieldDurability)
 	if err != nil {
 		return d, err
 	}
 	switch t := v.(type) {
 	case string:
 		switch t {
-		case "none", "":
+		case rqoDurabilityNone, "":
 			return d, nil
-		case "aof":
+		case rqoDurabilityAOF:
 			d.AOF = true
 			return d, nil
 		}
 	case map[string]any:
-		n, err := strconv.Atoi(fmt.Sprint(t["replicas"]))
+		n, err := strconv.Atoi(fmt.Sprint(t[rqoFieldReplicas]))
 		if err != nil || n < 1 {
-			return d, fmt.Errorf("durability.replicas: %v is not a positive number", t["replicas"])
+			return d, fmt.Errorf("%s.%s: %v is not a positive number", rqoFieldDurability, rqoFieldReplicas, t[rqoFieldReplicas])
 		}
 		d.Replicas = n
-		if s, ok := t["timeout"].(string); ok && s != "" {
+		if s, ok := t[rqoFieldTimeout].(string); ok && s != "" {
 			if d.WaitTimeout, err = time.ParseDuration(s); err != nil {
-				return d, fmt.Errorf("durability.timeout: %w", err)
+				return d, fmt.Errorf("%s.%s: %w", rqoFieldDurability, rqoFieldTimeout, err)
 			}
 		}
 		return d, nil
 	}
-	return d, fmt.Errorf("durability: %v: use none, aof or {replicas: N}", v)
+	return d, fmt.Errorf("%s: %v: use %s, %s or {%s: N}", rqoFieldDurability, v, rqoDurabilityNone, rqoDurabilityAOF, rqoFieldReplicas)
 }
 
 // queueOutput is the redis_queue output: a thin shell over queue.Writer.

@@ -13,6 +13,9 @@ const DefaultPrefix = "pgrelay"
 // DefaultShards is the shard count of a queue created without an explicit count.
 const DefaultShards = 16
 
+// MaxQueueNameBytes is the longest queue name (ValidQueueName).
+const MaxQueueNameBytes = 256
+
 // LayoutVersion is the value of the meta hash's `version` field this code reads and writes.
 const LayoutVersion = 1
 

@@ -259,9 +259,9 @@ func validate(msgs []Message, c *Cover) error {
 
 // ValidQueueName returns a coded error unless q can be a queue name (the hash tag of its keys).
 func ValidQueueName(q string) error {
-	if q == "" || strings.ContainsAny(q, "{}") || len(q) > 256 {
+	if q == "" || strings.ContainsAny(q, "{}") || len(q) > MaxQueueNameBytes {
 		return errcode.New("bad_queue", fmt.Sprintf("queue name %q is empty, too long or contains { or }", q),
-			"name queues with 1 to 256 characters other than { and }")
+			fmt.Sprintf("name queues with 1 to %d characters other than { and }", MaxQueueNameBytes))
 	}
 	return nil
 }

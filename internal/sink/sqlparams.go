@@ -16,8 +16,16 @@ type param struct {
 	steps []pathStep // JSON path, when meta is ""
 }
 
-var metaParams = map[string]bool{"partition": true, "shard": true, "offset": true, "message_id": true,
-	"transaction_id": true, "created_at": true, "queue": true}
+// MetaParams are the metadata a params entry may name as @name.
+var MetaParams = []string{"partition", "shard", "offset", "message_id", "transaction_id", "created_at", "queue"}
+
+var metaParams = func() map[string]bool {
+	m := map[string]bool{}
+	for _, p := range MetaParams {
+		m[p] = true
+	}
+	return m
+}()
 
 // newParam parses one params entry.
 func newParam(p string) (param, error) {

@@ -23,25 +23,34 @@ import (
 
 // Int refuses an integer outside [min, max].
 func Int(field string, min, max int) string {
-	return fmt.Sprintf(`root = if this < %d || this > %d { [%q] }`, min, max, fmt.Sprintf("%s must be in %d-%d", field, min, max))
+	return fmt.Sprintf(`root = if this.type() != "number" || this < %d || this > %d { [%q] }`, min, max, fmt.Sprintf("%s must be between %d and %d", field, min, max))
 }
 
 // IntMin refuses an integer below min.
 func IntMin(field string, min int) string {
-	return fmt.Sprintf(`root = if this < %d { [%q] }`, min, fmt.Sprintf("%s must be at least %d", field, min))
+	return fmt.Sprintf(`root = if this.type() != "number" || this < %d { [%q] }`, min, fmt.Sprintf("%s must be at least %d", field, min))
 }
 
-// Duration refuses a duration outside [min, max] and one that does not parse (Go's syntax: 500ms,
-// 10s, 1h).
+// parsedDuration binds $d to the value as a duration in nanoseconds, null when it does not parse
+// (Go's syntax: 500ms, 10s, 1h, as the plugins read it).
+const parsedDuration = "let d = this.parse_duration().catch(null)\n"
+
+// Duration refuses a duration outside [min, max] and one that does not parse.
 func Duration(field string, min, max time.Duration) string {
-	return fmt.Sprintf(`root = if this.parse_duration() < %d || this.parse_duration() > %d { [%q] }`,
-		min.Nanoseconds(), max.Nanoseconds(), fmt.Sprintf("%s must be a duration in %s-%s", field, min, max))
+	return fmt.Sprintf(parsedDuration+`root = if $d == null || $d < %d || $d > %d { [%q] }`,
+		min.Nanoseconds(), max.Nanoseconds(), fmt.Sprintf("%s must be a duration between %s and %s", field, min, max))
 }
 
 // DurationMin refuses a duration below min and one that does not parse.
 func DurationMin(field string, min time.Duration) string {
-	return fmt.Sprintf(`root = if this.parse_duration() < %d { [%q] }`,
+	return fmt.Sprintf(parsedDuration+`root = if $d == null || $d < %d { [%q] }`,
 		min.Nanoseconds(), fmt.Sprintf("%s must be a duration of at least %s", field, min))
+}
+
+// DurationAbove refuses a duration at or below min and one that does not parse.
+func DurationAbove(field string, min time.Duration) string {
+	return fmt.Sprintf(parsedDuration+`root = if $d == null || $d <= %d { [%q] }`,
+		min.Nanoseconds(), fmt.Sprintf("%s must be a duration above %s", field, min))
 }
 
 // Match refuses a string the regular expression does not match; when optional, "" passes (the
@@ -63,6 +72,11 @@ func Rule(checks ...string) string {
 // Check is an expression for Rule: msg when cond (a Bloblang boolean over `this`) holds, else null.
 func Check(cond, msg string) string {
 	return fmt.Sprintf(`if %s { %q }`, cond, msg)
+}
+
+// CheckExpr is Check with a message computed by msg, a Bloblang string expression over `this`.
+func CheckExpr(cond, msg string) string {
+	return fmt.Sprintf(`if %s { %s }`, cond, msg)
 }
 
 // Quote makes s a Bloblang string literal.

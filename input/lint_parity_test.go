@@ -1,0 +1,138 @@
+package input
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/pgrelay/pgrelay/internal/source"
+	"github.com/pgrelay/pgrelay/internal/speclint/linttest"
+)
+
+// Why a case's refusal has no lint twin.
+const (
+	typeError   = "the wrong YAML type: Benthos' linter skips the rules"
+	fileMissing = "the start reads the file"
+)
+
+// TestPgCDCLintRefusesWhatTheStartRefuses pairs every refusal of pg_cdc's start (its parser and
+// source.Config.Validate, with the connection checks) with the lint message that refuses the same
+// config, and checks both on the config.
+func TestPgCDCLintRefusesWhatTheStartRefuses(t *testing.T) {
+	spec := PgCDCSpec()
+	start := func(yaml string) error {
+		pc, err := spec.ParseYAML(yaml, nil)
+		if err != nil {
+			return err
+		}
+		_, err = PgCDCConfigFromParsed(pc)
+		return err
+	}
+	// Two queue names in the same Redis Cluster slot, and one in another.
+	sameSlot, otherSlot := "", ""
+	for i := 0; sameSlot == "" || otherSlot == ""; i++ {
+		q := fmt.Sprint("q", i)
+		if source.ClusterSlot(q) == source.ClusterSlot("orders") {
+			sameSlot = q
+		} else {
+			otherSlot = q
+		}
+	}
+	tables := func(n int) string {
+		var b strings.Builder
+		b.WriteString("tables:\n")
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&b, "  - {table: t%d, queue: q}\n", i)
+		}
+		return b.String()
+	}
+	cases := []linttest.Case{
+		{Name: "valid", Set: "{}"},
+		{Name: "name", Set: "name: Orders", Refused: "name:", Lint: "name must match"},
+		{Name: "slot name", Set: "slot: {name: Bad-Slot}", Refused: "slot.name:", Lint: "slot.name must match"},
+		{Name: "publication name", Set: "publication: {name: " + strings.Repeat("p", 64) + "}", Refused: "publication.name:", Lint: "publication.name must be at most 63"},
+		{Name: "no tables", Set: "tables: []", Refused: "tables:", Lint: "tables must list 1-256"},
+		{Name: "too many tables", Set: tables(source.MaxTables + 1), Refused: "tables:", Lint: "tables must list 1-256"},
+		{Name: "table without name", Set: "tables: [{table: public., queue: q}]", Refused: "tables[0].table:", Lint: "tables[].table must match"},
+		{Name: "table without schema", Set: "tables: [{table: .t, queue: q}]", Refused: "tables[0].table:", Lint: "tables[].table must match"},
+		{Name: "a table twice", Set: "tables: [{table: t, queue: q}, {table: public.t, queue: r}]", Refused: "tables[1].table:", Lint: "must not list a table twice"},
+		{Name: "empty queue", Set: "tables: [{table: t, queue: ''}]", Refused: "tables[0].queue:", Lint: "tables[].queue must be 1-128 bytes"},
+		{Name: "long queue", Set: "tables: [{table: t, queue: " + strings.Repeat("q", source.MaxQueueBytes+1) + "}]", Refused: "tables[0].queue:", Lint: "tables[].queue must be 1-128 bytes"},
+		{Name: "queue with a brace", Set: "tables: [{table: t, queue: 'a{b'}]", Refused: "tables[0].queue:", Lint: "tables[].queue must be 1-128 bytes"},
+		{Name: "partition_by word", Set: "tables: [{table: t, queue: q, partition_by: nope}]", Refused: "tables[0].partition_by:", Lint: "partition_by must be key, single or a list"},
+		{Name: "partition_by empty list", Set: "tables: [{table: t, queue: q, partition_by: []}]", Refused: "tables[0].partition_by:", Lint: "must list at least one column"},
+		{Name: "partition_by empty column", Set: "tables: [{table: t, queue: q, partition_by: ['']}]", Refused: "tables[0].partition_by:", Lint: "must list at least one column"},
+		{Name: "partition_by number", Set: "tables: [{table: t, queue: q, partition_by: 5}]", Refused: "tables[0].partition_by:", Lint: "partition_by must be key, single or a list"},
+		{Name: "truncate emit by key", Set: "truncate: emit", Refused: "truncate:", Lint: "truncate: emit needs partition_by: single"},
+		{Name: "truncate emit, single", Set: "{truncate: emit, tables: [{table: t, queue: q, partition_by: single}]}"},
+		{Name: "truncate value", Set: "truncate: drop", Refused: "truncate:", Lint: "not a valid option"},
+		{Name: "snapshot value", Set: "snapshot: always", Refused: "snapshot:", Lint: "not a valid option"},
+		{Name: "lease_ttl low", Set: "lease_ttl: 2s", Refused: "lease_ttl:", Lint: "lease_ttl must be a duration between 3s and 2m0s"},
+		{Name: "lease_ttl high", Set: "lease_ttl: 121s", Refused: "lease_ttl:", Lint: "lease_ttl must be a duration between"},
+		{Name: "lease_ttl not a duration", Set: "lease_ttl: 10", Refused: "lease_ttl", Lint: "lease_ttl must be a duration between"},
+		{Name: "linger negative", Set: "linger: -1ms", Refused: "linger:", Lint: "linger must be a duration between 0s and 5s"},
+		{Name: "linger high", Set: "linger: 6s", Refused: "linger:", Lint: "linger must be a duration between"},
+		{Name: "heartbeat low", Set: "heartbeat: 500ms", Refused: "heartbeat:", Lint: "heartbeat must be a duration between 1s and 1h0m0s"},
+		{Name: "heartbeat high", Set: "heartbeat: 2h", Refused: "heartbeat:", Lint: "heartbeat must be a duration between"},
+		{Name: "max_bundle_messages low", Set: "max_bundle_messages: 0", Refused: "max_bundle_messages:", Lint: "max_bundle_messages must be between 1 and 50000"},
+		{Name: "max_bundle_messages high", Set: "max_bundle_messages: 50001", Refused: "max_bundle_messages:", Lint: "max_bundle_messages must be between"},
+		{Name: "max_bundle_messages text", Set: "max_bundle_messages: many", Refused: "max_bundle_messages", Unlintable: typeError},
+		{Name: "port text", Set: "port: high", Refused: "port", Unlintable: typeError},
+		{Name: "publish_function text", Set: "publish_function: maybe", Refused: "publish_function", Unlintable: typeError},
+		{Name: "max_bundle_bytes low", Set: "max_bundle_bytes: 65535", Refused: "max_bundle_bytes:", Lint: "max_bundle_bytes must be between 65536 and 67108864"},
+		{Name: "max_bundle_bytes high", Set: "max_bundle_bytes: 67108865", Refused: "max_bundle_bytes:", Lint: "max_bundle_bytes must be between"},
+		{Name: "chunk_rows low", Set: "chunk_rows: 0", Refused: "chunk_rows:", Lint: "chunk_rows must be between 1 and 100000"},
+		{Name: "chunk_rows high", Set: "chunk_rows: 100001", Refused: "chunk_rows:", Lint: "chunk_rows must be between"},
+		{Name: "cluster, queues in two slots", Set: "{redis: {cluster_urls: ['redis://127.0.0.1:7000']}, tables: [{table: a, queue: orders}, {table: b, queue: " + otherSlot + "}]}",
+			Refused: "cluster_slot", Lint: "cluster_slot"},
+		{Name: "cluster, two queues in one slot", Set: "{redis: {cluster_urls: ['redis://127.0.0.1:7000']}, tables: [{table: a, queue: orders}, {table: b, queue: " + sameSlot + "}]}"},
+		{Name: "two slots without cluster", Set: "tables: [{table: a, queue: orders}, {table: b, queue: " + otherSlot + "}]"},
+		{Name: "redis url scheme", Set: "redis: {url: 'http://127.0.0.1:6379'}", Refused: "redis url", Lint: "redis.url must be redis://"},
+		{Name: "redis url database", Set: "redis: {url: 'redis://127.0.0.1:6379/zero'}", Refused: "redis url", Lint: "redis.url must be redis://"},
+		{Name: "redis url port", Set: "redis: {url: 'redis://127.0.0.1:port'}", Refused: "redis url", Lint: "redis.url must be redis://"},
+		{Name: "redis cluster url", Set: "redis: {cluster_urls: ['http://127.0.0.1:7000']}", Refused: "redis url", Lint: "redis.cluster_urls must list"},
+		{Name: "redis url ignored for a cluster", Set: "redis: {url: 'http://x', cluster_urls: ['redis://127.0.0.1:7000']}"},
+		{Name: "no dsn and no host", Set: "host: ~", Refused: "dsn: set dsn or host", Lint: "dsn: set dsn or host"},
+		{Name: "dsn URL", Set: "{host: ~, dsn: 'postgres://u@127.0.0.1:5432/db?sslmode=disable'}"},
+		{Name: "dsn key=value", Set: "{host: ~, dsn: \"host=127.0.0.1 user=u password='a b' dbname=db\"}"},
+		{Name: "dsn URL port", Set: "{host: ~, dsn: 'postgres://127.0.0.1:port/db'}", Refused: "dsn:", Lint: "dsn must be a postgres:// URL or key=value pairs"},
+		{Name: "dsn key=value syntax", Set: "{host: ~, dsn: 'host=127.0.0.1 port'}", Refused: "dsn:", Lint: "dsn must be a postgres:// URL or key=value pairs"},
+		{Name: "port", Set: "port: 70000", Refused: "port:", Lint: "port must be between 0 and 65535"},
+		{Name: "tls mode", Set: "tls: {mode: maybe}", Refused: "tls.mode:", Lint: "not a valid option"},
+		{Name: "root CA without verification", Set: "tls: {mode: require, root_ca_file: /etc/ca.pem}", Refused: "tls.root_ca_file:", Lint: "tls.root_ca_file: needs tls.mode verify-ca or verify-full"},
+		{Name: "certificate without key", Set: "tls: {client_cert_file: /etc/c.pem}", Refused: "tls.client_cert_file:", Lint: "client_cert_file and client_key_file go together"},
+		{Name: "a CA file that is not there", Set: "tls: {mode: verify-full, root_ca_file: /nonexistent/ca.pem}", Refused: "dsn:", Unlintable: fileMissing},
+	}
+	linttest.Check(t, linttest.Input, "pg_cdc", "name: orders\nhost: 127.0.0.1\ntables: [{table: t, queue: orders}]\n", start, cases)
+}
+
+// TestRedisQueueInputLintRefusesWhatTheStartRefuses: the same for the redis_queue input.
+func TestRedisQueueInputLintRefusesWhatTheStartRefuses(t *testing.T) {
+	spec := RedisQueueSpec()
+	start := func(yaml string) error {
+		pc, err := spec.ParseYAML(yaml, nil)
+		if err != nil {
+			return err
+		}
+		_, err = RedisQueueConfigFromParsed(pc)
+		return err
+	}
+	cases := []linttest.Case{
+		{Name: "valid", Set: "{}"},
+		{Name: "empty queue", Set: "queue: ''", Refused: "bad_queue", Lint: "queue must be 1-256 bytes"},
+		{Name: "long queue", Set: "queue: " + strings.Repeat("q", 257), Refused: "bad_queue", Lint: "queue must be 1-256 bytes"},
+		{Name: "queue with a brace", Set: "queue: 'a}b'", Refused: "bad_queue", Lint: "queue must be 1-256 bytes"},
+		{Name: "no queue", Set: "queue: ~", Refused: "queue", Lint: "queue is required"},
+		{Name: "empty group", Set: "group: ''", Refused: "bad_group", Lint: "group must be non-empty"},
+		{Name: "group with a colon", Set: "group: 'a:b'", Refused: "bad_group", Lint: "group must be non-empty"},
+		{Name: "start_from", Set: "start_from: now", Refused: "bad_start_from", Lint: "not a valid option"},
+		{Name: "block", Set: "block: soon", Refused: "block", Lint: "block must be a duration above 0s"},
+		{Name: "lease_ttl", Set: "lease_ttl: 10", Refused: "lease_ttl", Lint: "lease_ttl must be a duration above 0s"},
+		{Name: "batch_count text", Set: "batch_count: many", Refused: "batch_count", Unlintable: typeError},
+		{Name: "batch_count 0 is the default (lint asks for it)", Set: "batch_count: 0", Lint: "batch_count must be at least 1"},
+		{Name: "url", Set: "url: 'http://127.0.0.1:6379'", Refused: "redis url", Lint: "url must be redis://"},
+		{Name: "rediss url", Set: "url: 'rediss://127.0.0.1:6380/1'"},
+		{Name: "a CA file that is not there", Set: "tls: {enabled: true, root_cas_file: /nonexistent/ca.pem}", Refused: "no such file", Unlintable: fileMissing},
+	}
+	linttest.Check(t, linttest.Input, "redis_queue", "queue: orders\ngroup: orders_copy\n", start, cases)
+}

@@ -1,0 +1,116 @@
+// Package linttest proves a plugin's lint rules refuse every config its start-up validation
+// refuses: a table pairs each refused config with the lint message that must refuse it too.
+package linttest
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+	"gopkg.in/yaml.v3"
+)
+
+// Case is one config of a plugin: Base with Set's top-level fields replaced (a YAML mapping; a
+// field set to ~ is removed).
+type Case struct {
+	Name string
+	Set  string
+	// Refused is a part of the start's error; "" when the start accepts the config.
+	Refused string
+	// Lint is a part of a lint message; "" when lint passes the config. Lint must refuse whatever
+	// the start refuses; it may refuse more (a value the start corrects to its default).
+	Lint string
+	// Unlintable, when set, says why lint cannot refuse what the start refuses: the start reads a
+	// file the config names (a TLS certificate that does not exist), or the value has the wrong YAML
+	// type (text for a number or a bool: Benthos v4.60's linter runs no rule on a value that does
+	// not decode to its field's type, and reports nothing). The case still proves the start refuses it.
+	Unlintable string
+}
+
+// Kind is where the plugin goes: an input or an output.
+type Kind int
+
+// Kinds.
+const (
+	Input Kind = iota
+	Output
+)
+
+// Check runs each case through the start's parser and validation (start: the plugin's spec,
+// ParseYAML and its parser) and through the Benthos linter, and fails when they disagree with the
+// case or with each other.
+func Check(t *testing.T, kind Kind, plugin, base string, start func(yaml string) error, cases []Case) {
+	t.Helper()
+	linter := service.GlobalEnvironment().NewComponentConfigLinter()
+	for _, c := range cases {
+		t.Run(c.Name, func(t *testing.T) {
+			section := merge(t, base, c.Set)
+			err := start(section)
+			switch {
+			case c.Refused == "" && err != nil:
+				t.Fatalf("the start refused it: %v", err)
+			case c.Refused != "" && err == nil:
+				t.Fatalf("the start accepted it, want an error with %q", c.Refused)
+			case c.Refused != "" && !strings.Contains(err.Error(), c.Refused):
+				t.Fatalf("the start's error %q lacks %q", err, c.Refused)
+			}
+			component := []byte(plugin + ":\n  " + strings.ReplaceAll(strings.TrimSuffix(section, "\n"), "\n", "\n  ") + "\n")
+			var lints []service.Lint
+			if kind == Input {
+				lints, err = linter.LintInputYAML(component)
+			} else {
+				lints, err = linter.LintOutputYAML(component)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var msgs []string
+			for _, l := range lints {
+				msgs = append(msgs, l.What)
+			}
+			all := strings.Join(msgs, "; ")
+			switch {
+			case c.Lint == "" && len(msgs) > 0:
+				t.Fatalf("lint refused it: %s", all)
+			case c.Lint != "" && !strings.Contains(all, c.Lint):
+				t.Fatalf("lint said %q, want %q", all, c.Lint)
+			case c.Refused != "" && c.Lint == "" && c.Unlintable == "":
+				t.Fatalf("the start refuses it (%s) but lint passes it", c.Refused)
+			}
+		})
+	}
+}
+
+// merge replaces base's top-level fields with set's.
+func merge(t *testing.T, base, set string) string {
+	t.Helper()
+	var b, s yaml.Node
+	if err := yaml.Unmarshal([]byte(base), &b); err != nil {
+		t.Fatalf("base: %v", err)
+	}
+	if err := yaml.Unmarshal([]byte(set), &s); err != nil {
+		t.Fatalf("set: %v", err)
+	}
+	bm, sm := b.Content[0], &yaml.Node{Kind: yaml.MappingNode}
+	if len(s.Content) > 0 {
+		sm = s.Content[0]
+	}
+	for i := 0; i+1 < len(sm.Content); i += 2 {
+		key, value := sm.Content[i], sm.Content[i+1]
+		var kept []*yaml.Node
+		for j := 0; j+1 < len(bm.Content); j += 2 {
+			if bm.Content[j].Value != key.Value {
+				kept = append(kept, bm.Content[j], bm.Content[j+1])
+			}
+		}
+		if value.Tag != "!!null" {
+			kept = append(kept, key, value)
+		}
+		bm.Content = kept
+	}
+	out, err := yaml.Marshal(bm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
