@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
@@ -141,16 +142,11 @@ func psParamPattern() string {
 	return `^(\$(\.[^.\[\]]+|\["([^"\\]|\\.)*" *\]|\[\+?[0-9]+\])*|@(` + strings.Join(sink.MetaParams, "|") + `))$`
 }
 
-// psPlaceholders lists the numbers of the $n placeholders of $stmt as the sink finds them: string
-// literals, quoted identifiers, comments and $$-quoted strings are matched whole and dropped, so
-// only real placeholders are left ($tag$-quoted strings are the one form not recognised here).
-const psPlaceholders = `$stmt.re_find_all("'[^']*'|\"[^\"]*\"|--[^\\n]*|(?s)/\\*.*?\\*/|(?s)\\$\\$.*?\\$\\$|(^|[^A-Za-z0-9_])\\$[0-9]+").filter(t -> t.re_match("\\$[0-9]+$") && !t.has_prefix("'") && !t.has_prefix("\"") && !t.has_prefix("--") && !t.has_prefix("/*") && !t.has_prefix("$$")).map_each(t -> t.re_find_all("[0-9]+$").index(0).number())`
-
 // pgSinkChecks are the component-wide checks: the combinations of mode, table, key, statement,
 // params and metadata that cannot work (sink.Config.Validate refuses the same).
 func pgSinkChecks() []string {
 	sql := string(sink.ModeSQL)
-	placeholders := strings.Replace(psPlaceholders, "$stmt", fmt.Sprintf(`this.%s.or("")`, psFieldStatement), 1)
+	placeholders := fmt.Sprintf(`this.%s.or("").pg_placeholders()`, psFieldStatement)
 	return []string{
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") == ""`, psFieldMode, sql, psFieldStatement), "mode sql needs a statement"),
 		speclint.CheckExpr(fmt.Sprintf(`this.%s.or("") != %q && this.%s.or("") == ""`, psFieldMode, sql, psFieldTable), fmt.Sprintf(`"mode " + this.%s.or("") + " needs a table"`, psFieldMode)),
@@ -158,12 +154,26 @@ func pgSinkChecks() []string {
 		speclint.Check(fmt.Sprintf(`[%q, %q].contains(this.%s.or("")) && this.%s.or([]).length() > 0`, sql, string(sink.ModeAppend), psFieldMode, psFieldKey), "key is only used in modes upsert and cdc"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") != ""`, psFieldMode, sql, psFieldTable), "table is not used in mode sql: name it in the statement"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or({}).values().any(v -> v != "")`, psFieldMode, sql, psFieldMetadata), "metadata columns are not used in mode sql: use @partition, @offset... params"),
-		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && (%s).(ns -> ns.length() > 0 && ns.max() != ns.unique().length())`, psFieldMode, sql, placeholders), "statement must number its placeholders $1..$n without gaps"),
-		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && (%s).unique().length() != this.%s.or([]).length()`, psFieldMode, sql, placeholders, psFieldParams), "params must have one entry per $n placeholder in statement"),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && %s.(ns -> ns.length() > 0 && (ns.max() != ns.unique().length() || ns.contains(0)))`, psFieldMode, sql, placeholders), "statement must number its placeholders $1..$n without gaps"),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && %s.unique().length() != this.%s.or([]).length()`, psFieldMode, sql, placeholders, psFieldParams), "params must have one entry per $n placeholder in statement"),
 	}
 }
 
 func init() {
+	// Used by pg_sink's lint rule, so it is registered before the spec is built.
+	bloblang.MustRegisterMethodV2("pg_placeholders",
+		bloblang.NewPluginSpec().Category("String Manipulation").
+			Description("The numbers of the placeholders `$n` of PostgreSQL statements, in order: those outside string literals, quoted identifiers, dollar-quoted strings and comments.").
+			Example("", `root = this.sql.pg_placeholders()`, [2]string{`{"sql":"UPDATE t SET a = $2, b = '$9' WHERE id = $1 -- $3"}`, `[2,1]`}),
+		func(*bloblang.ParsedParams) (bloblang.Method, error) {
+			return bloblang.StringMethod(func(s string) (any, error) {
+				out := []any{}
+				for _, n := range sink.Placeholders(s) {
+					out = append(out, int64(n))
+				}
+				return out, nil
+			}), nil
+		})
 	service.MustRegisterBatchOutput("pg_sink", PgSinkSpec(),
 		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchOutput, service.BatchPolicy, int, error) {
 			c, err := PgSinkConfigFromParsed(conf)

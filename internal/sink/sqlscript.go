@@ -89,6 +89,18 @@ func walkSQL(s string, visit func(sqlToken)) {
 }
 
 // placeholders finds the distinct $n of s (see walkSQL) and the largest n.
+// Placeholders lists the n of every placeholder $n of s, in order, as the sql mode finds them
+// (pg_sink's lint rules use it).
+func Placeholders(s string) []int {
+	var out []int
+	walkSQL(s, func(t sqlToken) {
+		if t.kind == tokParam {
+			out = append(out, t.n)
+		}
+	})
+	return out
+}
+
 func placeholders(s string) (int, map[int]bool) {
 	seen := map[int]bool{}
 	largest := 0

@@ -45,6 +45,7 @@ func Check(t *testing.T, kind Kind, plugin, base string, start func(yaml string)
 	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) {
 			section := merge(t, base, c.Set)
+			t.Logf("config:\n%s", section)
 			err := start(section)
 			switch {
 			case c.Refused == "" && err != nil:
