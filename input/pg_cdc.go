@@ -81,12 +81,12 @@ which the `+"`redis_queue`"+` output reads. Keep a batch whole on its way there 
 				service.NewStringField(pcFieldQueue).Description(fmt.Sprintf("The queue its changes go to (1-%d bytes, no braces).", source.MaxQueueBytes)).
 					LintRule(fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}") { [%q] }`,
 						source.MaxQueueBytes, fmt.Sprintf("%s must be 1-%d bytes without { or }", tablePath(pcFieldQueue), source.MaxQueueBytes))),
-				service.NewAnyField(pcFieldPartitionBy).Description("`key` (the key columns, default), `single` (one partition `all`, total order), or a list of columns.").Default(pcPartitionKey).
+				service.NewAnyField(pcFieldPartitionBy).Description("`key` (the key columns, default), `single` (one partition `all`, total order), or a list of columns (inside the key, unless the table has REPLICA IDENTITY FULL).").Default(pcPartitionKey).
 					LintRule(fmt.Sprintf(`root = if this.type() == "string" { if ![%q, %q].contains(this) { [%q] } } else if this.type() == "array" { if this.length() == 0 || this.any(c -> c.type() != "string" || c == "") { [%q] } } else { [%q] }`,
 						pcPartitionKey, pcPartitionSingle, tablePath(pcFieldPartitionBy)+" must be key, single or a list of columns",
 						tablePath(pcFieldPartitionBy)+" must list at least one column, each a non-empty string",
 						tablePath(pcFieldPartitionBy)+" must be key, single or a list of columns")),
-			).Description("The tables to stream, in order; the lease and pointer live under the first one's queue.").
+			).Description(fmt.Sprintf("The tables to stream (1-%d, none twice), in order; the lease and pointer live under the first one's queue.", source.MaxTables)).
 				LintRule(fmt.Sprintf(`root = if this.type() != "array" { deleted() } else if this.length() < 1 || this.length() > %d { [%q] } else if this.map_each(t -> if t.%s.or("").contains(".") { t.%s } else { "public." + t.%s.or("") }).unique().length() != this.length() { [%q] }`,
 					source.MaxTables, fmt.Sprintf("%s must list 1-%d tables", pcFieldTables, source.MaxTables),
 					pcFieldTable, pcFieldTable, pcFieldTable, pcFieldTables+" must not list a table twice (name is public.name)")),
@@ -96,13 +96,13 @@ which the `+"`redis_queue`"+` output reads. Keep a batch whole on its way there 
 						fmt.Sprintf("%s.%s must be at most %d bytes", pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes))),
 				service.NewBoolField(pcFieldPublicationManage).Description("Create the publication, and correct it to exactly the tables (whole, every operation). When false it is only checked.").Default(true),
 			).Description("The publication pgoutput reads."),
-			service.NewBoolField(pcFieldPublishFunction).Description("At start, install `pgrelay.publish(queue, partition, payload)` (a transactional publish into the queue without an outbox table) when no function of that signature exists; an existing one is never replaced. Without the privilege (CREATE on the database) a `publish_function` warning is logged and the source streams on.").Default(true),
+			service.NewBoolField(pcFieldPublishFunction).Description("At start, install `pgrelay.publish(queue text, partition text, payload jsonb)` (a transactional publish into the queue without an outbox table), in one transaction, when no function of that signature exists; an existing one is never replaced, whoever owns it. Without the privilege (CREATE on the database, SQLSTATE 42501) one `publish_function` warning is logged and the source streams on; any other error fails the start. `false`: install nothing.").Default(true),
 			service.NewObjectField(pcFieldSlot,
 				service.NewStringField(pcFieldSlotName).Description("Replication slot name; default `pgrelay_<name>`.").Default("").
 					LintRule(speclint.Match(pcFieldSlot+"."+pcFieldSlotName, source.SlotPattern, true)),
-				service.NewBoolField(pcFieldSlotFailover).Description("Create a failover slot (PostgreSQL 17+).").Default(false),
+				service.NewBoolField(pcFieldSlotFailover).Description("Create a failover slot (PostgreSQL 17+; older servers refuse the start with `version`).").Default(false),
 			).Description("The logical replication slot (created on the first start, never silently recreated)."),
-			service.NewObjectField(pcFieldRedis, redisconn.Fields()...).Description("The Redis holding the lease and pointer (the same as the redis_queue output's)."),
+			service.NewObjectField(pcFieldRedis, redisconn.Fields()...).Description("The Redis holding the lease and pointer (the same as the redis_queue output's), nested under `redis` so its `tls` does not clash with PostgreSQL's."),
 			service.NewDurationField(pcFieldLeaseTTL).Description(fmt.Sprintf("Lease time to live (%s-%s); renewed every third of it, released at once on SIGTERM.", source.MinLeaseTTL, source.MaxLeaseTTL)).Default("10s").
 				LintRule(speclint.Duration(pcFieldLeaseTTL, source.MinLeaseTTL, source.MaxLeaseTTL)),
 			service.NewIntField(pcFieldMaxBundleMessages).Description(fmt.Sprintf("Most messages per batch (%d-%d); a larger transaction goes in pieces.", source.MinBundleMessages, source.MaxBundleMsgs)).Default(1000).
@@ -114,7 +114,7 @@ which the `+"`redis_queue`"+` output reads. Keep a batch whole on its way there 
 			service.NewDurationField(pcFieldHeartbeat).Description(fmt.Sprintf("With no WAL data for this long, emit a heartbeat message so an idle source still advances (%s-%s).", source.MinHeartbeat, source.MaxHeartbeat)).Default("10s").
 				LintRule(speclint.Duration(pcFieldHeartbeat, source.MinHeartbeat, source.MaxHeartbeat)),
 			service.NewStringEnumField(pcFieldTruncate, pcTruncateSkip, pcTruncateEmit).Description("`skip` (counted, logged) or `emit` a `t` event to partition `all` (needs partition_by: single on every table).").Default(pcTruncateSkip),
-			service.NewStringEnumField(pcFieldSnapshot, pcSnapshotNever, pcSnapshotInit).Description("`never`: stream from the slot's creation. `initial`: on the first start (and after `pgrelay resync`) also copy the rows already in the tables, as `r` events, chunk by chunk while the stream runs.").Default(pcSnapshotNever),
+			service.NewStringEnumField(pcFieldSnapshot, pcSnapshotNever, pcSnapshotInit).Description("`never`: stream from the slot's creation. `initial`: on the first start (and after `pgrelay resync`) also copy the rows already in the tables, as `r` events, chunk by chunk while the stream runs. Opt-in, so adding pg_cdc to a big database never starts a copy by surprise; a resync always snapshots.").Default(pcSnapshotNever),
 			service.NewIntField(pcFieldChunkRows).Description(fmt.Sprintf("Rows per snapshot chunk (%d-%d): each chunk is one short REPEATABLE READ read between two watermarks.", source.MinChunkRows, source.MaxChunkRows)).Default(source.DefaultChunkRows).
 				LintRule(speclint.Int(pcFieldChunkRows, source.MinChunkRows, source.MaxChunkRows)),
 		).
