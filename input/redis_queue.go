@@ -287,7 +287,9 @@ func headerMeta(h []byte) map[string]any {
 // failures maps a nack's error to the messages it counts an attempt for: the failed ones of a
 // *service.BatchError, else all; errors coded blocked or paused count none.
 func failures(err error, idx *service.Indexer, n int) map[int]error {
-	counts := func(e error) bool { return e != nil && !errcode.Is(e, "blocked") && !errcode.Is(e, "paused") }
+	counts := func(e error) bool {
+		return e != nil && !errcode.Is(e, errcode.Blocked) && !errcode.Is(e, errcode.Paused)
+	}
 	out := map[int]error{}
 	var bErr *service.BatchError
 	if errors.As(err, &bErr) {

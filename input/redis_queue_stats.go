@@ -48,7 +48,7 @@ func reportGroupStats(ctx context.Context, rdb redis.UniversalClient, conf queue
 				}
 			}
 			g.deadLetters.Set(info.DeadLetters, conf.Queue)
-		case errcode.Is(err, "no_queue"), ctx.Err() != nil: // not created yet, or closing
+		case errcode.Is(err, errcode.NoQueue), ctx.Err() != nil: // not created yet, or closing
 		default:
 			log.Debugf("redis_queue %s: reading the group's lag: %v", conf.Queue, err)
 		}

@@ -16,8 +16,8 @@ func TestQueueInputFailures(t *testing.T) {
 	batch := service.MessageBatch{service.NewMessage([]byte("a")), service.NewMessage([]byte("b")), service.NewMessage([]byte("c"))}
 	idx := batch.Index()
 	plain := errors.New("boom")
-	blocked := errcode.New("blocked", "behind an earlier failure", "")
-	paused := errcode.New("paused", "sink paused", "fix the table")
+	blocked := errcode.New(errcode.Blocked, "behind an earlier failure", "")
+	paused := errcode.New(errcode.Paused, "sink paused", "fix the table")
 	cases := []struct {
 		name string
 		err  error
@@ -25,7 +25,8 @@ func TestQueueInputFailures(t *testing.T) {
 	}{
 		{"plain error: every message", plain, "[0 1 2]"},
 		{"wrapped blocked: none", fmt.Errorf("write: %w", blocked), "[]"},
-		{"paused as text: none", errors.New(paused.Error()), "[]"},
+		{"wrapped paused: none", fmt.Errorf("write: %w", paused), "[]"},
+		{"paused only in the text: every message", errors.New(paused.Error()), "[0 1 2]"},
 		{"batch error: only the failed", service.NewBatchError(batch, plain).Failed(1, plain), "[1]"},
 		{"batch error: blocked ones count none", service.NewBatchError(batch, plain).Failed(0, plain).Failed(2, blocked), "[0]"},
 	}

@@ -236,13 +236,13 @@ func PgSinkConfigFromParsed(conf *service.ParsedConfig) (PgSinkConfig, error) {
 		return c, err
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > psMaxInFlight {
-		return c, errcode.New("sink_config", fmt.Sprintf("%s %d is not in 1-%d", psFieldMaxInFlight, c.MaxInFlight, psMaxInFlight),
+		return c, errcode.New(errcode.SinkConfig, fmt.Sprintf("%s %d is not in 1-%d", psFieldMaxInFlight, c.MaxInFlight, psMaxInFlight),
 			fmt.Sprintf("set %s to 1-%d", psFieldMaxInFlight, psMaxInFlight))
 	}
 	c.maxConns = c.MaxInFlight + 1
 	c.Conn.ApplicationName = "pgrelay-sink-" + c.Sink.Name
 	if err := c.Conn.Validate(); err != nil {
-		return c, errcode.New("sink_config", err.Error(), "correct the connection fields (dsn, host, port, tls)")
+		return c, errcode.New(errcode.SinkConfig, err.Error(), "correct the connection fields (dsn, host, port, tls)")
 	}
 	return c, c.Sink.Validate()
 }
@@ -316,7 +316,7 @@ func (s *pgSink) onRetry(err error, class sink.Class, wait time.Duration) {
 }
 
 func (s *pgSink) countError(err error, class sink.Class) {
-	code := errcode.Code(err)
+	code := string(errcode.Of(err))
 	if code == "" {
 		code = "unknown"
 	}
@@ -388,7 +388,7 @@ func toSinkMessage(m *service.Message) (*sink.Message, error) {
 	if sm.Queue != "" && errS == nil && errO == nil {
 		sm.Shard, sm.Offset, sm.HasPosition = int32(shard), offset, true
 	} else if get("offset") != "" || get("shard") != "" {
-		return nil, errcode.New("bad_metadata", fmt.Sprintf("message metadata queue=%q shard=%q offset=%q is not a queue position", sm.Queue, get("shard"), get("offset")),
+		return nil, errcode.New(errcode.BadMetadata, fmt.Sprintf("message metadata queue=%q shard=%q offset=%q is not a queue position", sm.Queue, get("shard"), get("offset")),
 			"leave queue, shard and offset metadata as the redis_queue input sets them")
 	}
 	if ms, err := strconv.ParseInt(get("created_at"), 10, 64); err == nil {

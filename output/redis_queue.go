@@ -213,7 +213,7 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (c RedisQueueConfig,
 		return c, err
 	}
 	if c.trimEvery <= 0 {
-		return c, errcode.New("queue_config", fmt.Sprintf("%s %s is not above 0s", rqoFieldTrimInterval, c.trimEvery),
+		return c, errcode.New(errcode.QueueConfig, fmt.Sprintf("%s %s is not above 0s", rqoFieldTrimInterval, c.trimEvery),
 			fmt.Sprintf("set %s to a positive duration, e.g. 30s", rqoFieldTrimInterval))
 	}
 	if conf.Contains(rqoFieldMetadata) {

@@ -187,7 +187,7 @@ func (w *projWriters) flatOut(b *testing.B, d time.Duration) (changes int, took 
 func (s *shop) queueEnd() int64 {
 	s.t.Helper()
 	info, err := queue.Inspect(s.ctx, s.rd.Client(), queue.NewLayout("pgrelay"), s.queue)
-	if errcode.Is(err, "no_queue") {
+	if errcode.Is(err, errcode.NoQueue) {
 		return 0
 	}
 	if err != nil {

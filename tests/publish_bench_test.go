@@ -185,7 +185,7 @@ func queueLen(b *testing.B, rd *testenv.Redis, q string) int64 {
 	rdb := rd.Client()
 	defer rdb.Close()
 	info, err := queue.Inspect(context.Background(), rdb, queue.NewLayout("pgrelay"), q)
-	if errcode.Is(err, "no_queue") {
+	if errcode.Is(err, errcode.NoQueue) {
 		return 0
 	}
 	if err != nil {

@@ -70,7 +70,7 @@ redis_queue:
 		}
 	}
 	mixed := append(batchOf(2, 1000, map[string]string{"q": qa}), batchOf(2, 1002, map[string]string{"q": qb})...)
-	if err := send(ctx, mixed); !errcode.Is(err, "crossslot") {
+	if err := send(ctx, mixed); !errcode.Is(err, errcode.CrossSlot) {
 		t.Fatalf("a batch over two queues on different nodes: %v", err)
 	}
 
@@ -80,7 +80,7 @@ redis_queue:
 	cc.Set(ctx, leaseKey, "owner|7", 0)
 	one := []queue.Message{{Queue: qa, Partition: "p0", ID: "m-covered", Payload: []byte(`{}`)}}
 	cover := &queue.Cover{LeaseKey: leaseKey, Fence: "owner|7", PointerKey: ptrKey, Pointer: []byte(`{"pos":"1"}`), Pos: "1"}
-	if _, err := w.Write(ctx, one, &queue.Cover{LeaseKey: leaseKey, Fence: "owner|6"}); !errcode.Is(err, "fenced") {
+	if _, err := w.Write(ctx, one, &queue.Cover{LeaseKey: leaseKey, Fence: "owner|6"}); !errcode.Is(err, errcode.Fenced) {
 		t.Fatalf("stale fence on the cluster: %v", err)
 	}
 	if res, err := w.Write(ctx, one, cover); err != nil || res != queue.ResultOK {

@@ -287,7 +287,7 @@ redis_queue:
 				err = fmt.Errorf("poison %s", id)
 				blocked[p] = true
 			case blocked[p]:
-				err = errcode.New("blocked", "behind a failed message of partition "+p, "")
+				err = errcode.New(errcode.Blocked, "behind a failed message of partition "+p, "")
 			default:
 				delivered[id]++
 				continue

@@ -85,7 +85,7 @@ redis_queue:
 	}
 	err := send(ctx, batchOf(5, 100, map[string]string{"pgrelay_lease_key": "pgrelay:{rt}:src:a:lease",
 		"pgrelay_fence": "old|1", "pgrelay_pointer_key": "pgrelay:{rt}:src:a:ptr", "pgrelay_cover": `{"pos":"01"}`}))
-	if err == nil || !errcode.Is(err, "fenced") {
+	if err == nil || !errcode.Is(err, errcode.Fenced) {
 		t.Fatalf("stale fence through the output: %v", err)
 	}
 	// the right fence: written with the pointer; the same cover again: a duplicate, nothing written

@@ -1,9 +1,13 @@
 // Package errcode gives every error a user can cause a stable code and a sentence naming the fix.
 //
-// An Error prints as "<code>: <what happened>. Fix: <what to do>". Codes are short snake_case words
-// (slot_lost, fenced, bad_payload, ...) listed in docs/errors.md; logs and metrics carry the code.
-// Is recognises a code through wrapping and, because Benthos may pass an output's error back to the
-// input as text, also by its printed form.
+// An Error prints as "<code>: <what happened>. Fix: <what to do>". Codes are the Code constants of
+// codes.go, each documented in docs/errors.md (a test keeps the two equal); logs and metrics carry
+// the code. Call sites name the constant, never a string literal (a test scans the repository).
+//
+// Is and Of find a code through error wrapping only, never in an error's text. That is enough across
+// Benthos: an output's error reaches the input's ack function as the same value (a
+// *service.BatchError keeps each message's error), which the fenced path from redis_queue to pg_cdc
+// relies on and tests/errcode_ack_test.go proves.
 package errcode
 
 import (
@@ -13,23 +17,23 @@ import (
 
 // Error is a coded, user-facing error.
 type Error struct {
-	Code string // stable identifier, e.g. "slot_lost"
+	Code Code   // stable identifier, e.g. SlotLost
 	Msg  string // what happened
 	Fix  string // what the user should do
 	Err  error  // the underlying cause, if any
 }
 
 // New returns a coded error.
-func New(code, msg, fix string) *Error { return &Error{Code: code, Msg: msg, Fix: fix} }
+func New(code Code, msg, fix string) *Error { return &Error{Code: code, Msg: msg, Fix: fix} }
 
 // Wrap returns a coded error around a cause.
-func Wrap(code string, err error, msg, fix string) *Error {
+func Wrap(code Code, err error, msg, fix string) *Error {
 	return &Error{Code: code, Msg: msg, Fix: fix, Err: err}
 }
 
 func (e *Error) Error() string {
 	var b strings.Builder
-	b.WriteString(e.Code)
+	b.WriteString(string(e.Code))
 	b.WriteString(": ")
 	b.WriteString(e.Msg)
 	if e.Err != nil {
@@ -46,26 +50,19 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is reports whether err carries code, through wrapping or in its text.
-func Is(err error, code string) bool {
-	if err == nil {
-		return false
-	}
+// Is reports whether err, or any error it wraps, is an Error with code.
+func Is(err error, code Code) bool {
 	var e *Error
 	for cur := err; errors.As(cur, &e); cur = e.Err {
 		if e.Code == code {
 			return true
 		}
-		if e.Err == nil {
-			break
-		}
 	}
-	s := err.Error()
-	return strings.HasPrefix(s, code+": ") || strings.Contains(s, " "+code+": ") || strings.Contains(s, ": "+code+": ")
+	return false
 }
 
-// Code returns the code of the outermost coded error in err's chain, or "".
-func Code(err error) string {
+// Of returns the code of the outermost coded error in err's chain, or "".
+func Of(err error) Code {
 	var e *Error
 	if errors.As(err, &e) {
 		return e.Code

@@ -7,19 +7,21 @@ import (
 )
 
 func TestErrorFormatAndIs(t *testing.T) {
-	base := New("slot_lost", `slot "s" is gone`, "run pgrelay resync")
+	base := New(SlotLost, `slot "s" is gone`, "run pgrelay resync")
 	cases := []struct {
 		name string
 		err  error
-		code string
+		code Code
 		want bool
 	}{
-		{"direct", base, "slot_lost", true},
-		{"wrapped", fmt.Errorf("connect: %w", base), "slot_lost", true},
-		{"as text", errors.New("failed to send: " + base.Error()), "slot_lost", true},
-		{"other code", base, "fenced", false},
-		{"nil", nil, "slot_lost", false},
-		{"inner", Wrap("pointer_corrupt", New("slot_lost", "x", ""), "outer", ""), "slot_lost", true},
+		{"direct", base, SlotLost, true},
+		{"wrapped", fmt.Errorf("connect: %w", base), SlotLost, true},
+		{"joined", errors.Join(errors.New("other"), base), SlotLost, true},
+		{"as text only", errors.New("failed to send: " + base.Error()), SlotLost, false},
+		{"other code", base, Fenced, false},
+		{"nil", nil, SlotLost, false},
+		{"inner", Wrap(PointerCorrupt, New(SlotLost, "x", ""), "outer", ""), SlotLost, true},
+		{"inner through fmt", Wrap(PointerCorrupt, fmt.Errorf("read: %w", New(SlotLost, "x", "")), "outer", ""), SlotLost, true},
 	}
 	for _, c := range cases {
 		if got := Is(c.err, c.code); got != c.want {
@@ -29,7 +31,7 @@ func TestErrorFormatAndIs(t *testing.T) {
 	if got := base.Error(); got != `slot_lost: slot "s" is gone. Fix: run pgrelay resync` {
 		t.Fatalf("format: %s", got)
 	}
-	if Code(fmt.Errorf("x: %w", base)) != "slot_lost" {
-		t.Fatal("Code")
+	if Of(fmt.Errorf("x: %w", base)) != SlotLost || Of(errors.New("x")) != "" {
+		t.Fatal("Of")
 	}
 }

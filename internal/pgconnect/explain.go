@@ -18,10 +18,10 @@ import (
 // 1.3 a connection reset sometimes arrives before it, and that plain reset stays uncoded (the next
 // attempt usually gets the alert).
 func Explain(err error) error {
-	if err == nil || errcode.Code(err) != "" {
+	if err == nil || errcode.Of(err) != "" {
 		return err
 	}
-	tlsErr := func(msg, fix string) error { return errcode.Wrap("pg_tls", err, msg, fix) }
+	tlsErr := func(msg, fix string) error { return errcode.Wrap(errcode.PGTLS, err, msg, fix) }
 	var pe *pgconn.PgError
 	text := err.Error()
 	switch {
@@ -52,13 +52,13 @@ func Explain(err error) error {
 		return tlsErr("the client certificate's common name (CN) is not the user connecting",
 			"use a certificate whose CN is the user name, or map it in pg_ident.conf")
 	case strings.Contains(pe.Message, "pg_hba.conf") && strings.HasSuffix(pe.Message, "no encryption"):
-		return errcode.Wrap("pg_hba", err, "pg_hba.conf refuses connections without TLS from this host",
+		return errcode.Wrap(errcode.PGHBA, err, "pg_hba.conf refuses connections without TLS from this host",
 			"set tls.mode to require, verify-ca or verify-full")
 	case strings.Contains(pe.Message, "pg_hba.conf") && strings.HasSuffix(pe.Message, "SSL encryption"):
-		return errcode.Wrap("pg_hba", err, "pg_hba.conf refuses TLS connections from this host",
+		return errcode.Wrap(errcode.PGHBA, err, "pg_hba.conf refuses TLS connections from this host",
 			"set tls.mode to disable, or add a hostssl line to pg_hba.conf")
 	case strings.Contains(pe.Message, "pg_hba.conf"):
-		return errcode.Wrap("pg_hba", err, "pg_hba.conf lets no connection in for this host, user and database",
+		return errcode.Wrap(errcode.PGHBA, err, "pg_hba.conf lets no connection in for this host, user and database",
 			"add a line to pg_hba.conf (and reload PostgreSQL), or connect as a user or to a database it allows")
 	}
 	return err

@@ -36,22 +36,22 @@ func TestExplainTLSAndHBAFailuresOfARealServer(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		conf      Config
-		otherHost bool   // connect as db.example (resolved to 127.0.0.1), a name the certificate lacks
-		tls12     bool   // the server's alert must arrive inside the handshake (see below)
-		code      string // "" when the connection must succeed
+		otherHost bool         // connect as db.example (resolved to 127.0.0.1), a name the certificate lacks
+		tls12     bool         // the server's alert must arrive inside the handshake (see below)
+		code      errcode.Code // "" when the connection must succeed
 		fix       string
 	}{
 		{name: "verify-full, the CA, the client certificate", conf: certified},
 		{name: "require with the client certificate", conf: with(func(c *Config) { c.TLSMode, c.RootCAFile = "require", "" })},
 		{name: "verify-ca skips the host name", conf: with(func(c *Config) { c.TLSMode = "verify-ca" }), otherHost: true},
-		{name: "verify-full under another host name", conf: certified, otherHost: true, code: "pg_tls", fix: "or use tls.mode verify-ca"},
-		{name: "untrusted CA", conf: with(func(c *Config) { c.RootCAFile = f.OtherCAFile }), code: "pg_tls", fix: "set tls.root_ca_file"},
-		{name: "no client certificate", conf: with(func(c *Config) { c.CertFile, c.KeyFile = "", "" }), code: "pg_tls", fix: "set tls.client_cert_file"},
-		{name: "client certificate of an untrusted CA", conf: with(func(c *Config) { c.CertFile, c.KeyFile = f.OtherClientCertFile, f.OtherClientKeyFile }), code: "pg_tls", fix: "signed by a CA in the server's ssl_ca_file"},
-		{name: "expired client certificate", conf: with(func(c *Config) { c.CertFile, c.KeyFile = expiredCert, expiredKey }), code: "pg_tls", fix: "valid, unexpired certificate", tls12: true},
-		{name: "client certificate of another user", conf: with(func(c *Config) { c.CertFile, c.KeyFile = aliceCert, aliceKey }), code: "pg_tls", fix: "CN is the user name"},
-		{name: "TLS off against a TLS-only pg_hba.conf", conf: Config{Host: "127.0.0.1", Port: pg.Port, User: "postgres", TLSMode: "disable"}, code: "pg_hba", fix: "set tls.mode to require"},
-		{name: "require against a server without TLS", conf: Config{Host: "127.0.0.1", Port: plain.Port, User: "postgres", TLSMode: "require"}, code: "pg_tls", fix: "turn ssl on"},
+		{name: "verify-full under another host name", conf: certified, otherHost: true, code: errcode.PGTLS, fix: "or use tls.mode verify-ca"},
+		{name: "untrusted CA", conf: with(func(c *Config) { c.RootCAFile = f.OtherCAFile }), code: errcode.PGTLS, fix: "set tls.root_ca_file"},
+		{name: "no client certificate", conf: with(func(c *Config) { c.CertFile, c.KeyFile = "", "" }), code: errcode.PGTLS, fix: "set tls.client_cert_file"},
+		{name: "client certificate of an untrusted CA", conf: with(func(c *Config) { c.CertFile, c.KeyFile = f.OtherClientCertFile, f.OtherClientKeyFile }), code: errcode.PGTLS, fix: "signed by a CA in the server's ssl_ca_file"},
+		{name: "expired client certificate", conf: with(func(c *Config) { c.CertFile, c.KeyFile = expiredCert, expiredKey }), code: errcode.PGTLS, fix: "valid, unexpired certificate", tls12: true},
+		{name: "client certificate of another user", conf: with(func(c *Config) { c.CertFile, c.KeyFile = aliceCert, aliceKey }), code: errcode.PGTLS, fix: "CN is the user name"},
+		{name: "TLS off against a TLS-only pg_hba.conf", conf: Config{Host: "127.0.0.1", Port: pg.Port, User: "postgres", TLSMode: "disable"}, code: errcode.PGHBA, fix: "set tls.mode to require"},
+		{name: "require against a server without TLS", conf: Config{Host: "127.0.0.1", Port: plain.Port, User: "postgres", TLSMode: "require"}, code: errcode.PGTLS, fix: "turn ssl on"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.otherHost {
@@ -93,7 +93,7 @@ func TestExplainTLSAndHBAFailuresOfARealServer(t *testing.T) {
 			case c.code == "" && err != nil:
 				t.Fatalf("refused: %v", err)
 			case c.code == "":
-			case errcode.Code(err) != c.code || !strings.Contains(err.Error(), "Fix: ") || !strings.Contains(err.Error(), c.fix):
+			case errcode.Of(err) != c.code || !strings.Contains(err.Error(), "Fix: ") || !strings.Contains(err.Error(), c.fix):
 				t.Errorf("got %v, want code %s and a fix containing %q", err, c.code, c.fix)
 			default:
 				t.Logf("%v", err)
@@ -105,7 +105,7 @@ func TestExplainTLSAndHBAFailuresOfARealServer(t *testing.T) {
 // TestExplainTLSLeavesOtherErrorsAlone proves Explain passes nil, coded and unrelated errors
 // through unchanged, and keeps the cause reachable with errors.As.
 func TestExplainTLSLeavesOtherErrorsAlone(t *testing.T) {
-	coded := errcode.New("version", "old", "upgrade")
+	coded := errcode.New(errcode.Version, "old", "upgrade")
 	other := &pgconn.PgError{Code: "42P01", Message: `relation "x" does not exist`}
 	for _, err := range []error{nil, coded, other, errors.New("dial tcp: connection refused")} {
 		if got := Explain(err); got != err {
@@ -115,7 +115,7 @@ func TestExplainTLSLeavesOtherErrorsAlone(t *testing.T) {
 	hba := &pgconn.PgError{Code: "28000", Message: `pg_hba.conf rejects connection for host "10.0.0.1", user "u", database "d", SSL encryption`}
 	got := Explain(fmt.Errorf("connect: %w", hba))
 	var pe *pgconn.PgError
-	if errcode.Code(got) != "pg_hba" || !strings.Contains(got.Error(), "add a hostssl line") || !errors.As(got, &pe) {
+	if errcode.Of(got) != errcode.PGHBA || !strings.Contains(got.Error(), "add a hostssl line") || !errors.As(got, &pe) {
 		t.Errorf("SSL-encryption reject: %v", got)
 	}
 }

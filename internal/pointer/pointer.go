@@ -150,7 +150,7 @@ func (p Pointer) Marshal(now time.Time) []byte {
 func Parse(b []byte) (Pointer, error) {
 	var p Pointer
 	corrupt := func(why string) (Pointer, error) {
-		return Pointer{}, errcode.New("pointer_corrupt", "the stored pointer is unreadable ("+why+")",
+		return Pointer{}, errcode.New(errcode.PointerCorrupt, "the stored pointer is unreadable ("+why+")",
 			"inspect it with `pgrelay status`; if the queue was written by an incompatible version, run `pgrelay resync`")
 	}
 	if err := json.Unmarshal(b, &p); err != nil {

@@ -71,7 +71,7 @@ func TestCovered(t *testing.T) {
 func TestParseRefusesCorruptPointers(t *testing.T) {
 	for _, in := range []string{`nope`, `{"v":2}`, `{"v":1,"epoch":"e","lsn":"zz","pos":"x"}`,
 		`{"v":1,"epoch":"e","lsn":"0/10","pos":"00000001/0000000000000011/ffffffffffffffff/0000000000000000"}`} {
-		if _, err := Parse([]byte(in)); !errcode.Is(err, "pointer_corrupt") {
+		if _, err := Parse([]byte(in)); !errcode.Is(err, errcode.PointerCorrupt) {
 			t.Errorf("%s: %v", in, err)
 		}
 	}

@@ -70,7 +70,7 @@ func (c *ConsumerConfig) defaults() error {
 		return err
 	}
 	if c.Group == "" || strings.ContainsAny(c.Group, "{}:") {
-		return errcode.New("bad_group", fmt.Sprintf("consumer group %q is empty or contains {, } or :", c.Group),
+		return errcode.New(errcode.BadGroup, fmt.Sprintf("consumer group %q is empty or contains {, } or :", c.Group),
 			"name the group after the pipeline, e.g. orders_sink")
 	}
 	switch c.StartFrom {
@@ -78,7 +78,7 @@ func (c *ConsumerConfig) defaults() error {
 		c.StartFrom = "earliest"
 	case "earliest", "latest":
 	default:
-		return errcode.New("bad_start_from", fmt.Sprintf("start_from %q", c.StartFrom), "use earliest or latest")
+		return errcode.New(errcode.BadStartFrom, fmt.Sprintf("start_from %q", c.StartFrom), "use earliest or latest")
 	}
 	setDefault(&c.BatchCount, 500)
 	setDefault(&c.BatchBytes, 4<<20)

@@ -28,7 +28,7 @@ func CheckEviction(ctx context.Context, rdb redis.UniversalClient) error {
 	return eachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
 		info, err := c.Info(ctx, "memory").Result()
 		if err != nil && strings.HasPrefix(err.Error(), "NOPERM") {
-			return errcode.Wrap("redis_eviction", err,
+			return errcode.Wrap(errcode.RedisEviction, err,
 				fmt.Sprintf("cannot read maxmemory and maxmemory-policy of redis %s with INFO memory", c.Options().Addr),
 				"allow the Redis user INFO (ACL +info), so pgrelay can check that Redis never evicts its keys")
 		}
@@ -37,7 +37,7 @@ func CheckEviction(ctx context.Context, rdb redis.UniversalClient) error {
 		}
 		limit, policy := memorySettings(info)
 		if evicts(limit, policy) {
-			return errcode.New("redis_eviction",
+			return errcode.New(errcode.RedisEviction,
 				fmt.Sprintf("redis %s has maxmemory %d bytes with maxmemory-policy %s, so it may evict the queue's keys (streams, pointers, leases)",
 					c.Options().Addr, limit, policy),
 				"run CONFIG SET maxmemory-policy noeviction and set it in redis.conf (or the service's parameter group), or remove the limit with maxmemory 0")

@@ -55,7 +55,7 @@ func TestCheckEviction(t *testing.T) {
 	for _, policy := range []string{"allkeys-lru", "volatile-ttl"} {
 		r := testenv.StartRedis(t, "--maxmemory", "100mb", "--maxmemory-policy", policy)
 		err := CheckEviction(ctx, r.Client())
-		if !errcode.Is(err, "redis_eviction") || errcode.Code(err) != "redis_eviction" {
+		if !errcode.Is(err, errcode.RedisEviction) || errcode.Of(err) != errcode.RedisEviction {
 			t.Fatalf("%s accepted or uncoded: %v", policy, err)
 		}
 		for _, want := range []string{"maxmemory 104857600 bytes", "maxmemory-policy " + policy, "Fix: run CONFIG SET maxmemory-policy noeviction"} {
@@ -82,7 +82,7 @@ func TestCheckEvictionWithoutInfo(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: r.Addr(), Username: "relay", Password: "pw"})
 	defer c.Close()
 	err := CheckEviction(ctx, c)
-	if errcode.Code(err) != "redis_eviction" || !strings.Contains(err.Error(), "ACL +info") {
+	if errcode.Of(err) != errcode.RedisEviction || !strings.Contains(err.Error(), "ACL +info") {
 		t.Fatalf("INFO denied: %v", err)
 	}
 }

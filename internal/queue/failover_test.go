@@ -98,7 +98,7 @@ func TestSentinelFailoverDurability(t *testing.T) {
 				t.Fatalf("aof: the second batch was not acknowledged: %v", err)
 			case c.dur.AOF:
 				t.Logf("aof: the second batch was acknowledged and is lost: the queue holds %v", got)
-			case !errcode.Is(err, "replicas_shortfall"):
+			case !errcode.Is(err, errcode.ReplicasShortfall):
 				t.Fatalf("replicas: the second batch: %v, want replicas_shortfall", err)
 			default:
 				t.Logf("replicas: the second batch was refused (%v); nothing acknowledged is lost", err)

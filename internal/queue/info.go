@@ -58,7 +58,7 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, l Layout, q string)
 		return nil, fmt.Errorf("queue %s: read meta: %w", q, err)
 	}
 	if meta["shards"] == "" {
-		return nil, errcode.New("no_queue", fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
+		return nil, errcode.New(errcode.NoQueue, fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
 			"check the queue name and --prefix; a queue exists once a producer has written to it")
 	}
 	shards, err := strconv.Atoi(meta["shards"])
@@ -218,7 +218,7 @@ func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, l Layout,
 			return 0, err
 		}
 		if len(names) > 1 {
-			return 0, errcode.New("replay_all_groups",
+			return 0, errcode.New(errcode.ReplayAllGroups,
 				fmt.Sprintf("queue %q has %d consumer groups (%s) and a replayed message reaches every one of them", q, len(names), strings.Join(names, ", ")),
 				"add --all-groups if every group should see the replayed messages again (consumers that already processed them must skip repeats by message id)")
 		}
@@ -228,7 +228,7 @@ func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, l Layout,
 		return 0, err
 	}
 	if shards == 0 {
-		return 0, errcode.New("no_queue", fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
+		return 0, errcode.New(errcode.NoQueue, fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
 			"check the queue name and --prefix")
 	}
 	done := 0

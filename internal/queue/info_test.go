@@ -57,7 +57,7 @@ func TestDeadLettersReplayAndInspect(t *testing.T) {
 	}
 	_ = c.Ack(ctx, d)
 	rdb.XGroupCreate(ctx, l.Stream("q", 0), "other", "0")
-	if _, err := ReplayDeadLetters(ctx, rdb, l, "q", []DeadLetter{{EntryID: "1-1"}}, false); !errcode.Is(err, "replay_all_groups") {
+	if _, err := ReplayDeadLetters(ctx, rdb, l, "q", []DeadLetter{{EntryID: "1-1"}}, false); !errcode.Is(err, errcode.ReplayAllGroups) {
 		t.Fatalf("two groups: %v", err)
 	}
 }

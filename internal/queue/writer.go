@@ -202,7 +202,7 @@ func CheckAOF(ctx context.Context, rdb redis.UniversalClient) error {
 			return fmt.Errorf("redis %s: CONFIG GET appendfsync: %w", c.Options().Addr, err)
 		}
 		if vals["appendonly"] != "yes" || vals["appendfsync"] != "always" {
-			return errcode.New("durability_aof",
+			return errcode.New(errcode.DurabilityAOF,
 				fmt.Sprintf("durability: aof needs appendonly yes and appendfsync always, but redis %s has appendonly %s, appendfsync %s",
 					c.Options().Addr, vals["appendonly"], vals["appendfsync"]),
 				"run CONFIG SET appendonly yes and CONFIG SET appendfsync always (and put them in redis.conf), or choose another durability")
@@ -260,7 +260,7 @@ func validate(msgs []Message, c *Cover) error {
 // ValidQueueName returns a coded error unless q can be a queue name (the hash tag of its keys).
 func ValidQueueName(q string) error {
 	if q == "" || strings.ContainsAny(q, "{}") || len(q) > MaxQueueNameBytes {
-		return errcode.New("bad_queue", fmt.Sprintf("queue name %q is empty, too long or contains { or }", q),
+		return errcode.New(errcode.BadQueue, fmt.Sprintf("queue name %q is empty, too long or contains { or }", q),
 			fmt.Sprintf("name queues with 1 to %d characters other than { and }", MaxQueueNameBytes))
 	}
 	return nil
@@ -298,7 +298,7 @@ func (w *Writer) writePiece(ctx context.Context, msgs []Message, c *Cover, last 
 		if err == nil {
 			return w.reply(reply, c)
 		}
-		if strings.Contains(err.Error(), "pgrelay_shards_mismatch") && !refreshed {
+		if redis.HasErrorPrefix(err, luaShardsMismatch) && !refreshed {
 			refreshed = true
 			w.forgetShards(msgs)
 			continue
@@ -330,7 +330,7 @@ func (w *Writer) reply(reply string, c *Cover) (Result, error) {
 	case "duplicate":
 		return ResultDuplicate, nil
 	case "fenced":
-		return ResultOK, errcode.New("fenced",
+		return ResultOK, errcode.New(errcode.Fenced,
 			fmt.Sprintf("lease %s no longer holds this writer's fence; nothing was written", c.LeaseKey),
 			"none needed: another replica owns the source now; this one re-acquires the lease and restarts from the pointer")
 	default:
@@ -436,7 +436,7 @@ func (w *Writer) shardCount(ctx context.Context, q string) (int, error) {
 }
 
 func shardsMismatch(q string, stored, configured int) error {
-	return errcode.New("shards_mismatch",
+	return errcode.New(errcode.ShardsMismatch,
 		fmt.Sprintf("queue %q exists with %d shards but shards: %d is configured", q, stored, configured),
 		fmt.Sprintf("set shards: %d (or remove the shards field); a queue is never resharded in place", stored))
 }
@@ -484,7 +484,7 @@ func (w *Writer) run(ctx context.Context, keys []string, args []any) (string, er
 			return "", fmt.Errorf("WAIT %d replicas: %w", w.conf.Durability.Replicas, err)
 		}
 		if got < int64(w.conf.Durability.Replicas) {
-			return "", errcode.New("replicas_shortfall",
+			return "", errcode.New(errcode.ReplicasShortfall,
 				fmt.Sprintf("the write reached %d of %d replicas within %s", got, w.conf.Durability.Replicas, w.conf.Durability.WaitTimeout),
 				"check the replicas' health and link, lower durability.replicas, or raise durability.timeout")
 		}
@@ -492,23 +492,31 @@ func (w *Writer) run(ctx context.Context, keys []string, args []any) (string, er
 	}
 }
 
-// classify turns script and cluster errors into coded errors.
+// Error replies of the queue scripts (resources/*.lua): redis.error_reply makes the first word the
+// reply's error prefix.
+const (
+	luaShardsMismatch = "pgrelay_shards_mismatch"
+	luaLayoutVersion  = "pgrelay_layout_version"
+	luaPointerCorrupt = "pgrelay_pointer_corrupt"
+)
+
+// classify turns script and cluster errors into coded errors. A batch whose keys span Redis Cluster
+// slots fails with the server's CROSSSLOT error, which go-redis also returns (redis.ErrCrossSlot)
+// when it refuses such a batch itself.
 func classify(err error) error {
-	msg := err.Error()
 	switch {
-	case strings.Contains(msg, "CROSSSLOT") || strings.Contains(msg, "hash to the same slot") ||
-		strings.Contains(msg, "different slots"):
-		return errcode.Wrap("crossslot", err,
+	case redis.HasErrorPrefix(err, "CROSSSLOT"):
+		return errcode.Wrap(errcode.CrossSlot, err,
 			"one batch names queues (or a source pointer) in different Redis Cluster slots",
 			"on Redis Cluster give each source one queue (every queue of a source must hash to its first queue's slot), or use a single Redis server")
-	case strings.Contains(msg, "pgrelay_shards_mismatch"):
-		return errcode.Wrap("shards_mismatch", err, "the queue's stored shard count changed while writing",
+	case redis.HasErrorPrefix(err, luaShardsMismatch):
+		return errcode.Wrap(errcode.ShardsMismatch, err, "the queue's stored shard count changed while writing",
 			"a queue is never resharded in place: drain it and delete its keys, then recreate it")
-	case strings.Contains(msg, "pgrelay_layout_version"):
-		return errcode.Wrap("layout_version", err, "the queue was created by an incompatible pgrelay version",
+	case redis.HasErrorPrefix(err, luaLayoutVersion):
+		return errcode.Wrap(errcode.LayoutVersion, err, "the queue was created by an incompatible pgrelay version",
 			"use a pgrelay version that reads this layout, or a new queue name")
-	case strings.Contains(msg, "pgrelay_pointer_corrupt"):
-		return errcode.Wrap("pointer_corrupt", err, "the stored source pointer is not JSON with a pos field",
+	case redis.HasErrorPrefix(err, luaPointerCorrupt):
+		return errcode.Wrap(errcode.PointerCorrupt, err, "the stored source pointer is not JSON with a pos field",
 			"run pgrelay resync for the source, or delete the pointer key if the source is being reset")
 	}
 	return err
@@ -517,7 +525,7 @@ func classify(err error) error {
 // isTransient reports whether a failed write may succeed when retried: connection trouble, a
 // server that is loading, failing over or busy, or a Cluster redirection left after following some. Coded (user-caused) errors never are.
 func isTransient(err error) bool {
-	if err == nil || errcode.Code(err) != "" || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errcode.Of(err) != "" || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var rErr redis.Error

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -154,7 +155,7 @@ func TestWriteFenceAndCover(t *testing.T) {
 		cover   *Cover
 		n       int
 		want    Result
-		code    string
+		code    errcode.Code
 		total   int    // entries in the queue afterwards
 		pointer string // pos stored afterwards
 	}
@@ -164,11 +165,11 @@ func TestWriteFenceAndCover(t *testing.T) {
 		{"first", cover("0001"), 3, ResultOK, "", 3, "0001"},
 		{"repeat", cover("0001"), 3, ResultDuplicate, "", 3, "0001"},
 		{"behind", cover("0000"), 3, ResultDuplicate, "", 3, "0001"},
-		{"stale fence", stale, 3, ResultOK, "fenced", 3, "0001"},
+		{"stale fence", stale, 3, ResultOK, errcode.Fenced, 3, "0001"},
 		{"pointer only", cover("0002"), 0, ResultOK, "", 3, "0002"},
 		{"pointer only again", cover("0002"), 0, ResultDuplicate, "", 3, "0002"},
 		{"next", cover("0003"), 4, ResultOK, "", 7, "0003"},
-		{"fenced plain", &Cover{LeaseKey: leaseKey, Fence: "x|1"}, 2, ResultOK, "fenced", 7, "0003"},
+		{"fenced plain", &Cover{LeaseKey: leaseKey, Fence: "x|1"}, 2, ResultOK, errcode.Fenced, 7, "0003"},
 		{"unfenced plain", nil, 2, ResultOK, "", 9, "0003"},
 	}
 	for _, s := range steps {
@@ -189,12 +190,12 @@ func TestWriteFenceAndCover(t *testing.T) {
 	}
 	// a stale fence on an empty queue creates nothing, not even meta
 	_, err := w.Write(ctx, msgs("fresh", 2, 2), &Cover{LeaseKey: leaseKey, Fence: "x|1"})
-	if !errcode.Is(err, "fenced") || rdb.Exists(ctx, w.Layout().Meta("fresh")).Val() != 0 {
+	if !errcode.Is(err, errcode.Fenced) || rdb.Exists(ctx, w.Layout().Meta("fresh")).Val() != 0 {
 		t.Fatalf("fenced write on a new queue: %v, meta exists %d", err, rdb.Exists(ctx, w.Layout().Meta("fresh")).Val())
 	}
 	// a corrupt pointer is a coded error and writes nothing
 	rdb.Set(ctx, ptrKey, "not json", 0)
-	if _, err := w.Write(ctx, msgs("q", 2, 2), cover("0009")); !errcode.Is(err, "pointer_corrupt") {
+	if _, err := w.Write(ctx, msgs("q", 2, 2), cover("0009")); !errcode.Is(err, errcode.PointerCorrupt) {
 		t.Fatalf("corrupt pointer: %v", err)
 	}
 	if got := count(readAll(t, rdb, w.Layout(), "q", 2)); got != 9 {
@@ -254,7 +255,7 @@ func TestWriteShardCount(t *testing.T) {
 	}
 	// a strict writer refuses
 	_, err := NewWriter(rdb, WriterConfig{Shards: 8, StrictShards: true}).Write(ctx, msgs("q", 1, 1), nil)
-	if !errcode.Is(err, "shards_mismatch") {
+	if !errcode.Is(err, errcode.ShardsMismatch) {
 		t.Fatalf("strict: %v", err)
 	}
 	// a writer whose cache went stale (queue recreated) re-reads the count
@@ -264,6 +265,31 @@ func TestWriteShardCount(t *testing.T) {
 	rdb.HSet(ctx, w.Layout().Meta("q"), "shards", "2")
 	if _, err := w.Write(ctx, msgs("q", 1, 1), nil); err != nil {
 		t.Fatalf("after recreate: %v", err)
+	}
+	// a layout this version does not write: the script's error reply becomes a coded error
+	rdb.HSet(ctx, w.Layout().Meta("q"), "version", "2")
+	if _, err := w.Write(ctx, msgs("q", 1, 1), nil); !errcode.Is(err, errcode.LayoutVersion) {
+		t.Fatalf("layout version 2: %v", err)
+	}
+}
+
+// TestClassify proves Redis error replies are matched by their prefix, including the CROSSSLOT
+// error go-redis returns itself, and that other errors naming a prefix in their text are not.
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want errcode.Code
+	}{
+		{"go-redis cross slot", redis.ErrCrossSlot, errcode.CrossSlot},
+		{"wrapped cross slot", fmt.Errorf("write: %w", redis.ErrCrossSlot), errcode.CrossSlot},
+		{"not a redis error", errors.New("CROSSSLOT Keys in request don't hash to the same slot"), ""},
+		{"prefix elsewhere in a redis error", redis.ErrNoScript, ""},
+		{"plain error naming a script error", errors.New("dial: pgrelay_shards_mismatch"), ""},
+	} {
+		if got := errcode.Of(classify(c.err)); got != c.want {
+			t.Errorf("%s: code %q, want %q", c.name, got, c.want)
+		}
 	}
 }
 
@@ -280,7 +306,7 @@ func TestWriteSeveralQueues(t *testing.T) {
 	if a, b := count(readAll(t, rdb, w.Layout(), "a", 2)), count(readAll(t, rdb, w.Layout(), "b", 2)); a != 3 || b != 4 {
 		t.Fatalf("a %d b %d", a, b)
 	}
-	if _, err := w.Write(ctx, []Message{{Queue: "bad{x}"}}, nil); !errcode.Is(err, "bad_queue") {
+	if _, err := w.Write(ctx, []Message{{Queue: "bad{x}"}}, nil); !errcode.Is(err, errcode.BadQueue) {
 		t.Fatalf("bad queue: %v", err)
 	}
 }
@@ -293,7 +319,7 @@ func TestCheckAOF(t *testing.T) {
 	}
 	bad := testenv.StartRedis(t, "--appendfsync", "everysec")
 	err := NewWriter(bad.Client(), WriterConfig{Durability: Durability{AOF: true}}).Connect(ctx)
-	if !errcode.Is(err, "durability_aof") {
+	if !errcode.Is(err, errcode.DurabilityAOF) {
 		t.Fatalf("appendfsync everysec: %v", err)
 	}
 }
@@ -321,7 +347,7 @@ func TestWriteReplicas(t *testing.T) {
 		t.Fatalf("duplicate with WAIT: %v %v", res, err)
 	}
 	w2 := NewWriter(primary.Client(), WriterConfig{Shards: 2, RetryFor: -1, Durability: Durability{Replicas: 2, WaitTimeout: 200 * time.Millisecond}})
-	if _, err := w2.Write(ctx, msgs("q", 1, 1), nil); !errcode.Is(err, "replicas_shortfall") {
+	if _, err := w2.Write(ctx, msgs("q", 1, 1), nil); !errcode.Is(err, errcode.ReplicasShortfall) {
 		t.Fatalf("shortfall: %v", err)
 	}
 }

@@ -180,7 +180,7 @@ func (s *Sentinel) validate(cluster bool) error {
 	return nil
 }
 
-func configError(msg, fix string) error { return errcode.New("redis_config", msg, fix) }
+func configError(msg, fix string) error { return errcode.New(errcode.RedisConfig, msg, fix) }
 
 // redact removes the password from a URL for messages. It works on the text, so a URL that does not
 // parse is redacted too: the userinfo runs from "://" to the last '@'.

@@ -41,7 +41,7 @@ func TestValidateAndRedact(t *testing.T) {
 	}
 	for _, u := range []string{"http://u:secret@h:1", "redis://u:secret@h:notaport", "redis://u:secret@[::1", "redis://:secret@h:1/x"} {
 		err := (Config{URL: u}).Validate()
-		if !errcode.Is(err, "redis_config") {
+		if !errcode.Is(err, errcode.RedisConfig) {
 			t.Fatalf("%s: %v", redact(u), err)
 		}
 		if got := err.Error(); strings.Contains(got, "secret") {
@@ -55,10 +55,11 @@ func TestValidateAndRedact(t *testing.T) {
 
 // TestParse parses the fields through the linter and the spec, as a component does.
 func TestParse(t *testing.T) {
+	const lintRefuses errcode.Code = "(refused by the linter)"
 	cases := []struct {
 		name, yaml string
 		check      func(Config) bool
-		code       string // expected error code ("": none)
+		code       errcode.Code // expected error code ("": none; lintRefuses: the linter refuses it)
 	}{
 		{"defaults", `{}`, func(c Config) bool {
 			return c.URL == "redis://127.0.0.1:6379" && c.Sentinel == nil && len(c.ClusterURLs) == 0 && c.Prefix == "pgrelay" && c.TLS == nil && !c.HasFailover()
@@ -91,13 +92,13 @@ sentinel: {master_name: m, addresses: [h:1], tls: {enabled: true}}
 		{"sentinel and cluster", `
 cluster_urls: [redis://a:1]
 sentinel: {master_name: m, addresses: [h:1]}
-`, nil, "redis_config"},
-		{"sentinel without master name", `sentinel: {addresses: [h:1]}`, nil, "lint"},
-		{"sentinel without addresses", `sentinel: {master_name: m}`, nil, "redis_config"},
-		{"sentinel with an empty master name", `sentinel: {master_name: "", addresses: [h:1]}`, nil, "redis_config"},
-		{"sentinel with no addresses", `sentinel: {master_name: m, addresses: []}`, nil, "redis_config"},
-		{"sentinel address without port", `sentinel: {master_name: m, addresses: [h]}`, nil, "redis_config"},
-		{"bad url", `url: http://h:1`, nil, "redis_config"},
+`, nil, errcode.RedisConfig},
+		{"sentinel without master name", `sentinel: {addresses: [h:1]}`, nil, lintRefuses},
+		{"sentinel without addresses", `sentinel: {master_name: m}`, nil, errcode.RedisConfig},
+		{"sentinel with an empty master name", `sentinel: {master_name: "", addresses: [h:1]}`, nil, errcode.RedisConfig},
+		{"sentinel with no addresses", `sentinel: {master_name: m, addresses: []}`, nil, errcode.RedisConfig},
+		{"sentinel address without port", `sentinel: {master_name: m, addresses: [h]}`, nil, errcode.RedisConfig},
+		{"bad url", `url: http://h:1`, nil, errcode.RedisConfig},
 	}
 	spec := service.NewConfigSpec().Fields(Fields()...)
 	env := service.NewEmptyEnvironment()
@@ -110,7 +111,7 @@ sentinel: {master_name: m, addresses: [h:1]}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			lint := env.NewStreamBuilder().AddInputYAML("redis_test:\n" + indent(c.yaml))
-			if c.code == "lint" {
+			if c.code == lintRefuses {
 				if lint == nil {
 					t.Fatal("the linter accepted it")
 				}

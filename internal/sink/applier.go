@@ -153,11 +153,11 @@ func (a *Applier) checkStatement(ctx context.Context) error {
 			if Classify(err) == Transient {
 				return fmt.Errorf("check statement: %w", err)
 			}
-			return errcode.Wrap("sql_statement", DataError(err), "PostgreSQL refuses "+which,
+			return errcode.Wrap(errcode.SQLStatement, DataError(err), "PostgreSQL refuses "+which,
 				"fix `statement` (and the objects it names, and the sink user's privileges)")
 		}
 		if len(sd.ParamOIDs) != len(p.params) {
-			return errcode.New("sql_params_mismatch", fmt.Sprintf("%s takes %d parameters but names %d", which, len(sd.ParamOIDs), len(p.params)),
+			return errcode.New(errcode.SQLParamsMismatch, fmt.Sprintf("%s takes %d parameters but names %d", which, len(sd.ParamOIDs), len(p.params)),
 				"give exactly one params entry per $n, in order")
 		}
 	}
@@ -205,7 +205,7 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 			return res, nil
 		}
 		if isCtxErr(ctx, err) {
-			return nil, errcode.Wrap("paused", err, "the batch was not written before shutdown", "none: the input redelivers it")
+			return nil, errcode.Wrap(errcode.Paused, err, "the batch was not written before shutdown", "none: the input redelivers it")
 		}
 		class := Classify(err)
 		if class == Data && !isolate {
@@ -223,7 +223,7 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 		a.onRetry(err, class, sleep)
 		select {
 		case <-ctx.Done():
-			return nil, errcode.Wrap("paused", err, "the sink is paused by an error and the batch was not written",
+			return nil, errcode.Wrap(errcode.Paused, err, "the sink is paused by an error and the batch was not written",
 				"fix the cause; the input redelivers the batch and nothing is dead-lettered")
 		case <-time.After(sleep):
 		}
@@ -238,7 +238,7 @@ func (a *Applier) checkPositions(msgs []*Message) error {
 	}
 	for _, m := range msgs {
 		if !m.HasPosition {
-			return errcode.New("no_progress_metadata",
+			return errcode.New(errcode.NoProgressMetadata,
 				"a message has no queue/shard/offset metadata, so the sink cannot write it exactly once",
 				"read from the redis_queue input, or set require_progress: false to write such messages at-least-once")
 		}
@@ -269,7 +269,7 @@ func (s *batchState) block(i int, m *Message) bool {
 	if !m.HasPosition || !ok {
 		return false
 	}
-	s.set(i, Blocked, errcode.New("blocked",
+	s.set(i, Blocked, errcode.New(errcode.Blocked,
 		fmt.Sprintf("not applied: offset %d of shard %d of queue %s failed before it in this batch", at, m.Shard, m.Queue),
 		"none: it is redelivered after the failed message is resolved"))
 	return true

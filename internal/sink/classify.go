@@ -38,7 +38,7 @@ func (c Class) String() string {
 
 // Classify sorts err by its SQLSTATE (or, without one, by what failed).
 func Classify(err error) Class {
-	if errcode.Is(err, "bad_payload") || errcode.Is(err, "payload_too_large") {
+	if errcode.Is(err, errcode.BadPayload) || errcode.Is(err, errcode.PayloadTooLarge) {
 		return Data
 	}
 	var pgErr *pgconn.PgError
@@ -92,18 +92,18 @@ func environmentError(err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
-		return errcode.Wrap("sink_error", err, "the sink cannot write", "see the cause; the sink retries until it succeeds")
+		return errcode.Wrap(errcode.SinkError, err, "the sink cannot write", "see the cause; the sink retries until it succeeds")
 	}
 	switch {
 	case pgErr.Code == "42P01":
-		return errcode.Wrap("target_missing", err, "the target table is gone", "recreate the table; the sink retries")
+		return errcode.Wrap(errcode.TargetMissing, err, "the target table is gone", "recreate the table; the sink retries")
 	case pgErr.Code == "42501":
-		return errcode.Wrap("target_privileges", err, "permission denied", "grant the sink's user the privilege named in the error")
+		return errcode.Wrap(errcode.TargetPrivileges, err, "permission denied", "grant the sink's user the privilege named in the error")
 	case pgErr.Code == "42703", pgErr.Code == "42804", pgErr.Code == "0A000", strings.HasPrefix(pgErr.Code, "42"):
-		return errcode.Wrap("target_changed", err, "the target table does not accept the sink's statement",
+		return errcode.Wrap(errcode.TargetChanged, err, "the target table does not accept the sink's statement",
 			"fix the table or the config; the sink re-reads the table's shape and retries")
 	}
-	return errcode.Wrap("sink_error", err, fmt.Sprintf("the sink cannot write (SQLSTATE %s)", pgErr.Code),
+	return errcode.Wrap(errcode.SinkError, err, fmt.Sprintf("the sink cannot write (SQLSTATE %s)", pgErr.Code),
 		"see the cause; the sink retries until it succeeds")
 }
 

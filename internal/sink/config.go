@@ -61,31 +61,31 @@ type Config struct {
 // Validate checks the combinations the linter also catches, for users of the Go API.
 func (c *Config) Validate() error {
 	if c.Name == "" {
-		return errcode.New("sink_config", "name is empty", "set `name`, the sink's identity in the progress table")
+		return errcode.New(errcode.SinkConfig, "name is empty", "set `name`, the sink's identity in the progress table")
 	}
 	switch c.Mode {
 	case ModeAppend, ModeUpsert, ModeCDC:
 		if c.Table == "" {
-			return errcode.New("sink_config", fmt.Sprintf("mode %s needs a table", c.Mode), "set `table`")
+			return errcode.New(errcode.SinkConfig, fmt.Sprintf("mode %s needs a table", c.Mode), "set `table`")
 		}
 		if c.Statement != "" || len(c.Params) > 0 {
-			return errcode.New("sink_config", fmt.Sprintf("statement and params are for mode sql, not %s", c.Mode), "remove them or use mode: sql")
+			return errcode.New(errcode.SinkConfig, fmt.Sprintf("statement and params are for mode sql, not %s", c.Mode), "remove them or use mode: sql")
 		}
 	case ModeSQL:
 		if len(splitStatement(c.Statement)) == 0 {
-			return errcode.New("sink_config", "mode sql needs a statement", "set `statement`")
+			return errcode.New(errcode.SinkConfig, "mode sql needs a statement", "set `statement`")
 		}
 		if len(c.Key) > 0 || c.Metadata != (MetadataColumns{}) {
-			return errcode.New("sink_config", "key and metadata columns are not used in mode sql", "pass metadata as @params instead")
+			return errcode.New(errcode.SinkConfig, "key and metadata columns are not used in mode sql", "pass metadata as @params instead")
 		}
 		if err := checkParamCount(c.Statement, c.Params); err != nil {
 			return err
 		}
 	default:
-		return errcode.New("sink_config", fmt.Sprintf("unknown mode %q", c.Mode), "use append, upsert, cdc or sql")
+		return errcode.New(errcode.SinkConfig, fmt.Sprintf("unknown mode %q", c.Mode), "use append, upsert, cdc or sql")
 	}
 	if c.Mode == ModeAppend && len(c.Key) > 0 {
-		return errcode.New("sink_config", "key is not used in mode append", "remove `key` or use mode upsert")
+		return errcode.New(errcode.SinkConfig, "key is not used in mode append", "remove `key` or use mode upsert")
 	}
 	if c.ProgressTable == "" {
 		c.ProgressTable = DefaultProgressTable
@@ -100,16 +100,16 @@ func (c *Config) Validate() error {
 func checkParamCount(stmt string, params []string) error {
 	max, seen := placeholders(stmt)
 	if seen[0] {
-		return errcode.New("sql_params_mismatch", "statement uses $0", "number the placeholders from $1")
+		return errcode.New(errcode.SQLParamsMismatch, "statement uses $0", "number the placeholders from $1")
 	}
 	for i := 1; i <= max; i++ {
 		if !seen[i] {
-			return errcode.New("sql_params_mismatch", fmt.Sprintf("statement uses $%d but not $%d", max, i),
+			return errcode.New(errcode.SQLParamsMismatch, fmt.Sprintf("statement uses $%d but not $%d", max, i),
 				"number the placeholders $1..$n without gaps")
 		}
 	}
 	if max != len(params) {
-		return errcode.New("sql_params_mismatch", fmt.Sprintf("statement has %d placeholders ($1..$%d) but params lists %d paths", max, max, len(params)),
+		return errcode.New(errcode.SQLParamsMismatch, fmt.Sprintf("statement has %d placeholders ($1..$%d) but params lists %d paths", max, max, len(params)),
 			"give exactly one params entry per $n, in order")
 	}
 	for _, p := range params {

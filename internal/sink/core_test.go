@@ -44,7 +44,7 @@ func TestCore(t *testing.T) {
 		f.exec(t, `CREATE TABLE `+schema+`.progress (sink text, queue text, shard int, last_offset int, PRIMARY KEY (sink, queue))`)
 		p, _ := NewProgress("x", schema+".progress")
 		err := p.Ensure(ctx, f.pool, true)
-		if !errcode.Is(err, "progress_table_mismatch") {
+		if !errcode.Is(err, errcode.ProgressTableMismatch) {
 			t.Fatalf("err = %v, want progress_table_mismatch", err)
 		}
 		for _, want := range []string{"CREATE TABLE IF NOT EXISTS", "last_offset bigint", "PRIMARY KEY (sink, queue, shard)",
@@ -58,7 +58,7 @@ func TestCore(t *testing.T) {
 	t.Run("missing progress table without create_progress_table", func(t *testing.T) {
 		p, _ := NewProgress("x", f.name("nosuch")+".progress")
 		err := p.Ensure(ctx, f.pool, false)
-		if !errcode.Is(err, "progress_table_missing") || !strings.Contains(err.Error(), "CREATE TABLE") {
+		if !errcode.Is(err, errcode.ProgressTableMissing) || !strings.Contains(err.Error(), "CREATE TABLE") {
 			t.Fatalf("err = %v", err)
 		}
 	})
@@ -143,7 +143,7 @@ func TestCore(t *testing.T) {
 		f.exec(t, `CREATE TABLE `+table+` (v int)`)
 		a := f.applier(t, Config{Table: table, Mode: ModeAppend})
 		_, err := a.Write(ctx, []*Message{{Payload: []byte(`{"v":1}`)}})
-		if !errcode.Is(err, "no_progress_metadata") {
+		if !errcode.Is(err, errcode.NoProgressMetadata) {
 			t.Fatalf("err = %v", err)
 		}
 		a.cfg.RequireProgress = false
@@ -162,13 +162,13 @@ func TestCore(t *testing.T) {
 		cases := []struct {
 			name string
 			cfg  Config
-			code string
+			code errcode.Code
 		}{
-			{"missing table", Config{Table: "no_such_table", Mode: ModeAppend}, "target_missing"},
-			{"upsert without a key", Config{Table: nokey, Mode: ModeUpsert}, "target_no_key"},
-			{"key not unique", Config{Table: nokey + "_u", Mode: ModeUpsert, Key: []string{"a"}}, "key_not_unique"},
-			{"key column missing", Config{Table: nokey + "_u", Mode: ModeUpsert, Key: []string{"zz"}}, "key_column_missing"},
-			{"metadata column missing", Config{Table: nokey, Mode: ModeAppend, Metadata: MetadataColumns{Offset: "off"}}, "target_column_missing"},
+			{"missing table", Config{Table: "no_such_table", Mode: ModeAppend}, errcode.TargetMissing},
+			{"upsert without a key", Config{Table: nokey, Mode: ModeUpsert}, errcode.TargetNoKey},
+			{"key not unique", Config{Table: nokey + "_u", Mode: ModeUpsert, Key: []string{"a"}}, errcode.KeyNotUnique},
+			{"key column missing", Config{Table: nokey + "_u", Mode: ModeUpsert, Key: []string{"zz"}}, errcode.KeyColumnMissing},
+			{"metadata column missing", Config{Table: nokey, Mode: ModeAppend, Metadata: MetadataColumns{Offset: "off"}}, errcode.TargetColumnMissing},
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
@@ -195,7 +195,7 @@ func TestCore(t *testing.T) {
 			t.Fatal(err)
 		}
 		tgt, err = Inspect(ctx, tx, nokey+"_u", TargetNeeds{Key: []string{"b"}, NeedKey: true, Privileges: []string{"INSERT", "UPDATE"}})
-		if !errcode.Is(err, "target_privileges") || !strings.Contains(err.Error(), "GRANT INSERT, UPDATE") {
+		if !errcode.Is(err, errcode.TargetPrivileges) || !strings.Contains(err.Error(), "GRANT INSERT, UPDATE") {
 			t.Fatalf("err = %v (target %v)", err, tgt)
 		}
 	})
@@ -209,7 +209,7 @@ func TestCore(t *testing.T) {
 			CreateProgressTable: true, RequireProgress: true, RetryMax: 50 * time.Millisecond}
 		a, err := NewApplier(ctx, f.pool, cfg, func(err error, c Class, _ time.Duration) {
 			mu.Lock()
-			codes = append(codes, c.String()+":"+errcode.Code(err))
+			codes = append(codes, c.String()+":"+string(errcode.Of(err)))
 			mu.Unlock()
 		})
 		if err != nil {
@@ -219,7 +219,7 @@ func TestCore(t *testing.T) {
 		wctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
 		defer cancel()
 		_, err = a.Write(wctx, []*Message{msg("q", 0, 1, `{"id":1,"v":1}`)})
-		if !errcode.Is(err, "paused") {
+		if !errcode.Is(err, errcode.Paused) {
 			t.Fatalf("err = %v, want paused", err)
 		}
 		mu.Lock()

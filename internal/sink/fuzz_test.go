@@ -73,7 +73,7 @@ func FuzzScanObject(f *testing.F) {
 			if ok && isObj && nesting(b) <= maxDepth {
 				t.Fatalf("%q refused (%v), but it is a UTF-8 JSON object", b, err)
 			}
-			if _, derr := decodeObject(b); derr != nil && !errcode.Is(derr, "bad_payload") {
+			if _, derr := decodeObject(b); derr != nil && !errcode.Is(derr, errcode.BadPayload) {
 				t.Fatalf("%q: decodeObject error %v is not bad_payload", b, derr)
 			}
 			return
@@ -151,7 +151,7 @@ func FuzzParamValue(f *testing.F) {
 	f.Fuzz(func(t *testing.T, path string, payload []byte) {
 		p, err := newParam(path)
 		if err != nil {
-			if !errcode.Is(err, "sql_param_path") && !errcode.Is(err, "sql_param_unknown") {
+			if !errcode.Is(err, errcode.SQLParamPath) && !errcode.Is(err, errcode.SQLParamUnknown) {
 				t.Fatalf("%q: uncoded error %v", path, err)
 			}
 			return
@@ -181,7 +181,7 @@ func FuzzParamValue(f *testing.F) {
 			if err == nil && !ok {
 				t.Fatalf("%q over %q accepted a payload that is not UTF-8 JSON: %v", path, payload, o.params)
 			}
-			if err != nil && !errcode.Is(err, "bad_payload") {
+			if err != nil && !errcode.Is(err, errcode.BadPayload) {
 				t.Fatalf("%q over %q: uncoded error %v", path, payload, err)
 			}
 			return
@@ -399,7 +399,7 @@ func FuzzDecode(f *testing.F) {
 		default:
 			o, err = cdcMode{w: w}.decode(m)
 		}
-		if err != nil && !errcode.Is(err, "bad_payload") {
+		if err != nil && !errcode.Is(err, errcode.BadPayload) {
 			t.Fatalf("mode %d, %q: uncoded error %v", mode, payload, err)
 		}
 		ref, ok := refDecode(bytes.TrimSpace(payload))

@@ -96,11 +96,11 @@ func TestCDC(t *testing.T) {
 			}
 		}
 		for i, sub := range map[int]string{1: `unknown change event op "x"`, 3: "payload is not JSON", 4: "no non-null value for key"} {
-			if !errcode.Is(res.Errs[i], "bad_payload") || !strings.Contains(res.Errs[i].Error(), sub) {
+			if !errcode.Is(res.Errs[i], errcode.BadPayload) || !strings.Contains(res.Errs[i].Error(), sub) {
 				t.Errorf("message %d: %v lacks %q", i, res.Errs[i], sub)
 			}
 		}
-		if !errcode.Is(res.Errs[2], "blocked") {
+		if !errcode.Is(res.Errs[2], errcode.Blocked) {
 			t.Errorf("message 2: %v", res.Errs[2])
 		}
 		if got := rows(t, table); got != "1/ok/dflt,4/other shard/dflt" {
@@ -241,9 +241,9 @@ func TestRepeatedKeyPoison(t *testing.T) {
 
 func TestSQLStatementCheckedAtStart(t *testing.T) {
 	f := startPG(t)
-	for stmt, code := range map[string]string{
-		"UPDAT accounts SET x = $1":            "sql_statement",
-		"UPDATE no_such_table SET x = $1::int": "sql_statement",
+	for stmt, code := range map[string]errcode.Code{
+		"UPDAT accounts SET x = $1":            errcode.SQLStatement,
+		"UPDATE no_such_table SET x = $1::int": errcode.SQLStatement,
 	} {
 		_, err := f.applierErr(Config{Mode: ModeSQL, Statement: stmt, Params: []string{"$.x"}})
 		if !errcode.Is(err, code) {
@@ -251,7 +251,7 @@ func TestSQLStatementCheckedAtStart(t *testing.T) {
 		}
 	}
 	_, err := f.applierErr(Config{Mode: ModeSQL, Statement: "SELECT $1::int, $3::int", Params: []string{"$.a", "$.b", "$.c"}})
-	if !errcode.Is(err, "sql_params_mismatch") {
+	if !errcode.Is(err, errcode.SQLParamsMismatch) {
 		t.Errorf("gap: %v", err)
 	}
 }

@@ -26,14 +26,14 @@ func checkSize(m *Message) error {
 	if len(m.Payload) <= MaxPayloadBytes {
 		return nil
 	}
-	return errcode.New("payload_too_large",
+	return errcode.New(errcode.PayloadTooLarge,
 		fmt.Sprintf("payload is %d bytes, over the sink's limit of %d (64 MiB)", len(m.Payload), MaxPayloadBytes),
 		"keep large values elsewhere and send a reference, or split the message; the input dead-letters this message after max_attempts")
 }
 
 // badPayload is the data error for a payload the mode cannot read.
 func badPayload(format string, args ...any) error {
-	return errcode.New("bad_payload", fmt.Sprintf(format, args...),
+	return errcode.New(errcode.BadPayload, fmt.Sprintf(format, args...),
 		"fix the producer; the input dead-letters this message after max_attempts")
 }
 

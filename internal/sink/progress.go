@@ -39,7 +39,7 @@ type ShardKey struct {
 func NewProgress(sink, table string) (*Progress, error) {
 	schema, name, ok := strings.Cut(table, ".")
 	if !ok || schema == "" || name == "" || strings.Contains(name, ".") {
-		return nil, errcode.New("progress_table_name", fmt.Sprintf("progress_table %q is not schema.name", table),
+		return nil, errcode.New(errcode.ProgressTableName, fmt.Sprintf("progress_table %q is not schema.name", table),
 			"write progress_table as schema.name, e.g. pgrelay.sink_progress")
 	}
 	ident := pgx.Identifier{schema, name}.Sanitize()
@@ -71,7 +71,7 @@ func (p *Progress) Ensure(ctx context.Context, pool *pgxpool.Pool, create bool) 
 		return err
 	}
 	if !exists && !create {
-		return errcode.New("progress_table_missing", fmt.Sprintf("progress table %s does not exist", p.ident),
+		return errcode.New(errcode.ProgressTableMissing, fmt.Sprintf("progress table %s does not exist", p.ident),
 			"create it with:\n"+p.DDL()+"\nor set create_progress_table: true")
 	}
 	if !exists {
@@ -99,7 +99,7 @@ func (p *Progress) create(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	})
 	if err != nil {
-		return errcode.Wrap("progress_table_create", err, fmt.Sprintf("cannot create progress table %s", p.ident),
+		return errcode.Wrap(errcode.ProgressTableCreate, err, fmt.Sprintf("cannot create progress table %s", p.ident),
 			"grant CREATE on the database (and the schema) to the sink's user, or create the table by hand:\n"+p.DDL())
 	}
 	return nil
@@ -147,7 +147,7 @@ func (p *Progress) check(ctx context.Context, q Querier) error {
 	}
 	if len(problems) > 0 {
 		sort.Strings(problems)
-		return errcode.New("progress_table_mismatch", fmt.Sprintf("progress table %s does not have the expected shape: %s", p.ident, strings.Join(problems, "; ")),
+		return errcode.New(errcode.ProgressTableMismatch, fmt.Sprintf("progress table %s does not have the expected shape: %s", p.ident, strings.Join(problems, "; ")),
 			"drop it (when no sink uses it) or point progress_table elsewhere; the expected table is:\n"+p.DDL())
 	}
 	return nil

@@ -31,14 +31,14 @@ var metaParams = func() map[string]bool {
 func newParam(p string) (param, error) {
 	if len(p) > 1 && p[0] == '@' {
 		if !metaParams[p[1:]] {
-			return param{}, errcode.New("sql_param_unknown", fmt.Sprintf("params entry %q is not a known metadata name", p),
+			return param{}, errcode.New(errcode.SQLParamUnknown, fmt.Sprintf("params entry %q is not a known metadata name", p),
 				"use @partition, @shard, @offset, @message_id, @transaction_id, @created_at or @queue")
 		}
 		return param{text: p, meta: p[1:]}, nil
 	}
 	steps, err := parsePath(p)
 	if err != nil {
-		return param{}, errcode.Wrap("sql_param_path", err, fmt.Sprintf("params entry %q is not a path", p),
+		return param{}, errcode.Wrap(errcode.SQLParamPath, err, fmt.Sprintf("params entry %q is not a path", p),
 			`write paths as $, $.a.b, $.lines[0] or $["odd.key"]`)
 	}
 	return param{text: p, steps: steps}, nil

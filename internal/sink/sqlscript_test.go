@@ -76,12 +76,12 @@ func TestParamCountAcrossStatements(t *testing.T) {
 			params[i] = "$"
 		}
 		err := checkParamCount(c.stmt, params)
-		if (err == nil) != c.ok || err != nil && !errcode.Is(err, "sql_params_mismatch") {
+		if (err == nil) != c.ok || err != nil && !errcode.Is(err, errcode.SQLParamsMismatch) {
 			t.Errorf("%q with %d params: err = %v", c.stmt, c.params, err)
 		}
 	}
 	cfg := Config{Name: "s", Mode: ModeSQL, Statement: " ;\n -- nothing\n;"}
-	if err := cfg.Validate(); !errcode.Is(err, "sink_config") {
+	if err := cfg.Validate(); !errcode.Is(err, errcode.SinkConfig) {
 		t.Errorf("a statement of only semicolons and comments: %v", err)
 	}
 }
@@ -143,7 +143,7 @@ func TestSQLModeSeveralStatements(t *testing.T) {
 	})
 	t.Run("each statement is checked at start", func(t *testing.T) {
 		_, err := f.applierErr(Config{Mode: ModeSQL, Statement: "SELECT $1::int; UPDATE no_such_table SET x = $2::int", Params: []string{"$.a", "$.b"}})
-		if !errcode.Is(err, "sql_statement") || !strings.Contains(err.Error(), "statement 2 of 2") {
+		if !errcode.Is(err, errcode.SQLStatement) || !strings.Contains(err.Error(), "statement 2 of 2") {
 			t.Errorf("missing table in the second statement: %v", err)
 		}
 	})

@@ -89,14 +89,14 @@ func Inspect(ctx context.Context, q Querier, table string, needs TargetNeeds) (*
 		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, table).
 		Scan(&oid, &t.Schema, &t.Name, &relkind)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, errcode.New("target_missing", fmt.Sprintf("table %q does not exist (or is not on the search_path)", table),
+		return nil, errcode.New(errcode.TargetMissing, fmt.Sprintf("table %q does not exist (or is not on the search_path)", table),
 			"create the table first (pg_sink never creates or alters it) or fix `table` (schema.name, quoted as in SQL)")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inspect table %q: %w", table, err)
 	}
 	if relkind != "r" && relkind != "p" {
-		return nil, errcode.New("target_not_table", fmt.Sprintf("%s is not a table (relkind %s)", t.Ident(), relkind),
+		return nil, errcode.New(errcode.TargetNotTable, fmt.Sprintf("%s is not a table (relkind %s)", t.Ident(), relkind),
 			"point `table` at an ordinary or partitioned table")
 	}
 	t.OID = oid
@@ -162,11 +162,11 @@ func (t *Target) checkColumns(names []string) error {
 	for _, n := range names {
 		c, ok := t.Column(n)
 		if !ok {
-			return errcode.New("target_column_missing", fmt.Sprintf("%s has no column %q", t.Ident(), n),
+			return errcode.New(errcode.TargetColumnMissing, fmt.Sprintf("%s has no column %q", t.Ident(), n),
 				"add the column to the table or change the `metadata` column names (names are exact and case-sensitive)")
 		}
 		if c.Generated {
-			return errcode.New("target_column_generated", fmt.Sprintf("column %q of %s is generated and cannot be written", n, t.Ident()),
+			return errcode.New(errcode.TargetColumnGenerated, fmt.Sprintf("column %q of %s is generated and cannot be written", n, t.Ident()),
 				"name a writable column in `metadata`")
 		}
 	}
@@ -204,7 +204,7 @@ func (t *Target) resolveKey(ctx context.Context, q Querier, oid uint32, needs Ta
 	if len(needs.Key) > 0 {
 		for _, k := range needs.Key {
 			if _, ok := t.Column(k); !ok {
-				return errcode.New("key_column_missing", fmt.Sprintf("key column %q is not a column of %s", k, t.Ident()),
+				return errcode.New(errcode.KeyColumnMissing, fmt.Sprintf("key column %q is not a column of %s", k, t.Ident()),
 					"fix `key` (exact, case-sensitive column names)")
 			}
 		}
@@ -215,7 +215,7 @@ func (t *Target) resolveKey(ctx context.Context, q Querier, oid uint32, needs Ta
 			}
 		}
 		if needs.NeedKey {
-			return errcode.New("key_not_unique", fmt.Sprintf("no unique, non-partial, non-deferrable index of %s covers exactly the key %v", t.Ident(), needs.Key),
+			return errcode.New(errcode.KeyNotUnique, fmt.Sprintf("no unique, non-partial, non-deferrable index of %s covers exactly the key %v", t.Ident(), needs.Key),
 				"create a unique index (or primary key) on exactly those columns, or change `key`")
 		}
 		t.Key = append([]string(nil), needs.Key...)
@@ -228,7 +228,7 @@ func (t *Target) resolveKey(ctx context.Context, q Querier, oid uint32, needs Ta
 		}
 	}
 	if needs.NeedKey {
-		return errcode.New("target_no_key", fmt.Sprintf("%s has no primary key and no replica-identity index", t.Ident()),
+		return errcode.New(errcode.TargetNoKey, fmt.Sprintf("%s has no primary key and no replica-identity index", t.Ident()),
 			"add a primary key, set REPLICA IDENTITY USING INDEX, or name a unique index's columns in `key`")
 	}
 	return nil
@@ -250,7 +250,7 @@ func (t *Target) checkPrivileges(ctx context.Context, q Querier, oid uint32, pri
 		}
 	}
 	if len(missing) > 0 {
-		return errcode.New("target_privileges", fmt.Sprintf("the sink's user lacks %s on %s", strings.Join(missing, ", "), t.Ident()),
+		return errcode.New(errcode.TargetPrivileges, fmt.Sprintf("the sink's user lacks %s on %s", strings.Join(missing, ", "), t.Ident()),
 			fmt.Sprintf("GRANT %s ON %s TO <the sink's user>", strings.Join(missing, ", "), t.Ident()))
 	}
 	return nil

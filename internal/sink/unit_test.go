@@ -78,7 +78,7 @@ func TestParamCount(t *testing.T) {
 		if (err == nil) != c.ok {
 			t.Errorf("%q with %d params: err = %v", c.stmt, c.params, err)
 		}
-		if err != nil && !errcode.Is(err, "sql_params_mismatch") {
+		if err != nil && !errcode.Is(err, errcode.SQLParamsMismatch) {
 			t.Errorf("%q: error not coded: %v", c.stmt, err)
 		}
 	}
@@ -106,7 +106,7 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "23505"}), Data},
 		{badPayload("x"), Data},
 		{checkSize(&Message{Payload: make([]byte, MaxPayloadBytes+1)}), Data},
-		{errcode.New("target_missing", "x", "y"), Environment},
+		{errcode.New(errcode.TargetMissing, "x", "y"), Environment},
 		{fmt.Errorf("read tcp: connection reset by peer"), Transient},
 	}
 	for _, c := range cases {
@@ -131,7 +131,7 @@ func TestPayloadLimit(t *testing.T) {
 		big[i] = 'x'
 	}
 	err := checkSize(&Message{Payload: big})
-	if !errcode.Is(err, "payload_too_large") || !containsStr(err.Error(), "67108865 bytes") || len(err.Error()) > 300 {
+	if !errcode.Is(err, errcode.PayloadTooLarge) || !containsStr(err.Error(), "67108865 bytes") || len(err.Error()) > 300 {
 		t.Fatalf("%v", err)
 	}
 }
@@ -141,7 +141,7 @@ func TestDecodeObject(t *testing.T) {
 		{``, "empty"}, {`not json`, "not JSON"}, {`[1]`, "not an object"}, {`"s"`, "not an object"}, {`{"a":`, "not valid JSON"},
 	} {
 		_, err := decodeObject([]byte(c.in))
-		if !errcode.Is(err, "bad_payload") || !contains([]string{err.Error()}, err.Error()) {
+		if !errcode.Is(err, errcode.BadPayload) || !contains([]string{err.Error()}, err.Error()) {
 			t.Errorf("%q: %v", c.in, err)
 		}
 		if err != nil && !containsStr(err.Error(), c.want) {

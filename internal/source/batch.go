@@ -208,7 +208,7 @@ func (s *Source) Ack(ctx context.Context, b *Batch, err error) error {
 		s.mu.Unlock()
 		b.sess.acked(b)
 		return nil
-	case errcode.Is(err, "fenced"):
+	case errcode.Is(err, errcode.Fenced):
 		b.sess.fail(err)
 		return nil
 	default:

@@ -116,7 +116,7 @@ func (ss *session) idleAdvance(ctx context.Context, cover pointer.Pointer, n int
 	b := &Batch{Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease, Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss}
 	ss.lastIdleWrite = time.Now()
 	if _, err := ss.src.writer.Write(ctx, nil, b.cover()); err != nil {
-		if errcode.Is(err, "fenced") {
+		if errcode.Is(err, errcode.Fenced) {
 			return err
 		}
 		ss.src.log.Warnf("pg_cdc %s: idle pointer advance: %v", ss.src.cfg.Name, err)

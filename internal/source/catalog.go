@@ -38,15 +38,15 @@ func CheckServer(ctx context.Context, q queryer, failover bool) (int, error) {
 		return 0, fmt.Errorf("read server settings: %w", err)
 	}
 	if version < 140000 {
-		return version, errcode.New("version", fmt.Sprintf("PostgreSQL %d is too old: pg_cdc needs 14 or newer", version/10000),
+		return version, errcode.New(errcode.Version, fmt.Sprintf("PostgreSQL %d is too old: pg_cdc needs 14 or newer", version/10000),
 			"upgrade PostgreSQL to 14 or newer")
 	}
 	if failover && version < 170000 {
-		return version, errcode.New("version", "slot.failover needs PostgreSQL 17 or newer",
+		return version, errcode.New(errcode.Version, "slot.failover needs PostgreSQL 17 or newer",
 			"set slot.failover: false, or upgrade to PostgreSQL 17")
 	}
 	if walLevel != "logical" {
-		return version, errcode.New("wal_level", "wal_level is "+walLevel+", logical decoding needs logical",
+		return version, errcode.New(errcode.WALLevel, "wal_level is "+walLevel+", logical decoding needs logical",
 			"set wal_level = logical in postgresql.conf and restart PostgreSQL")
 	}
 	return version, nil
@@ -74,14 +74,14 @@ func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
 		t.Schema, t.Name).Scan(&ti.OID, &ident, &kind)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return ti, errcode.New("table_missing", "table "+t.Full()+" does not exist", "create it, or fix tables[].table")
+		return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist", "create it, or fix tables[].table")
 	}
 	if err != nil {
 		return ti, fmt.Errorf("read pg_class: %w", err)
 	}
 	ti.Identity = ident[0]
 	if kind != "r" {
-		return ti, errcode.New("table_missing", t.Full()+" is not an ordinary table (relkind "+kind+")", "list ordinary tables only")
+		return ti, errcode.New(errcode.TableMissing, t.Full()+" is not an ordinary table (relkind "+kind+")", "list ordinary tables only")
 	}
 	// The identity index (USING INDEX) or else the primary key, columns in index order.
 	rows, err := q.Query(ctx, `SELECT a.attname FROM pg_catalog.pg_index i
@@ -97,7 +97,7 @@ func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
 		return ti, fmt.Errorf("read the key: %w", err)
 	}
 	if ti.Identity == 'n' || len(ti.Key) == 0 {
-		return ti, errcode.New("replica_identity", t.Full()+" has no key pg_cdc can use (REPLICA IDENTITY NOTHING, or no primary key)",
+		return ti, errcode.New(errcode.ReplicaIdentity, t.Full()+" has no key pg_cdc can use (REPLICA IDENTITY NOTHING, or no primary key)",
 			"add a primary key, or ALTER TABLE "+t.Full()+" REPLICA IDENTITY USING INDEX <unique index>")
 	}
 	return ti, checkPartitionColumns(ctx, q, ti)
@@ -118,10 +118,10 @@ func checkPartitionColumns(ctx context.Context, q queryer, ti TableInfo) error {
 	}
 	for _, c := range ti.Columns {
 		if !slices.Contains(cols, c) {
-			return errcode.New("partition_by", "partition_by column "+c+" is not a column of "+ti.Full(), "fix tables[].partition_by")
+			return errcode.New(errcode.PartitionBy, "partition_by column "+c+" is not a column of "+ti.Full(), "fix tables[].partition_by")
 		}
 		if ti.Identity != 'f' && !slices.Contains(ti.Key, c) {
-			return errcode.New("partition_by", "partition_by column "+c+" of "+ti.Full()+
+			return errcode.New(errcode.PartitionBy, "partition_by column "+c+" of "+ti.Full()+
 				" is not part of the key, so a delete could not name its partition",
 				"partition by key columns only, or ALTER TABLE "+ti.Full()+" REPLICA IDENTITY FULL")
 		}
@@ -145,7 +145,7 @@ func EnsurePublication(ctx context.Context, q queryer, name string, manage bool,
 	pub := pgx.Identifier{name}.Sanitize()
 	if !exists {
 		if !manage {
-			return errcode.New("publication", "publication "+name+" does not exist", "create it FOR TABLE the configured tables, or set publication.manage: true")
+			return errcode.New(errcode.Publication, "publication "+name+" does not exist", "create it FOR TABLE the configured tables, or set publication.manage: true")
 		}
 		_, err := q.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+strings.Join(want, ", "))
 		return publicationErr(err, name)
@@ -168,7 +168,7 @@ func EnsurePublication(ctx context.Context, q queryer, name string, manage bool,
 		} else if !allOps {
 			what = "does not publish insert, update, delete and truncate"
 		}
-		return errcode.New("publication", "publication "+name+" "+what+" (a filtered stream could not be made complete)",
+		return errcode.New(errcode.Publication, "publication "+name+" "+what+" (a filtered stream could not be made complete)",
 			"ALTER PUBLICATION "+name+" SET TABLE the configured tables, whole, or set publication.manage: true")
 	}
 	if _, err := q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+strings.Join(want, ", ")); err != nil {
@@ -213,7 +213,7 @@ func publicationTables(ctx context.Context, q queryer, name string, version int)
 func publicationErr(err error, name string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return errcode.Wrap("publication", err, "not allowed to create or alter publication "+name,
+		return errcode.Wrap(errcode.Publication, err, "not allowed to create or alter publication "+name,
 			"own the tables (or be superuser), or create the publication by hand and set publication.manage: false")
 	}
 	if err != nil {
@@ -260,7 +260,7 @@ func EnsurePublishFunction(ctx context.Context, db txStarter) (installed bool, e
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return false, errcode.Wrap("publish_function", err, "not allowed to install "+PublishFunction,
+		return false, errcode.Wrap(errcode.PublishFunction, err, "not allowed to install "+PublishFunction,
 			"run resources/source_publish.sql as a role with CREATE on the database, or set publish_function: false")
 	}
 	return false, fmt.Errorf("install %s: %w", PublishFunction, err)

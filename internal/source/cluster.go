@@ -31,7 +31,7 @@ func (c *Config) checkClusterSlots() error {
 	first := clusterSlot(c.Tables[0].Queue)
 	for i, t := range c.Tables[1:] {
 		if s := clusterSlot(t.Queue); s != first {
-			return errcode.New("cluster_slot", fmt.Sprintf("tables[%d].queue %q is in Redis Cluster slot %d, the source's pointer in slot %d (queue %q)",
+			return errcode.New(errcode.ClusterSlot, fmt.Sprintf("tables[%d].queue %q is in Redis Cluster slot %d, the source's pointer in slot %d (queue %q)",
 				i+1, t.Queue, s, first, c.Tables[0].Queue),
 				"on Redis Cluster give every table of one source the same queue, or queues whose names hash alike (e.g. one source per queue)")
 		}

@@ -441,7 +441,7 @@ func TestClusterSourceOverTwoSlotsIsRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
 	defer cancel()
 	err = stream.Run(ctx)
-	if !errcode.Is(err, "cluster_slot") || !strings.Contains(err.Error(), "tables[1].queue") ||
+	if !errcode.Is(err, errcode.ClusterSlot) || !strings.Contains(err.Error(), "tables[1].queue") ||
 		!strings.Contains(err.Error(), "Fix: ") || !strings.Contains(err.Error(), "one source per queue") {
 		t.Fatalf("a source over two slots: %v", err)
 	}

@@ -192,7 +192,7 @@ func columnIndexes(full string, cols []event.Column, names []string, what string
 	for _, n := range names {
 		i := slices.IndexFunc(cols, func(c event.Column) bool { return c.Name == n })
 		if i < 0 {
-			return nil, errcode.New("relation_changed", fmt.Sprintf("the stream's description of %s lacks %s column %s", full, what, n),
+			return nil, errcode.New(errcode.RelationChanged, fmt.Sprintf("the stream's description of %s lacks %s column %s", full, what, n),
 				"restore the column (or the publication's column list), then restart pg_cdc")
 		}
 		out = append(out, i)

@@ -76,16 +76,16 @@ func CreateSlot(ctx context.Context, q queryer, name string, failover bool) (pgl
 // CheckSlot applies the slot start checks of DESIGN §5 to an existing slot and the pointer.
 func CheckSlot(st SlotState, slot, database string, ptr pointer.Pointer) error {
 	if !st.Logical || st.Plugin != "pgoutput" || st.Database != database {
-		return errcode.New("slot_mismatch", fmt.Sprintf("slot %s is not a logical pgoutput slot of database %s (plugin %q, database %q)",
+		return errcode.New(errcode.SlotMismatch, fmt.Sprintf("slot %s is not a logical pgoutput slot of database %s (plugin %q, database %q)",
 			slot, database, st.Plugin, st.Database), "drop it, or set slot.name to another name")
 	}
 	if st.Invalidated {
-		return errcode.New("slot_invalidated", "slot "+slot+" was invalidated: the WAL it needed is gone (wal_status "+st.WALStatus+")",
+		return errcode.New(errcode.SlotInvalidated, "slot "+slot+" was invalidated: the WAL it needed is gone (wal_status "+st.WALStatus+")",
 			"run `pgrelay resync -c <config>` (drops and recreates the slot, new epoch, full snapshot), and raise max_slot_wal_keep_size")
 	}
 	// A fresh slot's confirmed_flush is the pointer's lsn + 1 (the pointer covers commits < it).
 	if st.ConfirmedFlush > ptr.LSNValue()+1 {
-		return errcode.New("slot_ahead", fmt.Sprintf("slot %s is confirmed at %s, past the pointer %s: something else consumed it, or Redis lost acknowledged data",
+		return errcode.New(errcode.SlotAhead, fmt.Sprintf("slot %s is confirmed at %s, past the pointer %s: something else consumed it, or Redis lost acknowledged data",
 			slot, st.ConfirmedFlush, ptr.LSN), "run `pgrelay resync -c <config>` (new slot, new epoch, full snapshot)")
 	}
 	return nil
@@ -94,15 +94,15 @@ func CheckSlot(st SlotState, slot, database string, ptr pointer.Pointer) error {
 // CheckPointer compares a stored pointer with the configured slot and the server.
 func CheckPointer(ptr pointer.Pointer, slot, systemID string, st SlotState) error {
 	if ptr.Slot != slot {
-		return errcode.New("slot_mismatch", "the pointer belongs to slot "+ptr.Slot+", the config names "+slot,
+		return errcode.New(errcode.SlotMismatch, "the pointer belongs to slot "+ptr.Slot+", the config names "+slot,
 			"set slot.name back to "+ptr.Slot+", or run `pgrelay resync`")
 	}
 	if ptr.SystemID != systemID {
-		return errcode.New("system_changed", "the pointer was written for PostgreSQL system "+ptr.SystemID+", this server is "+systemID+
+		return errcode.New(errcode.SystemChanged, "the pointer was written for PostgreSQL system "+ptr.SystemID+", this server is "+systemID+
 			" (restored from a backup, or another cluster)", "run `pgrelay resync -c <config>` (new slot on this server, new epoch, full snapshot)")
 	}
 	if !st.Exists {
-		return errcode.New("slot_lost", "slot "+slot+" is gone but the pointer says the queue was fed from it: changes since the pointer are lost to pg_cdc",
+		return errcode.New(errcode.SlotLost, "slot "+slot+" is gone but the pointer says the queue was fed from it: changes since the pointer are lost to pg_cdc",
 			"run `pgrelay resync -c <config>` (new slot, new epoch, full snapshot); the slot is never recreated silently")
 	}
 	return nil

@@ -16,7 +16,7 @@ import (
 )
 
 // errResyncRequested ends a streaming session when the resync key appears.
-var errResyncRequested = errcode.New("resync", "a resync was requested (`pgrelay resync`)",
+var errResyncRequested = errcode.New(errcode.Resync, "a resync was requested (`pgrelay resync`)",
 	"none: pg_cdc drops and recreates the slot, starts a new epoch and snapshots every table")
 
 // resyncRequested reports whether the resync key exists.
@@ -48,7 +48,7 @@ func (s *Source) resync(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.I
 	if err == nil {
 		g, ok := pointerGen(raw)
 		if !ok {
-			return pointer.Pointer{}, errcode.New("pointer_corrupt", "the stored pointer's pos is unreadable, so resync cannot place a new epoch above it",
+			return pointer.Pointer{}, errcode.New(errcode.PointerCorrupt, "the stored pointer's pos is unreadable, so resync cannot place a new epoch above it",
 				"stop pgrelay, run `pgrelay teardown`, and start again")
 		}
 		gen = g + 1

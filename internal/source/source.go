@@ -150,7 +150,7 @@ func (s *Source) setPhase(p string, err error) {
 	s.phase, s.lastErr = p, err
 	s.mu.Unlock()
 	if err != nil && s.hooks.Error != nil {
-		s.hooks.Error(errcode.Code(err))
+		s.hooks.Error(string(errcode.Of(err)))
 	}
 	if changed {
 		if s.hooks.Phase != nil {
@@ -168,7 +168,7 @@ func (s *Source) publishStatus(phase string, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	v := fmt.Sprintf(`{"phase":%q,"error":%q,"code":%q,"at":%q}`, phase, msg, errcode.Code(err), time.Now().UTC().Format(time.RFC3339))
+	v := fmt.Sprintf(`{"phase":%q,"error":%q,"code":%q,"at":%q}`, phase, msg, errcode.Of(err), time.Now().UTC().Format(time.RFC3339))
 	s.rdb.HSet(ctx, s.keys.Status, s.owner, v)
 	s.rdb.PExpire(ctx, s.keys.Status, 24*time.Hour)
 }
@@ -218,7 +218,7 @@ func (s *Source) own(ctx context.Context) {
 		if ownCtx.Err() != nil {
 			return
 		}
-		if errcode.Is(err, "fenced") {
+		if errcode.Is(err, errcode.Fenced) {
 			s.log.Warnf("pg_cdc %s: fenced, starting over from the pointer: %v", s.cfg.Name, err)
 			s.setPhase(PhaseConnecting, err)
 			return
@@ -227,7 +227,7 @@ func (s *Source) own(ctx context.Context) {
 			backoff = time.Second
 		}
 		phase := PhaseConnecting
-		if errcode.Code(err) != "" {
+		if errcode.Of(err) != "" {
 			phase = PhaseError
 		}
 		s.setPhase(phase, err)

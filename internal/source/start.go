@@ -92,7 +92,7 @@ func (s *Source) ensurePublishFunction(ctx context.Context, pool *pgxpool.Pool) 
 	}
 	installed, err := EnsurePublishFunction(ctx, pool)
 	switch {
-	case errcode.Is(err, "publish_function"):
+	case errcode.Is(err, errcode.PublishFunction):
 		s.log.Warnf("pg_cdc %s: %v", s.cfg.Name, err)
 	case err != nil:
 		return err

@@ -1,0 +1,148 @@
+package errcode
+
+// Code is a stable identifier of an error a user can cause, listed in docs/errors.md. Declare every
+// code here, with its meaning; call sites name the constant, never a string.
+type Code string
+
+// Codes of the redis_queue output and input, the queue CLI and the lease fence between pg_cdc and the
+// queue.
+const (
+	// Fenced means the batch's lease token is no longer the lease holder's; nothing was written
+	// (redis_queue output → pg_cdc).
+	Fenced Code = "fenced"
+	// Blocked means a message was held back behind an earlier failure in its shard; it counts no
+	// attempt (pg_sink → redis_queue input).
+	Blocked Code = "blocked"
+	// Paused means the sink is paused by an environment error (missing table, privileges); the
+	// message counts no attempt (pg_sink → redis_queue input).
+	Paused Code = "paused"
+	// ShardsMismatch means `shards` is set and differs from the existing queue's count (a queue is
+	// never resharded in place).
+	ShardsMismatch Code = "shards_mismatch"
+	// CrossSlot means one batch names queues (or a source pointer) in different Redis Cluster slots.
+	CrossSlot Code = "crossslot"
+	// DurabilityAOF means `durability: aof` is set but the server lacks appendonly yes and appendfsync
+	// always.
+	DurabilityAOF Code = "durability_aof"
+	// RedisConfig means a Redis connection cannot work: a URL that does not parse, `sentinel` without
+	// `master_name` or `addresses`, or `sentinel` together with `cluster_urls`.
+	RedisConfig Code = "redis_config"
+	// RedisEviction means Redis may evict pgrelay's keys (a memory limit with a policy other than
+	// noeviction), or the Redis user may not run INFO.
+	RedisEviction Code = "redis_eviction"
+	// ReplicasShortfall means `durability: {replicas: N}` is set and WAIT saw fewer replicas in time.
+	ReplicasShortfall Code = "replicas_shortfall"
+	// PointerCorrupt means a stored source pointer cannot be read (not JSON with a string `pos`).
+	PointerCorrupt Code = "pointer_corrupt"
+	// LayoutVersion means the queue's meta has a layout version this pgrelay does not write.
+	LayoutVersion Code = "layout_version"
+	// QueueConfig means a redis_queue output config value the linter also catches (trim_interval not
+	// above 0s).
+	QueueConfig Code = "queue_config"
+	// BadQueue means a queue name is empty, over 256 bytes, or contains `{` or `}`.
+	BadQueue Code = "bad_queue"
+	// BadGroup means a consumer group name is empty or contains `:`, `{` or `}`.
+	BadGroup Code = "bad_group"
+	// BadStartFrom means the input's `start_from` is neither earliest nor latest.
+	BadStartFrom Code = "bad_start_from"
+	// NoQueue means no queue of that name exists under the prefix (pgrelay queue).
+	NoQueue Code = "no_queue"
+	// ReplayAllGroups means a dead-letter replay targets a queue with several groups without
+	// `--all-groups`.
+	ReplayAllGroups Code = "replay_all_groups"
+)
+
+// Codes of pg_sink.
+const (
+	// BadPayload means the mode cannot read a payload (not UTF-8 JSON, not an object, no key, a bad
+	// change event); a data error, dead-lettered after max_attempts.
+	BadPayload Code = "bad_payload"
+	// PayloadTooLarge means a payload is over 64 MiB and is refused before it is parsed; a data error.
+	PayloadTooLarge Code = "payload_too_large"
+	// NoProgressMetadata means a message lacks queue/shard/offset metadata while progress is required.
+	NoProgressMetadata Code = "no_progress_metadata"
+	// BadMetadata means queue/shard/offset metadata is present but not numbers.
+	BadMetadata Code = "bad_metadata"
+	// TargetMissing means the target table does not exist.
+	TargetMissing Code = "target_missing"
+	// TargetNotTable means the target is not a table.
+	TargetNotTable Code = "target_not_table"
+	// TargetNoKey means the target table has no primary key and no replica-identity index.
+	TargetNoKey Code = "target_no_key"
+	// TargetPrivileges means the sink's user lacks privileges on the target (the GRANT is printed).
+	TargetPrivileges Code = "target_privileges"
+	// TargetChanged means the target table no longer accepts the sink's statement.
+	TargetChanged Code = "target_changed"
+	// TargetColumnMissing means a column the sink writes is not a column of the target.
+	TargetColumnMissing Code = "target_column_missing"
+	// TargetColumnGenerated means a column the sink writes is generated.
+	TargetColumnGenerated Code = "target_column_generated"
+	// KeyColumnMissing means a configured `key` column is not a column of the target.
+	KeyColumnMissing Code = "key_column_missing"
+	// KeyNotUnique means no usable unique index covers exactly the configured `key`.
+	KeyNotUnique Code = "key_not_unique"
+	// ProgressTableMissing means the progress table is missing and create_progress_table is false.
+	ProgressTableMissing Code = "progress_table_missing"
+	// ProgressTableMismatch means the progress table has the wrong shape.
+	ProgressTableMismatch Code = "progress_table_mismatch"
+	// ProgressTableCreate means the progress table cannot be created.
+	ProgressTableCreate Code = "progress_table_create"
+	// ProgressTableName means progress_table is not schema.name.
+	ProgressTableName Code = "progress_table_name"
+	// SQLStatement means PostgreSQL refuses a mode sql statement.
+	SQLStatement Code = "sql_statement"
+	// SQLParamsMismatch means the params count differs from the statement's $n placeholders.
+	SQLParamsMismatch Code = "sql_params_mismatch"
+	// SQLParamUnknown means a params entry is not a known metadata name.
+	SQLParamUnknown Code = "sql_param_unknown"
+	// SQLParamPath means a params entry is not a path.
+	SQLParamPath Code = "sql_param_path"
+	// SinkConfig means a config combination the linter also catches.
+	SinkConfig Code = "sink_config"
+	// SinkError means an environment error without a more specific code.
+	SinkError Code = "sink_error"
+)
+
+// Codes of pg_cdc and its PostgreSQL connection.
+const (
+	// WALLevel means the server's wal_level is not logical.
+	WALLevel Code = "wal_level"
+	// Version means PostgreSQL is older than 14, or slot.failover is set before 17.
+	Version Code = "version"
+	// TableMissing means a configured table does not exist or is not an ordinary table.
+	TableMissing Code = "table_missing"
+	// ReplicaIdentity means a table has no primary key and no usable REPLICA IDENTITY.
+	ReplicaIdentity Code = "replica_identity"
+	// PartitionBy means partition_by names columns outside the key, or truncate: emit lacks
+	// partition_by: single.
+	PartitionBy Code = "partition_by"
+	// Publication means the publication has row filters or column lists, or misses tables, and
+	// publication.manage is false (or the role may not manage it).
+	Publication Code = "publication"
+	// SlotLost means the pointer exists but the slot does not; it is never recreated silently.
+	SlotLost Code = "slot_lost"
+	// SlotInvalidated means the slot was invalidated because the WAL it needed was removed.
+	SlotInvalidated Code = "slot_invalidated"
+	// SlotAhead means the slot's confirmed position is past the pointer: something else consumed it,
+	// or Redis lost acknowledged data.
+	SlotAhead Code = "slot_ahead"
+	// SlotMismatch means the pointer belongs to another slot, or the slot is not a logical pgoutput
+	// slot of the database.
+	SlotMismatch Code = "slot_mismatch"
+	// SystemChanged means the pointer belongs to another PostgreSQL system (a restored or replaced
+	// server).
+	SystemChanged Code = "system_changed"
+	// RelationChanged means a table's key columns changed while streaming.
+	RelationChanged Code = "relation_changed"
+	// PublishFunction is a warning: publish_function is true but the role may not install
+	// pgrelay.publish(); the source streams on.
+	PublishFunction Code = "publish_function"
+	// ClusterSlot means that on Redis Cluster the source's queues hash to different slots.
+	ClusterSlot Code = "cluster_slot"
+	// PGTLS means TLS to PostgreSQL failed (certificate, host name, expiry, or no TLS on the server).
+	PGTLS Code = "pg_tls"
+	// PGHBA means pg_hba.conf turned the connection away.
+	PGHBA Code = "pg_hba"
+	// Resync is informational: a session ended because `pgrelay resync` was requested.
+	Resync Code = "resync"
+)
