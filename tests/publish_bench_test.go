@@ -218,9 +218,21 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 	defer rdb.Close()
 	w := queue.NewWriter(rdb, queue.WriterConfig{Shards: 16, Durability: queue.Durability{AOF: true}})
 	msgs := make([]queue.Message, 0, 1000)
+	var polls, moved int
+	var busy time.Duration
+	defer func() {
+		var dead, live, pages int64
+		_ = e.pool.QueryRow(context.Background(), `SELECT n_dead_tup, n_live_tup, pg_relation_size('outbox') / 8192 FROM pg_stat_user_tables WHERE relname = 'outbox'`).Scan(&dead, &live, &pages)
+		e.b.Logf("outbox poller: %d polls, %d rows moved, %.2f ms per poll; outbox now %d live and %d dead rows in %d pages",
+			polls, moved, float64(busy.Microseconds())/1000/float64(max(polls, 1)), live, dead, pages)
+	}()
 	for ctx.Err() == nil {
+		t0 := time.Now()
 		tx, err := e.pool.Begin(ctx)
 		if err != nil {
+			if ctx.Err() == nil {
+				e.b.Errorf("outbox poller: begin: %v", err)
+			}
 			return
 		}
 		rows, err := tx.Query(ctx, `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
@@ -237,7 +249,9 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 			var id int64
 			var part, payload, ts string
 			if err := rows.Scan(&id, &part, &payload, &ts); err != nil {
-				e.b.Error(err)
+				rows.Close()
+				tx.Rollback(context.Background())
+				e.b.Errorf("outbox poller: %v", err)
 				return
 			}
 			// the entry carries the event and its commit time, as pgrelay's `m` event does
@@ -261,8 +275,12 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 			}
 		}
 		if err := tx.Commit(ctx); err != nil {
+			if ctx.Err() == nil {
+				e.b.Errorf("outbox poller: commit: %v", err)
+			}
 			return
 		}
+		polls, moved, busy = polls+1, moved+len(msgs), busy+time.Since(t0)
 		if len(msgs) == 0 {
 			select {
 			case <-ctx.Done():
@@ -373,7 +391,7 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 	}
 	wg.Wait()
 	want := before + n.Load()
-	waitFor(b, 5*time.Minute, 5*time.Millisecond, side+" events in the queue", func() (bool, string) {
+	waitFor(b, 10*time.Minute, 5*time.Millisecond, side+" events in the queue", func() (bool, string) {
 		got := queueLen(b, e.rd, q)
 		return got >= want, fmt.Sprintf("%d of %d", got, want)
 	})

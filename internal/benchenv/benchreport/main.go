@@ -101,10 +101,18 @@ func atLeast(bench, unit string, limit float64) func(results) (bool, bool) {
 // latencyMet checks the p99 goal, unless the raw baseline shows the machine could not keep up (raw
 // p50 over 2 ms: PostgreSQL itself was starved), when the run says nothing about pgrelay.
 func latencyMet(r results) (bool, bool) {
-	if raw, ok := r.get(lat, "raw_p50_ms"); !ok || raw > 2 {
-		return false, false
+	return calm(lat, "raw_p50_ms", atMost(lat, "p99_over_raw_ms", 5))(r)
+}
+
+// calm judges a latency goal only when the same run's baseline p50 (raw pgoutput, commit → queue,
+// the outbox) is at most 2 ms: above it the machine could not keep up and the run says nothing.
+func calm(bench, baseP50 string, goal func(results) (bool, bool)) func(results) (bool, bool) {
+	return func(r results) (bool, bool) {
+		if v, ok := r.get(bench, baseP50); !ok || v > 2 {
+			return false, false
+		}
+		return goal(r)
 	}
-	return atMost(lat, "p99_over_raw_ms", 5)(r)
 }
 
 const (
@@ -173,11 +181,14 @@ var figures = []figure{
 	{section: "Sink", name: "queue → table through the binary (redis_queue → pg_sink upsert), rows/s", bench: q2t, unit: "sink_rows/s",
 		baseName: "hand-written XREADGROUP + unnest + XACK loop", baseUnit: "loop_rows/s", ratioUnit: "ratio", goal: "—", chart: true},
 	{section: projSection, name: "commit → document p50, ms", bench: proj, unit: "doc_p50_ms",
-		baseName: "commit → queue p50, same transactions", baseUnit: "queue_p50_ms", lowerBetter: true, goal: "≤ 4.3 ms (reference projector)", met: atMost(proj, "doc_p50_ms", 4.3)},
+		baseName: "commit → queue p50, same transactions", baseUnit: "queue_p50_ms", lowerBetter: true, goal: "≤ 4.3 ms (reference projector)",
+		met: calm(proj, "queue_p50_ms", atMost(proj, "doc_p50_ms", 4.3))},
 	{section: projSection, name: "commit → document p95, ms", bench: proj, unit: "doc_p95_ms",
-		baseName: "commit → queue p95", baseUnit: "queue_p95_ms", lowerBetter: true, goal: "≤ 7.0 ms (reference projector)", met: atMost(proj, "doc_p95_ms", 7)},
+		baseName: "commit → queue p95", baseUnit: "queue_p95_ms", lowerBetter: true, goal: "≤ 7.0 ms (reference projector)",
+		met: calm(proj, "queue_p50_ms", atMost(proj, "doc_p95_ms", 7))},
 	{section: projSection, name: "commit → document p99, ms", bench: proj, unit: "doc_p99_ms",
-		baseName: "commit → queue p99", baseUnit: "queue_p99_ms", lowerBetter: true, goal: "≤ 8.6 ms (reference projector)", met: atMost(proj, "doc_p99_ms", 8.6)},
+		baseName: "commit → queue p99", baseUnit: "queue_p99_ms", lowerBetter: true, goal: "≤ 8.6 ms (reference projector)",
+		met: calm(proj, "queue_p50_ms", atMost(proj, "doc_p99_ms", 8.6))},
 	{section: projSection, name: "live: changes/s with every document committed", bench: proj, unit: "live_changes/s",
 		baseName: "the 4 writers' own rate", baseUnit: "writers_changes/s", goal: "≥ 920 (reference projector)", met: atLeast(proj, "live_changes/s", 920), chart: true},
 	{section: projSection, name: "replay from the queue start, changes/s", bench: proj, unit: "replay_changes/s",
@@ -186,7 +197,8 @@ var figures = []figure{
 	{section: pubSection, name: "pgrelay.publish() → queue, commit → entry p50, ms", bench: pub, unit: "pub_p50_ms",
 		baseName: "outbox + poller, p50", baseUnit: "outbox_p50_ms", lowerBetter: true, goal: "—"},
 	{section: pubSection, name: "pgrelay.publish() → queue, commit → entry p99, ms", bench: pub, unit: "pub_p99_ms",
-		baseName: "outbox + poller, p99", baseUnit: "outbox_p99_ms", lowerBetter: true, goal: "≤ 10 ms", met: atMost(pub, "pub_p99_ms", 10), chart: true},
+		baseName: "outbox + poller, p99", baseUnit: "outbox_p99_ms", lowerBetter: true, goal: "≤ 10 ms",
+		met: calm(pub, "outbox_p50_ms", atMost(pub, "pub_p99_ms", 10)), chart: true},
 	{section: pubSection, name: "pgrelay.publish() → queue, events/s (4 writers flat out)", bench: pub, unit: "pub_events/s",
 		baseName: "outbox + poller, events/s", baseUnit: "outbox_events/s", ratioUnit: "ratio", goal: "≥ 1", met: atLeast(pub, "ratio", 1), chart: true, chartGoal: 1},
 	{section: pubSection, name: "PostgreSQL CPU per event, µs", bench: pub, unit: "pub_cpu_postgres_us/entry",
