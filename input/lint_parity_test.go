@@ -19,15 +19,7 @@ const (
 // source.Config.Validate, with the connection checks) with the lint message that refuses the same
 // config, and checks both on the config.
 func TestPgCDCLintRefusesWhatTheStartRefuses(t *testing.T) {
-	spec := PgCDCSpec()
-	start := func(yaml string) error {
-		pc, err := spec.ParseYAML(yaml, nil)
-		if err != nil {
-			return err
-		}
-		_, err = PgCDCConfigFromParsed(pc)
-		return err
-	}
+	start := linttest.Start(PgCDCSpec(), PgCDCConfigFromParsed)
 	// Two queue names in the same Redis Cluster slot, and one in another.
 	sameSlot, otherSlot := "", ""
 	for i := 0; sameSlot == "" || otherSlot == ""; i++ {
@@ -108,15 +100,7 @@ func TestPgCDCLintRefusesWhatTheStartRefuses(t *testing.T) {
 
 // TestRedisQueueInputLintRefusesWhatTheStartRefuses: the same for the redis_queue input.
 func TestRedisQueueInputLintRefusesWhatTheStartRefuses(t *testing.T) {
-	spec := RedisQueueSpec()
-	start := func(yaml string) error {
-		pc, err := spec.ParseYAML(yaml, nil)
-		if err != nil {
-			return err
-		}
-		_, err = RedisQueueConfigFromParsed(pc)
-		return err
-	}
+	start := linttest.Start(RedisQueueSpec(), RedisQueueConfigFromParsed)
 	cases := []linttest.Case{
 		{Name: "valid", Set: "{}"},
 		{Name: "empty queue", Set: "queue: ''", Refused: "bad_queue", Lint: "queue must be 1-256 bytes"},

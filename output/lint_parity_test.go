@@ -14,15 +14,7 @@ const typeError = "the wrong YAML type: Benthos' linter skips the rules"
 // sink.Config.Validate and the connection checks) with the lint message that refuses the same
 // config, and checks both on the config.
 func TestPgSinkLintRefusesWhatTheStartRefuses(t *testing.T) {
-	spec := PgSinkSpec()
-	start := func(yaml string) error {
-		pc, err := spec.ParseYAML(yaml, nil)
-		if err != nil {
-			return err
-		}
-		_, err = PgSinkConfigFromParsed(pc)
-		return err
-	}
+	start := linttest.Start(PgSinkSpec(), PgSinkConfigFromParsed)
 	sql := func(stmt, params string) string {
 		return "{table: ~, mode: sql, statement: " + stmt + ", params: " + params + "}"
 	}
@@ -70,15 +62,7 @@ func TestPgSinkLintRefusesWhatTheStartRefuses(t *testing.T) {
 
 // TestRedisQueueOutputLintRefusesWhatTheStartRefuses: the same for the redis_queue output.
 func TestRedisQueueOutputLintRefusesWhatTheStartRefuses(t *testing.T) {
-	spec := RedisQueueSpec()
-	start := func(yaml string) error {
-		pc, err := spec.ParseYAML(yaml, nil)
-		if err != nil {
-			return err
-		}
-		_, err = RedisQueueConfigFromParsed(pc)
-		return err
-	}
+	start := linttest.Start(RedisQueueSpec(), RedisQueueConfigFromParsed)
 	cases := []linttest.Case{
 		{Name: "valid", Set: "{}"},
 		{Name: "url", Set: "url: 'http://127.0.0.1:6379'", Refused: "redis url", Lint: "url must be redis://"},

@@ -7,6 +7,7 @@ import (
 func prometheusSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Stable().
+		Version("0.1.0").
 		Summary("Serves metrics in the Prometheus text format on the HTTP server's `/metrics` endpoint.").
 		Description("Every Benthos metric (input_received, output_sent, ...) and pgrelay's own keep their "+
 			"labels (`label`, `path`, ...). Timers are reported in seconds. Bind the HTTP server to "+
@@ -19,7 +20,7 @@ func prometheusSpec() *service.ConfigSpec {
 			service.NewBoolField("add_process_metrics").Description("Add process_* metrics (CPU, memory, file descriptors).").Default(false),
 			service.NewBoolField("add_go_metrics").Description("Add go_* runtime metrics.").Default(false),
 		).
-		Example("Loopback scrape endpoint", "", `
+		Example("Loopback scrape endpoint", "Serves `/metrics` on 127.0.0.1:4195 only, with the process' CPU, memory and file-descriptor metrics added.", `
 http:
   address: 127.0.0.1:4195
 metrics:

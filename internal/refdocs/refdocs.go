@@ -21,8 +21,9 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
-	_ "github.com/pgrelay/pgrelay/input"  // registers pg_cdc and the redis_queue input
-	_ "github.com/pgrelay/pgrelay/output" // registers pg_sink and the redis_queue output
+	_ "github.com/pgrelay/pgrelay/input"            // registers pg_cdc and the redis_queue input
+	_ "github.com/pgrelay/pgrelay/internal/metrics" // registers the prometheus exporter
+	_ "github.com/pgrelay/pgrelay/output"           // registers pg_sink and the redis_queue output
 )
 
 // Page is one reference page: the components of one plugin name.
@@ -33,7 +34,7 @@ type Page struct {
 
 // Component is one plugin kind and name.
 type Component struct {
-	Kind, Name string // "input" or "output"
+	Kind, Name string // "input", "output" or "metrics"
 }
 
 // Pages are pgrelay's reference pages.
@@ -41,6 +42,7 @@ var Pages = []Page{
 	{File: "pg_cdc.md", Components: []Component{{"input", "pg_cdc"}}},
 	{File: "redis_queue.md", Components: []Component{{"output", "redis_queue"}, {"input", "redis_queue"}}},
 	{File: "pg_sink.md", Components: []Component{{"output", "pg_sink"}}},
+	{File: "prometheus.md", Components: []Component{{"metrics", "prometheus"}}},
 }
 
 // Render is the text of a page.
@@ -76,8 +78,11 @@ func Render(p Page) ([]byte, error) {
 
 func configView(c Component) (*service.ConfigView, bool) {
 	env := service.GlobalEnvironment()
-	if c.Kind == "input" {
+	switch c.Kind {
+	case "input":
 		return env.GetInputConfig(c.Name)
+	case "metrics":
+		return env.GetMetricsConfig(c.Name)
 	}
 	return env.GetOutputConfig(c.Name)
 }

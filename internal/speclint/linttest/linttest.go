@@ -82,6 +82,19 @@ func Check(t *testing.T, kind Kind, plugin, base string, start func(yaml string)
 	}
 }
 
+// Start is the start's reading of a config: spec's ParseYAML, then the plugin's parser and its
+// validation.
+func Start[T any](spec *service.ConfigSpec, fromParsed func(*service.ParsedConfig) (T, error)) func(yaml string) error {
+	return func(yaml string) error {
+		pc, err := spec.ParseYAML(yaml, nil)
+		if err != nil {
+			return err
+		}
+		_, err = fromParsed(pc)
+		return err
+	}
+}
+
 // merge replaces base's top-level fields with set's.
 func merge(t *testing.T, base, set string) string {
 	t.Helper()
