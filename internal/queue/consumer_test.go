@@ -329,6 +329,72 @@ func TestConsumePendingFirst(t *testing.T) {
 	}
 }
 
+// TestConsumeFencedAfterTakeover: a replica whose shard lease another replica has taken (its own
+// renewal has not run yet) reads nothing more from the shard, so it cannot deliver entries after the
+// new owner's pending read and let the new owner apply later offsets first (the sink would then
+// skip the earlier ones as already applied). The new owner gets the entries the old one had in
+// flight again, then the newer ones, in offset order.
+func TestConsumeFencedAfterTakeover(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 1})
+	if _, err := w.Write(ctx, msgs("q", 5, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	a := newConsumer(t, rdb, ConsumerConfig{LeaseTTL: 30 * time.Second}) // renews every 10 s
+	inFlight := read(t, a, 10*time.Second)
+	if len(inFlight.Entries) != 5 {
+		t.Fatalf("%d entries", len(inFlight.Entries))
+	}
+	// a's lease runs out unnoticed and another replica takes the shard
+	leaseKey := w.Layout().GroupLease("q", "g", 0)
+	if err := rdb.Set(ctx, leaseKey, "other:1:x|99", 30*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Ack(ctx, inFlight); err != nil { // a's sink finished the batch it had
+		t.Fatal(err)
+	}
+	more := msgs("q", 10, 1)[5:]
+	if _, err := w.Write(ctx, more, nil); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if d, err := a.Read(rctx); err == nil {
+		t.Fatalf("a delivered %d entries (first offset %d) after losing the shard", len(d.Entries), d.Entries[0].Offset)
+	}
+	if held := a.Held(); len(held) != 0 {
+		t.Fatalf("a still holds %v", held)
+	}
+	if p := rdb.XPending(ctx, w.Layout().Stream("q", 0), "g").Val(); p.Count != 0 {
+		t.Fatalf("%d entries pending: a read them after losing the shard", p.Count)
+	}
+	// the other replica is gone too: whoever takes the shard next reads offsets 6..10
+	rdb.Del(ctx, leaseKey)
+	b := newConsumer(t, rdb, ConsumerConfig{})
+	var offsets []int64
+	for deadline := time.Now().Add(15 * time.Second); len(offsets) < 5 && time.Now().Before(deadline); {
+		for _, c := range []*Consumer{a, b} {
+			rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			d, err := c.Read(rctx)
+			cancel()
+			if err != nil {
+				continue
+			}
+			for _, e := range d.Entries {
+				offsets = append(offsets, e.Offset)
+			}
+			if err := c.Ack(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if fmt.Sprint(offsets) != "[6 7 8 9 10]" {
+		t.Fatalf("offsets %v", offsets)
+	}
+}
+
 // TestConsumeStartFromLatest: a new group with start_from latest sees only what is written after it
 // was created; earliest (the default) sees everything kept.
 func TestConsumeStartFromLatest(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/resources"
 )
 
 // readShard delivers the shard's entries while this replica holds it: pending entries (`0`)
@@ -19,6 +21,11 @@ func (c *Consumer) readShard(ctx context.Context, r *shardRun) {
 	backoff := c.conf.Backoff
 	for ctx.Err() == nil {
 		d, more, err := c.fetch(ctx, r, pending)
+		if errors.Is(err, errFenced) {
+			c.conf.Logger.Warnf("queue %s: lost the lease of shard %d; another replica reads it now", c.conf.Queue, r.n)
+			c.dropRun(r)
+			return
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -61,6 +68,17 @@ func (c *Consumer) readShard(ctx context.Context, r *shardRun) {
 	}
 }
 
+// dropRun ends r from its own reader after a fenced read: the lease is forgotten without a release
+// (it is someone else's now) and the keeper may take the shard again later.
+func (c *Consumer) dropRun(r *shardRun) {
+	r.lease.Drop()
+	c.mu.Lock()
+	if c.runs[r.n] == r {
+		delete(c.runs, r.n)
+	}
+	c.mu.Unlock()
+}
+
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -70,23 +88,31 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// fetch reads one delivery from shard r.n: its pending entries when pending, else new ones
-// (waiting up to Block). A nil delivery means nothing to deliver; more then says the pending
-// entries are not exhausted (all read ones had been trimmed away).
+// readScript is resources/queue_read.lua: a read of a shard fenced by the shard lease.
+var readScript = redis.NewScript(resources.MustRead("queue_read.lua"))
+
+// errFenced means the shard's lease no longer holds this run's token: another replica owns the
+// shard (or will once the TTL runs out), so this run reads nothing more.
+var errFenced = errors.New("shard lease taken over")
+
+// fetch reads one delivery from shard r.n: its pending entries when pending, else new ones. The read
+// is fenced by the shard lease (resources/queue_read.lua); when nothing new is there it waits up to
+// Block for the next entry with a plain XREAD. A nil delivery means nothing to deliver; more then
+// says the pending entries are not exhausted (all read ones had been trimmed away).
 func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Delivery, bool, error) {
 	stream := c.layout.Stream(c.conf.Queue, r.n)
-	args := &redis.XReadGroupArgs{Group: c.conf.Group, Consumer: ConsumerName(r.n),
-		Streams: []string{stream, ">"}, Count: int64(c.conf.BatchCount), Block: c.conf.Block}
+	id := ">"
 	if pending {
-		args.Streams[1], args.Block = "0", -1
+		id = "0"
+	}
+	token := r.lease.Token()
+	if token == "" {
+		return nil, false, errFenced
 	}
 	c.mu.Lock()
 	reader := c.reader
 	c.mu.Unlock()
-	res, err := reader.XReadGroup(ctx, args).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, false, nil
-	}
+	res, err := readScript.Run(ctx, reader, []string{r.lease.Key(), stream}, token, c.conf.Group, ConsumerName(r.n), c.conf.BatchCount, id).Result()
 	if redis.HasErrorPrefix(err, "NOGROUP") {
 		c.conf.Logger.Warnf("queue %s: group %s missing on shard %d (stream deleted?); creating it", c.conf.Queue, c.conf.Group, r.n)
 		return nil, pending, c.createGroup(ctx, r.n)
@@ -94,9 +120,16 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 	if err != nil {
 		return nil, false, err
 	}
-	var msgs []redis.XMessage
-	if len(res) > 0 {
-		msgs = res[0].Messages
+	last, msgs, err := readReply(res)
+	if err != nil {
+		return nil, false, fmt.Errorf("read shard %d: %w", r.n, err)
+	}
+	if len(msgs) == 0 && !pending {
+		err := reader.XRead(ctx, &redis.XReadArgs{Streams: []string{stream, last}, Count: 1, Block: c.conf.Block}).Err()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, false, err
+		}
+		return nil, false, nil
 	}
 	d := &Delivery{Shard: r.n, run: r, pending: pending}
 	var gone []string
@@ -272,4 +305,32 @@ func (c *Consumer) finish(d *Delivery, nacked bool) {
 	case d.run.acks <- ackResult{nacked: nacked}:
 	default:
 	}
+}
+
+// readReply decodes queue_read.lua's {last, entries} reply ('fenced' is errFenced).
+func readReply(res any) (last string, msgs []redis.XMessage, err error) {
+	if s, ok := res.(string); ok && s == "fenced" {
+		return "", nil, errFenced
+	}
+	parts, ok := res.([]any)
+	if !ok || len(parts) != 2 {
+		return "", nil, fmt.Errorf("unexpected reply %v", res)
+	}
+	last, _ = parts[0].(string)
+	entries, _ := parts[1].([]any)
+	for _, raw := range entries {
+		e, ok := raw.([]any)
+		if !ok || len(e) != 2 {
+			return "", nil, fmt.Errorf("unexpected entry %v", raw)
+		}
+		m := redis.XMessage{Values: map[string]any{}}
+		m.ID, _ = e[0].(string)
+		fields, _ := e[1].([]any) // nil: deleted while pending
+		for i := 0; i+1 < len(fields); i += 2 {
+			k, _ := fields[i].(string)
+			m.Values[k] = fields[i+1]
+		}
+		msgs = append(msgs, m)
+	}
+	return last, msgs, nil
 }
