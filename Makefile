@@ -29,11 +29,16 @@ bench: setup build
 	scripts/bench $(if $(filter 1,$(QUICK)),--quick)
 
 # Long runs, not in CI (scripts/soak; figures in the log and bin/soak/): `make soak` is 30 minutes of
-# steady pgbench load with each replica's RSS, goroutines, fds and sockets over time and their slope.
-# PGRELAY_SOAK_* change durations and rates (scripts/soak --help).
-.PHONY: soak
+# steady pgbench load with each replica's RSS, goroutines, fds and sockets over time and their slope;
+# `make soak-churn` is three replicas for 10 minutes of pgbench with a random replica SIGKILLed or
+# SIGTERMed every 20-60 s: copy = source, queues exact, takeover times. PGRELAY_SOAK_* and
+# PGRELAY_CHURN_* change durations, rates and seeds (scripts/soak --help).
+.PHONY: soak soak-churn
 soak: setup
 	scripts/soak steady
+
+soak-churn: setup
+	scripts/soak churn
 
 clean:
 	rm -rf bin .demo
