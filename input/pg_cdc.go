@@ -25,6 +25,8 @@ const (
 	pcFieldTable             = "table"
 	pcFieldQueue             = "queue"
 	pcFieldPartitionBy       = "partition_by"
+	pcFieldAppendOnly        = "append_only"
+	pcFieldOnRefusedTable    = "on_refused_table"
 	pcFieldPublication       = "publication"
 	pcFieldPublicationName   = "name"
 	pcFieldPublicationManage = "manage"
@@ -48,6 +50,7 @@ const (
 	pcPartitionKey, pcPartitionSingle = "key", "single"
 	pcTruncateSkip, pcTruncateEmit    = "skip", "emit"
 	pcSnapshotNever, pcSnapshotInit   = "never", "initial"
+	pcRefusedSkip, pcRefusedStop      = "skip", "stop"
 )
 
 // PgCDCSpec is the pg_cdc input's config spec.
@@ -81,21 +84,24 @@ which the `+"`redis_queue`"+` output reads. Keep a batch whole on its way there 
 				service.NewStringField(pcFieldQueue).Description(fmt.Sprintf("The queue its changes go to (1-%d bytes, no braces).", source.MaxQueueBytes)).
 					LintRule(fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}") { [%q] }`,
 						source.MaxQueueBytes, fmt.Sprintf("%s must be 1-%d bytes without { or }", tablePath(pcFieldQueue), source.MaxQueueBytes))),
-				service.NewAnyField(pcFieldPartitionBy).Description("`key` (the key columns, default), `single` (one partition `all`, total order), or a list of columns (inside the key, unless the table has REPLICA IDENTITY FULL).").Default(pcPartitionKey).
+				service.NewAnyField(pcFieldPartitionBy).Description("`key` (the key columns, default), `single` (one partition `all`, total order), or a list of columns (inside the key, unless the table has REPLICA IDENTITY FULL or is append-only). An append-only table without a key needs `single` or columns.").Default(pcPartitionKey).
 					LintRule(fmt.Sprintf(`root = if this.type() == "string" { if ![%q, %q].contains(this) { [%q] } } else if this.type() == "array" { if this.length() == 0 || this.any(c -> c.type() != "string" || c == "") { [%q] } } else { [%q] }`,
 						pcPartitionKey, pcPartitionSingle, tablePath(pcFieldPartitionBy)+" must be key, single or a list of columns",
 						tablePath(pcFieldPartitionBy)+" must list at least one column, each a non-empty string",
 						tablePath(pcFieldPartitionBy)+" must be key, single or a list of columns")),
+				service.NewBoolField(pcFieldAppendOnly).Description("The table only gets inserts (a log or event table): stream its inserts only. It is published by a second, insert-only publication, so it needs no key (a table without one has `key: null` in its events and needs `partition_by: single` or columns), its updates and deletes run without a replica identity and are not streamed, and `snapshot: initial` does not copy the rows of one without a key.").
+					Default(false),
 			).Description(fmt.Sprintf("The tables to stream (1-%d, none twice), in order; the lease and pointer live under the first one's queue.", source.MaxTables)).
 				LintRule(fmt.Sprintf(`root = if this.type() != "array" { deleted() } else if this.length() < 1 || this.length() > %d { [%q] } else if this.map_each(t -> if t.%s.or("").contains(".") { t.%s } else { "public." + t.%s.or("") }).unique().length() != this.length() { [%q] }`,
 					source.MaxTables, fmt.Sprintf("%s must list 1-%d tables", pcFieldTables, source.MaxTables),
 					pcFieldTable, pcFieldTable, pcFieldTable, pcFieldTables+" must not list a table twice (name is public.name)")),
 			service.NewObjectField(pcFieldPublication,
-				service.NewStringField(pcFieldPublicationName).Description("Publication name; default `pgrelay_<name>`.").Default("").
+				service.NewStringField(pcFieldPublicationName).Description(fmt.Sprintf("Publication name; default `pgrelay_<name>` (`-` becomes `_`). With append-only tables at most %d bytes, their publication being `<name>%s`.", source.MaxPublicationBytes-len(source.InsertPublicationSuffix), source.InsertPublicationSuffix)).Default("").
 					LintRule(fmt.Sprintf(`root = if this.length() > %d { [%q] }`, source.MaxPublicationBytes,
 						fmt.Sprintf("%s.%s must be at most %d bytes", pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes))),
-				service.NewBoolField(pcFieldPublicationManage).Description("Create the publication, and correct it to exactly the tables (whole, every operation). When false it is only checked.").Default(true),
-			).Description("The publication pgoutput reads."),
+				service.NewBoolField(pcFieldPublicationManage).Description("Create the publication, and correct it to exactly the tables (whole, every operation); with append-only tables also `<name>"+source.InsertPublicationSuffix+"`, exactly those tables, publishing insert and truncate. When false they are only checked.").Default(true),
+			).Description("The publication pgoutput reads (and, with append-only tables, the insert-only one named after it)."),
+			service.NewStringEnumField(pcFieldOnRefusedTable, pcRefusedSkip, pcRefusedStop).Description("What a table the start checks refuse (missing, no usable key, bad partition_by) does to the source: `skip` streams the other tables and reports it (log, `pgrelay status`, the `pgrelay_source_table_refused` metric), checking it again at every start; `stop` stops the whole source with its coded error.").Default(pcRefusedSkip),
 			service.NewBoolField(pcFieldPublishFunction).Description("At start, install `pgrelay.publish(queue text, partition text, payload jsonb)` (a transactional publish into the queue without an outbox table), in one transaction, when no function of that signature exists; an existing one is never replaced, whoever owns it. Without the privilege (CREATE on the database, SQLSTATE 42501) one `publish_function` warning is logged and the source streams on; any other error fails the start. `false`: install nothing.").Default(true),
 			service.NewObjectField(pcFieldSlot,
 				service.NewStringField(pcFieldSlotName).Description("Replication slot name; default `pgrelay_<name>`.").Default("").
@@ -125,6 +131,10 @@ which the `+"`redis_queue`"+` output reads. Keep a batch whole on its way there 
 			speclint.Check(fmt.Sprintf(`this.%s.%s.or([]).length() > 0 && this.%s.or([]).map_each(t -> t.%s.or("").redis_cluster_slot()).unique().length() > 1`,
 				pcFieldRedis, redisconn.FieldClusterURLs, pcFieldTables, pcFieldQueue),
 				"on Redis Cluster every queue of one source must hash to the same slot (cluster_slot): give its tables the same queue"),
+			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or(false)) && this.%s.%s.or("").length() > %d`,
+				pcFieldTables, pcFieldAppendOnly, pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix)),
+				fmt.Sprintf("%s.%s must be at most %d bytes with append-only tables (their publication adds %q)",
+					pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix), source.InsertPublicationSuffix)),
 		})...)).
 		Example("Orders into a queue", "Streams every committed change of public.orders into the queue `orders`, exactly once with the `redis_queue` output, copying the rows already there first. Run two or more copies for high availability: one owns the source, the others stand by.", `
 input:
@@ -215,11 +225,18 @@ func PgCDCConfigFromParsed(conf *service.ParsedConfig) (source.Config, error) {
 	dur(&c.Linger, pcFieldLinger)
 	dur(&c.Heartbeat, pcFieldHeartbeat)
 	integer(&c.ChunkRows, pcFieldChunkRows)
-	var truncate, snapshot string
+	var truncate, snapshot, refused string
 	str(&truncate, pcFieldTruncate)
 	str(&snapshot, pcFieldSnapshot)
+	str(&refused, pcFieldOnRefusedTable)
 	if err != nil {
 		return c, err
+	}
+	switch refused {
+	case pcRefusedSkip, pcRefusedStop:
+		c.StopOnRefusedTable = refused == pcRefusedStop
+	default:
+		return c, fmt.Errorf("%s: %q is not %s or %s", pcFieldOnRefusedTable, refused, pcRefusedSkip, pcRefusedStop)
 	}
 	switch truncate {
 	case pcTruncateSkip, pcTruncateEmit:
@@ -259,6 +276,9 @@ func pgCDCTables(conf *service.ParsedConfig) ([]source.Table, error) {
 		t.Schema, t.Name = source.ParseTable(name)
 		if t.Queue, err = tc.FieldString(pcFieldQueue); err != nil {
 			return nil, fmt.Errorf("%s: %w", path(pcFieldQueue), err)
+		}
+		if t.AppendOnly, err = tc.FieldBool(pcFieldAppendOnly); err != nil {
+			return nil, fmt.Errorf("%s: %w", path(pcFieldAppendOnly), err)
 		}
 		pb, err := tc.FieldAny(pcFieldPartitionBy)
 		if err != nil {
@@ -322,6 +342,7 @@ func hooks(mgr *service.Resources, name string) source.Hooks {
 	snapRows := m.NewCounter("pgrelay_source_snapshot_rows", "source")
 	snapTables := m.NewCounter("pgrelay_source_snapshot_tables", "source")
 	phase := m.NewGauge("pgrelay_source_phase", "source", "phase")
+	refused := m.NewGauge("pgrelay_source_table_refused", "source", "table", "code")
 	return source.Hooks{
 		Transactions: func(n int64) { txns.Incr(n, name) },
 		SlotLag:      func(n int64) { lag.Set(n, name) },
@@ -352,6 +373,13 @@ func hooks(mgr *service.Resources, name string) source.Hooks {
 		},
 		SnapshotRows:   func(n int64) { snapRows.Incr(n, name) },
 		SnapshotTables: func(n int64) { snapTables.Incr(n, name) },
+		Refused: func(table, code string, yes bool) {
+			if yes {
+				refused.Set(1, name, table, code)
+			} else {
+				refused.Set(0, name, table, code)
+			}
+		},
 	}
 }
 

@@ -105,16 +105,37 @@ func printSource(w io.Writer, st *source.Status, asJSON bool) error {
 	for _, k := range reps {
 		fmt.Fprintf(w, "  replica:     %s %s\n", k, st.Replicas[k])
 	}
-	fmt.Fprintf(w, "  pointer:     %s\n", orNone(string(st.Pointer)))
+	if st.Phase != "" {
+		phase := st.Phase
+		if st.ErrorCode != "" {
+			phase += " (" + string(st.ErrorCode) + ")"
+		}
+		fmt.Fprintf(w, "  phase:       %s\n", phase)
+	}
+	if st.LSN == "" {
+		fmt.Fprintf(w, "  pointer:     %s\n", orNone(string(st.Pointer)))
+	} else {
+		inTxn := ""
+		if st.InTransaction {
+			inTxn = ", inside the next transaction"
+		}
+		fmt.Fprintf(w, "  pointer:     lsn %s%s, epoch %s, generation %d, updated %s\n", st.LSN, inTxn, st.Epoch, st.Generation, st.PointerUpdatedAt)
+	}
+	if st.LagBytes != nil {
+		fmt.Fprintf(w, "  lag:         %d bytes of WAL not yet in the queue\n", *st.LagBytes)
+	}
+	for _, r := range st.RefusedTables {
+		fmt.Fprintf(w, "  refused:     %s: %s\n", r.Table, r.Error)
+	}
 	fmt.Fprintf(w, "  slot:        %s exists=%v active_pid=%d confirmed_flush=%s wal_status=%s lag_bytes=%d\n",
 		st.Slot, st.SlotExists, st.SlotActivePID, orNone(st.ConfirmedFlush), orNone(st.WALStatus), st.SlotLagBytes)
-	fmt.Fprintf(w, "  publication: %s\n", st.Publication)
-	if sp := st.Snapshot; sp != nil && sp.Estimate > 0 {
-		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done of ~%d (%.1f%%)\n",
-			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone, sp.Estimate, sp.Percent)
-	} else if sp != nil {
-		fmt.Fprintf(w, "  snapshot:    table %s (%d of %d), %d rows done (no estimate: the table was never analyzed)\n",
-			sp.Table, sp.TableIndex+1, sp.Tables, sp.RowsDone)
+	if st.InsertPublication != "" {
+		fmt.Fprintf(w, "  publication: %s, %s (append-only tables: insert, truncate)\n", st.Publication, st.InsertPublication)
+	} else {
+		fmt.Fprintf(w, "  publication: %s\n", st.Publication)
+	}
+	if st.Snapshot != nil {
+		fmt.Fprintf(w, "  snapshot:    %s\n", strings.TrimPrefix(st.Snapshot.String(), "snapshot of "))
 	}
 	if st.PostgresProblem != "" {
 		fmt.Fprintf(w, "  postgres:    %s\n", st.PostgresProblem)

@@ -111,13 +111,16 @@ const (
 	Version Code = "version"
 	// TableMissing means a configured table does not exist or is not an ordinary table.
 	TableMissing Code = "table_missing"
-	// ReplicaIdentity means a table has no primary key and no usable REPLICA IDENTITY.
+	// ReplicaIdentity means a table that is not append-only has no primary key and no usable
+	// REPLICA IDENTITY.
 	ReplicaIdentity Code = "replica_identity"
-	// PartitionBy means partition_by names columns outside the key, or truncate: emit lacks
-	// partition_by: single.
+	// PartitionBy means partition_by names a missing column or one outside the key (without REPLICA
+	// IDENTITY FULL or append_only), an append-only table without a key is partitioned by key, or
+	// truncate: emit lacks partition_by: single.
 	PartitionBy Code = "partition_by"
-	// Publication means the publication has row filters or column lists, or misses tables, and
-	// publication.manage is false (or the role may not manage it).
+	// Publication means a publication (the main one, or the append-only tables' insert-only one)
+	// is missing, has row filters or column lists, holds other tables or misses some, or does not
+	// publish exactly its operations, and publication.manage is false (or the role may not manage it).
 	Publication Code = "publication"
 	// SlotLost means the pointer exists but the slot does not; it is never recreated silently.
 	SlotLost Code = "slot_lost"

@@ -73,7 +73,7 @@ type Column struct {
 type Table struct {
 	Name    string   // "schema.name"
 	Columns []Column // the published columns, in the order of a Row
-	Key     []int    // indexes of the key columns, in key order
+	Key     []int    // indexes of the key columns, in key order; none: `key` is null (an append-only table without a key)
 	Part    []int    // indexes of the partition_by columns; nil: the single partition
 
 	nameJSON []byte   // Name as a JSON string
@@ -118,7 +118,11 @@ type Change struct {
 func (t *Table) AppendChange(dst []byte, c *Change) []byte {
 	b := appendHead(dst, c.Op, t.nameJSON)
 	b = append(b, `,"key":`...)
-	b = t.appendObject(b, c.Row, t.Key)
+	if len(t.Key) == 0 { // a table without a key (append-only): no key columns, so no key object
+		b = convert.AppendNull(b)
+	} else {
+		b = t.appendObject(b, c.Row, t.Key)
+	}
 	b = append(b, `,"after":`...)
 	after := c.Op != OpDelete
 	if after {

@@ -120,6 +120,10 @@ func Replay(entries []Entry) *Result {
 			r.Tables[ev.Table] = map[string]Row{}
 			continue
 		}
+		if ev.Key == nil && (ev.Op == "c" || ev.Op == "r") { // a table without a key: its rows are a multiset
+			r.addKeyless(ev)
+			continue
+		}
 		k := ev.Table + " " + KeyText(ev.Key)
 		if p, seen := keyPart[k]; seen && p != e.Partition {
 			r.problem("key %s in partitions %q and %q", k, p, e.Partition)
@@ -181,6 +185,32 @@ func (r *Result) apply(e Entry, ev Event) {
 	}
 }
 
+// addKeyless adds the row of an event of a table without a key (append-only): such rows are
+// compared as a multiset, each under its whole text and its occurrence, so a duplicate shows.
+func (r *Result) addKeyless(ev Event) {
+	rows := r.Tables[ev.Table]
+	if rows == nil {
+		rows = map[string]Row{}
+		r.Tables[ev.Table] = rows
+	}
+	row := Row{}
+	for c, v := range ev.After {
+		row[c] = string(v)
+	}
+	rows[multisetKey(rows, row)] = row
+}
+
+// multisetKey names a row of a table without a key: its columns and values, and #n for the n-th
+// equal row.
+func multisetKey(rows map[string]Row, row Row) string {
+	base := canonical(row)
+	for n := 1; ; n++ {
+		if k := base + "#" + strconv.Itoa(n); rows[k] == nil {
+			return k
+		}
+	}
+}
+
 // pick returns the entries of from named by the keys of like.
 func pick(from, like map[string]json.RawMessage) map[string]json.RawMessage {
 	out := map[string]json.RawMessage{}
@@ -191,9 +221,12 @@ func pick(from, like map[string]json.RawMessage) map[string]json.RawMessage {
 }
 
 // KeyText renders a key object canonically (columns sorted).
-func KeyText(key map[string]json.RawMessage) string {
-	cols := make([]string, 0, len(key))
-	for c := range key {
+func KeyText(key map[string]json.RawMessage) string { return canonical(key) }
+
+// canonical renders column=value pairs sorted by column.
+func canonical[V ~string | ~[]byte](m map[string]V) string {
+	cols := make([]string, 0, len(m))
+	for c := range m {
 		cols = append(cols, c)
 	}
 	sort.Strings(cols)
@@ -201,14 +234,15 @@ func KeyText(key map[string]json.RawMessage) string {
 	for _, c := range cols {
 		b.WriteString(c)
 		b.WriteByte('=')
-		b.Write(key[c])
+		b.WriteString(string(m[c]))
 		b.WriteByte(';')
 	}
 	return b.String()
 }
 
-// TableRows reads a table through the converter: key text → row. conn must use the session
-// settings of convert.SessionSettings.
+// TableRows reads a table through the converter: key text → row (without keyCols, a table without
+// a key: the rows as a multiset, as Replay keeps them). conn must use the session settings of
+// convert.SessionSettings.
 func TableRows(ctx context.Context, conn *pgx.Conn, table string, keyCols []string) (map[string]Row, error) {
 	schema, name, _ := strings.Cut(table, ".")
 	res := conn.PgConn().ExecParams(ctx, "SELECT * FROM "+pgx.Identifier{schema, name}.Sanitize(), nil, nil, nil, nil).Read()
@@ -241,7 +275,11 @@ func TableRows(ctx context.Context, conn *pgx.Conn, table string, keyCols []stri
 				}
 			}
 		}
-		out[KeyText(key)] = row
+		if len(keyCols) == 0 {
+			out[multisetKey(out, row)] = row
+		} else {
+			out[KeyText(key)] = row
+		}
 	}
 	return out, nil
 }

@@ -74,3 +74,31 @@ func TestOracleRefusesDamage(t *testing.T) {
 		}
 	}
 }
+
+// A table without a key (append-only, `key` null) replays as a multiset of rows: two equal rows
+// are two rows, so a lost or a repeated insert shows.
+func TestOracleComparesKeylessRowsAsAMultiset(t *testing.T) {
+	ins := func(off int64, id, after string) Entry {
+		return Entry{Off: off, Partition: "all", ID: id,
+			Payload: []byte(`{"op":"c","table":"public.log","key":null,"after":` + after + `,"before":null,"lsn":"0/10","xid":1,"ts":"x","seq":0}`)}
+	}
+	queue := []Entry{ins(1, "a", `{"m":"x","n":1}`), ins(2, "b", `{"m":"x","n":1}`), ins(3, "c", `{"m":"y","n":null}`)}
+	rows := map[string]Row{}
+	for _, r := range []Row{{"m": `"x"`, "n": "1"}, {"m": `"y"`, "n": "null"}, {"m": `"x"`, "n": "1"}} {
+		rows[multisetKey(rows, r)] = r
+	}
+	for name, c := range map[string]struct {
+		queue []Entry
+		diffs int
+	}{
+		"equal":           {queue, 0},
+		"an insert lost":  {queue[1:], 1},
+		"an insert twice": {append(append([]Entry(nil), queue...), ins(4, "d", `{"m":"y","n":null}`)), 1},
+		"another value":   {[]Entry{queue[0], queue[1], ins(3, "c", `{"m":"z","n":null}`)}, 2},
+	} {
+		r := Replay(c.queue)
+		if d := Compare(r.Tables["public.log"], rows); len(d) != c.diffs || len(r.Problems) != 0 {
+			t.Errorf("%s: %d differences (%v), %d problems (%v), want %d differences", name, len(d), d, len(r.Problems), r.Problems, c.diffs)
+		}
+	}
+}

@@ -8,36 +8,55 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
+	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
 // The operator's actions on a source, outside a running pipeline (pgrelay status, resync and
 // teardown): each connects, does its one thing and closes.
 
-// Status is what `pgrelay status` shows for one source.
+// Status is what `pgrelay status` shows for one source. The JSON form (`--json`) only ever gains
+// fields.
 type Status struct {
-	Name            string                     `json:"name"`
-	Owner           string                     `json:"owner"`
-	LeaseTTLLeftMs  int64                      `json:"lease_ttl_left_ms"`
-	Replicas        map[string]json.RawMessage `json:"replicas"`
-	Pointer         json.RawMessage            `json:"pointer"`
-	Slot            string                     `json:"slot"`
-	SlotExists      bool                       `json:"slot_exists"`
-	SlotActivePID   int                        `json:"slot_active_pid,omitempty"`
-	ConfirmedFlush  string                     `json:"confirmed_flush_lsn,omitempty"`
-	WALStatus       string                     `json:"wal_status,omitempty"`
-	SlotLagBytes    int64                      `json:"slot_lag_bytes"`
-	Publication     string                     `json:"publication"`
-	PostgresProblem string                     `json:"postgres_error,omitempty"`
-	Snapshot        *SnapshotProgress          `json:"snapshot,omitempty"`
+	Name              string                     `json:"name"`
+	Owner             string                     `json:"owner"`
+	LeaseTTLLeftMs    int64                      `json:"lease_ttl_left_ms"`
+	Replicas          map[string]json.RawMessage `json:"replicas"`
+	Pointer           json.RawMessage            `json:"pointer"`
+	Slot              string                     `json:"slot"`
+	SlotExists        bool                       `json:"slot_exists"`
+	SlotActivePID     int                        `json:"slot_active_pid,omitempty"`
+	ConfirmedFlush    string                     `json:"confirmed_flush_lsn,omitempty"`
+	WALStatus         string                     `json:"wal_status,omitempty"`
+	SlotLagBytes      int64                      `json:"slot_lag_bytes"`
+	Publication       string                     `json:"publication"`
+	InsertPublication string                     `json:"insert_publication,omitempty"` // with append-only tables
+	PostgresProblem   string                     `json:"postgres_error,omitempty"`
+	Snapshot          *SnapshotProgress          `json:"snapshot,omitempty"`
+
+	// The owner's phase and last error code (from its entry in Replicas).
+	Phase     string       `json:"phase,omitempty"`
+	ErrorCode errcode.Code `json:"error_code,omitempty"`
+	// The pointer's fields: every commit at or below LSN is in the queue.
+	Epoch            string `json:"epoch,omitempty"`
+	Generation       uint32 `json:"generation,omitempty"` // 1 on the first start, +1 per resync
+	LSN              string `json:"lsn,omitempty"`
+	InTransaction    bool   `json:"in_transaction,omitempty"` // the queue holds part of the next transaction
+	PointerUpdatedAt string `json:"pointer_updated_at,omitempty"`
+	// LagBytes is how much WAL the queue is behind: the server's current WAL position − LSN.
+	LagBytes *int64 `json:"lag_bytes,omitempty"`
+	// RefusedTables are the configured tables the owner's last start refused and does not stream.
+	RefusedTables []RefusedTable `json:"refused_tables,omitempty"`
 }
 
 // ReadStatus gathers a source's status from Redis and PostgreSQL.
@@ -49,6 +68,9 @@ func ReadStatus(ctx context.Context, cfg Config) (*Status, error) {
 	defer rdb.Close()
 	keys := KeysFor(&cfg)
 	st := &Status{Name: cfg.Name, Slot: cfg.Slot, Publication: cfg.Publication, Replicas: map[string]json.RawMessage{}}
+	if cfg.anyAppendOnly() {
+		st.InsertPublication = cfg.InsertPublication
+	}
 	owner, ttl, err := lease.Holder(ctx, rdb, keys.Lease)
 	if err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
@@ -63,29 +85,52 @@ func ReadStatus(ctx context.Context, cfg Config) (*Status, error) {
 	for k, v := range reps {
 		st.Replicas[k] = json.RawMessage(v)
 	}
-	if err := st.readSlot(ctx, cfg); err != nil {
-		st.PostgresProblem = err.Error()
+	var own ReplicaStatus
+	ownerID, _, _ := strings.Cut(owner, "|") // the lease holds "<owner id>|<fence sequence>"
+	if raw, ok := st.Replicas[ownerID]; ok && owner != "" && json.Unmarshal(raw, &own) == nil {
+		st.Phase, st.ErrorCode, st.RefusedTables = own.Phase, own.Code, own.Refused
 	}
-	if err := st.readSnapshot(ctx, cfg); err != nil && st.PostgresProblem == "" {
+	var ptr *pointer.Pointer
+	if len(st.Pointer) > 0 {
+		if p, err := pointer.Parse(st.Pointer); err == nil {
+			ptr = &p
+			st.Epoch, st.Generation, st.LSN, st.InTransaction, st.PointerUpdatedAt = p.Epoch, p.Gen, p.LSN, p.InTxn != nil, p.UpdatedAt
+		}
+	}
+	pool, err := connectPool(ctx, cfg)
+	if err != nil {
+		st.PostgresProblem = pgconnect.Explain(err).Error()
+		return st, nil
+	}
+	defer pool.Close()
+	if err := st.readSlot(ctx, pool, cfg, ptr); err != nil {
+		st.PostgresProblem = pgconnect.Explain(err).Error()
+	}
+	if err := st.readSnapshot(ctx, pool, ptr, own.Snapshot); err != nil && st.PostgresProblem == "" {
 		st.PostgresProblem = pgconnect.Explain(err).Error()
 	}
 	return st, nil
 }
 
-func (st *Status) readSlot(ctx context.Context, cfg Config) error {
-	pool, err := connectPool(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+// readSlot reads the slot and both lags: the slot's (WAL PostgreSQL keeps) and the queue's.
+func (st *Status) readSlot(ctx context.Context, pool *pgxpool.Pool, cfg Config, ptr *pointer.Pointer) error {
 	slot, err := ReadSlot(ctx, pool, cfg.Slot)
 	if err != nil {
-		return pgconnect.Explain(err)
+		return err
 	}
 	st.SlotExists, st.SlotActivePID, st.WALStatus = slot.Exists, slot.ActivePID, slot.WALStatus
 	if slot.Exists {
 		st.ConfirmedFlush = slot.ConfirmedFlush.String()
-		return pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - $1::text::pg_lsn`, st.ConfirmedFlush).Scan(&st.SlotLagBytes)
+		if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - $1::text::pg_lsn`, st.ConfirmedFlush).Scan(&st.SlotLagBytes); err != nil {
+			return err
+		}
+	}
+	if ptr != nil {
+		var lag int64
+		if err := pool.QueryRow(ctx, `SELECT greatest(pg_current_wal_lsn() - $1::text::pg_lsn, 0)::bigint`, ptr.LSN).Scan(&lag); err != nil {
+			return err
+		}
+		st.LagBytes = &lag
 	}
 	return nil
 }
@@ -156,10 +201,21 @@ func Teardown(ctx context.Context, cfg Config, force bool, w io.Writer) error {
 		fmt.Fprintf(w, "dropped slot %s\n", cfg.Slot)
 	}
 	if cfg.ManagePublication {
-		if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{cfg.Publication}.Sanitize()); err != nil {
-			return fmt.Errorf("drop publication %s: %w", cfg.Publication, err)
+		rows, err := pool.Query(ctx, `SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN ($1, $2) ORDER BY pubname`,
+			cfg.Publication, cfg.InsertPublication)
+		if err != nil {
+			return fmt.Errorf("read pg_publication: %w", err)
 		}
-		fmt.Fprintf(w, "dropped publication %s\n", cfg.Publication)
+		pubs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("read pg_publication: %w", err)
+		}
+		for _, pub := range pubs {
+			if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{pub}.Sanitize()); err != nil {
+				return fmt.Errorf("drop publication %s: %w", pub, err)
+			}
+			fmt.Fprintf(w, "dropped publication %s\n", pub)
+		}
 	}
 	if err := rdb.Del(ctx, keys.Pointer, keys.Status, keys.Resync).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
@@ -168,50 +224,26 @@ func Teardown(ctx context.Context, cfg Config, force bool, w io.Writer) error {
 	return nil
 }
 
-// SnapshotProgress is the snapshot's progress as `pgrelay status` shows it: the pointer's cursor
-// and the table's row estimate (pg_class.reltuples, so the percent is approximate).
-type SnapshotProgress struct {
-	Table      string  `json:"table"`
-	TableIndex int     `json:"table_index"` // 0-based position of Table in the snapshot's tables
-	Tables     int     `json:"tables"`
-	RowsDone   int64   `json:"rows_done"` // rows of Table already in the queue
-	Estimate   int64   `json:"estimate"`  // reltuples of Table (-1 or 0: never analyzed)
-	Percent    float64 `json:"percent"`   // RowsDone / Estimate of Table, capped at 100
-}
-
-// readSnapshot fills st.Snapshot from the pointer's cursor (nothing when no snapshot runs).
-func (st *Status) readSnapshot(ctx context.Context, cfg Config) error {
-	if len(st.Pointer) == 0 {
+// readSnapshot fills st.Snapshot from the pointer's cursor (nothing when no snapshot runs): rows
+// done as the queue holds them, the table's estimate, and the rate and time left the owner last
+// reported for that table.
+func (st *Status) readSnapshot(ctx context.Context, pool *pgxpool.Pool, ptr *pointer.Pointer, live *SnapshotProgress) error {
+	if ptr == nil || len(ptr.Snapshot) == 0 || string(ptr.Snapshot) == "null" {
 		return nil
 	}
-	var p struct {
-		Snapshot *snapshot.Cursor `json:"snapshot"`
-	}
-	if err := json.Unmarshal(st.Pointer, &p); err != nil || p.Snapshot == nil {
+	var cur snapshot.Cursor
+	if err := json.Unmarshal(ptr.Snapshot, &cur); err != nil || cur.Table == "" {
 		return nil
 	}
-	cur := p.Snapshot
-	sp := &SnapshotProgress{Table: cur.Table, Tables: len(cur.Tables), RowsDone: cur.Rows}
-	for i, t := range cur.Tables {
-		if t == cur.Table {
-			sp.TableIndex = i
-		}
+	p := newProgress(cur, 0, time.Now()).SnapshotProgress
+	st.Snapshot = &p
+	if live != nil && live.Table == cur.Table {
+		p.RowsPerSec, p.ETASec, p.At = live.RowsPerSec, live.ETASec, live.At
 	}
-	st.Snapshot = sp
-	pool, err := connectPool(ctx, cfg)
+	est, err := estimateRows(ctx, pool, cur.Table)
 	if err != nil {
-		return err
+		return fmt.Errorf("snapshot: %w", err)
 	}
-	defer pool.Close()
-	schema, name := ParseTable(cur.Table)
-	var est float64
-	if err := pool.QueryRow(ctx, `SELECT c.reltuples::float8 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&est); err != nil {
-		return fmt.Errorf("snapshot estimate of %s: %w", cur.Table, err)
-	}
-	sp.Estimate = int64(est)
-	if sp.Estimate > 0 {
-		sp.Percent = min(100, float64(sp.RowsDone)*100/float64(sp.Estimate))
-	}
+	p.Estimate, p.Percent = est, percentOf(p.RowsDone, est)
 	return nil
 }

@@ -52,19 +52,32 @@ func CheckServer(ctx context.Context, q queryer, failover bool) (int, error) {
 	return version, nil
 }
 
+// Refusal is a configured table a start check refused, with its coded error (table_missing,
+// replica_identity or partition_by).
+type Refusal struct {
+	Table string // "schema.name"
+	Err   error
+}
+
 // LoadTables reads and checks every configured table before anything touches the publication:
-// it exists, has a key (identity index, else primary key; not REPLICA IDENTITY NOTHING), and its
-// partition_by columns exist and lie inside the identity unless it is REPLICA IDENTITY FULL.
-func LoadTables(ctx context.Context, q queryer, tables []Table) ([]TableInfo, error) {
-	out := make([]TableInfo, 0, len(tables))
+// it exists, has a key (identity index, else primary key; not REPLICA IDENTITY NOTHING) unless it
+// is append-only, and its partition_by columns exist and lie inside the identity unless it is
+// REPLICA IDENTITY FULL or append-only (no delete is streamed, so no old row must name its
+// partition). A table a check refuses comes back in refused, the others in ok; err is only a
+// failure to read the catalog.
+func LoadTables(ctx context.Context, q queryer, tables []Table) (ok []TableInfo, refused []Refusal, err error) {
 	for i, t := range tables {
 		ti, err := loadTable(ctx, q, t)
-		if err != nil {
-			return nil, fmt.Errorf("tables[%d] (%s): %w", i, t.Full(), err)
+		if errcode.Of(err) != "" {
+			refused = append(refused, Refusal{Table: t.Full(), Err: fmt.Errorf("tables[%d] (%s): %w", i, t.Full(), err)})
+			continue
 		}
-		out = append(out, ti)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tables[%d] (%s): %w", i, t.Full(), err)
+		}
+		ok = append(ok, ti)
 	}
-	return out, nil
+	return ok, refused, nil
 }
 
 func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
@@ -96,9 +109,14 @@ func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
 	if err != nil {
 		return ti, fmt.Errorf("read the key: %w", err)
 	}
-	if ti.Identity == 'n' || len(ti.Key) == 0 {
+	switch {
+	case t.AppendOnly && len(ti.Key) == 0 && t.Mode == PartitionByKey:
+		return ti, errcode.New(errcode.PartitionBy, t.Full()+" has no key to partition by (partition_by: key is the default)",
+			"set tables[].partition_by to single or to a list of its columns")
+	case t.AppendOnly: // only inserts are published: no identity needed
+	case ti.Identity == 'n' || len(ti.Key) == 0:
 		return ti, errcode.New(errcode.ReplicaIdentity, t.Full()+" has no key pg_cdc can use (REPLICA IDENTITY NOTHING, or no primary key)",
-			"add a primary key, or ALTER TABLE "+t.Full()+" REPLICA IDENTITY USING INDEX <unique index>")
+			"add a primary key, or ALTER TABLE "+t.Full()+" REPLICA IDENTITY USING INDEX <unique index>; for a table that only gets inserts (a log), set tables[].append_only: true")
 	}
 	return ti, checkPartitionColumns(ctx, q, ti)
 }
@@ -120,7 +138,7 @@ func checkPartitionColumns(ctx context.Context, q queryer, ti TableInfo) error {
 		if !slices.Contains(cols, c) {
 			return errcode.New(errcode.PartitionBy, "partition_by column "+c+" is not a column of "+ti.Full(), "fix tables[].partition_by")
 		}
-		if ti.Identity != 'f' && !slices.Contains(ti.Key, c) {
+		if ti.Identity != 'f' && !ti.AppendOnly && !slices.Contains(ti.Key, c) {
 			return errcode.New(errcode.PartitionBy, "partition_by column "+c+" of "+ti.Full()+
 				" is not part of the key, so a delete could not name its partition",
 				"partition by key columns only, or ALTER TABLE "+ti.Full()+" REPLICA IDENTITY FULL")
@@ -129,52 +147,145 @@ func checkPartitionColumns(ctx context.Context, q queryer, ti TableInfo) error {
 	return nil
 }
 
-// EnsurePublication creates or corrects a managed publication (exactly the tables, whole, every
-// operation), or verifies an unmanaged one; row filters and column lists are refused.
-func EnsurePublication(ctx context.Context, q queryer, name string, manage bool, tables []TableInfo, version int) error {
-	want := make([]string, len(tables))
-	for i, t := range tables {
-		want[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
+// publishOps is what a publication publishes (pg_publication's pubinsert, pubupdate, pubdelete,
+// pubtruncate).
+type publishOps struct{ insert, update, delete, truncate bool }
+
+var (
+	allOps     = publishOps{true, true, true, true}   // the main publication: every operation
+	insertOps  = publishOps{true, false, false, true} // the append-only tables': no update or delete
+	allOpsText = "insert, update, delete, truncate"
+	insertText = "insert, truncate"
+)
+
+// Publications are the publications pgoutput reads, as EnsurePublications settled them.
+type Publications struct {
+	Main   string // every operation of the tables with a key
+	Insert string // inserts and truncates of the append-only tables; "" when there are none
+}
+
+// Names lists the publications for pgoutput's publication_names.
+func (p Publications) Names() []string {
+	if p.Insert == "" {
+		return []string{p.Main}
 	}
-	var exists, allOps bool
-	err := q.QueryRow(ctx, `SELECT true, pubinsert AND pubupdate AND pubdelete AND pubtruncate
-		FROM pg_catalog.pg_publication WHERE pubname = $1`, name).Scan(&exists, &allOps)
+	return []string{p.Main, p.Insert}
+}
+
+// EnsurePublications creates or corrects the managed publications, or verifies unmanaged ones. A
+// table's publish operations are per publication, so the append-only tables have their own:
+// the main publication holds exactly the other tables, whole, with every operation; the insert
+// publication exactly the append-only tables, whole, publishing insert and truncate only (so
+// PostgreSQL lets their updates and deletes run without a replica identity, and does not send
+// them). Row filters and column lists are refused. A refused table may stay in an unmanaged
+// publication (its changes are dropped); a managed one never holds it.
+func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
+	var main, ins []string
+	for _, t := range tables {
+		if t.AppendOnly {
+			ins = append(ins, t.Full())
+		} else {
+			main = append(main, t.Full())
+		}
+	}
+	var others []string
+	for _, r := range refused {
+		others = append(others, r.Table)
+	}
+	pubs := Publications{Main: cfg.Publication}
+	if err := ensurePublication(ctx, q, cfg.Publication, cfg.ManagePublication, main, others, allOps, version); err != nil {
+		return pubs, err
+	}
+	if len(ins) == 0 {
+		if cfg.ManagePublication { // a table that was append-only is no longer: nothing may stay in it
+			if _, err := q.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{cfg.InsertPublication}.Sanitize()); err != nil {
+				return pubs, publicationErr(err, cfg.InsertPublication)
+			}
+		}
+		return pubs, nil
+	}
+	pubs.Insert = cfg.InsertPublication
+	return pubs, ensurePublication(ctx, q, cfg.InsertPublication, cfg.ManagePublication, ins, others, insertOps, version)
+}
+
+// ensurePublication makes publication name hold exactly the tables want ("schema.name") and
+// publish ops; an unmanaged one may also hold the tables of may.
+func ensurePublication(ctx context.Context, q queryer, name string, manage bool, want, may []string, ops publishOps, version int) error {
+	quote := func(list []string) []string {
+		out := make([]string, len(list))
+		for i, t := range list {
+			schema, table := ParseTable(t)
+			out[i] = pgx.Identifier{schema, table}.Sanitize()
+		}
+		sort.Strings(out)
+		return out
+	}
+	wantQ, mayQ := quote(want), quote(may)
+	opsText := allOpsText
+	if ops == insertOps {
+		opsText = insertText
+	}
+	var exists bool
+	var have publishOps
+	err := q.QueryRow(ctx, `SELECT true, pubinsert, pubupdate, pubdelete, pubtruncate
+		FROM pg_catalog.pg_publication WHERE pubname = $1`, name).Scan(&exists, &have.insert, &have.update, &have.delete, &have.truncate)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read pg_publication: %w", err)
 	}
 	pub := pgx.Identifier{name}.Sanitize()
 	if !exists {
 		if !manage {
-			return errcode.New(errcode.Publication, "publication "+name+" does not exist", "create it FOR TABLE the configured tables, or set publication.manage: true")
+			return errcode.New(errcode.Publication, "publication "+name+" does not exist",
+				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s'), or set publication.manage: true", pub, strings.Join(wantQ, ", "), opsText))
 		}
-		_, err := q.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+strings.Join(want, ", "))
+		sql := "CREATE PUBLICATION " + pub
+		if len(wantQ) > 0 {
+			sql += " FOR TABLE " + strings.Join(wantQ, ", ")
+		}
+		_, err := q.Exec(ctx, sql+" WITH (publish = '"+opsText+"')")
 		return publicationErr(err, name)
 	}
-	have, filtered, err := publicationTables(ctx, q, name, version)
+	haveQ, filtered, err := publicationTables(ctx, q, name, version)
 	if err != nil {
 		return err
 	}
-	sort.Strings(have)
-	sorted := append([]string(nil), want...)
-	sort.Strings(sorted)
-	same := strings.Join(have, ",") == strings.Join(sorted, ",")
-	if same && !filtered && allOps {
+	sort.Strings(haveQ)
+	exact := slices.Equal(haveQ, wantQ)
+	if !manage {
+		missing, extra := false, false
+		for _, t := range wantQ {
+			missing = missing || !slices.Contains(haveQ, t)
+		}
+		for _, t := range haveQ {
+			extra = extra || !slices.Contains(wantQ, t) && !slices.Contains(mayQ, t)
+		}
+		what := ""
+		switch {
+		case filtered:
+			what = "has a row filter or a column list (a filtered stream could not be made complete)"
+		case missing || extra:
+			what = "does not publish exactly the tables " + strings.Join(wantQ, ", ")
+		case have != ops:
+			what = "does not publish exactly " + opsText
+		default:
+			return nil
+		}
+		return errcode.New(errcode.Publication, "publication "+name+" "+what,
+			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; ALTER PUBLICATION %s SET (publish = '%s'), or set publication.manage: true",
+				pub, strings.Join(wantQ, ", "), pub, opsText))
+	}
+	if exact && !filtered && have == ops {
 		return nil
 	}
-	if !manage {
-		what := "does not publish exactly the configured tables"
-		if filtered {
-			what = "has a row filter or a column list"
-		} else if !allOps {
-			what = "does not publish insert, update, delete and truncate"
-		}
-		return errcode.New(errcode.Publication, "publication "+name+" "+what+" (a filtered stream could not be made complete)",
-			"ALTER PUBLICATION "+name+" SET TABLE the configured tables, whole, or set publication.manage: true")
+	if len(wantQ) > 0 {
+		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+strings.Join(wantQ, ", "))
+	} else if len(haveQ) > 0 {
+		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" DROP TABLE "+strings.Join(haveQ, ", "))
 	}
-	if _, err := q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+strings.Join(want, ", ")); err != nil {
+	if err != nil {
 		return publicationErr(err, name)
 	}
-	_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET (publish = 'insert, update, delete, truncate')")
+	_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET (publish = '"+opsText+"')")
 	return publicationErr(err, name)
 }
 

@@ -26,6 +26,9 @@ type Table struct {
 	Queue        string
 	Mode         PartitionMode
 	Columns      []string // for PartitionByColumns
+	// AppendOnly streams only the table's inserts (and truncates): it is published by the
+	// insert-only publication, so it needs no key, and its updates and deletes are not streamed.
+	AppendOnly bool
 }
 
 // Full is "schema.name" as it appears in events.
@@ -33,23 +36,25 @@ func (t Table) Full() string { return t.Schema + "." + t.Name }
 
 // Config is a parsed pg_cdc configuration.
 type Config struct {
-	Name              string
-	PG                PGConfig
-	Tables            []Table
-	Publication       string
-	ManagePublication bool
-	PublishFunction   bool // install pgrelay.publish() at start when missing
-	Slot              string
-	SlotFailover      bool
-	Redis             redisconn.Config
-	LeaseTTL          time.Duration
-	MaxBundleMessages int
-	MaxBundleBytes    int
-	Linger            time.Duration
-	Heartbeat         time.Duration
-	TruncateEmit      bool
-	SnapshotInitial   bool
-	ChunkRows         int // rows per snapshot chunk
+	Name               string
+	PG                 PGConfig
+	Tables             []Table
+	Publication        string
+	InsertPublication  string // the append-only tables' publication: Publication + InsertPublicationSuffix
+	ManagePublication  bool
+	StopOnRefusedTable bool // on_refused_table: stop; false (skip) streams the other tables
+	PublishFunction    bool // install pgrelay.publish() at start when missing
+	Slot               string
+	SlotFailover       bool
+	Redis              redisconn.Config
+	LeaseTTL           time.Duration
+	MaxBundleMessages  int
+	MaxBundleBytes     int
+	Linger             time.Duration
+	Heartbeat          time.Duration
+	TruncateEmit       bool
+	SnapshotInitial    bool
+	ChunkRows          int // rows per snapshot chunk
 }
 
 // PGConfig is how to reach PostgreSQL (shared with pg_sink).
@@ -67,6 +72,8 @@ const (
 	DefaultChunkRows                  = 2000
 	MaxQueueBytes                     = 128 // a table's queue name
 	MaxPublicationBytes               = 63  // PostgreSQL's identifier limit
+	// InsertPublicationSuffix names the publication of the append-only tables after the main one.
+	InsertPublicationSuffix = "_insert"
 )
 
 // The names a config gives, as regular expressions (the spec's lint rules use the same).
@@ -127,6 +134,11 @@ func (c *Config) Validate() error {
 	if len(c.Publication) == 0 || len(c.Publication) > MaxPublicationBytes {
 		return fieldErr("publication.name", "%q must be 1-%d bytes", c.Publication, MaxPublicationBytes)
 	}
+	c.InsertPublication = c.Publication + InsertPublicationSuffix
+	if c.anyAppendOnly() && len(c.InsertPublication) > MaxPublicationBytes {
+		return fieldErr("publication.name", "%q is too long: the append-only tables' publication %q must be at most %d bytes, so use at most %d",
+			c.Publication, c.InsertPublication, MaxPublicationBytes, MaxPublicationBytes-len(InsertPublicationSuffix))
+	}
 	if err := c.validateTables(); err != nil {
 		return err
 	}
@@ -140,6 +152,16 @@ func (c *Config) Validate() error {
 		return err
 	}
 	return nil
+}
+
+// anyAppendOnly reports whether some table is append-only (and so needs the insert publication).
+func (c *Config) anyAppendOnly() bool {
+	for _, t := range c.Tables {
+		if t.AppendOnly {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Config) validateTables() error {

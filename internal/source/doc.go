@@ -14,9 +14,11 @@
 // readback.go reads back unchanged TOASTed values once their transaction is visible;
 // heartbeat.go keeps an idle slot moving and reports the slot's lag; itemqueue.go is the bounded
 // hand-over from the reader to the bundler; bundler.go cuts batches and their covers;
-// snapshot.go is the snapshotter, reading chunks between watermarks while streaming;
-// snapshot_resync.go starts over on request; catalog.go and slot.go read and check the catalog,
-// the publication and the slot; config.go and cluster.go are the configuration and its checks
+// snapshot.go is the snapshotter, reading chunks between watermarks while streaming; progress.go
+// its progress (the periodic log line and what `pgrelay status` shows);
+// snapshot_resync.go starts over on request; catalog.go and slot.go read and check the catalog
+// (refusing tables one by one), the publications (the main one, and the insert-only one of the
+// append-only tables) and the slot; config.go and cluster.go are the configuration and its checks
 // (the spec and its parser are the plugin's, in input/pg_cdc.go); admin.go is what an operator
 // does outside a running pipeline: read the status, request a resync, tear a source down (the
 // pgrelay subcommands in internal/cli call it).

@@ -69,7 +69,7 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	tables, err := LoadTables(ctx, pool, []Table{{Schema: "public", Name: "t", Queue: "q", Mode: PartitionByKey}})
+	tables, _, err := LoadTables(ctx, pool, []Table{{Schema: "public", Name: "t", Queue: "q", Mode: PartitionByKey}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,10 +42,13 @@ type session struct {
 func (ss *session) fail(err error) { ss.cancel(err) }
 
 // stream starts replication at the pointer and runs the reader and heartbeat until one fails.
-func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, tables []TableInfo, start pointer.Pointer, version int) error {
-	pub := strings.ReplaceAll(s.cfg.Publication, `"`, `""`)
+func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, tables []TableInfo, pubs Publications, start pointer.Pointer, version int) error {
+	names := pubs.Names()
+	for i, n := range names { // a list of quoted identifiers inside a string literal
+		names[i] = `"` + strings.ReplaceAll(strings.ReplaceAll(n, `"`, `""`), "'", "''") + `"`
+	}
 	err := pglogrepl.StartReplication(ctx, repl, s.cfg.Slot, start.LSNValue(), pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", fmt.Sprintf(`publication_names '"%s"'`, strings.ReplaceAll(pub, "'", "''")), "messages 'true'"},
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + strings.Join(names, ",") + "'", "messages 'true'"},
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError

@@ -79,7 +79,7 @@ type snapshotter struct {
 	trunc   bool
 	history []snapshot.Commit // commits on the active table not yet seen by a chunk's snapshot
 
-	rowsDone atomic.Int64 // rows of the current table in the pointer, for the log
+	progress *tableProgress // the table being read (run's goroutine only)
 }
 
 // newSnapshotter prepares the snapshot of the cursor in start (nil when there is none).
@@ -110,6 +110,11 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 	t := sn.tables[name]
 	if t == nil { // removed from tables while its snapshot ran: skipped (read as an empty chunk)
 		sn.ss.src.log.Warnf("pg_cdc %s: snapshot: %s is no longer in tables, skipping it", sn.ss.src.cfg.Name, name)
+		return nil, nil
+	}
+	if len(t.info.Key) == 0 { // append-only without a key: nothing tells a copied row from a streamed insert
+		sn.ss.src.log.Warnf("pg_cdc %s: snapshot: %s is append-only without a key, so its existing rows are not copied (only its inserts are streamed)",
+			sn.ss.src.cfg.Name, name)
 		return nil, nil
 	}
 	if t.enc != nil {
@@ -181,11 +186,12 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 func (sn *snapshotter) run(cur snapshot.Cursor) error {
 	ctx := sn.ss.ctx
 	src := sn.ss.src
-	lastLog := time.Now()
 	src.log.Infof("pg_cdc %s: snapshot of %d table(s) at %s (%d rows done)", src.cfg.Name, len(cur.Tables), cur.Table, cur.Rows)
 	if err := sn.waitEarlierTransactions(ctx); err != nil {
 		return err
 	}
+	sn.trackTable(ctx, cur)
+	defer src.setSnapshotProgress(nil)
 	for {
 		t, err := sn.load(ctx, cur.Table)
 		if err != nil {
@@ -218,15 +224,16 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 		}
 		if p.over {
 			src.log.Infof("pg_cdc %s: snapshot done", src.cfg.Name)
+			src.setSnapshotProgress(nil)
 			src.setPhase(PhaseStreaming, nil)
 			return nil
 		}
+		if p.next.Table != cur.Table {
+			sn.trackTable(ctx, p.next)
+		}
 		cur = p.next
 		sn.setActive(cur.Table)
-		if time.Since(lastLog) >= snapshotLogEvery {
-			lastLog = time.Now()
-			src.log.Infof("pg_cdc %s: snapshot at %s, %d rows read in this table", src.cfg.Name, cur.Table, cur.Rows)
-		}
+		sn.report(cur.Rows)
 	}
 }
 

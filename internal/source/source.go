@@ -2,6 +2,7 @@ package source
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -49,6 +50,9 @@ type Hooks struct {
 	// counts tables whose snapshot finished.
 	SnapshotRows   func(n int64)
 	SnapshotTables func(n int64)
+	// Refused reports a table the start checks refused (refused true, with its code), and
+	// false once a later start accepts it.
+	Refused func(table, code string, refused bool)
 }
 
 // Keys are the Redis keys of one source (DESIGN §4), under its first queue's hash tag.
@@ -79,7 +83,10 @@ type Source struct {
 	phase    string
 	lastErr  error
 	sess     *session
-	sessCh   chan struct{} // closed and replaced when sess changes
+	sessCh   chan struct{}     // closed and replaced when sess changes
+	streamed []string          // the tables this session streams ("schema.name"), set at its start
+	refused  []Refusal         // the tables its start checks refused (skipped with on_refused_table: skip)
+	snapProg *SnapshotProgress // the running snapshot's last progress report
 	retry    *Batch
 	ahead    *Batch // built while the previous batch was in flight; handed out after its ack
 	attempts int
@@ -160,15 +167,48 @@ func (s *Source) setPhase(p string, err error) {
 	}
 }
 
+// ReplicaStatus is what a replica records in the source's status hash (field: its owner id) for
+// `pgrelay status`.
+type ReplicaStatus struct {
+	Phase    string            `json:"phase"`
+	Error    string            `json:"error"`
+	Code     errcode.Code      `json:"code"`
+	At       string            `json:"at"`
+	Refused  []RefusedTable    `json:"refused,omitempty"`  // tables its last start refused and skipped
+	Snapshot *SnapshotProgress `json:"snapshot,omitempty"` // the running snapshot's last progress line
+}
+
+// RefusedTable is a table the start checks refused, with its coded error.
+type RefusedTable struct {
+	Table string       `json:"table"`
+	Code  errcode.Code `json:"code"`
+	Error string       `json:"error"`
+}
+
+// setSnapshotProgress records the snapshot's progress (nil: none runs) in the status hash.
+func (s *Source) setSnapshotProgress(p *SnapshotProgress) {
+	s.mu.Lock()
+	s.snapProg = p
+	phase, err := s.phase, s.lastErr
+	s.mu.Unlock()
+	s.publishStatus(phase, err)
+}
+
 // publishStatus records this replica's phase for `pgrelay status` (best effort).
 func (s *Source) publishStatus(phase string, err error) {
-	msg := ""
+	st := ReplicaStatus{Phase: phase, Code: errcode.Of(err), At: time.Now().UTC().Format(time.RFC3339)}
 	if err != nil {
-		msg = err.Error()
+		st.Error = err.Error()
 	}
+	s.mu.Lock()
+	for _, r := range s.refused {
+		st.Refused = append(st.Refused, RefusedTable{Table: r.Table, Code: errcode.Of(r.Err), Error: r.Err.Error()})
+	}
+	st.Snapshot = s.snapProg
+	s.mu.Unlock()
+	v, _ := json.Marshal(st)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	v := fmt.Sprintf(`{"phase":%q,"error":%q,"code":%q,"at":%q}`, phase, msg, errcode.Of(err), time.Now().UTC().Format(time.RFC3339))
 	s.rdb.HSet(ctx, s.keys.Status, s.owner, v)
 	s.rdb.PExpire(ctx, s.keys.Status, 24*time.Hour)
 }

@@ -43,11 +43,15 @@ func (s *Source) session(ctx context.Context) error {
 	if err != nil {
 		return pgconnect.Explain(err) // a TLS or pg_hba.conf refusal gets its code and fix
 	}
-	tables, err := LoadTables(ctx, pool, s.cfg.Tables)
+	tables, refused, err := LoadTables(ctx, pool, s.cfg.Tables)
 	if err != nil {
 		return err
 	}
-	if err := EnsurePublication(ctx, pool, s.cfg.Publication, s.cfg.ManagePublication, tables, version); err != nil {
+	if err := s.settleRefusals(tables, refused); err != nil {
+		return err
+	}
+	pubs, err := EnsurePublications(ctx, pool, &s.cfg, tables, refused, version)
+	if err != nil {
 		return err
 	}
 	if err := s.ensurePublishFunction(ctx, pool); err != nil {
@@ -81,7 +85,52 @@ func (s *Source) session(ctx context.Context) error {
 		}
 		s.log.Infof("pg_cdc %s: table(s) %s added since the last start: %s", s.cfg.Name, strings.Join(added, ", "), what)
 	}
-	return s.stream(ctx, pool, repl, tables, start, version)
+	return s.stream(ctx, pool, repl, tables, pubs, start, version)
+}
+
+// settleRefusals applies on_refused_table to the tables the start checks refused: stop returns
+// the first refusal; skip streams the others, logging each refused table with its coded error
+// (also in the status hash and the refused-table metric). With every table refused there is
+// nothing to stream: the first refusal is returned. The tables streamed become the session's
+// (the pointer's table list and snapshot).
+func (s *Source) settleRefusals(ok []TableInfo, refused []Refusal) error {
+	names := make([]string, len(ok))
+	for i, t := range ok {
+		names[i] = t.Full()
+	}
+	s.mu.Lock()
+	before := s.refused
+	s.streamed = names
+	s.refused = refused
+	s.mu.Unlock()
+	if h := s.hooks.Refused; h != nil {
+		now := map[string]bool{}
+		for _, r := range refused {
+			now[r.Table] = true
+			h(r.Table, string(errcode.Of(r.Err)), true)
+		}
+		for _, r := range before {
+			if !now[r.Table] {
+				h(r.Table, string(errcode.Of(r.Err)), false)
+			}
+		}
+	}
+	if len(refused) == 0 {
+		return nil
+	}
+	if s.cfg.StopOnRefusedTable {
+		return refused[0].Err
+	}
+	for _, r := range refused {
+		if s.hooks.Error != nil {
+			s.hooks.Error(string(errcode.Of(r.Err)))
+		}
+		s.log.Warnf("pg_cdc %s: %s is not streamed, the other tables are (on_refused_table: skip): %v", s.cfg.Name, r.Table, r.Err)
+	}
+	if len(ok) == 0 {
+		return fmt.Errorf("every configured table was refused, the first: %w", refused[0].Err)
+	}
+	return nil
 }
 
 // ensurePublishFunction installs pgrelay.publish() when configured to; a missing privilege is a

@@ -59,13 +59,12 @@ func (s *Source) startCursor() json.RawMessage {
 	return s.fullCursor()
 }
 
-// tableNames are the configured tables as "schema.name", in configuration order.
+// tableNames are the tables the session streams as "schema.name", in configuration order: the
+// configured ones the start checks did not refuse.
 func (s *Source) tableNames() []string {
-	names := make([]string, len(s.cfg.Tables))
-	for i, t := range s.cfg.Tables {
-		names[i] = t.Full()
-	}
-	return names
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streamed
 }
 
 // fullCursor is the snapshot of every table (a resync always snapshots).
