@@ -170,6 +170,24 @@ input:
 output:
   redis_queue:
     url: ${REDIS_URL:redis://127.0.0.1:6379}
+`).
+		Example("A log table without a key", "pgbench's tables: the three with a primary key stream every change; `pgbench_history` has no key and only gets inserts, so it is append-only (in the insert-only publication `pgrelay_bench_insert`, events with `key: null`), partitioned by teller. A table the start checks refuse is skipped and reported while the others stream (`on_refused_table: skip`, the default).", `
+input:
+  pg_cdc:
+    name: bench
+    dsn: ${PG_DSN:postgres://pgrelay@127.0.0.1:5432/bench}
+    password: ${PGPASSWORD:}
+    tables:
+      - { table: pgbench_accounts, queue: accounts }
+      - { table: pgbench_branches, queue: branches }
+      - { table: pgbench_tellers, queue: tellers }
+      - { table: pgbench_history, queue: history, append_only: true, partition_by: [tid] }
+    redis:
+      url: ${REDIS_URL:redis://127.0.0.1:6379}
+output:
+  redis_queue:
+    url: ${REDIS_URL:redis://127.0.0.1:6379}
+    durability: aof
 `)
 }
 
