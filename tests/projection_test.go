@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,22 +80,6 @@ func (s *shop) startProjection(db, name string, set ...string) *testenv.Process 
 
 func projectionConfig() string {
 	return filepath.Join(testenv.RepoRoot(), "config", "order_docs_projection.yaml")
-}
-
-// waitFor polls cond every `every` until it holds or d passes.
-func waitFor(tb testing.TB, d, every time.Duration, what string, cond func() (bool, string)) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		time.Sleep(every)
-	}
-	tb.Fatalf("timed out waiting for %s (last state: %s)", what, last)
 }
 
 // readModel creates database db with config/order_docs_target.sql.
@@ -417,27 +399,7 @@ func (s *shop) killInTransaction(target *pgx.Conn, p *testenv.Process) {
 // shopWriters runs two writers of random shop transactions until stop; wait returns how many
 // committed.
 func (s *shop) shopWriters(seed uint64, stop <-chan struct{}) (wait func() int) {
-	var wg sync.WaitGroup
-	var committed atomic.Int64
-	for w := 0; w < 2; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(seed, uint64(w)))
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if s.shopTx(rng) {
-					committed.Add(1)
-				}
-				time.Sleep(time.Duration(rng.IntN(4)) * time.Millisecond)
-			}
-		}(w)
-	}
-	return func() int { wg.Wait(); return int(committed.Load()) }
+	return runWriters(seed, stop, 4, s.shopTx)
 }
 
 // shopTx is one random transaction of 1–3 changes; a conflict (two writers, a taken line) rolls it

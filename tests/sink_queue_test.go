@@ -80,9 +80,9 @@ func startSinkPipeline(t *testing.T, config string) *testenv.Process {
 	return testenv.StartProcess(t, nil, testenv.Binary(t), "-c", path)
 }
 
-// waitUntil polls cond until it is true or the deadline passes.
-func sinkWaitUntil(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
+// waitFor polls cond every `every` until it holds or d passes.
+func waitFor(tb testing.TB, d, every time.Duration, what string, cond func() (bool, string)) {
+	tb.Helper()
 	deadline := time.Now().Add(d)
 	last := ""
 	for time.Now().Before(deadline) {
@@ -91,9 +91,15 @@ func sinkWaitUntil(t *testing.T, d time.Duration, what string, cond func() (bool
 			return
 		}
 		last = state
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(every)
 	}
-	t.Fatalf("timed out waiting for %s (last state: %s)", what, last)
+	tb.Fatalf("timed out waiting for %s (last state: %s)", what, last)
+}
+
+// sinkWaitUntil polls cond every 250 ms until it is true or the deadline passes.
+func sinkWaitUntil(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	waitFor(t, d, 250*time.Millisecond, what, cond)
 }
 
 // sinkOffsets reads a sink's progress rows: shard → last_offset.

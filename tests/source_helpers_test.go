@@ -193,6 +193,12 @@ func (e *cdcEnv) converge(table string, key ...string) *oracle.Result {
 // randomWriter runs random transactions on w (inserts, updates, deletes, key changes,
 // multi-statement transactions) until stop; it returns the number of committed transactions.
 func (e *cdcEnv) randomWriter(seed uint64, stop <-chan struct{}) func() int {
+	return runWriters(seed, stop, 3, e.randomTx)
+}
+
+// runWriters runs two writers, each calling tx with its own generator seeded from seed and pausing
+// 0..pause-1 ms after each transaction, until stop; wait returns how many committed (tx true).
+func runWriters(seed uint64, stop <-chan struct{}, pause int, tx func(*rand.Rand) bool) (wait func() int) {
 	var committed atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < 2; w++ {
@@ -206,10 +212,10 @@ func (e *cdcEnv) randomWriter(seed uint64, stop <-chan struct{}) func() int {
 					return
 				default:
 				}
-				if e.randomTx(rng) {
+				if tx(rng) {
 					committed.Add(1)
 				}
-				time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+				time.Sleep(time.Duration(rng.IntN(pause)) * time.Millisecond)
 			}
 		}(w)
 	}
