@@ -2,9 +2,13 @@ package source_test
 
 import (
 	"encoding/json"
+	"errors"
 	"sort"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/source"
@@ -89,6 +93,40 @@ func TestAppendOnlyTablesStreamInsertsOnly(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	// What pg_cdc avoids: in a publication of updates, PostgreSQL refuses the keyless table's UPDATE.
+	e.pg.Exec(`CREATE PUBLICATION other FOR TABLE log`)
+	_, err = e.pg.Pool().Exec(e.ctx, `UPDATE log SET msg = 'refused'`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !strings.Contains(pgErr.Message, "does not have a replica identity and publishes updates") {
+		t.Errorf("UPDATE of a keyless table in a publication of updates: %v", err)
+	}
+}
+
+// A refused table is checked again at the next start: once it has a key, it joins like a table
+// added to tables (snapshot: initial copies its rows while streaming) and leaves the status.
+func TestRefusedTableJoinsOnceFixed(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE k (id int PRIMARY KEY); CREATE TABLE late (id int NOT NULL, v text);
+		INSERT INTO late VALUES (1, 'before the fix')`)
+	tables := `[{table: k, queue: q}, {table: late, queue: q}]`
+	stop := e.run("fix", tables, "snapshot: initial")
+	e.waitStatus("q", "fix", `"refused":[{"table":"public.late","code":"replica_identity"`)
+	e.pg.Exec(`INSERT INTO late VALUES (2, 'while refused'); INSERT INTO k VALUES (1)`)
+	e.waitEntries("q", 1)
+	stop()
+	e.pg.Exec(`ALTER TABLE late ADD PRIMARY KEY (id)`)
+	e.run("fix", tables, "snapshot: initial")
+	e.waitStatus("q", "fix", `"phase":"streaming","error":"","code":"","at"`)
+	e.pg.Exec(`INSERT INTO late VALUES (3, 'after')`)
+	e.waitTables("fix", "q", "public.k", "public.late")
+	e.waitOracle("q", 30*time.Second, map[string][]string{"public.k": {"id"}, "public.late": {"id"}})
+	st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{q}:src:fix:status").Result()
+	for _, v := range st {
+		if strings.Contains(v, `"phase":"streaming"`) && strings.Contains(v, "refused") {
+			t.Errorf("the fixed table is still listed as refused: %s", v)
+		}
 	}
 }
 
