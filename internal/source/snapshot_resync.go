@@ -76,7 +76,7 @@ func (s *Source) resync(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.I
 		return pointer.Pointer{}, fmt.Errorf("delete %s: %w", s.keys.Resync, err)
 	}
 	s.log.Infof("pg_cdc %s: resync: recreated slot %s at %s, epoch %s (generation %d), snapshot of %d table(s)",
-		s.cfg.Name, s.cfg.Slot, lsn, p.Epoch, gen, len(s.cfg.Tables))
+		s.cfg.Name, s.cfg.Slot, lsn, p.Epoch, gen, len(p.Tables))
 	stored, err := s.readPointer(ctx)
 	if err != nil || stored == nil {
 		return pointer.Pointer{}, fmt.Errorf("read the resync pointer back: %v", err)
