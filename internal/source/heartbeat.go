@@ -13,6 +13,7 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
 	every := ss.src.cfg.Heartbeat
 	t := time.NewTicker(every / 2)
 	defer t.Stop()
+	seen, lastData := ss.dataMsgs.Load(), time.Now() // WAL data counted, and when the count last moved
 	for {
 		select {
 		case <-ss.ctx.Done():
@@ -24,7 +25,10 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
 			ss.fail(errResyncRequested)
 			return
 		}
-		if time.Since(time.Unix(0, ss.lastData.Load())) < every {
+		if n := ss.dataMsgs.Load(); n != seen {
+			seen, lastData = n, time.Now()
+		}
+		if time.Since(lastData) < every {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(ss.ctx, every)
@@ -33,7 +37,7 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
 		if err != nil && ss.ctx.Err() == nil {
 			ss.src.log.Warnf("pg_cdc %s: heartbeat: %v", ss.src.cfg.Name, err)
 		}
-		ss.lastData.Store(time.Now().UnixNano())
+		lastData = time.Now()
 	}
 }
 

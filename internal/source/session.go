@@ -33,7 +33,7 @@ type session struct {
 	firstSeen     time.Time
 	lastIdleWrite time.Time
 
-	lastData atomic.Int64 // unix nanos of the last WAL data, for the heartbeat
+	dataMsgs atomic.Uint64 // WAL data messages received, for the heartbeat (counted: a clock read per message costs)
 
 	snap *snapshotter // nil when the pointer has no snapshot in progress
 }
@@ -63,7 +63,6 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 		fence: s.lease.Token(), plan: start}
 	ss.flush.Store(uint64(start.LSNValue()))
 	ss.every = statusInterval(ctx, pool)
-	ss.lastData.Store(time.Now().UnixNano())
 	byName := map[string]*TableInfo{}
 	for i := range tables {
 		byName[tables[i].Full()] = &tables[i]

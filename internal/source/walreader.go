@@ -31,7 +31,12 @@ func statusInterval(ctx context.Context, pool *pgxpool.Pool) time.Duration {
 
 // read receives the WAL, answers keepalives and reports the flush position; it returns when the
 // session ends (after sending the final position).
+//
+// Per message it reads no clock and watches no context: the time of the next status report is the
+// connection's read deadline, which ends a wait for data (and, data or not, the next read from the
+// socket once it has passed), and the end of the session moves that deadline to now.
 func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
+	conn := repl.Conn()
 	var sentFlush uint64
 	lastStatus := time.Time{}
 	sendStatus := func() error {
@@ -49,6 +54,9 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 		return lastStatus.Add(ss.every)
 	}
 	defer func() { _ = sendStatus() }()
+	stop := context.AfterFunc(ss.ctx, func() { _ = conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	defer func() { _ = conn.SetReadDeadline(time.Time{}) }()
 	var lastPos pglogrepl.LSN
 	position := func(lsn pglogrepl.LSN) error {
 		if dec.inTxn || lsn <= lastPos {
@@ -69,20 +77,31 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 		}
 		return ss.push(it, sendStatus, nextStatus)
 	}
-	var rctx deadlineCtx // one deadline context per status period, not one (a timer) per message
-	defer rctx.stop()
+	var deadline time.Time     // the connection's read deadline: the next status report
+	deadlineFlush := sentFlush // the flush position deadline was set for
 	for {
-		if !time.Now().Before(nextStatus()) {
-			if err := sendStatus(); err != nil {
-				return fmt.Errorf("send standby status: %w", err)
+		if deadline.IsZero() || ss.flush.Load() != deadlineFlush {
+			// A report is due (the deadline passed), or a new flush position moved it closer.
+			if !time.Now().Before(nextStatus()) {
+				if err := sendStatus(); err != nil {
+					return fmt.Errorf("send standby status: %w", err)
+				}
+			}
+			deadline, deadlineFlush = nextStatus(), ss.flush.Load()
+			if err := conn.SetReadDeadline(deadline); err != nil {
+				return fmt.Errorf("receive WAL: %w", err)
+			}
+			if ss.ctx.Err() != nil { // ended before the deadline was set: the AfterFunc's may be overwritten
+				return nil
 			}
 		}
-		raw, err := repl.ReceiveMessage(rctx.until(ss.ctx, nextStatus()))
+		raw, err := repl.ReceiveMessage(context.Background())
 		if err != nil {
 			if ss.ctx.Err() != nil {
 				return nil
 			}
 			if pgconn.Timeout(err) {
+				deadline = time.Time{}
 				continue
 			}
 			return fmt.Errorf("receive WAL: %w", err)
@@ -96,6 +115,9 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 					return nil
 				}
 				return err
+			}
+			if lastStatus.IsZero() { // a keepalive asked for a reply
+				deadline = time.Time{}
 			}
 		}
 	}
@@ -123,7 +145,7 @@ func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, po
 		if err != nil {
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
-		ss.lastData.Store(time.Now().UnixNano())
+		ss.dataMsgs.Add(1)
 		msg, err := pglogrepl.Parse(x.WALData)
 		if err != nil {
 			return fmt.Errorf("decode pgoutput: %w", err)
@@ -165,31 +187,5 @@ func (ss *session) push(it item, sendStatus func() error, nextStatus func() time
 			return ss.ctx.Err()
 		}
 		t.Stop()
-	}
-}
-
-// deadlineCtx hands out one context per deadline: the WAL reader waits for each message with
-// the time of its next status report as the deadline, which changes only a few times a second,
-// so making a context (and its timer) per message would be wasted work.
-type deadlineCtx struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	at     time.Time
-}
-
-// until returns a context of parent that ends at at, reusing the last one while it still fits.
-func (d *deadlineCtx) until(parent context.Context, at time.Time) context.Context {
-	if d.ctx == nil || !at.Equal(d.at) || d.ctx.Err() != nil {
-		d.stop()
-		d.ctx, d.cancel = context.WithDeadline(parent, at)
-		d.at = at
-	}
-	return d.ctx
-}
-
-// stop releases the current context.
-func (d *deadlineCtx) stop() {
-	if d.cancel != nil {
-		d.cancel()
 	}
 }
