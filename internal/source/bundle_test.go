@@ -2,10 +2,12 @@ package source
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
@@ -107,11 +109,74 @@ func TestDecoderSkipsWhatThePointerCovers(t *testing.T) {
 	for _, commit := range []pglogrepl.LSN{100, 200} {
 		d.handle(ctx, &pglogrepl.BeginMessage{FinalLSN: commit, Xid: 1}, emit)
 		for i := 0; i < 3; i++ {
-			d.handle(ctx, &pglogrepl.DeleteMessage{RelationID: 7}, emit)
+			d.decode(ctx, []byte{'D', 0, 0, 0, 7, 'K', 0, 0}, emit) // a delete of a row with no columns
 		}
 		d.handle(ctx, &pglogrepl.CommitMessage{CommitLSN: commit}, emit)
 	}
 	if len(got) != 2 || got[0].kind != itemChange || got[0].commit != 200 || got[0].seq != 2 || got[1].kind != itemCommit {
 		t.Fatalf("items: %+v", got)
+	}
+}
+
+func TestDecoderRowChanges(t *testing.T) {
+	tuple := func(vals ...string) []byte { // "" is NULL, "~" unchanged
+		b := []byte{0, byte(len(vals))}
+		for _, v := range vals {
+			switch v {
+			case "":
+				b = append(b, 'n')
+			case "~":
+				b = append(b, 'u')
+			default:
+				b = append(b, 't', 0, 0, 0, byte(len(v)))
+				b = append(b, v...)
+			}
+		}
+		return b
+	}
+	msg := func(op byte, parts ...any) []byte {
+		b := []byte{op, 0, 0, 0, 7}
+		for _, p := range parts {
+			switch p := p.(type) {
+			case byte:
+				b = append(b, p)
+			case []byte:
+				b = append(b, p...)
+			}
+		}
+		return b
+	}
+	table := event.NewTable("public.t", []event.Column{{Name: "id", Type: convert.ScalarType(20)}, {Name: "v", Type: convert.ScalarType(25)}}, []int{0}, nil)
+	for _, c := range []struct {
+		name string
+		data []byte
+		want string // the event's payload up to lsn, or the error
+	}{
+		{"insert", msg('I', byte('N'), tuple("1", "a")), `{"op":"c","table":"public.t","key":{"id":1},"after":{"id":1,"v":"a"},"before":null`},
+		{"update with NULL and unchanged", msg('U', byte('N'), tuple("1", "~")), `{"op":"u","table":"public.t","key":{"id":1},"after":{"id":1},"before":null,"unchanged":["v"]`},
+		{"update of the key", msg('U', byte('K'), tuple("1", ""), byte('N'), tuple("2", "b")), `{"op":"u","table":"public.t","key":{"id":2},"after":{"id":2,"v":"b"},"before":{"id":1}`},
+		{"delete", msg('D', byte('K'), tuple("1", "")), `{"op":"d","table":"public.t","key":{"id":1},"after":null,"before":{"id":1}`},
+		{"too short", []byte{'I', 0, 0, 7}, "I message of 4 bytes"},
+		{"insert without new tuple", msg('I', byte('K'), tuple("1", "a")), "I message without a new tuple"},
+		{"delete without old tuple", msg('D', byte('N'), tuple("1", "a")), "D message without an old tuple"},
+		{"truncated column count", msg('I', byte('N'), byte(0)), "truncated column count"},
+		{"missing column", msg('I', byte('N'), []byte{0, 2, 'n'}), "truncated at column 1 of 2"},
+		{"length past the end", msg('I', byte('N'), []byte{0, 1, 't', 0, 0, 0, 9, 'x'}), "column 0: 9 bytes announced, 1 left"},
+		{"truncated length", msg('I', byte('N'), []byte{0, 1, 't', 0, 0}), "truncated length of column 0"},
+		{"unknown kind", msg('I', byte('N'), []byte{0, 1, 'z'}), `column 0: unknown kind 'z'`},
+	} {
+		var got []Event
+		d := &decoder{epoch: "e", rels: map[uint32]*relation{7: {info: &TableInfo{Table: Table{Queue: "q"}}, table: table}}}
+		emit := func(it item) error { got = append(got, it.events...); return nil }
+		d.decode(context.Background(), []byte{'B', 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9}, emit)
+		err := d.decode(context.Background(), c.data, emit)
+		switch {
+		case err != nil:
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: error %v, want %q", c.name, err, c.want)
+			}
+		case len(got) != 1 || !strings.HasPrefix(string(got[0].Payload), c.want+`,"lsn"`):
+			t.Errorf("%s: events %+v, want one starting %s", c.name, got, c.want)
+		}
 	}
 }

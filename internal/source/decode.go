@@ -3,7 +3,9 @@ package source
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -52,7 +54,19 @@ type decoder struct {
 	buf              []byte
 }
 
-// handle decodes one pgoutput message; emit receives the items (and may block).
+// decode decodes one pgoutput message; emit receives the items (and may block).
+func (d *decoder) decode(ctx context.Context, data []byte, emit func(item) error) error {
+	if len(data) > 0 && (data[0] == 'I' || data[0] == 'U' || data[0] == 'D') {
+		return d.rowChange(ctx, data, emit)
+	}
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput: %w", err)
+	}
+	return d.handle(ctx, msg, emit)
+}
+
+// handle decodes a pgoutput message other than a row change, as pglogrepl parsed it.
 func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(item) error) error {
 	switch m := m.(type) {
 	case *pglogrepl.RelationMessage:
@@ -69,22 +83,6 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 			return nil
 		}
 		return emit(item{kind: itemCommit, commit: m.CommitLSN})
-	case *pglogrepl.InsertMessage:
-		return d.change(ctx, m.RelationID, emit, func(rel *relation) ([]Event, error) {
-			return d.insert(rel, d.row(0, m.Tuple.Columns)), nil
-		})
-	case *pglogrepl.UpdateMessage:
-		return d.change(ctx, m.RelationID, emit, func(rel *relation) ([]Event, error) {
-			var old event.Row
-			if m.OldTuple != nil {
-				old = d.row(1, m.OldTuple.Columns)
-			}
-			return d.update(ctx, rel, old, d.row(0, m.NewTuple.Columns))
-		})
-	case *pglogrepl.DeleteMessage:
-		return d.change(ctx, m.RelationID, emit, func(rel *relation) ([]Event, error) {
-			return d.delete(rel, d.row(1, m.OldTuple.Columns)), nil
-		})
 	case *pglogrepl.TruncateMessage:
 		return d.truncate(m, emit)
 	case *pglogrepl.LogicalDecodingMessage:
@@ -200,22 +198,82 @@ func columnIndexes(full string, cols []event.Column, names []string, what string
 	return out, nil
 }
 
-// row converts the columns of a pgoutput tuple into the decoder's row i (0 new, 1 old), reusing
-// its array: a row lives until the next message.
-func (d *decoder) row(i int, cols []*pglogrepl.TupleDataColumn) event.Row {
+// rowChange decodes an Insert, Update or Delete message (protocol version 1). It reads the
+// message itself rather than through pglogrepl, whose parse allocates the message, a column slice
+// and a copy of every value: the values stay in data, which lives until the change is encoded.
+func (d *decoder) rowChange(ctx context.Context, data []byte, emit func(item) error) error {
+	op := data[0]
+	if len(data) < 6 {
+		return fmt.Errorf("decode pgoutput: %c message of %d bytes", op, len(data))
+	}
+	relID := binary.BigEndian.Uint32(data[1:])
+	var newRow, oldRow event.Row
+	var err error
+	rest := data[5:]
+	hasOld := (op == 'U' || op == 'D') && (rest[0] == 'K' || rest[0] == 'O')
+	if hasOld {
+		if oldRow, rest, err = d.tuple(1, rest[1:]); err != nil {
+			return fmt.Errorf("decode pgoutput: %c message: old tuple: %w", op, err)
+		}
+	}
+	if op != 'D' {
+		if len(rest) == 0 || rest[0] != 'N' {
+			return fmt.Errorf("decode pgoutput: %c message without a new tuple", op)
+		}
+		if newRow, _, err = d.tuple(0, rest[1:]); err != nil {
+			return fmt.Errorf("decode pgoutput: %c message: new tuple: %w", op, err)
+		}
+	} else if !hasOld {
+		return fmt.Errorf("decode pgoutput: D message without an old tuple")
+	}
+	return d.change(ctx, relID, emit, func(rel *relation) ([]Event, error) {
+		switch op {
+		case 'I':
+			return d.insert(rel, newRow), nil
+		case 'U':
+			return d.update(ctx, rel, oldRow, newRow)
+		default:
+			return d.delete(rel, oldRow), nil
+		}
+	})
+}
+
+// tuple reads a TupleData into the decoder's row i (0 new, 1 old), reusing its array; the values
+// point into b. It returns the row and the bytes after the tuple.
+func (d *decoder) tuple(i int, b []byte) (event.Row, []byte, error) {
+	if len(b) < 2 {
+		return nil, nil, errors.New("truncated column count")
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	b = b[2:]
 	r := d.rows[i][:0]
-	for _, c := range cols {
-		switch c.DataType {
+	for c := 0; c < n; c++ {
+		if len(b) == 0 {
+			return nil, nil, fmt.Errorf("truncated at column %d of %d", c, n)
+		}
+		kind := b[0]
+		b = b[1:]
+		switch kind {
 		case pglogrepl.TupleDataTypeNull:
 			r = append(r, event.Value{Kind: event.Null})
 		case pglogrepl.TupleDataTypeToast:
 			r = append(r, event.Value{Kind: event.Unchanged})
+		case pglogrepl.TupleDataTypeText, pglogrepl.TupleDataTypeBinary:
+			if len(b) < 4 {
+				return nil, nil, fmt.Errorf("truncated length of column %d", c)
+			}
+			l := int(binary.BigEndian.Uint32(b))
+			if l < 0 || len(b)-4 < l {
+				return nil, nil, fmt.Errorf("column %d: %d bytes announced, %d left", c, l, len(b)-4)
+			}
+			r = append(r, event.Value{Data: b[4 : 4+l : 4+l]})
+			b = b[4+l:]
 		default:
-			r = append(r, event.Value{Data: c.Data})
+			return nil, nil, fmt.Errorf("column %d: unknown kind %q", c, kind)
 		}
 	}
 	d.rows[i] = r
-	return r
+	return r, b, nil
 }
 
 func (d *decoder) insert(rel *relation, row event.Row) []Event {

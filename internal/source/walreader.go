@@ -146,6 +146,9 @@ func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, po
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
 		ss.dataMsgs.Add(1)
+		if len(x.WALData) == 0 || x.WALData[0] != 'M' {
+			return dec.decode(ss.ctx, x.WALData, emit)
+		}
 		msg, err := pglogrepl.Parse(x.WALData)
 		if err != nil {
 			return fmt.Errorf("decode pgoutput: %w", err)
