@@ -91,12 +91,12 @@ func Append(dst []byte, t *Type, text []byte) []byte {
 			return appendUTF8(dst, j)
 		}
 	case KindTimestamptz:
-		if ts, ok := isoTimestamp(text, true); ok {
-			return AppendString(dst, ts)
+		if out, ok := appendISOTimestamp(dst, text, true); ok {
+			return out
 		}
 	case KindTimestamp:
-		if ts, ok := isoTimestamp(text, false); ok {
-			return AppendString(dst, ts)
+		if out, ok := appendISOTimestamp(dst, text, false); ok {
+			return out
 		}
 	case KindArray:
 		if out, ok := appendArray(dst, t, text); ok {
@@ -221,16 +221,19 @@ func trimSpace(b []byte) []byte {
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-// isoTimestamp rewrites PostgreSQL's ISO output `YYYY-MM-DD HH:MM:SS[.f][±HH[:MM[:SS]]]` to
-// `YYYY-MM-DDTHH:MM:SS[.f][±HH:MM[:SS]]`; infinity, BC dates and other shapes are not rewritten.
-func isoTimestamp(b []byte, zoned bool) ([]byte, bool) {
+// appendISOTimestamp appends, as a JSON string, PostgreSQL's ISO output
+// `YYYY-MM-DD HH:MM:SS[.f][±HH[:MM[:SS]]]` rewritten to `YYYY-MM-DDTHH:MM:SS[.f][±HH:MM[:SS]]`;
+// infinity, BC dates and other shapes are not rewritten (false, dst unchanged). The rewritten text
+// is digits and punctuation only, so it needs no escaping.
+func appendISOTimestamp(dst, b []byte, zoned bool) ([]byte, bool) {
 	i := 0
 	for i < len(b) && isDigit(b[i]) {
 		i++
 	}
 	if i < 4 || !matchDigits(b[i:], "-dd-dd dd:dd:dd") {
-		return nil, false
+		return dst, false
 	}
+	space := i + len("-dd-dd")
 	i += len("-dd-dd dd:dd:dd")
 	if i < len(b) && b[i] == '.' {
 		i++
@@ -239,30 +242,30 @@ func isoTimestamp(b []byte, zoned bool) ([]byte, bool) {
 			i++
 		}
 		if i == start {
-			return nil, false
+			return dst, false
 		}
 	}
-	body := i
-	out := make([]byte, 0, len(b)+3)
-	out = append(out, b[:body]...)
-	out[indexByte(b, ' ')] = 'T'
-	if !zoned {
-		return out, i == len(b)
+	body, zone := b[:i], b[i:]
+	if !zoned && len(zone) > 0 {
+		return dst, false
 	}
-	if i >= len(b) || (b[i] != '+' && b[i] != '-') || !matchDigits(b[i+1:], "dd") {
-		return nil, false
+	if zoned {
+		if len(zone) == 0 || (zone[0] != '+' && zone[0] != '-') || !matchDigits(zone[1:], "dd") {
+			return dst, false
+		}
+		if !(len(zone) == 3 || len(zone) == 6 && matchDigits(zone[3:], ":dd") || len(zone) == 9 && matchDigits(zone[3:], ":dd:dd")) {
+			return dst, false
+		}
 	}
-	zone := b[i:]
-	switch {
-	case len(zone) == 3:
-		out = append(out, zone...)
-		out = append(out, ":00"...)
-	case len(zone) == 6 && matchDigits(zone[3:], ":dd"), len(zone) == 9 && matchDigits(zone[3:], ":dd:dd"):
-		out = append(out, zone...)
-	default:
-		return nil, false
+	dst = append(dst, '"')
+	dst = append(dst, body[:space]...)
+	dst = append(dst, 'T')
+	dst = append(dst, body[space+1:]...)
+	dst = append(dst, zone...)
+	if len(zone) == 3 {
+		dst = append(dst, ":00"...)
 	}
-	return out, true
+	return append(dst, '"'), true
 }
 
 func indexByte(b []byte, c byte) int {

@@ -36,17 +36,18 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	if inTxn {
 		txDone = ss.plan.InTxn.Done
 	}
-	var events []Event
+	// The items are only measured here; their events are copied once a batch is due (the bundler
+	// looks again on every queued change while a transaction arrives).
 	var cursor json.RawMessage
-	size, n, full, txns, chunks := 0, 0, false, 0, uint64(0)
+	nev, size, n, full, txns, chunks := 0, 0, 0, false, 0, uint64(0)
 	for ; n < len(items); n++ {
-		it := items[n]
+		it := &items[n]
 		if it.kind == itemChange || it.kind == itemChunk {
-			if len(events) > 0 && (len(events)+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
+			if nev > 0 && (nev+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
 				full = true // it starts the next batch
 				break
 			}
-			events = append(events, it.events...)
+			nev += len(it.events)
 			size += it.size
 		}
 		switch it.kind {
@@ -67,6 +68,10 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			}
 		}
 	}
+	partial := nev > 0 && !full && nev < cfg.MaxBundleMessages && size < cfg.MaxBundleBytes
+	if partial && (ahead || inTxn) { // ahead: only a full batch; in a transaction: the rest is on its way
+		return nil, idle, nil
+	}
 	cover := ss.plan.AtCommit(complete)
 	if inTxn {
 		cover = cover.InsideTxn(txCommit, txDone)
@@ -74,7 +79,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	if chunks > 0 {
 		cover.Snapshot, cover.SnapshotChunks = cursor, cover.SnapshotChunks+chunks
 	}
-	if len(events) == 0 {
+	if nev == 0 {
 		if ahead {
 			return nil, idle, nil
 		}
@@ -90,19 +95,17 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 		}
 		return nil, idle, ss.idleAdvance(ctx, cover, n)
 	}
-	if !full && (len(events) < cfg.MaxBundleMessages && size < cfg.MaxBundleBytes) {
-		if ahead {
-			return nil, idle, nil
-		}
-		if cover.InTxn != nil { // the rest of the transaction is on its way
-			return nil, idle, nil
-		}
+	if partial {
 		if ss.firstSeen.IsZero() {
 			ss.firstSeen = time.Now()
 		}
 		if wait := time.Until(ss.firstSeen.Add(cfg.Linger)); wait > 0 {
 			return nil, waitFor{ch: changed, after: wait}, nil
 		}
+	}
+	events := make([]Event, 0, nev)
+	for i := range items[:n] {
+		events = append(events, items[i].events...)
 	}
 	ss.q.pop(n)
 	ss.plan = cover

@@ -48,12 +48,12 @@ type itemQueue struct {
 	bytes    int
 	maxEv    int
 	maxBytes int
-	changed  chan struct{} // closed and replaced on every push and pop
+	changed  chan struct{} // closed on every push and pop; made only when someone waits (nil: nobody does)
 	full     chan struct{} // closed when a full bundle is queued (nil: nobody waits)
 }
 
 func newItemQueue(maxEvents, maxBytes int) *itemQueue {
-	return &itemQueue{maxEv: 2 * maxEvents, maxBytes: 2 * maxBytes, changed: make(chan struct{})}
+	return &itemQueue{maxEv: 2 * maxEvents, maxBytes: 2 * maxBytes}
 }
 
 // holdsBundle reports whether a full bundle (maxEvents or maxBytes) is queued.
@@ -80,7 +80,7 @@ func (q *itemQueue) tryPush(it item) (bool, <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.items) > q.head && (q.events+len(it.events) > q.maxEv || q.bytes+it.size > q.maxBytes) {
-		return false, q.changed
+		return false, q.waitChanged()
 	}
 	q.items = append(q.items, it)
 	q.events += len(it.events)
@@ -101,10 +101,10 @@ func (q *itemQueue) any(pred func(*item) bool) (bool, <-chan struct{}) {
 	defer q.mu.Unlock()
 	for i := q.head; i < len(q.items); i++ {
 		if pred(&q.items[i]) {
-			return true, q.changed
+			return true, q.waitChanged()
 		}
 	}
-	return false, q.changed
+	return false, q.waitChanged()
 }
 
 // snapshot returns the queued items without removing them, plus the channel signalling a change.
@@ -112,7 +112,7 @@ func (q *itemQueue) any(pred func(*item) bool) (bool, <-chan struct{}) {
 func (q *itemQueue) snapshot() ([]item, <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.items[q.head:], q.changed
+	return q.items[q.head:], q.waitChanged()
 }
 
 // pop removes the first n items.
@@ -145,7 +145,20 @@ func (q *itemQueue) pop(n int) {
 	q.signal()
 }
 
+// signal wakes whoever waits for a change. The channel is made by the first waiter after the last
+// signal, not on every push: most pushes have nobody waiting, and a channel each cost an allocation
+// per change.
 func (q *itemQueue) signal() {
-	close(q.changed)
-	q.changed = make(chan struct{})
+	if q.changed != nil {
+		close(q.changed)
+		q.changed = nil
+	}
+}
+
+// waitChanged returns the channel the next signal closes (under q.mu).
+func (q *itemQueue) waitChanged() <-chan struct{} {
+	if q.changed == nil {
+		q.changed = make(chan struct{})
+	}
+	return q.changed
 }
