@@ -171,11 +171,20 @@ func (t *Table) Partition(r Row) string {
 	if t.Part == nil {
 		return partition.Single
 	}
-	vals := make([]partition.Value, len(t.Part))
-	for i, c := range t.Part {
-		vals[i] = partition.Value{Text: r[c].Data, Null: r[c].Kind == Null}
+	return string(t.AppendPartition(nil, r))
+}
+
+// AppendPartition appends the name of r's partition (§3) to dst.
+func (t *Table) AppendPartition(dst []byte, r Row) []byte {
+	if t.Part == nil {
+		return append(dst, partition.Single...)
 	}
-	return partition.Name(vals)
+	var small [4]partition.Value
+	vals := small[:0]
+	for _, c := range t.Part {
+		vals = append(vals, partition.Value{Text: r[c].Data, Null: r[c].Kind == Null})
+	}
+	return partition.AppendName(dst, vals)
 }
 
 func appendHead(b []byte, op string, table []byte) []byte {

@@ -21,34 +21,38 @@ type Value struct {
 // Name renders the values of the partition columns: one column as is (NULL as `\N`), several
 // joined with `|`, each escaping `|` and `\` with `\`, NULL as `\N`. A name over MaxLen bytes
 // becomes `~` + the first 32 hex digits of its SHA-256.
-func Name(values []Value) string {
-	var b []byte
+func Name(values []Value) string { return string(AppendName(nil, values)) }
+
+// AppendName appends the Name of values to dst.
+func AppendName(dst []byte, values []Value) []byte {
+	start := len(dst)
 	if len(values) == 1 {
 		if values[0].Null {
-			b = []byte(`\N`)
+			dst = append(dst, '\\', 'N')
 		} else {
-			b = values[0].Text
+			dst = append(dst, values[0].Text...)
 		}
 	} else {
 		for i, v := range values {
 			if i > 0 {
-				b = append(b, '|')
+				dst = append(dst, '|')
 			}
 			if v.Null {
-				b = append(b, '\\', 'N')
+				dst = append(dst, '\\', 'N')
 				continue
 			}
 			for _, c := range v.Text {
 				if c == '|' || c == '\\' {
-					b = append(b, '\\')
+					dst = append(dst, '\\')
 				}
-				b = append(b, c)
+				dst = append(dst, c)
 			}
 		}
 	}
-	if len(b) > MaxLen {
-		sum := sha256.Sum256(b)
-		return "~" + hex.EncodeToString(sum[:16])
+	if len(dst)-start > MaxLen {
+		sum := sha256.Sum256(dst[start:])
+		dst = append(dst[:start], '~')
+		dst = hex.AppendEncode(dst, sum[:16])
 	}
-	return string(b)
+	return dst
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"unsafe"
 
 	"github.com/jackc/pglogrepl"
 
@@ -52,6 +53,8 @@ type decoder struct {
 	badMessages      uint64       // pgrelay.publish() messages that were not {queue, partition, payload}
 	rows             [2]event.Row // the new and the old row of the change being decoded
 	buf              []byte
+	arena            arena     // the events' bytes
+	slab             eventSlab // the events of queued changes
 }
 
 // decode decodes one pgoutput message; emit receives the items (and may block).
@@ -277,11 +280,24 @@ func (d *decoder) tuple(i int, b []byte) (event.Row, []byte, error) {
 }
 
 func (d *decoder) insert(rel *relation, row event.Row) []Event {
-	return []Event{d.event(rel, rel.table.Partition(row), 0, &event.Change{Op: event.OpInsert, Row: row})}
+	evs := d.slab.take(1)
+	evs[0] = d.event(rel, d.partition(rel, row), 0, &event.Change{Op: event.OpInsert, Row: row})
+	return evs
 }
 
 func (d *decoder) delete(rel *relation, old event.Row) []Event {
-	return []Event{d.event(rel, rel.table.Partition(old), 0, &event.Change{Op: event.OpDelete, Row: old, BeforeCols: d.beforeCols(rel, true)})}
+	evs := d.slab.take(1)
+	evs[0] = d.event(rel, d.partition(rel, old), 0, &event.Change{Op: event.OpDelete, Row: old, BeforeCols: d.beforeCols(rel, true)})
+	return evs
+}
+
+// partition names the partition of r, in the arena.
+func (d *decoder) partition(rel *relation, r event.Row) string {
+	if rel.table.Part == nil {
+		return partition.Single
+	}
+	d.buf = rel.table.AppendPartition(d.buf[:0], r)
+	return d.arena.string(d.buf)
 }
 
 // beforeCols are the columns of `before`: the whole old row under FULL, else the key (or none).
@@ -307,9 +323,11 @@ func (d *decoder) update(ctx context.Context, rel *relation, old, row event.Row)
 		old = row
 	}
 	keyChanged := !sameValues(old, row, rel.table.Key)
-	newPart, oldPart := rel.table.Partition(row), rel.table.Partition(old)
+	newPart, oldPart := d.partition(rel, row), d.partition(rel, old)
 	if newPart == oldPart {
-		return []Event{d.event(rel, newPart, 0, &event.Change{Op: event.OpUpdate, Row: row, BeforeCols: d.beforeCols(rel, keyChanged), Before: old})}, nil
+		evs := d.slab.take(1)
+		evs[0] = d.event(rel, newPart, 0, &event.Change{Op: event.OpUpdate, Row: row, BeforeCols: d.beforeCols(rel, keyChanged), Before: old})
+		return evs, nil
 	}
 	del := d.event(rel, oldPart, 0, &event.Change{Op: event.OpDelete, Row: old, BeforeCols: d.beforeCols(rel, true)})
 	if missing := unchangedCols(row); len(missing) > 0 {
@@ -323,7 +341,9 @@ func (d *decoder) update(ctx context.Context, rel *relation, old, row event.Row)
 			}
 		}
 	}
-	return []Event{del, d.event(rel, newPart, 1, &event.Change{Op: event.OpInsert, Row: row})}, nil
+	evs := d.slab.take(2)
+	evs[0], evs[1] = del, d.event(rel, newPart, 1, &event.Change{Op: event.OpInsert, Row: row})
+	return evs, nil
 }
 
 func unchangedCols(row event.Row) []int {
@@ -346,24 +366,25 @@ func sameValues(a, b event.Row, cols []int) bool {
 }
 
 // event renders one change of the transaction (k numbers the events of one change) as an event to
-// partition part of the table's queue.
+// partition part of the table's queue. Its payload and id are one copy into the arena.
 func (d *decoder) event(rel *relation, part string, k int, c *event.Change) Event {
 	c.Position = d.pos
 	c.Seq = d.seq - 1
 	b := rel.table.AppendChange(d.buf[:0], c)
-	payload := bytes.Clone(b)
-	// the id is pointer.MessageID, built on the transaction's id with one allocation
-	id := append(b[:0], d.txID...)
-	id = append(id, ':')
-	id = strconv.AppendUint(id, c.Seq, 10)
+	n := len(b)
+	// the id is pointer.MessageID, built on the transaction's id
+	b = append(b, d.txID...)
+	b = append(b, ':')
+	b = strconv.AppendUint(b, c.Seq, 10)
 	if k > 0 {
-		id = append(id, '.')
-		id = strconv.AppendInt(id, int64(k), 10)
+		b = append(b, '.')
+		b = strconv.AppendInt(b, int64(k), 10)
 	}
-	d.buf = id
+	d.buf = b
+	out := d.arena.bytes(b)
 	return Event{
-		Queue: rel.info.Queue, Partition: part, ID: string(id), Tx: d.txID,
-		Op: c.Op, Table: rel.table.Name, LSN: d.pos.LSN, Xid: d.pos.Xid, CreatedMs: d.tsMs, Payload: payload,
+		Queue: rel.info.Queue, Partition: part, ID: unsafe.String(&out[n], len(out)-n), Tx: d.txID,
+		Op: c.Op, Table: rel.table.Name, LSN: d.pos.LSN, Xid: d.pos.Xid, CreatedMs: d.tsMs, Payload: out[:n:n],
 	}
 }
 
