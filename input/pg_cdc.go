@@ -72,8 +72,8 @@ between the output's write and the pointer write repeats the batch). PostgreSQL 
 the pointer holds it.
 
 Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_id`, `op`, `table`, `lsn`, `xid`"+`,
-`+"`created_at`"+`, and the batch's `+"`pgrelay_lease_key`, `pgrelay_fence`, `pgrelay_pointer_key`, `pgrelay_cover`"+`,
-which the `+"`redis_queue`"+` output reads. Keep a batch whole on its way there (no output `+"`batching`"+`).`).
+`+"`created_at`"+`. The batch's lease, fence and cover travel in the messages' context, where the
+`+"`redis_queue`"+` output reads them. Keep a batch whole on its way there (no output `+"`batching`"+`).`).
 		Fields(pgconnect.Fields()...).
 		Fields(
 			service.NewStringField(pcFieldName).Description("The connector's name; the slot and publication default to `pgrelay_<name>` (`-` becomes `_`), and the lease and pointer keys carry it.").
@@ -433,23 +433,14 @@ func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.Ac
 // prepareMessages converts a batch Next built ahead, while the previous batch is in flight.
 func prepareMessages(b *source.Batch) { b.Out = toMessages(b) }
 
-// perMessageKeys are the metadata keys that may differ between the messages of a batch.
-var perMessageKeys = [...]string{"queue", "partition", "message_id", "transaction_id", "op", "table", "lsn", "xid", "created_at"}
-
-// toMessages turns a source batch into Benthos messages (docs/batch-contract.md). The batch-wide
-// metadata is set once on a template; each message is a copy of it, so its metadata map is
-// allocated once at its final size, and values repeated from the previous message (queue,
-// transaction, op, table, lsn...) reuse its boxed value instead of allocating one each.
+// toMessages turns a source batch into Benthos messages (docs/batch-contract.md). The batch's cover
+// and receipt travel in the context of a template, which every message shares as a copy of it: one
+// value for the batch, where metadata would cost map entries on every message. The template has no
+// metadata: a copy of a template's metadata clones its map by iteration, which costs more than
+// filling a new one. Values repeated from the previous message (queue, transaction, op, table,
+// lsn...) reuse its boxed value instead of allocating one each.
 func toMessages(b *source.Batch) service.MessageBatch {
-	tmpl := service.NewMessage(nil)
-	for _, k := range perMessageKeys {
-		tmpl.MetaSetMut(k, "")
-	}
-	tmpl.MetaSetMut("pgrelay_lease_key", b.LeaseKey)
-	tmpl.MetaSetMut("pgrelay_fence", b.Fence)
-	tmpl.MetaSetMut("pgrelay_pointer_key", b.PointerKey)
-	tmpl.MetaSetMut("pgrelay_cover", string(b.CoverJSON))
-	tmpl.MetaSetMut(queue.MetaCoverReceipt, b.Receipt())
+	tmpl := service.NewMessage(nil).WithContext(queue.WithSourceBatch(context.Background(), b.ForQueue()))
 	batch := make(service.MessageBatch, len(b.Events))
 	var queueV, txV, opV, tableV, lsnV repeated
 	var xid, created any

@@ -57,10 +57,10 @@ Each batch is one call of pgrelay's write script: every check first, then an XAD
 shard (CRC-32 of the partition mod shards) with the shard's next offset, then the source pointer when the
 batch carries one. The queue's layout is public: any Redis client can consume it.
 
-When the messages carry the metadata `+"`pgrelay_lease_key`, `pgrelay_fence`, `pgrelay_pointer_key`, `pgrelay_cover`"+`
-(set by `+"`pg_cdc`"+`), the write is fenced by the source's lease and moves the source's pointer in the same
-atomic step: a stale fence is refused with an error coded `+"`fenced`"+`, and a cover that is already in is a
-`+"`duplicate`"+`, a success that writes nothing.
+When a batch carries a source's cover (`+"`pg_cdc`"+` hands it in the messages' context; other producers set the
+metadata `+"`pgrelay_lease_key`, `pgrelay_fence`, `pgrelay_pointer_key`, `pgrelay_cover`"+`), the write is fenced by
+the source's lease and moves the source's pointer in the same atomic step: a stale fence is refused with an
+error coded `+"`fenced`"+`, and a cover that is already in is a `+"`duplicate`"+`, a success that writes nothing.
 
 A batch over `+"`max_script_messages`"+` or `+"`max_script_bytes`"+` is written in several calls; only then is it
 not atomic (a crash between the calls repeats the earlier ones under the same message ids).
@@ -317,7 +317,7 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 	if w == nil {
 		return service.ErrNotConnected
 	}
-	msgs, cover, err := o.toMessages(batch)
+	msgs, cover, sb, err := o.toMessages(batch)
 	if err != nil {
 		return err
 	}
@@ -325,13 +325,9 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 	if err != nil {
 		return err
 	}
-	if cover != nil {
+	if sb != nil {
 		// the pointer is now at or past the cover: tell the source, which then skips reading it back
-		if r, ok := batch[0].MetaGetMut(queue.MetaCoverReceipt); ok {
-			if r, ok := r.(*queue.CoverReceipt); ok {
-				r.Mark(cover.Pos)
-			}
-		}
+		sb.Receipt.Mark(cover.Pos)
 	}
 	if res == queue.ResultDuplicate {
 		o.duplicates.Incr(1)
@@ -355,45 +351,60 @@ func (o *queueOutput) remember(msgs []queue.Message) {
 	}
 }
 
-// toMessages converts a batch; the cover comes from the pgrelay_* metadata, the same on every
-// message, so it is parsed once and the other messages' values are only compared with it.
-func (o *queueOutput) toMessages(batch service.MessageBatch) ([]queue.Message, *queue.Cover, error) {
+// toMessages converts a batch. The cover comes from the source batch in the messages' context
+// (pg_cdc), the same value on every message, or else from the pgrelay_* metadata, parsed once and
+// only compared on the other messages.
+func (o *queueOutput) toMessages(batch service.MessageBatch) ([]queue.Message, *queue.Cover, *queue.SourceBatch, error) {
 	qf := o.conf.queueField.reader(batch)
 	pf := o.conf.partitionField.reader(batch)
 	idf := o.conf.idField.reader(batch)
 	msgs := make([]queue.Message, len(batch))
 	var cover *queue.Cover
+	var sb *queue.SourceBatch
+	if len(batch) > 0 {
+		if sb = queue.SourceBatchOf(batch[0].Context()); sb != nil {
+			cover = &sb.Cover
+		}
+	}
 	var first coverMeta
 	now := time.Now().UnixMilli()
 	for i, m := range batch {
 		var err error
 		qm := &msgs[i]
 		if qm.Queue, err = qf(i); err != nil {
-			return nil, nil, fmt.Errorf("message %d: queue: %w", i, err)
+			return nil, nil, nil, fmt.Errorf("message %d: queue: %w", i, err)
 		}
 		if qm.Partition, err = pf(i); err != nil {
-			return nil, nil, fmt.Errorf("message %d: partition: %w", i, err)
+			return nil, nil, nil, fmt.Errorf("message %d: partition: %w", i, err)
 		}
 		if qm.ID, err = idf(i); err != nil {
-			return nil, nil, fmt.Errorf("message %d: id: %w", i, err)
+			return nil, nil, nil, fmt.Errorf("message %d: id: %w", i, err)
 		}
 		qm.Tx, _ = metaString(m, "transaction_id")
 		qm.CreatedMs = now
 		if qm.Payload, err = m.AsBytes(); err != nil {
-			return nil, nil, fmt.Errorf("message %d: %w", i, err)
+			return nil, nil, nil, fmt.Errorf("message %d: %w", i, err)
 		}
 		if qm.Header, err = o.header(m); err != nil {
-			return nil, nil, fmt.Errorf("message %d: header: %w", i, err)
+			return nil, nil, nil, fmt.Errorf("message %d: header: %w", i, err)
+		}
+		if i > 0 && queue.SourceBatchOf(m.Context()) != sb {
+			return nil, nil, nil, errMixedBatches
+		}
+		if sb != nil {
+			continue
 		}
 		cm := coverMetaOf(m)
 		if i == 0 {
 			first, cover = cm, cm.cover()
 		} else if cm != first {
-			return nil, nil, errors.New("the messages of one batch carry different pgrelay_* cover metadata; a source batch must reach this output whole (no output batching across source batches)")
+			return nil, nil, nil, errMixedBatches
 		}
 	}
-	return msgs, cover, nil
+	return msgs, cover, sb, nil
 }
+
+var errMixedBatches = errors.New("the messages of one batch carry different pgrelay_* covers; a source batch must reach this output whole (no output batching across source batches)")
 
 // fieldReader reads an interpolated field (queue, partition, id). The default
 // `${! meta("<key>") }` reads the metadata string directly, with no Bloblang evaluation per

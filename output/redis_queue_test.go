@@ -1,10 +1,13 @@
 package output
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/queue"
 )
 
 func TestQueueOutputParse(t *testing.T) {
@@ -86,7 +89,7 @@ func TestQueueOutputMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := &queueOutput{conf: conf}
-		msgs, cv, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("7", cover)})
+		msgs, cv, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("7", cover)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,8 +99,52 @@ func TestQueueOutputMessages(t *testing.T) {
 		if cv == nil || cv.Pos != "00000001/00000000000000c8" || cv.LeaseKey != "lk" || cv.Fence != "f" || cv.PointerKey != "pk" || string(cv.Pointer) != cover {
 			t.Fatalf("%s: cover %+v", c.yaml, cv)
 		}
-		if _, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("8", `{"pos":"x"}`)}); err == nil {
+		if _, _, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("8", `{"pos":"x"}`)}); err == nil {
 			t.Fatalf("%s: two covers in one batch accepted", c.yaml)
+		}
+	}
+}
+
+// TestQueueOutputSourceBatch checks the cover a source hands over in the messages' context: taken
+// from there (before any metadata), marked on success, and refused when the messages of one batch
+// carry different source batches or only some carry one.
+func TestQueueOutputSourceBatch(t *testing.T) {
+	sb := func(pos string) *queue.SourceBatch {
+		return &queue.SourceBatch{Cover: queue.Cover{LeaseKey: "lk", Fence: "f", PointerKey: "pk", Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos},
+			Receipt: queue.NewCoverReceipt(pos)}
+	}
+	msg := func(b *queue.SourceBatch) *service.Message {
+		m := service.NewMessage([]byte(`{"n":1}`))
+		m.MetaSetMut("queue", "q1")
+		m.MetaSetMut("partition", "7")
+		m.MetaSetMut("message_id", "id")
+		m.MetaSetMut("pgrelay_cover", `{"pos":"metadata"}`)
+		if b != nil {
+			m = m.WithContext(queue.WithSourceBatch(context.Background(), b))
+		}
+		return m
+	}
+	pc, err := RedisQueueSpec().ParseYAML("{}", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := RedisQueueConfigFromParsed(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &queueOutput{conf: conf}
+	a, b := sb("01"), sb("02")
+	_, cv, got, err := o.toMessages(service.MessageBatch{msg(a), msg(a)})
+	if err != nil || got != a || cv != &a.Cover {
+		t.Fatalf("source batch: %v, cover %+v, %v", got, cv, err)
+	}
+	for name, batch := range map[string]service.MessageBatch{
+		"two source batches": {msg(a), msg(b)},
+		"first without":      {msg(nil), msg(a)},
+		"second without":     {msg(a), msg(nil)},
+	} {
+		if _, _, _, err := o.toMessages(batch); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
 	}
 }

@@ -47,10 +47,6 @@ type Cover struct {
 	Pos        string // the new pointer's `pos`; the stored one must be strictly below it
 }
 
-// MetaCoverReceipt is the metadata key under which a source hands the redis_queue output a
-// *CoverReceipt for a covered batch (docs/batch-contract.md).
-const MetaCoverReceipt = "pgrelay_receipt"
-
 // CoverReceipt lets a writer tell the producer of a covered batch that the batch's cover is the
 // stored pointer (the script replied ok or duplicate, so the pointer is at or past it), so the
 // producer need not read the pointer back after the ack. It is marked only for the exact
@@ -73,10 +69,10 @@ func (r *CoverReceipt) Mark(pos string) {
 // Done reports whether Mark was called with the receipt's position.
 func (r *CoverReceipt) Done() bool { return r != nil && r.done.Load() }
 
-// String is the receipt's position (how it prints as metadata).
+// String is the receipt's position (how it prints in logs).
 func (r *CoverReceipt) String() string { return r.pos }
 
-// MarshalJSON renders the receipt as its position, for outputs that serialise metadata.
+// MarshalJSON renders the receipt as its position.
 func (r *CoverReceipt) MarshalJSON() ([]byte, error) { return json.Marshal(r.pos) }
 
 // Result is the outcome of a successful Write.

@@ -45,6 +45,12 @@ func (b *Batch) Receipt() *queue.CoverReceipt {
 	return b.receipt
 }
 
+// ForQueue is the batch's cover and receipt, as the redis_queue output takes them from the
+// messages' context.
+func (b *Batch) ForQueue() *queue.SourceBatch {
+	return &queue.SourceBatch{Cover: *b.cover(), Receipt: b.Receipt()}
+}
+
 func (b *Batch) cover() *queue.Cover {
 	return &queue.Cover{LeaseKey: b.LeaseKey, Fence: b.Fence, PointerKey: b.PointerKey, Pointer: b.CoverJSON, Pos: b.Cover.Position()}
 }

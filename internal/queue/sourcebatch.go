@@ -1,0 +1,24 @@
+package queue
+
+import "context"
+
+// SourceBatch is what a source (pg_cdc) hands the redis_queue output for one covered batch: the
+// cover and the receipt to mark. It travels in the context of every message of the batch, one
+// value shared by all of them, instead of metadata set on each message (docs/batch-contract.md).
+type SourceBatch struct {
+	Cover   Cover
+	Receipt *CoverReceipt
+}
+
+type sourceBatchKey struct{}
+
+// WithSourceBatch returns ctx carrying b.
+func WithSourceBatch(ctx context.Context, b *SourceBatch) context.Context {
+	return context.WithValue(ctx, sourceBatchKey{}, b)
+}
+
+// SourceBatchOf returns the SourceBatch ctx carries, or nil.
+func SourceBatchOf(ctx context.Context) *SourceBatch {
+	b, _ := ctx.Value(sourceBatchKey{}).(*SourceBatch)
+	return b
+}
