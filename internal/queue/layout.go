@@ -3,6 +3,7 @@ package queue
 import (
 	"hash/crc32"
 	"strconv"
+	"unsafe"
 
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
@@ -61,7 +62,8 @@ func Shard(partition string, shards int) int {
 	if shards <= 1 {
 		return 0
 	}
-	return int(crc32.ChecksumIEEE([]byte(partition)) % uint32(shards))
+	// the checksum only reads the bytes: a view of the string, not a copy (which allocated per message)
+	return int(crc32.ChecksumIEEE(unsafe.Slice(unsafe.StringData(partition), len(partition))) % uint32(shards))
 }
 
 // Members is the sorted set of the live replicas of group g on queue q (member: lease owner id,

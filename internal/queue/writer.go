@@ -335,35 +335,48 @@ func (w *Writer) reply(reply string, c *Cover) (Result, error) {
 }
 
 // build lays out KEYS and ARGV for queue_write.lua.
+//
+// A message's arguments are pointers to its fields (*string, *bytesArg), which go-redis writes
+// like the values themselves: boxing the strings and slices as interface values would allocate
+// five times per message. Consecutive messages of one queue (the usual batch) look the queue up
+// once, and a queue's streams are found by shard in a slice, not a map.
 func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool) ([]string, []any, error) {
-	type streamRef struct {
-		queue string
-		shard int
+	type queueRef struct {
+		name     string
+		shards   int
+		streamOf []int // by shard: 1 + the stream's index in streams, 0 when not in the batch yet
 	}
-	var queues []string
-	queueIdx := map[string]int{}
-	var counts []int // shard count per queue, looked up once per batch
-	streamIdx := map[streamRef]int{}
+	type streamRef struct{ queue, shard int } // queue: 1 + index in queues
+	var queues []queueRef
 	var streams []streamRef
 	msgStream := make([]int, len(msgs))
+	qi := 0 // 1 + the index of the previous message's queue
 	for i := range msgs {
 		q := msgs[i].Queue
-		qi, ok := queueIdx[q]
-		if !ok {
-			n, err := w.shardCount(ctx, q)
-			if err != nil {
-				return nil, nil, err
+		if qi == 0 || queues[qi-1].name != q {
+			qi = 0
+			for j := range queues {
+				if queues[j].name == q {
+					qi = j + 1
+					break
+				}
 			}
-			queues, counts = append(queues, q), append(counts, n)
-			qi = len(queues)
-			queueIdx[q] = qi
+			if qi == 0 {
+				n, err := w.shardCount(ctx, q)
+				if err != nil {
+					return nil, nil, err
+				}
+				queues = append(queues, queueRef{name: q, shards: n, streamOf: make([]int, n)})
+				qi = len(queues)
+			}
 		}
-		ref := streamRef{q, Shard(msgs[i].Partition, counts[qi-1])}
-		j, ok := streamIdx[ref]
-		if !ok {
-			streams = append(streams, ref)
+		ref := &queues[qi-1]
+		shard := Shard(msgs[i].Partition, ref.shards)
+		j := ref.streamOf[shard]
+		if j == 0 {
+			streams = append(streams, streamRef{qi, shard})
 			j = len(streams)
-			streamIdx[ref] = j
+			ref.streamOf[shard] = j
 		}
 		msgStream[i] = j
 	}
@@ -384,24 +397,32 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	}
 	args := make([]any, 0, 7+len(queues)+2*len(streams)+7*len(msgs))
 	args = append(args, c.Fence, c.Pos, pointer, len(queues), len(streams), len(msgs), touch)
-	for i, q := range queues {
-		keys = append(keys, w.layout.Meta(q))
-		args = append(args, counts[i])
+	for _, q := range queues {
+		keys = append(keys, w.layout.Meta(q.name))
+		args = append(args, q.shards)
 	}
 	for _, s := range streams {
-		keys = append(keys, w.layout.Stream(s.queue, s.shard))
-		args = append(args, queueIdx[s.queue], s.shard)
+		keys = append(keys, w.layout.Stream(queues[s.queue-1].name, s.shard))
+		args = append(args, s.queue, s.shard)
 	}
-	var ts string // created-at is usually the same for the whole batch: format it once
+	// created-at is usually the same for the whole batch: formatted once per value
+	ts := make([]string, 0, 1)
 	for i := range msgs {
 		m := &msgs[i]
 		if i == 0 || m.CreatedMs != msgs[i-1].CreatedMs {
-			ts = strconv.FormatInt(m.CreatedMs, 10)
+			ts = append(ts, strconv.FormatInt(m.CreatedMs, 10))
 		}
-		args = append(args, msgStream[i], m.Partition, m.ID, m.Tx, ts, m.Header, m.Payload)
+		args = append(args, msgStream[i], &m.Partition, &m.ID, &m.Tx, &ts[len(ts)-1], (*bytesArg)(&m.Header), (*bytesArg)(&m.Payload))
 	}
 	return keys, args, nil
 }
+
+// bytesArg is a byte slice argument that go-redis writes as is (through MarshalBinary); a pointer
+// to it is an interface value with no allocation.
+type bytesArg []byte
+
+// MarshalBinary returns the bytes.
+func (b *bytesArg) MarshalBinary() ([]byte, error) { return *b, nil }
 
 // shardCount returns the shard count of queue q: the stored one, or conf.Shards for a new queue.
 func (w *Writer) shardCount(ctx context.Context, q string) (int, error) {
