@@ -114,6 +114,16 @@ func AppendString(dst []byte, s []byte) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
 	for i := 0; i < len(s); {
+		// a run of bytes that need no escaping is appended at once
+		j := i
+		for j < len(s) && s[j] >= 0x20 && s[j] < 0x7f && s[j] != '"' && s[j] != '\\' {
+			j++
+		}
+		if j > i {
+			dst = append(dst, s[i:j]...)
+			i = j
+			continue
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
 			switch {

@@ -26,12 +26,14 @@ func (a *arena) bytes(b []byte) []byte {
 }
 
 // string returns b as a string in the arena.
-func (a *arena) string(b []byte) string {
+func (a *arena) string(b []byte) string { return arenaString(a.bytes(b)) }
+
+// arenaString is b, bytes an arena handed out, as a string: they are never written again.
+func arenaString(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
-	c := a.bytes(b)
-	return unsafe.String(&c[0], len(c))
+	return unsafe.String(&b[0], len(b))
 }
 
 // eventSlab hands out the event slices of queued changes from shared arrays, instead of a slice

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"unsafe"
 
 	"github.com/jackc/pglogrepl"
 
@@ -383,7 +382,7 @@ func (d *decoder) event(rel *relation, part string, k int, c *event.Change) Even
 	d.buf = b
 	out := d.arena.bytes(b)
 	return Event{
-		Queue: rel.info.Queue, Partition: part, ID: unsafe.String(&out[n], len(out)-n), Tx: d.txID,
+		Queue: rel.info.Queue, Partition: part, ID: arenaString(out[n:]), Tx: d.txID,
 		Op: c.Op, Table: rel.table.Name, LSN: d.pos.LSN, Xid: d.pos.Xid, CreatedMs: d.tsMs, Payload: out[:n:n],
 	}
 }

@@ -1,7 +1,6 @@
 package source
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
@@ -80,6 +80,8 @@ type snapshotter struct {
 	history []snapshot.Commit // commits on the active table not yet seen by a chunk's snapshot
 
 	progress *tableProgress // the table being read (run's goroutine only)
+
+	arena arena // the chunk events' bytes and the rows' keys (build runs on the reader goroutine)
 }
 
 // newSnapshotter prepares the snapshot of the cursor in start (nil when there is none).
@@ -547,9 +549,11 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 	rows := make([]snapshot.Row, len(ch.Rows))
 	index := make(map[string]int, len(ch.Rows))
 	var row event.Row
+	var buf []byte
 	for i, r := range ch.Rows {
 		row = event.TextRow(row, r)
-		rows[i].Key = string(t.enc.AppendKey(nil, row))
+		buf = t.enc.AppendKey(buf[:0], row)
+		rows[i].Key = sn.arena.string(buf)
 		index[rows[i].Key] = i
 	}
 	var nonKey []string
@@ -572,10 +576,10 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 	tx := fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
 	pos := event.Position{LSN: hw.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
 	ms := ch.ReadAt.UnixMilli()
-	var buf []byte
 	cfg := &sn.ss.src.cfg
 	var out []item
-	cur := item{kind: itemChunk, commit: hw}
+	partEvents := func() []Event { return make([]Event, 0, min(len(ch.Rows), cfg.MaxBundleMessages)) }
+	cur := item{kind: itemChunk, commit: hw, events: partEvents()}
 	flush := func(lastRow int, final bool) {
 		part := &chunkPart{}
 		if final {
@@ -595,7 +599,9 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		}
 		cur.chunk = part
 		out = append(out, cur)
-		cur = item{kind: itemChunk, commit: hw}
+		if !final {
+			cur = item{kind: itemChunk, commit: hw, events: partEvents()}
+		}
 	}
 	for i, r := range ch.Rows {
 		if kind[i] == 0 {
@@ -605,9 +611,9 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		pos.Seq = uint64(i)
 		var ev Event
 		if kind[i] == 'r' {
-			ev = t.readEvent(&buf, row, &pos, tx, ms)
+			ev = t.readEvent(&sn.arena, &buf, row, &pos, tx, ms)
 		} else {
-			ev = t.fillEvent(&buf, row, fillCols[i], &pos, tx, ms)
+			ev = t.fillEvent(&sn.arena, &buf, row, fillCols[i], &pos, tx, ms)
 		}
 		if len(cur.events) > 0 && (len(cur.events)+1 > cfg.MaxBundleMessages || cur.size+ev.size() > cfg.MaxBundleBytes) {
 			flush(i-1, false)
@@ -629,26 +635,42 @@ func (t *snapTable) keyText(row [][]byte) []string {
 }
 
 // readEvent renders a surviving row as an `r` event (DESIGN §2: no xid, lsn = high watermark),
-// encoding into *buf.
-func (t *snapTable) readEvent(buf *[]byte, row event.Row, pos *event.Position, tx string, ms int64) Event {
-	return t.event(buf, &event.Change{Op: event.OpRead, Row: row, Position: *pos}, tx, "", ms)
+// encoding into *buf; its bytes go to a.
+func (t *snapTable) readEvent(a *arena, buf *[]byte, row event.Row, pos *event.Position, tx string, ms int64) Event {
+	return t.event(a, buf, &event.Change{Op: event.OpRead, Row: row, Position: *pos}, tx, "", ms)
 }
 
 // fillEvent renders a fill: a `u` whose after holds the key and the restored columns, every other
 // column unchanged.
-func (t *snapTable) fillEvent(buf *[]byte, row event.Row, restore []string, pos *event.Position, tx string, ms int64) Event {
+func (t *snapTable) fillEvent(a *arena, buf *[]byte, row event.Row, restore []string, pos *event.Position, tx string, ms int64) Event {
 	for i, c := range t.spec.Columns {
 		if !t.isKey[i] && !slices.Contains(restore, c.Name) {
 			row[i] = event.Value{Kind: event.Unchanged}
 		}
 	}
-	return t.event(buf, &event.Change{Op: event.OpUpdate, Row: row, Position: *pos}, tx, "f", ms)
+	return t.event(a, buf, &event.Change{Op: event.OpUpdate, Row: row, Position: *pos}, tx, "f", ms)
 }
 
-func (t *snapTable) event(buf *[]byte, c *event.Change, tx, idTag string, ms int64) Event {
-	*buf = t.enc.AppendChange((*buf)[:0], c)
-	return Event{Queue: t.info.Queue, Partition: t.enc.Partition(c.Row), ID: tx + ":" + idTag + strconv.FormatUint(c.Seq, 10), Tx: tx,
-		Op: c.Op, Table: t.full, LSN: c.LSN, CreatedMs: ms, Payload: bytes.Clone(*buf)}
+// event renders c; its payload, id and partition name are one copy into a.
+func (t *snapTable) event(a *arena, buf *[]byte, c *event.Change, tx, idTag string, ms int64) Event {
+	b := t.enc.AppendChange((*buf)[:0], c)
+	n := len(b)
+	b = append(b, tx...)
+	b = append(b, ':')
+	b = append(b, idTag...)
+	b = strconv.AppendUint(b, c.Seq, 10)
+	idEnd := len(b)
+	part := partition.Single
+	if t.enc.Part != nil {
+		b = t.enc.AppendPartition(b, c.Row)
+	}
+	*buf = b
+	out := a.bytes(b)
+	if t.enc.Part != nil {
+		part = arenaString(out[idEnd:])
+	}
+	return Event{Queue: t.info.Queue, Partition: part, ID: arenaString(out[n:idEnd]), Tx: tx,
+		Op: c.Op, Table: t.full, LSN: c.LSN, CreatedMs: ms, Payload: out[:n:n]}
 }
 
 // watermarkID splits a watermark's content "<life>:<n>:<lw|hw>".
