@@ -44,6 +44,25 @@ func TestWidenAcrossEpochs(t *testing.T) {
 		{9, e + 9},
 		{0xFFFFFFF0, e - 16}, // just before the 32-bit wraparound: previous epoch
 	}
+	// the epoch's last xids, and the next epoch's first ones (a transaction begun after the snapshot)
+	end := Snapshot{Xmin: e - 20, Xmax: e - 10}
+	cases2 := []struct {
+		xid  uint32
+		want uint64
+	}{{0xFFFFFFF0, e - 16}, {0xFFFFFFFF, e - 1}, {3, e + 3}, {0x7FFFFFF0, e + 0x7FFFFFF0}}
+	for _, c := range cases2 {
+		if got := end.Widen(c.xid); got != c.want {
+			t.Errorf("xmax %d: Widen(%d) = %d, want %d", end.Xmax, c.xid, got, c.want)
+		}
+	}
+	if end.Sees(3) {
+		t.Error("an xid of the next epoch is visible to a snapshot of the epoch before")
+	}
+	// epoch 0: nothing comes before xid 3
+	first := Snapshot{Xmin: 100, Xmax: 100}
+	if got := first.Widen(0xFFFFFF00); got != 0xFFFFFF00 {
+		t.Errorf("epoch 0: Widen(0xFFFFFF00) = %d", got)
+	}
 	for _, c := range cases {
 		if got := snap.Widen(c.xid); got != c.want {
 			t.Errorf("Widen(%d) = %d, want %d", c.xid, got, c.want)

@@ -38,15 +38,17 @@ func ParseSnapshot(s string) (Snapshot, error) {
 	return snap, nil
 }
 
-// Widen turns a 32-bit xid (as pgoutput sends it) into the full xid nearest below or at Xmax's
-// epoch: stream transactions are recent, so they belong to Xmax's epoch or the one before.
+// Widen turns a 32-bit xid (as pgoutput sends it) into the full xid nearest to Xmax: the one
+// less than 2^31 away from it, below or above, across an epoch boundary either way. A transaction
+// the stream or a consumer asks about was running or committed close to the snapshot (PostgreSQL
+// keeps every live xid within 2^31 of the next one), so this is its xid. An xid that would fall
+// before the first epoch is taken from the one after.
 func (s Snapshot) Widen(xid uint32) uint64 {
-	epoch := s.Xmax >> 32
-	full := epoch<<32 | uint64(xid)
-	if full > s.Xmax+(1<<31) && epoch > 0 { // from before a wraparound of the 32-bit counter
-		full -= 1 << 32
+	full := int64(s.Xmax) + int64(int32(xid-uint32(s.Xmax)))
+	if full < 0 {
+		full += 1 << 32
 	}
-	return full
+	return uint64(full)
 }
 
 // Sees reports whether a transaction with the given 32-bit xid had committed (and so was visible)
