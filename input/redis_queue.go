@@ -19,14 +19,18 @@ import (
 
 // Field names of the redis_queue input (the connection fields are redisconn's).
 const (
-	rqiFieldQueue       = "queue"
-	rqiFieldGroup       = "group"
-	rqiFieldStartFrom   = "start_from"
-	rqiFieldBatchCount  = "batch_count"
-	rqiFieldBatchBytes  = "batch_bytes"
-	rqiFieldBlock       = "block"
-	rqiFieldMaxAttempts = "max_attempts"
-	rqiFieldLeaseTTL    = "lease_ttl"
+	rqiFieldQueue          = "queue"
+	rqiFieldGroup          = "group"
+	rqiFieldStartFrom      = "start_from"
+	rqiFieldStartAfterLoad = "start_after_load"
+	rqiFieldStartPositions = "positions"
+	rqiFieldStartSnapshot  = "snapshot"
+	rqiFieldStartLSN       = "lsn"
+	rqiFieldBatchCount     = "batch_count"
+	rqiFieldBatchBytes     = "batch_bytes"
+	rqiFieldBlock          = "block"
+	rqiFieldMaxAttempts    = "max_attempts"
+	rqiFieldLeaseTTL       = "lease_ttl"
 )
 
 // start_from's values.
@@ -66,6 +70,20 @@ Metadata: `+"`queue`, `partition`, `message_id`, `transaction_id`"+` (strings), 
 				LintRule(fmt.Sprintf(`root = if this == "" || this.contains(":") || this.contains("{") || this.contains("}") { [%q] }`, rqiFieldGroup+" must be non-empty without ':', '{' or '}'")),
 			service.NewStringEnumField(rqiFieldStartFrom, rqiStartEarliest, rqiStartLatest).
 				Description("Where a new group starts: the oldest entry kept, or only entries written after it is created.").Default(rqiStartEarliest),
+			service.NewObjectField(rqiFieldStartAfterLoad,
+				service.NewStringField(rqiFieldStartPositions).Description("The queue's positions read before the load: per shard its last entry id and, after `@`, the entries ever added to it, separated by commas, as `pgrelay queue position` prints them.").
+					Example("1718000000000-0@3,0-0@0,1718000000123-4@9").LintRule(speclint.Match(rqiFieldStartAfterLoad+"."+rqiFieldStartPositions, queue.PositionsPattern, false)),
+				service.NewStringField(rqiFieldStartSnapshot).Description("`pg_current_snapshot()` of the load's REPEATABLE READ transaction, read by its first statement.").Example("7512:7520:7514").
+					LintRule(speclint.Match(rqiFieldStartAfterLoad+"."+rqiFieldStartSnapshot, queue.SnapshotPattern, false)),
+				service.NewStringField(rqiFieldStartLSN).Description("`pg_current_wal_insert_lsn()`, read by the same statement.").Example("0/1A2B3C4").
+					LintRule(speclint.Match(rqiFieldStartAfterLoad+"."+rqiFieldStartLSN, queue.LSNPattern, false)),
+			).Description("For a new group whose consumer loaded its state from PostgreSQL first: the group starts after these positions "+
+				"and acks, without delivering, every entry whose transaction the load's snapshot saw, so each transaction reaches the consumer "+
+				"exactly once, in the load or from the queue. Read the positions, wait for the transactions in progress "+
+				"(`pgrelay queue position --pg <dsn>` does both), then load (docs: queue, \"Load, then follow\"). Stored with the group in "+
+				"Redis, so every replica applies it, also one started without it. Refused (`start_conflict`) when the group exists with "+
+				"another start or none. Replaces `"+rqiFieldStartFrom+"`.").
+				Optional().Advanced(),
 			service.NewIntField(rqiFieldBatchCount).Description("Most messages per batch.").Default(500).
 				LintRule(speclint.IntMin(rqiFieldBatchCount, 1)),
 			service.NewIntField(rqiFieldBatchBytes).Description("Most payload bytes per batch (a batch holds at least one message).").Default(4<<20).
@@ -77,7 +95,9 @@ Metadata: `+"`queue`, `partition`, `message_id`, `transaction_id`"+` (strings), 
 			service.NewDurationField(rqiFieldLeaseTTL).Description("Shard lease TTL; renewed every third of it. A crashed replica's shards move after this.").Default("10s").Advanced().
 				LintRule(speclint.DurationAbove(rqiFieldLeaseTTL, 0)),
 		).
-		LintRule(speclint.Rule(speclint.RedisURLChecks("")...)).
+		LintRule(speclint.Rule(append(speclint.RedisURLChecks(""),
+			speclint.Check(fmt.Sprintf(`this.%s != null && this.%s == %q`, rqiFieldStartAfterLoad, rqiFieldStartFrom, rqiStartLatest),
+				rqiFieldStartAfterLoad+" replaces "+rqiFieldStartFrom+": leave "+rqiFieldStartFrom+" out"))...)).
 		Example("Print a queue", "Reads the queue `orders` as the group `printer` and prints each message; every copy of this pipeline shares the queue's shards, and a message that fails three times moves to the dead-letter stream.", `
 input:
   redis_queue:
@@ -136,10 +156,28 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (RedisQueueConfig, e
 	if c.LeaseTTL, err = conf.FieldDuration(rqiFieldLeaseTTL); err != nil {
 		return rc, err
 	}
+	if conf.Contains(rqiFieldStartAfterLoad) {
+		if c.Start, err = startAfterLoad(conf.Namespace(rqiFieldStartAfterLoad)); err != nil {
+			return rc, err
+		}
+	}
 	if _, err := queue.NewConsumer(nil, *c); err != nil {
 		return rc, err
 	}
 	return rc, nil
+}
+
+// startAfterLoad parses the start_after_load object.
+func startAfterLoad(conf *service.ParsedConfig) (*queue.Start, error) {
+	var vals [3]string
+	for i, f := range []string{rqiFieldStartPositions, rqiFieldStartSnapshot, rqiFieldStartLSN} {
+		v, err := conf.FieldString(f)
+		if err != nil {
+			return nil, err
+		}
+		vals[i] = v
+	}
+	return queue.ParseStart(vals[0], vals[1], vals[2])
 }
 
 //------------------------------------------------------------------------------
@@ -175,8 +213,10 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 	}
 	dead := mgr.Metrics().NewCounter("redis_queue_dead_letters")
 	gone := mgr.Metrics().NewCounter("redis_queue_trimmed_pending")
+	skipped := mgr.Metrics().NewCounter("redis_queue_skipped_in_load")
 	c.OnDeadLetter = func(n int) { dead.Incr(int64(n)) }
 	c.OnGone = func(n int) { gone.Incr(int64(n)) }
+	c.OnSkip = func(n int) { skipped.Incr(int64(n)) }
 	return in, nil
 }
 

@@ -70,3 +70,56 @@ func TestQueueInputHeaderMeta(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueInputStartAfterLoad: start_after_load lints (its three forms, and start_from latest
+// beside it), parses into the consumer's start, and a start the linter cannot judge (an xid in
+// progress outside [xmin, xmax)) is refused at parse with bad_start.
+func TestQueueInputStartAfterLoad(t *testing.T) {
+	linter := service.GlobalEnvironment().NewComponentConfigLinter()
+	conf := func(positions, snap, lsn, extra string) string {
+		return fmt.Sprintf("redis_queue:\n  queue: q\n  group: g\n%s  start_after_load:\n    positions: %q\n    snapshot: %q\n    lsn: %q\n", extra, positions, snap, lsn)
+	}
+	cases := []struct{ name, yaml, want string }{
+		{"ok", conf("1718000000000-0@3,0-0@0", "7512:7520:7514,7515", "0/1A2B3C4", ""), ""},
+		{"ok without counts", conf("1718000000000-0,0-0", "7512:7520:", "1/0", "  start_from: earliest\n"), ""},
+		{"bad positions", conf("$,0-0", "7512:7520:", "0/1", ""), "positions must match"},
+		{"bad snapshot", conf("0-0", "7512-7520", "0/1", ""), "snapshot must match"},
+		{"bad lsn", conf("0-0", "1:2:", "01A2B3C4", ""), "lsn must match"},
+		{"with latest", conf("0-0", "1:2:", "0/1", "  start_from: latest\n"), "replaces start_from"},
+	}
+	for _, c := range cases {
+		lints, err := linter.LintInputYAML([]byte(c.yaml))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var all []string
+		for _, l := range lints {
+			all = append(all, l.What)
+		}
+		text := strings.Join(all, "; ")
+		if (c.want == "") != (len(lints) == 0) || (c.want != "" && !strings.Contains(text, c.want)) {
+			t.Errorf("%s: lints %q, want %q", c.name, text, c.want)
+		}
+	}
+	parse := func(yaml string) (RedisQueueConfig, error) {
+		pc, err := RedisQueueSpec().ParseYAML(strings.TrimPrefix(strings.ReplaceAll(yaml, "\n  ", "\n"), "redis_queue:\n"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return RedisQueueConfigFromParsed(pc)
+	}
+	rc, err := parse(conf("1718000000000-0@3, 0-0@0", "7512:7520:7514", "0/1A2B3C4", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := rc.Consumer.Start
+	if s == nil || s.PositionsText() != "1718000000000-0@3,0-0@0" || s.SnapshotText() != "7512:7520:7514" || s.LSN.String() != "0/1A2B3C4" {
+		t.Fatalf("start %+v", s)
+	}
+	if rc, err := parse("redis_queue:\n  queue: q\n  group: g\n"); err != nil || rc.Consumer.Start != nil {
+		t.Fatalf("no start_after_load: %+v %v", rc.Consumer.Start, err)
+	}
+	if _, err := parse(conf("0-0", "7512:7520:7600", "0/1", "")); !errcode.Is(err, errcode.BadStart) {
+		t.Fatalf("an xid in progress past xmax: %v, want bad_start", err)
+	}
+}

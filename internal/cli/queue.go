@@ -10,9 +10,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 	"github.com/urfave/cli/v2"
 
+	"github.com/pgrelay/pgrelay/internal/follow"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
@@ -32,12 +35,13 @@ func connFlags() []cli.Flag {
 	}
 }
 
-// Queue is `pgrelay queue`: inspect a queue (`info`) and manage its dead letters (`dlq`, with
-// --replay or --drop), human-readable or --json.
+// Queue is `pgrelay queue`: inspect a queue (`info`), read where it ends (`position`, the start of
+// a group that follows a load) and manage its dead letters (`dlq`, with --replay or --drop),
+// human-readable or --json.
 func Queue() *cli.Command {
 	return quiet(&cli.Command{
 		Name:  "queue",
-		Usage: "Inspect a pgrelay queue and manage its dead letters",
+		Usage: "Inspect a pgrelay queue, read its positions and manage its dead letters",
 		Description: "Flags go before the queue name, e.g. `pgrelay queue info --url redis://127.0.0.1:6379 --json orders`.\n" +
 			"The connection comes from --url (or $REDIS_URL), --cluster-url, or --sentinel with --sentinel-master, with --prefix as in the pipeline config,\n" +
 			"or from -c <pipeline config>: its first redis_queue input, else output, TLS included (then the queue name may be left out).",
@@ -48,6 +52,15 @@ func Queue() *cli.Command {
 				ArgsUsage: "<queue>",
 				Flags:     connFlags(),
 				Action:    func(c *cli.Context) error { return run(c, info) },
+			},
+			{
+				Name:      "position",
+				Usage:     "The last entry id of every shard, read at once: where a consumer group that follows a load starts",
+				ArgsUsage: "<queue>",
+				Flags: append(connFlags(),
+					&cli.StringFlag{Name: "pg", Usage: "then wait on this PostgreSQL server (the primary the queue's pg_cdc reads; a DSN) until every transaction at or before the positions is visible to new snapshots: load after that for an exact start (docs/queue.md, Load, then follow)"},
+				),
+				Action: func(c *cli.Context) error { return run(c, position) },
 			},
 			{
 				Name:      "dlq",
@@ -187,6 +200,64 @@ func info(ctx context.Context, e *env) error {
 		tw.Flush()
 	}
 	return nil
+}
+
+// positionReport is what `pgrelay queue position --json` prints.
+type positionReport struct {
+	Queue     string           `json:"queue"`
+	Shards    int              `json:"shards"`
+	Positions string           `json:"positions"` // "id,id,...": the start's positions
+	Shard     []queue.Position `json:"shard_positions"`
+	Waited    bool             `json:"waited"` // --pg: the transactions at or before the positions are visible now
+}
+
+func position(ctx context.Context, e *env) error {
+	ps, err := queue.ReadPositions(ctx, e.rdb, e.layout, e.queue)
+	if err != nil {
+		return err
+	}
+	rep := positionReport{Queue: e.queue, Shards: len(ps), Positions: queue.PositionsText(ps), Shard: ps}
+	if dsn := e.c.String("pg"); dsn != "" {
+		if err := waitCommitted(ctx, dsn, e.c.App.ErrWriter); err != nil {
+			return err
+		}
+		rep.Waited = true
+	}
+	if e.c.Bool("json") {
+		return printJSON(e.out, rep)
+	}
+	fmt.Fprintf(e.out, "queue %s: %d shards\n\n", rep.Queue, rep.Shards)
+	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SHARD\tLAST ID\tENTRIES ADDED")
+	for _, p := range ps {
+		fmt.Fprintf(tw, "%d\t%s\t%d\n", p.Shard, p.ID, p.Added)
+	}
+	tw.Flush()
+	fmt.Fprintf(e.out, "\npositions: %s\n", rep.Positions)
+	if rep.Waited {
+		fmt.Fprintln(e.out, "every transaction at or before these positions is now visible to new snapshots: load now")
+	}
+	return nil
+}
+
+// waitCommitted connects to dsn and waits there until every transaction that may have committed
+// is visible (follow.WaitCommitted), reporting on w what it waits for.
+func waitCommitted(ctx context.Context, dsn string, w io.Writer) error {
+	cfg, err := pgconnect.Config{DSN: dsn, ApplicationName: "pgrelay queue position"}.ConnConfig()
+	if err != nil {
+		return fmt.Errorf("--pg: %w", err)
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("--pg: %w", pgconnect.Explain(err))
+	}
+	defer conn.Close(context.Background())
+	if w == nil {
+		w = os.Stderr
+	}
+	return follow.WaitCommitted(ctx, conn, func(xids []string) {
+		fmt.Fprintf(w, "waiting for the transactions in progress to end (xids %s)\n", strings.Join(xids, ", "))
+	})
 }
 
 func dlq(ctx context.Context, e *env) error {

@@ -45,7 +45,17 @@ const (
 	BadGroup Code = "bad_group"
 	// BadStartFrom means the input's `start_from` is neither earliest nor latest.
 	BadStartFrom Code = "bad_start_from"
-	// NoQueue means no queue of that name exists under the prefix (pgrelay queue).
+	// BadStart means a start after a load (the input's `start_after_load`) does not parse, or does
+	// not fit the queue: another shard count, or a position past what a shard ever held.
+	BadStart Code = "bad_start"
+	// StartConflict means a start after a load names a consumer group that already exists with
+	// another start, or without one.
+	StartConflict Code = "start_conflict"
+	// StartTrimmed means entries added to a shard after a start's position were removed before the
+	// group was created, so the group would miss them.
+	StartTrimmed Code = "start_trimmed"
+	// NoQueue means no queue of that name exists under the prefix (pgrelay queue, or a start after
+	// a load).
 	NoQueue Code = "no_queue"
 	// ReplayAllGroups means a dead-letter replay targets a queue with several groups without
 	// `--all-groups`.

@@ -38,10 +38,13 @@ func (nopLogger) Errorf(string, ...any) {}
 
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
-	Prefix      string        // key prefix (DefaultPrefix when "")
-	Queue       string        // queue to consume
-	Group       string        // consumer group: one per pipeline
-	StartFrom   string        // "earliest" (default) or "latest": where a new group starts
+	Prefix    string // key prefix (DefaultPrefix when "")
+	Queue     string // queue to consume
+	Group     string // consumer group: one per pipeline
+	StartFrom string // "earliest" (default) or "latest": where a new group starts
+	// Start, when set, starts a new group after a load from PostgreSQL instead (see Start); the
+	// group is created with it at Consumer.Start, which fails if the group exists with another.
+	Start       *Start
 	BatchCount  int           // most entries per delivery (default 500)
 	BatchBytes  int           // most payload bytes per delivery, at least one entry (default 4 MiB)
 	Block       time.Duration // how long one read waits for new entries (default 1 s)
@@ -60,6 +63,9 @@ type ConsumerConfig struct {
 	OnGone func(n int)
 	// OnDeadLetter is called with the number of messages moved to the dead-letter stream.
 	OnDeadLetter func(n int)
+	// OnSkip is called with the number of entries acked undelivered because the group's start had
+	// them in its load.
+	OnSkip func(n int)
 }
 
 func (c *ConsumerConfig) defaults() error {
@@ -98,6 +104,9 @@ func (c *ConsumerConfig) defaults() error {
 	}
 	if c.OnDeadLetter == nil {
 		c.OnDeadLetter = func(int) {}
+	}
+	if c.OnSkip == nil {
+		c.OnSkip = func(int) {}
 	}
 	return nil
 }
@@ -158,6 +167,9 @@ type shardRun struct {
 	drain  bool // hand the shard over once the in-flight delivery is finished
 	// renewed is when the lease was last taken or renewed; only the keeper goroutine uses it
 	renewed time.Time
+	// startPast: an entry at or past the group's start lsn was read, so no later one is in the
+	// load; only the shard's reader uses it
+	startPast bool
 }
 
 // handOverWhenIdle makes the reader stop and release the shard after its in-flight delivery.
@@ -200,7 +212,8 @@ type Consumer struct {
 	closed sync.Once
 
 	mu     sync.Mutex
-	shards int // 0 until the queue exists
+	shards int    // 0 until the queue exists
+	start  *Start // the group's start after a load, read from Redis at setup; nil: none
 	runs   map[int]*shardRun
 	err    error // a fatal setup error, returned by Read
 }
@@ -215,10 +228,20 @@ func NewConsumer(rdb redis.UniversalClient, conf ConsumerConfig) (*Consumer, err
 }
 
 // Start checks the connection and starts the lease keeper, which waits for the queue to exist,
-// creates the group on every shard and acquires this replica's fair share of shards.
+// creates the group on every shard and acquires this replica's fair share of shards. With
+// ConsumerConfig.Start the queue must exist and the group is created (or found with that start)
+// before Start returns: a start_conflict, start_trimmed, bad_start or no_queue error says why not.
 func (c *Consumer) Start(ctx context.Context) error {
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis ping: %w", err)
+	}
+	if c.conf.Start != nil {
+		if _, err := c.setup(ctx); err != nil {
+			if errors.Is(err, errNoQueue) {
+				return noQueue(c.layout, c.conf.Queue)
+			}
+			return err
+		}
 	}
 	c.wg.Add(1)
 	go c.keepLeases()

@@ -51,6 +51,12 @@ type GroupShardInfo struct {
 	Owner         string `json:"owner,omitempty"` // lease holder, "" when free
 }
 
+// noQueue is the error for a queue without meta under l's prefix.
+func noQueue(l Layout, q string) error {
+	return errcode.New(errcode.NoQueue, fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
+		"check the queue name and the prefix; a queue exists once a producer has written to it")
+}
+
 // Inspect reads queue q's shards, groups and dead letters.
 func Inspect(ctx context.Context, rdb redis.UniversalClient, l Layout, q string) (*Info, error) {
 	meta, err := rdb.HGetAll(ctx, l.Meta(q)).Result()
@@ -58,8 +64,7 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, l Layout, q string)
 		return nil, fmt.Errorf("queue %s: read meta: %w", q, err)
 	}
 	if meta["shards"] == "" {
-		return nil, errcode.New(errcode.NoQueue, fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
-			"check the queue name and --prefix; a queue exists once a producer has written to it")
+		return nil, noQueue(l, q)
 	}
 	shards, err := strconv.Atoi(meta["shards"])
 	if err != nil || shards < 1 {
@@ -228,8 +233,7 @@ func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, l Layout,
 		return 0, err
 	}
 	if shards == 0 {
-		return 0, errcode.New(errcode.NoQueue, fmt.Sprintf("queue %q does not exist under prefix %q", q, l.Prefix),
-			"check the queue name and --prefix")
+		return 0, noQueue(l, q)
 	}
 	done := 0
 	for start := 0; start < len(dls); start += 500 {

@@ -50,6 +50,10 @@ func (l Layout) GroupLease(q, g string, n int) string {
 // Attempts is the hash of failed-attempt counts (field: entry id) of group g on queue q.
 func (l Layout) Attempts(q, g string) string { return redisconn.Key(l.Prefix, q, "g", g, "attempts") }
 
+// GroupStart is the hash holding the start of group g of queue q when it began after a load from
+// PostgreSQL (positions, snapshot, lsn, created_at; see Start). Absent for other groups.
+func (l Layout) GroupStart(q, g string) string { return redisconn.Key(l.Prefix, q, "g", g, "start") }
+
 // DLQ is the dead-letter stream of queue q.
 func (l Layout) DLQ(q string) string { return redisconn.Key(l.Prefix, q, "dlq") }
 

@@ -76,28 +76,35 @@ func (c *Consumer) setup(ctx context.Context) (int, error) {
 	if err != nil || shards < 1 {
 		return 0, fmt.Errorf("meta %s: shards %q is not a positive number", c.layout.Meta(c.conf.Queue), s)
 	}
-	for n := 0; n < shards; n++ {
-		if err := c.createGroup(ctx, n); err != nil {
-			return 0, err
-		}
+	start, err := c.openGroup(ctx, shards)
+	if err != nil {
+		return 0, err
 	}
 	reader, err := c.readerClient(shards)
 	if err != nil {
 		return 0, fmt.Errorf("reader client: %w", err)
 	}
 	c.mu.Lock()
-	c.shards = shards
+	c.shards, c.start = shards, start
 	c.reader = reader
 	c.mu.Unlock()
 	c.conf.Logger.Infof("queue %s: %d shards, group %s, replica %s", c.conf.Queue, shards, c.conf.Group, c.conf.Owner)
+	if start != nil {
+		c.conf.Logger.Infof("queue %s: group %s follows a load: entries of transactions its snapshot %s saw (commit lsn below %s) are acked, not delivered",
+			c.conf.Queue, c.conf.Group, start.SnapshotText(), start.LSN)
+	}
 	return shards, nil
 }
 
-// createGroup creates the group on shard n (start_from decides where), if it is not there.
+// createGroup creates the group on shard n, if it is not there: at the group's start position, or
+// where start_from says.
 func (c *Consumer) createGroup(ctx context.Context, n int) error {
 	start := "0"
 	if c.conf.StartFrom == "latest" {
 		start = "$"
+	}
+	if s := c.groupStart(); s != nil {
+		start = s.position(n)
 	}
 	err := c.rdb.XGroupCreateMkStream(ctx, c.layout.Stream(c.conf.Queue, n), c.conf.Group, start).Err()
 	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {

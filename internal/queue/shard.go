@@ -132,7 +132,8 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 		return nil, false, nil
 	}
 	d := &Delivery{Shard: r.n, run: r, pending: pending}
-	var gone []string
+	var gone, skipped []string
+	start, past := c.groupStart(), r.startPast
 	bytes := 0
 	for _, m := range msgs {
 		if len(m.Values) == 0 {
@@ -144,6 +145,15 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 			break
 		}
 		e := entryOf(m)
+		if start != nil && !past {
+			switch start.judge(e.Payload) {
+			case startSkip:
+				skipped = append(skipped, m.ID)
+				continue
+			case startPast:
+				past = true
+			}
+		}
 		bytes += len(e.Payload)
 		d.Entries = append(d.Entries, e)
 	}
@@ -152,8 +162,14 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 			return nil, false, err
 		}
 	}
+	if len(skipped) > 0 {
+		if err := c.ackSkipped(ctx, r.n, skipped); err != nil {
+			return nil, false, err
+		}
+	}
+	r.startPast = past
 	if len(d.Entries) == 0 {
-		return nil, pending && len(gone) > 0, nil
+		return nil, pending && len(gone)+len(skipped) > 0, nil
 	}
 	if pending {
 		if err := c.loadAttempts(ctx, d); err != nil {
@@ -167,16 +183,21 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 func (c *Consumer) ackGone(ctx context.Context, n int, ids []string) error {
 	c.conf.Logger.Warnf("queue %s group %s: %d pending entries of shard %d were trimmed before being processed (first %s); acking them",
 		c.conf.Queue, c.conf.Group, len(ids), n, ids[0])
+	if err := c.ackUndelivered(ctx, n, ids); err != nil {
+		return fmt.Errorf("ack trimmed entries: %w", err)
+	}
+	c.conf.OnGone(len(ids))
+	return nil
+}
+
+// ackUndelivered acks entries of shard n that are never delivered, and drops their attempt counts.
+func (c *Consumer) ackUndelivered(ctx context.Context, n int, ids []string) error {
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.XAck(ctx, c.layout.Stream(c.conf.Queue, n), c.conf.Group, ids...)
 		p.HDel(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), ids...)
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("ack trimmed entries: %w", err)
-	}
-	c.conf.OnGone(len(ids))
-	return nil
+	return err
 }
 
 // loadAttempts fills Entry.Attempts of a redelivery.
