@@ -531,6 +531,9 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 	if err != nil {
 		return true, err
 	}
+	if p.over { // no chunk comes after the last: stop keeping the stream's commits for one
+		sn.setActive("")
+	}
 	for _, it := range items {
 		if err := emit(it); err != nil {
 			return true, err

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/pointer"
@@ -133,3 +135,37 @@ type testLogger struct{ t *testing.T }
 func (l testLogger) Infof(f string, a ...any)  { l.t.Logf(f, a...) }
 func (l testLogger) Warnf(f string, a ...any)  { l.t.Logf(f, a...) }
 func (l testLogger) Errorf(f string, a ...any) { l.t.Logf(f, a...) }
+
+// TestSnapshotStopsObservingWhenDone: once the last chunk's high watermark is resolved, commits on
+// the last table are no longer kept for later chunks (there are none), so the history does not grow
+// for as long as the session streams on.
+func TestSnapshotStopsObservingWhenDone(t *testing.T) {
+	ss := testSession(2, pointer.New(1, "e", "s", "x", 100))
+	ss.src.cfg.ChunkRows = 5 // the 1-row chunk below is short: the last
+	sn := &snapshotter{ss: ss, epoch: "e"}
+	sn.setActive("public.t")
+	ev := func(xid uint32) item {
+		return item{kind: itemChange, events: []Event{{Table: "public.t", Op: event.OpInsert, Xid: xid, Payload: []byte(`{"key":{"id":1}}`)}}}
+	}
+	sn.observe(ev(9))
+	sn.observe(commitItem(0x500))
+	if len(sn.history) != 1 {
+		t.Fatalf("while the snapshot runs: history %d, want 1", len(sn.history))
+	}
+	cur := snapshot.Cursor{Tables: []string{"public.t"}, Table: "public.t"}
+	p := &pendingChunk{id: "l:1", win: snapshot.NewWindow(), table: testTable(), cursor: cur, done: make(chan struct{}),
+		chunk: &snapshot.Chunk{Rows: [][][]byte{{[]byte("1"), []byte("b"), []byte("7")}}, LastKey: []string{"1"},
+			Snapshot: snapshot.Snapshot{Xmin: 5, Xmax: 5}}}
+	p.win.LowWatermark()
+	sn.pend = p
+	if ok, err := sn.highWatermark("l:1", 0x600, func(item) error { return nil }); !ok || err != nil || !p.over {
+		t.Fatalf("last chunk: resolved %v, err %v, over %v", ok, err, p.over)
+	}
+	for xid := uint32(10); xid < 1010; xid++ {
+		sn.observe(ev(xid))
+		sn.observe(commitItem(pglogrepl.LSN(0x600 + xid)))
+	}
+	if len(sn.history) != 0 {
+		t.Fatalf("after the snapshot: %d commits kept", len(sn.history))
+	}
+}
