@@ -91,14 +91,15 @@ func TestThreeReplicasUnderChurn(t *testing.T) {
 		t.Fatalf("after a lease TTL: %s", state)
 	}
 
-	src, sinkFirst, sinkAll := e.takeovers(kills, samples)
+	tk := e.takeovers(kills, samples)
 	t.Logf("queues: %d entries, each replays to its table; copy = source (md5 per row); load average %s", entries, loadAverage())
-	t.Logf("takeover, source (kill of the owner → first entry of the new owner): %s", summarize(src))
-	t.Logf("takeover, sink (kill → first batch applied on a victim's shard by its new owner): first shard %s; all shards %s", summarize(sinkFirst), summarize(sinkAll))
-	if len(src) == 0 {
+	t.Logf("takeover, source (kill of the owner → first entry of the new owner): %s", tk.summary(func(x takeover) (time.Duration, bool) { return x.src, x.hasSrc }))
+	t.Logf("takeover, sink (kill → first batch a new owner applied on one of the victim's shards): %s", tk.summary(func(x takeover) (time.Duration, bool) { return x.sinkFirst, x.hasSink }))
+	t.Logf("takeover, sink (kill → every shard of the victim moving again): %s", tk.summary(func(x takeover) (time.Duration, bool) { return x.sinkAll, x.hasSink }))
+	if !slices.ContainsFunc(tk, func(x takeover) bool { return x.hasSrc }) {
 		t.Error("no kill of the source's owner was measured")
 	}
-	if len(sinkFirst) == 0 {
+	if !slices.ContainsFunc(tk, func(x takeover) bool { return x.hasSink }) {
 		t.Error("no sink takeover was measured")
 	}
 }
@@ -341,6 +342,35 @@ func (m *progressMonitor) stop() map[shardKey][]time.Time {
 	return m.seen
 }
 
+// takeover is what one kill cost: the source's takeover (when the victim owned it) and the sink's,
+// to the first and to the last of the victim's shards that moved again.
+type takeover struct {
+	signal                  syscall.Signal
+	src, sinkFirst, sinkAll time.Duration
+	hasSrc, hasSink         bool
+}
+
+type takeovers []takeover
+
+// summary is "SIGTERM p50 …; SIGKILL p50 …; all p50 …" of the figure get picks.
+func (tk takeovers) summary(get func(takeover) (time.Duration, bool)) string {
+	var parts []string
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL, 0} {
+		var d []time.Duration
+		for _, x := range tk {
+			if v, ok := get(x); ok && (sig == 0 || x.signal == sig) {
+				d = append(d, v)
+			}
+		}
+		name := "all"
+		if sig != 0 {
+			name = signalName(sig)
+		}
+		parts = append(parts, name+" "+summarize(d))
+	}
+	return strings.Join(parts, "; ")
+}
+
 // takeovers measures each kill. Source (when the victim owned it): the first entry of any stream
 // of the source's queues whose Redis id time is after the victim could write no more — its exit
 // after SIGTERM (it releases the lease on the way out), the expiry of its lease after SIGKILL (a
@@ -348,10 +378,12 @@ func (m *progressMonitor) stop() map[shardKey][]time.Time {
 // held: the first applied batch whose transaction began after the victim could apply no more (the
 // kill for SIGKILL, its exit for SIGTERM), minus the kill; "first" is the earliest shard of the
 // kill, "all" the last. A shard that received nothing new has no figure.
-func (e *pgbenchEnv) takeovers(kills []*churnKill, seen map[shardKey][]time.Time) (src, sinkFirst, sinkAll []time.Duration) {
+func (e *pgbenchEnv) takeovers(kills []*churnKill, seen map[shardKey][]time.Time) takeovers {
 	e.t.Helper()
 	l := queue.NewLayout("pgrelay")
+	var out takeovers
 	for i, k := range kills {
+		x := takeover{signal: k.signal}
 		if k.wasOwner {
 			after := k.gone
 			if k.signal == syscall.SIGKILL && k.leaseEnd.After(after) {
@@ -376,8 +408,8 @@ func (e *pgbenchEnv) takeovers(kills []*churnKill, seen map[shardKey][]time.Time
 			if first.IsZero() {
 				e.t.Errorf("kill %d: no entry was written after the source's owner died", i+1)
 			} else {
-				src = append(src, first.Sub(k.sent))
-				e.t.Logf("kill %d (%s of the source's owner): source takeover %s", i+1, signalName(k.signal), first.Sub(k.sent).Round(time.Millisecond))
+				x.src, x.hasSrc = first.Sub(k.sent), true
+				e.t.Logf("kill %d (%s of the source's owner): source takeover %s", i+1, signalName(k.signal), x.src.Round(time.Millisecond))
 			}
 		}
 		after := k.sent
@@ -395,22 +427,23 @@ func (e *pgbenchEnv) takeovers(kills []*churnKill, seen map[shardKey][]time.Time
 		}
 		if len(per) > 0 {
 			slices.Sort(per)
-			sinkFirst, sinkAll = append(sinkFirst, per[0]), append(sinkAll, per[len(per)-1])
+			x.sinkFirst, x.sinkAll, x.hasSink = per[0], per[len(per)-1], true
 			e.t.Logf("kill %d (%s): sink takeover on %d of the victim's %d shards: first %s, last %s", i+1, signalName(k.signal),
 				len(per), len(k.shards), per[0].Round(time.Millisecond), per[len(per)-1].Round(time.Millisecond))
 		}
+		out = append(out, x)
 	}
-	return src, sinkFirst, sinkAll
+	return out
 }
 
-// summarize is "p50 X, max Y (n samples)".
+// summarize is "p50 X, max Y (n)".
 func summarize(d []time.Duration) string {
 	if len(d) == 0 {
-		return "no samples"
+		return "none"
 	}
 	s := slices.Clone(d)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return fmt.Sprintf("p50 %s, max %s (%d samples)", s[(len(s)-1)/2].Round(10*time.Millisecond), s[len(s)-1].Round(10*time.Millisecond), len(s))
+	return fmt.Sprintf("p50 %s, max %s (%d)", s[(len(s)-1)/2].Round(10*time.Millisecond), s[len(s)-1].Round(10*time.Millisecond), len(s))
 }
 
 func TestChurnPlan(t *testing.T) {

@@ -183,7 +183,8 @@ func pgbenchTPS(out string) string {
 }
 
 // replica is one pgrelay process running every pipeline of the env, with its own HTTP port
-// (Prometheus metrics with the Go runtime's, e.g. go_goroutines, on /metrics).
+// (Prometheus metrics with the Go runtime's, e.g. go_goroutines, on /metrics; Go's profiles on
+// /debug/pprof/).
 type replica struct {
 	n    int
 	port int
@@ -195,6 +196,7 @@ func (e *pgbenchEnv) newReplica(n int) *replica {
 	r := &replica{n: n, port: testenv.FreePort(e.t)}
 	r.root = e.writeFile(fmt.Sprintf("replica%d.yaml", n), fmt.Sprintf(`http:
   address: 127.0.0.1:%d
+  debug_endpoints: true
 metrics:
   prometheus:
     add_go_metrics: true

@@ -19,12 +19,13 @@ import (
 // keyed tables streamed and copied (pgbenchEnv), under a steady pgbench load
 // of PGRELAY_SOAK_RATE transactions per second (default 100, -c 4 -j 2), with queue retention
 // (max_age 2m). Every PGRELAY_SOAK_EVERY (default 10s) it samples each process's resident set
-// (/proc/<pid>/status VmRSS), goroutines (go_goroutines from its /metrics), open file descriptors
-// and sockets (/proc/<pid>/fd). After the first sixth of the run (warm-up: the initial snapshot,
+// (/proc/<pid>/status VmRSS), Go heap in use and goroutines (go_memstats_heap_inuse_bytes and
+// go_goroutines from its /metrics), open file descriptors and sockets (/proc/<pid>/fd). After the first sixth of the run (warm-up: the initial snapshot,
 // pools and Go's heap reaching their working size) it fits a least-squares line to each series:
 // the fitted change over the rest of the run must stay within 10 % of the series' mean (at least
 // 8 MiB, 5 goroutines, 3 descriptors); the logs hold no error line; and the copy equals the source
-// when the load stops. PGRELAY_SOAK_OUT names a directory for samples.csv and report.md.
+// when the load stops. PGRELAY_SOAK_OUT names a directory for samples.csv, report.md and each
+// replica's heap profile after the warm-up and at the end.
 func TestSoakSteadyLoad(t *testing.T) {
 	dur := envDuration(t, "PGRELAY_SOAK_DURATION", 0)
 	if dur == 0 {
@@ -46,9 +47,15 @@ func TestSoakSteadyLoad(t *testing.T) {
 	start := time.Now()
 	var samples []soakSample
 	var loads []string
+	out := os.Getenv("PGRELAY_SOAK_OUT")
+	profiled := false
 	for time.Since(start) < dur {
 		time.Sleep(every)
 		at := time.Since(start)
+		if out != "" && !profiled && at >= warmup {
+			profiled = true
+			saveHeapProfiles(t, e, replicas, out, "warm")
+		}
 		for _, r := range replicas {
 			if r.p.Exited() {
 				t.Fatalf("replica %d ended: %s", r.n, sinkLastLines(r.p.Output(), 10))
@@ -56,6 +63,9 @@ func TestSoakSteadyLoad(t *testing.T) {
 			samples = append(samples, sampleProcess(e, r, at))
 		}
 		loads = append(loads, loadAverage())
+	}
+	if out != "" {
+		saveHeapProfiles(t, e, replicas, out, "end")
 	}
 	if err := load.Wait(5 * time.Minute); err != nil {
 		t.Fatalf("pgbench: %v\n%s", err, load.Output())
@@ -80,8 +90,8 @@ func TestSoakSteadyLoad(t *testing.T) {
 			t.Error(l)
 		}
 	}
-	if dir := os.Getenv("PGRELAY_SOAK_OUT"); dir != "" {
-		writeSoakFiles(t, dir, samples, report)
+	if out != "" {
+		writeSoakFiles(t, out, samples, report)
 	}
 }
 
@@ -90,6 +100,7 @@ type soakSample struct {
 	replica    int
 	at         time.Duration // since the load started
 	rss        float64       // MiB
+	heap       float64       // MiB of Go heap in use (go_memstats_heap_inuse_bytes)
 	goroutines float64
 	fds        float64
 	sockets    float64
@@ -105,6 +116,10 @@ func sampleProcess(e *pgbenchEnv, r *replica, at time.Duration) soakSample {
 	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
 			s.goroutines, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+		if v, ok := strings.CutPrefix(line, "go_memstats_heap_inuse_bytes "); ok {
+			b, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			s.heap = b / (1 << 20)
 		}
 	}
 	if s.goroutines == 0 {
@@ -151,6 +166,7 @@ var soakSeries = []struct {
 	get        func(soakSample) float64
 }{
 	{"RSS", "MiB", 8, func(s soakSample) float64 { return s.rss }},
+	{"Go heap in use", "MiB", 8, func(s soakSample) float64 { return s.heap }},
 	{"goroutines", "", 5, func(s soakSample) float64 { return s.goroutines }},
 	{"open fds", "", 3, func(s soakSample) float64 { return s.fds }},
 	{"sockets", "", 3, func(s soakSample) float64 { return s.sockets }},
@@ -232,9 +248,9 @@ func writeSoakFiles(t *testing.T, dir string, samples []soakSample, report strin
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	b.WriteString("replica,seconds,rss_mib,goroutines,fds,sockets\n")
+	b.WriteString("replica,seconds,rss_mib,heap_inuse_mib,goroutines,fds,sockets\n")
 	for _, s := range samples {
-		fmt.Fprintf(&b, "%d,%.0f,%.1f,%.0f,%.0f,%.0f\n", s.replica, s.at.Seconds(), s.rss, s.goroutines, s.fds, s.sockets)
+		fmt.Fprintf(&b, "%d,%.0f,%.1f,%.1f,%.0f,%.0f,%.0f\n", s.replica, s.at.Seconds(), s.rss, s.heap, s.goroutines, s.fds, s.sockets)
 	}
 	for name, body := range map[string]string{"samples.csv": b.String(), "report.md": report} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
@@ -256,6 +272,25 @@ func TestLeastSquares(t *testing.T) {
 		slope, mean := leastSquares(c.xs, c.ys)
 		if math.Abs(slope-c.slope) > 1e-9 || math.Abs(mean-c.mean) > 1e-9 {
 			t.Errorf("leastSquares(%v, %v) = %v, %v; want %v, %v", c.xs, c.ys, slope, mean, c.slope, c.mean)
+		}
+	}
+}
+
+// saveHeapProfiles writes each replica's heap profile (/debug/pprof/heap) to
+// dir/heap-replica<n>-<when>.pprof: `go tool pprof -base heap-replica1-warm.pprof
+// heap-replica1-end.pprof` shows what grew.
+func saveHeapProfiles(t *testing.T, e *pgbenchEnv, replicas []*replica, dir, when string) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range replicas {
+		body, err := testenv.HTTPGet(e.ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap", r.port), 30*time.Second)
+		if err != nil {
+			t.Errorf("replica %d heap profile: %v", r.n, err)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("heap-replica%d-%s.pprof", r.n, when)), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
