@@ -1,11 +1,13 @@
 // Package queue is pgrelay's Redis Streams queue (DESIGN §4 and §6): the key layout, the shard
 // function, the Writer behind the redis_queue output, the consumer machinery behind the
-// redis_queue input, retention, and the inspection used by `pgrelay queue info|dlq`.
+// redis_queue input, retention, the inspection used by `pgrelay queue info|dlq`, and the start of a
+// group that follows a load from PostgreSQL (Start, ReadPositions: `pgrelay queue position`).
 //
 // # Layout
 //
 // Every key of queue q is `<prefix>:{q}:...` (Layout): `meta` (hash: shards, version, off:<n>),
-// `s:<n>` (the stream of shard n), `g:<group>:lease:<n>`, `g:<group>:attempts`, `dlq`.
+// `s:<n>` (the stream of shard n), `g:<group>:lease:<n>`, `g:<group>:attempts`, `g:<group>:members`,
+// `g:<group>:start` (only for a group started after a load), `dlq`.
 // A message's shard is Shard(partition, shards) = CRC-32 (IEEE) of the partition mod shards.
 // Entry fields, always all of them and in this order: off, p, id, tx, ts, h, d. `h` is the
 // optional header JSON and is written as "" when a message has none (one field set for every
