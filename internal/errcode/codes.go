@@ -60,6 +60,9 @@ const (
 	// ReplayAllGroups means a dead-letter replay targets a queue with several groups without
 	// `--all-groups`.
 	ReplayAllGroups Code = "replay_all_groups"
+	// RedisACL means the Redis user may not run a command pgrelay needs, or not on pgrelay's keys
+	// (NOPERM); the fix names the ACL rule to add.
+	RedisACL Code = "redis_acl"
 )
 
 // Codes of pg_sink.
@@ -97,6 +100,9 @@ const (
 	ProgressTableMismatch Code = "progress_table_mismatch"
 	// ProgressTableCreate means the progress table cannot be created.
 	ProgressTableCreate Code = "progress_table_create"
+	// ProgressTablePrivileges means the sink's user lacks SELECT, INSERT or UPDATE on the progress
+	// table, or USAGE on its schema (the GRANT is printed).
+	ProgressTablePrivileges Code = "progress_table_privileges"
 	// ProgressTableName means progress_table is not schema.name.
 	ProgressTableName Code = "progress_table_name"
 	// SQLStatement means PostgreSQL refuses a mode sql statement.
@@ -150,12 +156,22 @@ const (
 	// PublishFunction is a warning: publish_function is true but the role may not install
 	// pgrelay.publish(); the source streams on.
 	PublishFunction Code = "publish_function"
+	// SourcePrivileges means pg_cdc's role lacks something it needs: the REPLICATION attribute,
+	// SELECT on a configured table or USAGE on its schema (the table is refused), or EXECUTE on
+	// pg_logical_emit_message; the fix prints the statement that grants it.
+	SourcePrivileges Code = "source_privileges"
+	// SlotFailover is a warning: slot.failover differs from the existing slot's failover flag and
+	// pg_cdc could not change it; the source streams on with the slot as it is.
+	SlotFailover Code = "slot_failover"
 	// ClusterSlot means that on Redis Cluster the source's queues hash to different slots.
 	ClusterSlot Code = "cluster_slot"
 	// PGTLS means TLS to PostgreSQL failed (certificate, host name, expiry, or no TLS on the server).
 	PGTLS Code = "pg_tls"
 	// PGHBA means pg_hba.conf turned the connection away.
 	PGHBA Code = "pg_hba"
+	// PGLogin means the role may not log in (no LOGIN attribute) or may not connect to the database
+	// (no CONNECT privilege).
+	PGLogin Code = "pg_login"
 	// Resync is informational: a session ended because `pgrelay resync` was requested.
 	Resync Code = "resync"
 )

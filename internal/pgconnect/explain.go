@@ -4,15 +4,19 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 )
 
-// Explain gives a connection failure the user can fix in the tls fields or in pg_hba.conf its code
-// and fix sentence (docs/errors.md): `pg_tls` for a TLS handshake or certificate that failed,
-// `pg_hba` for a connection pg_hba.conf turned away. Any other error, and one already coded, comes
-// back unchanged; the cause stays wrapped, so errors.As still finds pgx's errors.
+// Explain gives a connection failure the user can fix in the tls fields, in pg_hba.conf or with a
+// GRANT its code and fix sentence (docs/errors.md): `pg_tls` for a TLS handshake or certificate that
+// failed, `pg_hba` for a connection pg_hba.conf turned away, `pg_login` for a role without LOGIN or
+// without CONNECT on the database, `source_privileges` for a role without REPLICATION (a replication
+// connection, or a slot function). The fixes name the role and database of the failed connection.
+// Any other error, and one already coded, comes back unchanged; the cause stays wrapped, so
+// errors.As still finds pgx's errors.
 //
 // An expired or otherwise refused client certificate is known by the server's TLS alert; under TLS
 // 1.3 a connection reset sometimes arrives before it, and that plain reset stays uncoded (the next
@@ -43,7 +47,11 @@ func Explain(err error) error {
 	case strings.Contains(text, "remote error: tls:"):
 		return tlsErr("PostgreSQL refused the TLS handshake (it could not verify the client certificate)",
 			"set tls.client_cert_file and tls.client_key_file to a valid, unexpired certificate signed by a CA in the server's ssl_ca_file")
-	case !errors.As(err, &pe) || pe.Code != "28000":
+	case !errors.As(err, &pe):
+		return err
+	case pe.Code == "42501" || pe.Code == "28000" && strings.Contains(pe.Message, "not permitted to log in"):
+		return explainPrivilege(err, pe)
+	case pe.Code != "28000":
 		return err
 	case strings.Contains(pe.Message, "requires a valid client certificate"):
 		return tlsErr("PostgreSQL requires a client certificate and got none it trusts",
@@ -60,6 +68,33 @@ func Explain(err error) error {
 	case strings.Contains(pe.Message, "pg_hba.conf"):
 		return errcode.Wrap(errcode.PGHBA, err, "pg_hba.conf lets no connection in for this host, user and database",
 			"add a line to pg_hba.conf (and reload PostgreSQL), or connect as a user or to a database it allows")
+	}
+	return err
+}
+
+// explainPrivilege codes a refusal for want of a role attribute or the database's CONNECT privilege.
+func explainPrivilege(err error, pe *pgconn.PgError) error {
+	user, db := "<role>", "<database>"
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) && ce.Config != nil {
+		user, db = ce.Config.User, ce.Config.Database
+		if db == "" {
+			db = user // libpq's default, as the server applies it
+		}
+	}
+	role, dbName := pgx.Identifier{user}.Sanitize(), pgx.Identifier{db}.Sanitize()
+	switch msg := pe.Message; {
+	case pe.Code == "28000":
+		return errcode.Wrap(errcode.PGLogin, err, "role "+user+" may not log in",
+			"ALTER ROLE "+role+" LOGIN")
+	case strings.HasPrefix(msg, "permission denied for database"):
+		return errcode.Wrap(errcode.PGLogin, err, "role "+user+" may not connect to database "+db,
+			"GRANT CONNECT ON DATABASE "+dbName+" TO "+role)
+	case strings.Contains(msg, "WAL sender"), strings.Contains(msg, "walsender"), strings.Contains(msg, "replication slots"):
+		// 16+: "permission denied to start WAL sender" / "... to use replication slots";
+		// 14, 15: "must be superuser or replication role to start walsender" / "... to use replication slots".
+		return errcode.Wrap(errcode.SourcePrivileges, err, "role "+user+" lacks the REPLICATION attribute that logical replication needs",
+			"ALTER ROLE "+role+" REPLICATION (as a superuser; on Amazon RDS and Aurora: GRANT rds_replication TO "+role+")")
 	}
 	return err
 }

@@ -119,3 +119,52 @@ func TestExplainTLSLeavesOtherErrorsAlone(t *testing.T) {
 		t.Errorf("SSL-encryption reject: %v", got)
 	}
 }
+
+// TestExplainPrivilegeRefusalsOfARealServer connects as roles that each lack one thing a pgrelay
+// connection needs and proves Explain codes each refusal with the statement that fixes it, naming
+// the role and the database: LOGIN, CONNECT on the database (pg_login) and, for the replication
+// connection of pg_cdc, the REPLICATION attribute (source_privileges); with the fix applied the
+// same connection succeeds.
+func TestExplainPrivilegeRefusalsOfARealServer(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	pg.Exec(`REVOKE CONNECT ON DATABASE postgres FROM PUBLIC`)
+	pg.CreateRole("nologin", "", `GRANT CONNECT ON DATABASE postgres TO %s`)
+	pg.CreateRole("noconnect", "LOGIN")
+	pg.CreateRole("norepl", "LOGIN", `GRANT CONNECT ON DATABASE postgres TO %s`)
+	for _, c := range []struct {
+		user        string
+		replication bool
+		code        errcode.Code
+		fix         string
+	}{
+		{"nologin", false, errcode.PGLogin, `ALTER ROLE "nologin" LOGIN`},
+		{"noconnect", false, errcode.PGLogin, `GRANT CONNECT ON DATABASE "postgres" TO "noconnect"`},
+		{"norepl", true, errcode.SourcePrivileges, `ALTER ROLE "norepl" REPLICATION`},
+	} {
+		t.Run(c.user, func(t *testing.T) {
+			conf := Config{DSN: pg.UserDSN(c.user, "postgres")}
+			connect := func() error {
+				cfg, err := conf.ConnConfig()
+				if c.replication {
+					cfg, err = conf.ReplicationConfig()
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				conn, err := pgconn.ConnectConfig(context.Background(), cfg)
+				if err == nil {
+					conn.Close(context.Background())
+				}
+				return err
+			}
+			err := Explain(connect())
+			if errcode.Of(err) != c.code || !strings.Contains(err.Error(), "Fix: "+c.fix) {
+				t.Fatalf("got %v, want code %s and the fix %q", err, c.code, c.fix)
+			}
+			pg.Exec(c.fix)
+			if err := connect(); err != nil {
+				t.Fatalf("after %s: %v", c.fix, err)
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
@@ -214,7 +215,7 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 		}
 		if class != Transient {
 			class = Environment
-			err = environmentError(err)
+			err = a.explain(ctx, err)
 			a.mu.Lock()
 			a.stale = true
 			a.mu.Unlock()
@@ -229,6 +230,29 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 		}
 		wait = min(2*wait, a.cfg.RetryMax)
 	}
+}
+
+// explain codes an environment error. A refused privilege (42501) is named with its GRANT when the
+// catalog shows which one is missing: on the progress table, on the target for the mode, or else
+// TRUNCATE, which a cdc sink needs only once a truncate event arrives.
+func (a *Applier) explain(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		return environmentError(err)
+	}
+	missing := a.progress.checkPrivileges(ctx, a.pool)
+	if t := a.Target(); missing == nil && t != nil {
+		privs := a.needs().Privileges
+		if missing = t.checkPrivileges(ctx, a.pool, t.OID, privs); missing == nil && a.cfg.Mode == ModeCDC {
+			missing = t.checkPrivileges(ctx, a.pool, t.OID, []string{"TRUNCATE"})
+		}
+	}
+	var coded *errcode.Error
+	if errors.As(missing, &coded) {
+		coded.Err = err
+		return coded
+	}
+	return environmentError(err)
 }
 
 // checkPositions refuses messages without queue/shard/offset unless require_progress is false.

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
@@ -21,9 +22,11 @@ const DefaultProgressTable = "pgrelay.sink_progress"
 // Progress is the progress table of one sink: it locks, reads and moves per-shard offsets inside the
 // batch's transaction.
 type Progress struct {
-	sink  string
-	ident string // quoted schema.table
-	ddl   string
+	sink         string
+	schema, name string // unquoted
+	ident        string // quoted schema.table
+	ddl          string // the schema and the table
+	tableDDL     string // the table alone, for a schema that exists
 
 	mu    sync.Mutex
 	known map[ShardKey]bool // rows seen to exist: Lock skips their INSERT
@@ -43,10 +46,24 @@ func NewProgress(sink, table string) (*Progress, error) {
 			"write progress_table as schema.name, e.g. pgrelay.sink_progress")
 	}
 	ident := pgx.Identifier{schema, name}.Sanitize()
+	createSchema := "CREATE SCHEMA IF NOT EXISTS " + pgx.Identifier{schema}.Sanitize() + ";"
 	ddl := resources.MustRead("sink_progress.sql")
-	ddl = strings.ReplaceAll(ddl, "CREATE SCHEMA IF NOT EXISTS pgrelay;", "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()+";")
+	ddl = strings.ReplaceAll(ddl, "CREATE SCHEMA IF NOT EXISTS pgrelay;", createSchema)
 	ddl = strings.ReplaceAll(ddl, "pgrelay.sink_progress (", ident+" (")
-	return &Progress{sink: sink, ident: ident, ddl: ddl, known: map[ShardKey]bool{}}, nil
+	return &Progress{sink: sink, schema: schema, name: name, ident: ident, ddl: ddl,
+		tableDDL: strings.Replace(ddl, createSchema, "", 1), known: map[ShardKey]bool{}}, nil
+}
+
+// progressPrivileges are what a sink does with its progress rows: reads them, inserts a shard's
+// first row, and locks (SELECT ... FOR UPDATE) and moves them.
+var progressPrivileges = []string{"SELECT", "INSERT", "UPDATE"}
+
+// AdminSQL is what an administrator runs to create the table for a sink whose role may not: the
+// DDL and the grants of role.
+func (p *Progress) AdminSQL(role string) string {
+	r := pgx.Identifier{role}.Sanitize()
+	return p.DDL() + "\nGRANT USAGE ON SCHEMA " + pgx.Identifier{p.schema}.Sanitize() + " TO " + r + ";\nGRANT " +
+		strings.Join(progressPrivileges, ", ") + " ON " + p.ident + " TO " + r + ";"
 }
 
 // DDL is the statement that creates the table, printed when a hand-made one is wrong.
@@ -63,46 +80,84 @@ func ddlStatements(s string) string {
 	return strings.Join(out, "\n")
 }
 
-// Ensure creates the table when create is true (serialised by an advisory lock, so replicas starting
-// together are fine) and checks its shape either way.
+// Ensure creates the table when create is true and the role may (CREATE on the schema, and on the
+// database while the schema does not exist), serialised by an advisory lock so replicas starting
+// together are fine; then it checks the table's shape and the role's privileges on it either way.
+// An administrator may create it instead (AdminSQL, printed by the errors).
 func (p *Progress) Ensure(ctx context.Context, pool *pgxpool.Pool, create bool) error {
-	exists, err := p.exists(ctx, pool)
+	var role, db string
+	var schemaExists, usage, exists bool
+	err := pool.QueryRow(ctx, `SELECT current_user, current_database(), n.oid IS NOT NULL,
+		  coalesce(has_schema_privilege(n.oid, 'USAGE'), false), c.oid IS NOT NULL
+		FROM (SELECT) x LEFT JOIN pg_namespace n ON n.nspname = $1
+		LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = $2`, p.schema, p.name).
+		Scan(&role, &db, &schemaExists, &usage, &exists)
 	if err != nil {
-		return err
+		return fmt.Errorf("look up progress table %s: %w", p.ident, err)
 	}
-	if !exists && !create {
+	r := pgx.Identifier{role}.Sanitize()
+	switch {
+	case schemaExists && !usage:
+		return errcode.New(errcode.ProgressTablePrivileges, fmt.Sprintf("role %s may not use schema %s of the progress table %s", role, p.schema, p.ident),
+			"GRANT USAGE ON SCHEMA "+pgx.Identifier{p.schema}.Sanitize()+" TO "+r)
+	case !exists && !create:
 		return errcode.New(errcode.ProgressTableMissing, fmt.Sprintf("progress table %s does not exist", p.ident),
-			"create it with:\n"+p.DDL()+"\nor set create_progress_table: true")
-	}
-	if !exists {
-		if err := p.create(ctx, pool); err != nil {
+			"create it as an administrator:\n"+p.AdminSQL(role)+"\nor set create_progress_table: true (pg_sink then creates it when its role has CREATE on the schema)")
+	case !exists:
+		if err := p.create(ctx, pool, schemaExists, role, db); err != nil {
 			return err
 		}
 	}
-	return p.check(ctx, pool)
-}
-
-func (p *Progress) exists(ctx context.Context, q Querier) (bool, error) {
-	var ok bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.ident).Scan(&ok); err != nil {
-		return false, fmt.Errorf("look up progress table %s: %w", p.ident, err)
+	if err := p.check(ctx, pool); err != nil {
+		return err
 	}
-	return ok, nil
+	return p.checkPrivileges(ctx, pool)
 }
 
-func (p *Progress) create(ctx context.Context, pool *pgxpool.Pool) error {
+func (p *Progress) create(ctx context.Context, pool *pgxpool.Pool, schemaExists bool, role, db string) error {
+	ddl := p.ddl
+	if schemaExists {
+		ddl = p.tableDDL // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema exists
+	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('pgrelay.sink_progress:' || $1))`, p.ident); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, p.ddl)
+		_, err := tx.Exec(ctx, ddl)
 		return err
 	})
-	if err != nil {
-		return errcode.Wrap(errcode.ProgressTableCreate, err, fmt.Sprintf("cannot create progress table %s", p.ident),
-			"grant CREATE on the database (and the schema) to the sink's user, or create the table by hand:\n"+p.DDL())
+	if err == nil {
+		return nil
 	}
-	return nil
+	r := pgx.Identifier{role}.Sanitize()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		grant := "GRANT CREATE ON SCHEMA " + pgx.Identifier{p.schema}.Sanitize() + " TO " + r + " (pg_sink then creates the table)"
+		if !schemaExists {
+			grant = "GRANT CREATE ON DATABASE " + pgx.Identifier{db}.Sanitize() + " TO " + r + " (pg_sink then creates the schema and the table)"
+		}
+		return errcode.Wrap(errcode.ProgressTableCreate, err, fmt.Sprintf("role %s may not create the progress table %s", role, p.ident),
+			grant+", or create it as an administrator:\n"+p.AdminSQL(role))
+	}
+	return errcode.Wrap(errcode.ProgressTableCreate, err, fmt.Sprintf("cannot create progress table %s", p.ident),
+		"create it as an administrator:\n"+p.AdminSQL(role))
+}
+
+// checkPrivileges returns a progress_table_privileges error naming the GRANT when the role lacks a
+// privilege the sink uses on the progress table.
+func (p *Progress) checkPrivileges(ctx context.Context, q Querier) error {
+	var role string
+	var missing []string
+	err := q.QueryRow(ctx, `SELECT current_user, coalesce(array_agg(x ORDER BY n) FILTER (WHERE NOT has_table_privilege(to_regclass($1), x)), '{}')
+		FROM unnest($2::text[]) WITH ORDINALITY u(x, n)`, p.ident, progressPrivileges).Scan(&role, &missing)
+	if err != nil {
+		return fmt.Errorf("check privileges on progress table %s: %w", p.ident, err)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return errcode.New(errcode.ProgressTablePrivileges, fmt.Sprintf("role %s lacks %s on the progress table %s", role, strings.Join(missing, ", "), p.ident),
+		"GRANT "+strings.Join(missing, ", ")+" ON "+p.ident+" TO "+pgx.Identifier{role}.Sanitize())
 }
 
 // check compares the table with the expected columns and primary key.

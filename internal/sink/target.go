@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 )
@@ -88,6 +89,10 @@ func Inspect(ctx context.Context, q Querier, table string, needs TargetNeeds) (*
 	err := q.QueryRow(ctx, `SELECT c.oid, n.nspname, c.relname, c.relkind::text FROM pg_class c
 		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, table).
 		Scan(&oid, &t.Schema, &t.Name, &relkind)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // a schema the role may not use
+		return nil, schemaUsageError(ctx, q, table, err)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errcode.New(errcode.TargetMissing, fmt.Sprintf("table %q does not exist (or is not on the search_path)", table),
 			"create the table first (pg_sink never creates or alters it) or fix `table` (schema.name, quoted as in SQL)")
@@ -234,26 +239,34 @@ func (t *Target) resolveKey(ctx context.Context, q Querier, oid uint32, needs Ta
 	return nil
 }
 
+// checkPrivileges returns a target_privileges error naming the GRANT when the role lacks one of
+// privs on the table.
 func (t *Target) checkPrivileges(ctx context.Context, q Querier, oid uint32, privs []string) error {
+	var role string
 	var missing []string
-	for _, p := range privs {
-		var ok bool
-		sql := `SELECT has_any_column_privilege($1::oid, $2)`
-		if p == "DELETE" || p == "TRUNCATE" {
-			sql = `SELECT has_table_privilege($1::oid, $2)`
-		}
-		if err := q.QueryRow(ctx, sql, oid, p).Scan(&ok); err != nil {
-			return fmt.Errorf("check privileges on %s: %w", t.Ident(), err)
-		}
-		if !ok {
-			missing = append(missing, p)
-		}
+	// Column privileges are enough for INSERT, UPDATE and SELECT; DELETE and TRUNCATE are the table's.
+	err := q.QueryRow(ctx, `SELECT current_user, coalesce(array_agg(p ORDER BY n) FILTER (WHERE NOT CASE WHEN p IN ('DELETE', 'TRUNCATE')
+		  THEN has_table_privilege($1::oid, p) ELSE has_any_column_privilege($1::oid, p) END), '{}')
+		FROM unnest($2::text[]) WITH ORDINALITY u(p, n)`, oid, privs).Scan(&role, &missing)
+	if err != nil {
+		return fmt.Errorf("check privileges on %s: %w", t.Ident(), err)
 	}
 	if len(missing) > 0 {
-		return errcode.New(errcode.TargetPrivileges, fmt.Sprintf("the sink's user lacks %s on %s", strings.Join(missing, ", "), t.Ident()),
-			fmt.Sprintf("GRANT %s ON %s TO <the sink's user>", strings.Join(missing, ", "), t.Ident()))
+		return errcode.New(errcode.TargetPrivileges, fmt.Sprintf("role %s lacks %s on %s", role, strings.Join(missing, ", "), t.Ident()),
+			fmt.Sprintf("GRANT %s ON %s TO %s", strings.Join(missing, ", "), t.Ident(), pgx.Identifier{role}.Sanitize()))
 	}
 	return nil
+}
+
+// schemaUsageError is the target_privileges error of a table whose schema the role may not use
+// (PostgreSQL refuses even to look the table up).
+func schemaUsageError(ctx context.Context, q Querier, table string, cause error) error {
+	var role, schema string
+	if err := q.QueryRow(ctx, `SELECT current_user, (parse_ident($1))[1]`, table).Scan(&role, &schema); err != nil {
+		return fmt.Errorf("inspect table %q: %w", table, cause)
+	}
+	return errcode.Wrap(errcode.TargetPrivileges, cause, fmt.Sprintf("role %s may not use schema %s of table %s", role, schema, table),
+		"GRANT USAGE ON SCHEMA "+pgx.Identifier{schema}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize())
 }
 
 func sameSet(a, b []string) bool {

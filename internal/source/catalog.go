@@ -53,14 +53,14 @@ func CheckServer(ctx context.Context, q queryer, failover bool) (int, error) {
 }
 
 // Refusal is a configured table a start check refused, with its coded error (table_missing,
-// replica_identity or partition_by).
+// source_privileges, replica_identity or partition_by).
 type Refusal struct {
 	Table string // "schema.name"
 	Err   error
 }
 
 // LoadTables reads and checks every configured table before anything touches the publication:
-// it exists, has a key (identity index, else primary key; not REPLICA IDENTITY NOTHING) unless it
+// it exists, the role may read it (USAGE on its schema, SELECT), has a key (identity index, else primary key; not REPLICA IDENTITY NOTHING) unless it
 // is append-only, and its partition_by columns exist and lie inside the identity unless it is
 // REPLICA IDENTITY FULL or append-only (no delete is streamed, so no old row must name its
 // partition). A table a check refuses comes back in refused, the others in ok; err is only a
@@ -82,10 +82,12 @@ func LoadTables(ctx context.Context, q queryer, tables []Table) (ok []TableInfo,
 
 func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
 	ti := TableInfo{Table: t}
-	var kind, ident string
-	err := q.QueryRow(ctx, `SELECT c.oid, c.relreplident::text, c.relkind::text FROM pg_catalog.pg_class c
+	var kind, ident, role string
+	var usage, sel bool
+	err := q.QueryRow(ctx, `SELECT c.oid, c.relreplident::text, c.relkind::text, current_user,
+		has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT') FROM pg_catalog.pg_class c
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
-		t.Schema, t.Name).Scan(&ti.OID, &ident, &kind)
+		t.Schema, t.Name).Scan(&ti.OID, &ident, &kind, &role, &usage, &sel)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist", "create it, or fix tables[].table")
 	}
@@ -95,6 +97,9 @@ func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
 	ti.Identity = ident[0]
 	if kind != "r" {
 		return ti, errcode.New(errcode.TableMissing, t.Full()+" is not an ordinary table (relkind "+kind+")", "list ordinary tables only")
+	}
+	if err := tablePrivileges(t, role, usage, sel); err != nil {
+		return ti, err
 	}
 	// The identity index (USING INDEX) or else the primary key, columns in index order.
 	rows, err := q.Query(ctx, `SELECT a.attname FROM pg_catalog.pg_index i

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pointer"
@@ -22,6 +23,7 @@ type SlotState struct {
 	ConfirmedFlush pglogrepl.LSN
 	WALStatus      string
 	Invalidated    bool
+	Failover       bool // a failover slot (PostgreSQL 17+; false before)
 }
 
 // ReadSlot reads the slot's row (Exists false when there is none).
@@ -31,9 +33,10 @@ func ReadSlot(ctx context.Context, q queryer, name string) (SlotState, error) {
 	var active *int
 	var plugin, db, wal *string
 	err := q.QueryRow(ctx, `SELECT slot_type = 'logical', plugin, database::text, active_pid, confirmed_flush_lsn::text,
-		wal_status, coalesce(to_jsonb(s)->>'invalidation_reason', '') <> '' OR wal_status = 'lost'
+		wal_status, coalesce(to_jsonb(s)->>'invalidation_reason', '') <> '' OR wal_status = 'lost',
+		coalesce((to_jsonb(s)->>'failover')::bool, false)
 		FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1`, name).
-		Scan(&st.Logical, &plugin, &db, &active, &cf, &wal, &st.Invalidated)
+		Scan(&st.Logical, &plugin, &db, &active, &cf, &wal, &st.Invalidated, &st.Failover)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, nil
 	}
@@ -71,6 +74,13 @@ func CreateSlot(ctx context.Context, q queryer, name string, failover bool) (pgl
 		return 0, fmt.Errorf("create slot %s: %w", name, err)
 	}
 	return pglogrepl.ParseLSN(lsn)
+}
+
+// AlterSlotFailover makes an existing slot a failover slot or not (ALTER_REPLICATION_SLOT,
+// PostgreSQL 17+), on a replication connection while no one streams from the slot.
+func AlterSlotFailover(ctx context.Context, repl *pgconn.PgConn, name string, failover bool) error {
+	_, err := repl.Exec(ctx, fmt.Sprintf("ALTER_REPLICATION_SLOT %s (FAILOVER %t)", pgx.Identifier{name}.Sanitize(), failover)).ReadAll()
+	return err
 }
 
 // CheckSlot applies the slot start checks of DESIGN §5 to an existing slot and the pointer.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -41,7 +42,10 @@ func (s *Source) session(ctx context.Context) error {
 	defer pool.Close()
 	version, err := CheckServer(ctx, pool, s.cfg.SlotFailover) // the pool connects here
 	if err != nil {
-		return pgconnect.Explain(err) // a TLS or pg_hba.conf refusal gets its code and fix
+		return pgconnect.Explain(err) // a TLS, pg_hba.conf, LOGIN or CONNECT refusal gets its code and fix
+	}
+	if err := CheckFunctions(ctx, pool); err != nil {
+		return err
 	}
 	tables, refused, err := LoadTables(ctx, pool, s.cfg.Tables)
 	if err != nil {
@@ -72,6 +76,9 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	start, err := s.startPointer(ctx, pool, sys)
 	if err != nil {
+		return err
+	}
+	if err := s.alignFailover(ctx, pool, repl, version); err != nil {
 		return err
 	}
 	start, added, err := PlanTables(start, s.tableNames(), s.cfg.SnapshotInitial)
@@ -196,6 +203,35 @@ func (s *Source) startPointer(ctx context.Context, pool *pgxpool.Pool, sys pglog
 			return pointer.Pointer{}, ctx.Err()
 		}
 	}
+}
+
+// alignFailover makes the slot's failover flag (PostgreSQL 17+) what slot.failover says: a slot
+// created before the setting changed keeps its flag, and a source that believed its slot survives a
+// failover while it does not would only learn it at the failover (slot_lost). When the flag cannot be
+// changed, a slot_failover warning says so and the source streams on.
+func (s *Source) alignFailover(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, version int) error {
+	if version < 170000 {
+		return nil
+	}
+	st, err := ReadSlot(ctx, pool, s.cfg.Slot)
+	if err != nil || !st.Exists || st.Failover == s.cfg.SlotFailover {
+		return err
+	}
+	if err := AlterSlotFailover(ctx, repl, s.cfg.Slot, s.cfg.SlotFailover); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		werr := errcode.Wrap(errcode.SlotFailover, err, fmt.Sprintf("slot %s has failover %t, slot.failover says %t, and it could not be changed", s.cfg.Slot, st.Failover, s.cfg.SlotFailover),
+			fmt.Sprintf("run ALTER_REPLICATION_SLOT %s (FAILOVER %t) on a replication connection while pg_cdc is stopped, or `pgrelay resync -c <config>` (a new slot made as configured)",
+				pgx.Identifier{s.cfg.Slot}.Sanitize(), s.cfg.SlotFailover))
+		s.log.Warnf("pg_cdc %s: %v", s.cfg.Name, werr)
+		if s.hooks.Error != nil {
+			s.hooks.Error(string(errcode.SlotFailover))
+		}
+		return nil
+	}
+	s.log.Infof("pg_cdc %s: slot %s is now a failover slot: %t (slot.failover)", s.cfg.Name, s.cfg.Slot, s.cfg.SlotFailover)
+	return nil
 }
 
 // firstPointer creates the slot (or adopts an existing one) and writes the first pointer of a

@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -198,12 +199,27 @@ func (pg *Postgres) DSN() string { return pg.DatabaseDSN("postgres") }
 
 // DatabaseDSN is the connection string of another database on the same server. On a server
 // started WithTLS it verifies the server (verify-full) and presents the client certificate.
-func (pg *Postgres) DatabaseDSN(db string) string {
+func (pg *Postgres) DatabaseDSN(db string) string { return pg.UserDSN("postgres", db) }
+
+// UserDSN is the connection string of database db as role user (trust auth: no password), for
+// tests that run pgrelay as a role with only the privileges it needs (CreateRole).
+func (pg *Postgres) UserDSN(user, db string) string {
 	params := "sslmode=disable"
 	if pg.TLS != nil {
 		params = pg.TLS.dsnParams()
 	}
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?%s", pg.Port, db, params)
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?%s", url.PathEscape(user), pg.Port, db, params)
+}
+
+// CreateRole creates a role with the given attributes (e.g. "LOGIN REPLICATION") and runs the
+// grants (whole statements, "%[1]s" standing for the quoted role name) as the superuser.
+func (pg *Postgres) CreateRole(name, attributes string, grants ...string) {
+	pg.t.Helper()
+	role := pgx.Identifier{name}.Sanitize()
+	pg.Exec("CREATE ROLE " + role + " " + attributes)
+	for _, g := range grants {
+		pg.Exec(fmt.Sprintf(g, role))
+	}
 }
 
 // Pool returns a superuser connection pool to the postgres database, closed when the test ends.
