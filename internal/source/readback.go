@@ -54,9 +54,12 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row event.
 	return event.TextRow(nil, res.Rows[0]), nil
 }
 
-// xactStatusSQL is the status of a 32-bit xid widened to the full xid of the current epoch (or the
-// one before, for an xid above the current counter), read without assigning an xid to this session.
-const xactStatusSQL = `SELECT pg_xact_status((CASE WHEN w > m THEN w - 4294967296 ELSE w END)::text::xid8)
+// xactStatusSQL is the status of a 32-bit xid widened to the full xid nearest to the current
+// snapshot's xmax (as snapshot.Widen does: a decoded transaction is never 2^31 xids away from it,
+// and one whose commit a synchronous standby holds can be above it), read without assigning an xid
+// to this session.
+const xactStatusSQL = `SELECT pg_xact_status((CASE WHEN w - m > 2147483648 THEN w - 4294967296
+	WHEN m - w > 2147483648 THEN w + 4294967296 ELSE w END)::text::xid8)
 FROM (SELECT m, ((m >> 32) << 32) + $1::bigint AS w
       FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS m) s) x`
 
