@@ -1,5 +1,5 @@
-// Package oracle is the replay oracle of DESIGN §10, a test helper shared by the source's tests
-// (stream now, snapshot later): it reads a queue back with plain Redis commands, checks the
+// Package oracle is the replay oracle of docs/design.md §10, shared by the source's package tests and
+// the end-to-end tests (stream and snapshot alike): it reads a queue back with plain Redis commands, checks the
 // queue's invariants, replays every partition (c/r set the row, u merges keeping `unchanged`
 // columns, d deletes, t clears) and compares the result with the source table, column by column,
 // through the same text converter, so numbers are compared exactly.
