@@ -319,9 +319,10 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*
 	decodeErr := make([]error, len(msgs))
 	var shards []ShardKey
 	seen := map[ShardKey]bool{}
+	buf := newRowBuf(msgs)
 	for i, m := range msgs {
 		if decodeErr[i] = checkSize(m); decodeErr[i] == nil {
-			ops[i], decodeErr[i] = h.decode(m)
+			ops[i], decodeErr[i] = h.decode(m, buf)
 		}
 		if m.HasPosition && !seen[m.shardKey()] {
 			seen[m.shardKey()] = true

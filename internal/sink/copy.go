@@ -17,32 +17,38 @@ type copyJob struct {
 // copyPlan turns append rows into COPY jobs, one per column set, when every column can travel as
 // text (arrays and composites built from JSON, and identity ALWAYS columns, need INSERT).
 func (a appendMode) copyPlan(ops []op) ([]copyJob, bool) {
-	var order []string
-	groups := map[string][]*rowVals{}
+	rows := make([]rowVals, len(ops))
+	size := 0
 	for i := range ops {
-		rv := &ops[i].vals
-		if len(rv.cols) == 0 {
+		rows[i] = ops[i].vals
+		if len(rows[i].cols) == 0 {
 			return nil, false
 		}
-		if _, ok := groups[rv.sig]; !ok {
-			for _, c := range rv.cols {
-				col := &a.w.t.Columns[c]
-				if col.Kind == kindPopulate || col.IdentityAlways {
-					return nil, false
-				}
-			}
-			order = append(order, rv.sig)
+		for _, v := range rows[i].vals {
+			size += len(v.String) + 1
 		}
-		groups[rv.sig] = append(groups[rv.sig], rv)
 	}
-	jobs := make([]copyJob, 0, len(order))
-	for _, sig := range order {
-		g := groups[sig]
+	groups := [][]rowVals{rows}
+	for _, r := range rows {
+		if r.sig != rows[0].sig {
+			groups = groupBySig(rows)
+			break
+		}
+	}
+	jobs := make([]copyJob, 0, len(groups))
+	for _, g := range groups {
+		if len(g) == 0 {
+			continue
+		}
 		names := make([]string, len(g[0].cols))
 		for n, c := range g[0].cols {
+			col := &a.w.t.Columns[c]
+			if col.Kind == kindPopulate || col.IdentityAlways {
+				return nil, false
+			}
 			names[n] = a.w.colName(c)
 		}
-		var buf bytes.Buffer
+		buf := bytes.NewBuffer(make([]byte, 0, size+size/16))
 		for _, r := range g {
 			for n, v := range r.vals {
 				if n > 0 {
@@ -52,7 +58,7 @@ func (a appendMode) copyPlan(ops []op) ([]copyJob, bool) {
 					buf.WriteString(`\N`)
 					continue
 				}
-				copyEscape(&buf, v.String)
+				copyEscape(buf, v.String)
 			}
 			buf.WriteByte('\n')
 		}

@@ -169,7 +169,7 @@ func FuzzParamValue(f *testing.F) {
 		if err != nil {
 			t.Fatalf("%q: %v", path, err)
 		}
-		o, err := mode.decode(&Message{Payload: payload})
+		o, err := mode.decode(&Message{Payload: payload}, nil)
 		if len(p.steps) == 0 {
 			if err != nil || o.params[0] != string(bytes.TrimSpace(payload)) {
 				t.Fatalf("$ of %q: %v, %v", payload, o.params, err)
@@ -393,11 +393,11 @@ func FuzzDecode(f *testing.F) {
 		mode := sel % 3
 		switch mode {
 		case 0:
-			o, err = appendMode{w: w}.decode(m)
+			o, err = appendMode{w: w}.decode(m, nil)
 		case 1:
-			o, err = upsertMode{w: w}.decode(m)
+			o, err = upsertMode{w: w}.decode(m, nil)
 		default:
-			o, err = cdcMode{w: w}.decode(m)
+			o, err = cdcMode{w: w}.decode(m, nil)
 		}
 		if err != nil && !errcode.Is(err, errcode.BadPayload) {
 			t.Fatalf("mode %d, %q: uncoded error %v", mode, payload, err)

@@ -34,9 +34,9 @@ type op struct {
 }
 
 // modeHandler decodes messages (data errors per message) and plans decoded ops, in offset order,
-// as statements the applier sends in one pipeline.
+// as statements the applier sends in one pipeline. buf is the batch's row memory (nil: none).
 type modeHandler interface {
-	decode(m *Message) (op, error)
+	decode(m *Message, buf *rowBuf) (op, error)
 	plan(ops []op) ([]stmt, error)
 }
 
@@ -58,8 +58,8 @@ func newModeHandler(cfg *Config, t *Target) (modeHandler, error) {
 // appendMode inserts every message as a new row.
 type appendMode struct{ w *writer }
 
-func (a appendMode) decode(m *Message) (op, error) {
-	vals, _, err := a.w.rowFromPayload(m.Payload, m)
+func (a appendMode) decode(m *Message, buf *rowBuf) (op, error) {
+	vals, _, err := a.w.rowFromPayload(m.Payload, m, buf)
 	return op{msg: m, kind: opWrite, vals: vals}, err
 }
 
@@ -74,8 +74,8 @@ func (a appendMode) plan(ops []op) ([]stmt, error) {
 // upsertMode inserts or updates on the key; repeated keys go in rounds (see folder).
 type upsertMode struct{ w *writer }
 
-func (u upsertMode) decode(m *Message) (op, error) {
-	vals, key, err := u.w.rowFromPayload(m.Payload, m)
+func (u upsertMode) decode(m *Message, buf *rowBuf) (op, error) {
+	vals, key, err := u.w.rowFromPayload(m.Payload, m, buf)
 	if err != nil {
 		return op{}, err
 	}
@@ -86,7 +86,7 @@ func (u upsertMode) decode(m *Message) (op, error) {
 }
 
 func (u upsertMode) plan(ops []op) ([]stmt, error) {
-	f := newFolder(u.w)
+	f := newFolder(u.w, len(ops))
 	for i := range ops {
 		f.write(&ops[i])
 	}
@@ -103,7 +103,7 @@ type folder struct {
 	rounds [][]*op
 }
 
-func newFolder(w *writer) *folder { return &folder{w: w, seen: map[string]int{}} }
+func newFolder(w *writer, n int) *folder { return &folder{w: w, seen: make(map[string]int, n)} }
 
 func (f *folder) add(o *op) {
 	r := f.seen[o.key]
@@ -123,7 +123,7 @@ func (f *folder) del(o *op) { f.add(o) }
 func (f *folder) flush(stmts []stmt) ([]stmt, error) {
 	for _, round := range f.rounds {
 		var dels [][]pgtype.Text
-		var rows []rowVals
+		rows := make([]rowVals, 0, len(round))
 		for _, o := range round {
 			if o.kind == opDelete {
 				dels = append(dels, o.oldKey)
@@ -192,7 +192,7 @@ func readEvent(payload []byte) (event, error) {
 	return ev, nil
 }
 
-func (c cdcMode) decode(m *Message) (op, error) {
+func (c cdcMode) decode(m *Message, _ *rowBuf) (op, error) {
 	ev, err := readEvent(m.Payload)
 	if err != nil {
 		return op{}, err
@@ -266,7 +266,7 @@ func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {
 }
 
 func (c cdcMode) plan(ops []op) ([]stmt, error) {
-	f := newFolder(c.w)
+	f := newFolder(c.w, len(ops))
 	var stmts []stmt
 	var err error
 	for i := range ops {
@@ -312,7 +312,7 @@ func newSQLMode(statement string, paths []string) (*sqlMode, error) {
 	return s, nil
 }
 
-func (s *sqlMode) decode(m *Message) (op, error) {
+func (s *sqlMode) decode(m *Message, _ *rowBuf) (op, error) {
 	doc := json.RawMessage(bytes.TrimSpace(m.Payload))
 	if s.needJSON {
 		if err := scanValue(doc); err != nil {

@@ -83,37 +83,46 @@ func isNull(raw json.RawMessage) bool {
 // textOf turns a JSON value into the text PostgreSQL receives: nil for null, the unquoted string for
 // a JSON string, and the value exactly as written (numbers, booleans, objects, arrays) otherwise.
 func textOf(raw json.RawMessage) (pgtype.Text, error) {
-	t := bytes.TrimSpace(raw)
-	if isNull(t) {
+	return stringText(string(bytes.TrimSpace(raw)))
+}
+
+// stringText is textOf for a value already trimmed and held as a string: an unescaped JSON string's
+// text is a substring of s, anything but an escaped string allocates nothing.
+func stringText(s string) (pgtype.Text, error) {
+	if s == "" || s == "null" {
 		return pgtype.Text{}, nil
 	}
-	if t[0] == '"' {
-		if len(t) >= 2 && bytes.IndexByte(t, '\\') < 0 {
-			return pgtype.Text{String: string(t[1 : len(t)-1]), Valid: true}, nil
+	if s[0] == '"' {
+		if len(s) >= 2 && strings.IndexByte(s, '\\') < 0 {
+			return pgtype.Text{String: s[1 : len(s)-1], Valid: true}, nil
 		}
-		var s string
-		if err := json.Unmarshal(t, &s); err != nil {
+		var str string
+		if err := json.Unmarshal([]byte(s), &str); err != nil {
 			return pgtype.Text{}, err
 		}
-		return pgtype.Text{String: s, Valid: true}, nil
+		return pgtype.Text{String: str, Valid: true}, nil
 	}
-	return pgtype.Text{String: string(t), Valid: true}, nil
+	return pgtype.Text{String: s, Valid: true}, nil
 }
 
 // valueFor converts a payload value for column c (see valueKind).
 func valueFor(c *Column, raw json.RawMessage) (pgtype.Text, error) {
+	return valueOf(c, string(bytes.TrimSpace(raw)))
+}
+
+// valueOf is valueFor for a value already trimmed and held as a string.
+func valueOf(c *Column, s string) (pgtype.Text, error) {
 	if c.Kind == kindText {
-		v, err := textOf(raw)
+		v, err := stringText(s)
 		if err != nil {
 			return v, badPayload("column %q: %v", c.Name, err)
 		}
 		return v, nil
 	}
-	t := bytes.TrimSpace(raw)
-	if isNull(t) {
+	if s == "" || s == "null" {
 		return pgtype.Text{}, nil
 	}
-	return pgtype.Text{String: string(t), Valid: true}, nil
+	return pgtype.Text{String: s, Valid: true}, nil
 }
 
 // pathStep is one step of a params path: an object key or an array index.

@@ -33,6 +33,12 @@ func scanObject(b []byte) (Row, error) {
 // scanMembers validates the JSON object b and calls fn with each member: the key as written
 // (quotes included; escaped says whether it holds a backslash) and the value's exact bytes.
 func scanMembers(b []byte, fn func(key []byte, escaped bool, val []byte) error) error {
+	return scanSpans(b, func(key []byte, escaped bool, v0, v1 int) error { return fn(key, escaped, b[v0:v1]) })
+}
+
+// scanSpans is scanMembers with the value given as its position in b, b[v0:v1], so a caller
+// holding the same bytes as a string can take the value as a substring without copying it.
+func scanSpans(b []byte, fn func(key []byte, escaped bool, v0, v1 int) error) error {
 	s := scanner{b: b}
 	s.ws()
 	if !s.eat('{') {
@@ -59,7 +65,7 @@ func scanMembers(b []byte, fn func(key []byte, escaped bool, val []byte) error) 
 		if err := s.value(0); err != nil {
 			return err
 		}
-		if err := fn(key, escaped, b[vstart:s.i]); err != nil {
+		if err := fn(key, escaped, vstart, s.i); err != nil {
 			return s.fail("bad key")
 		}
 		s.ws()

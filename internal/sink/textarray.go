@@ -2,6 +2,7 @@ package sink
 
 import (
 	"encoding/binary"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -12,36 +13,56 @@ import (
 // was the largest cost of the sink's Go side in BenchmarkUpsert.
 type textArray []pgtype.Text
 
-// textArrayCodec is the text[] codec of the sink's connections: textArray values are encoded
-// directly; everything else goes to pgx's own codec.
+// rowsColumn is column n of rows as a text[] parameter, encoded straight from the rows (no copy of
+// the column is built).
+type rowsColumn struct {
+	rows []rowVals
+	n    int
+}
+
+// textArrayCodec is the text[] codec of the sink's connections: textArray and rowsColumn values are
+// encoded directly; everything else goes to pgx's own codec.
 type textArrayCodec struct{ pgtype.Codec }
 
 func (c textArrayCodec) PlanEncode(m *pgtype.Map, oid uint32, format int16, value any) pgtype.EncodePlan {
-	if _, ok := value.(textArray); ok && format == pgtype.BinaryFormatCode {
-		return textArrayPlan{}
+	switch value.(type) {
+	case textArray, rowsColumn:
+		if format == pgtype.BinaryFormatCode {
+			return textArrayPlan{}
+		}
 	}
 	return c.Codec.PlanEncode(m, oid, format, value)
 }
 
 type textArrayPlan struct{}
 
-// Encode writes the binary array format: dimensions, null flag, element type, length, lower bound,
-// then each element's length (-1 for NULL) and bytes.
 func (textArrayPlan) Encode(value any, buf []byte) ([]byte, error) {
-	arr := value.(textArray)
-	hasNull := int32(0)
-	for _, v := range arr {
-		if !v.Valid {
+	switch v := value.(type) {
+	case textArray:
+		return appendTextArray(buf, len(v), func(i int) pgtype.Text { return v[i] }), nil
+	case rowsColumn:
+		return appendTextArray(buf, len(v.rows), func(i int) pgtype.Text { return v.rows[i].vals[v.n] }), nil
+	}
+	return nil, fmt.Errorf("text[] encoder: unexpected %T", value)
+}
+
+// appendTextArray writes the binary array format of n texts: dimensions, null flag, element type,
+// length, lower bound, then each element's length (-1 for NULL) and bytes.
+func appendTextArray(buf []byte, n int, at func(int) pgtype.Text) []byte {
+	hasNull := uint32(0)
+	for i := 0; i < n; i++ {
+		if !at(i).Valid {
 			hasNull = 1
 			break
 		}
 	}
 	buf = binary.BigEndian.AppendUint32(buf, 1)
-	buf = binary.BigEndian.AppendUint32(buf, uint32(hasNull))
+	buf = binary.BigEndian.AppendUint32(buf, hasNull)
 	buf = binary.BigEndian.AppendUint32(buf, pgtype.TextOID)
-	buf = binary.BigEndian.AppendUint32(buf, uint32(len(arr)))
+	buf = binary.BigEndian.AppendUint32(buf, uint32(n))
 	buf = binary.BigEndian.AppendUint32(buf, 1)
-	for _, v := range arr {
+	for i := 0; i < n; i++ {
+		v := at(i)
 		if !v.Valid {
 			buf = binary.BigEndian.AppendUint32(buf, 0xffffffff)
 			continue
@@ -49,7 +70,7 @@ func (textArrayPlan) Encode(value any, buf []byte) ([]byte, error) {
 		buf = binary.BigEndian.AppendUint32(buf, uint32(len(v.String)))
 		buf = append(buf, v.String...)
 	}
-	return buf, nil
+	return buf
 }
 
 // useTextArrayCodec installs textArrayCodec on conn once.

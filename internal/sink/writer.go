@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,9 +18,9 @@ import (
 // per column set; pgx prepares each distinct SQL text once per connection (statement cache).
 type writer struct {
 	t       *Target
-	meta    map[int]string // column index → metadata field (partition, shard, ...)
-	keyIdx  []int          // column indexes of t.Key
-	colSig  []string       // "i," per column, the pieces of a column-set signature
+	meta    []string // per column index: the metadata field it is filled from (partition, shard, ...), or ""
+	keyIdx  []int    // column indexes of t.Key
+	colSig  []string // "i," per column, the pieces of a column-set signature
 	mu      sync.Mutex
 	sqlByID map[string]string
 }
@@ -38,7 +39,7 @@ type stmt struct {
 }
 
 func newWriter(t *Target, mc MetadataColumns) *writer {
-	w := &writer{t: t, meta: map[int]string{}, sqlByID: map[string]string{}}
+	w := &writer{t: t, meta: make([]string, len(t.Columns)), sqlByID: map[string]string{}}
 	for field, name := range map[string]string{"partition": mc.Partition, "shard": mc.Shard, "offset": mc.Offset,
 		"message_id": mc.MessageID, "transaction_id": mc.TransactionID, "created_at": mc.CreatedAt, "payload": mc.Payload} {
 		if name != "" {
@@ -60,15 +61,82 @@ func (w *writer) rowFrom(r Row, m *Message) (rowVals, error) {
 	return w.mapRow(func(c *Column, _ int) (json.RawMessage, bool) { raw, ok := r[c.Name]; return raw, ok }, m)
 }
 
+// rowBuf holds the mapped rows of one batch (append and upsert): each row's column and value
+// slices are cut from two shared slabs, and its values are substrings of one copy of the batch's
+// payloads, so mapping a row whose strings hold no escapes allocates nothing. It belongs to one
+// attempt; a nil *rowBuf works too (each row then gets its own memory).
+type rowBuf struct {
+	rows     int             // rows expected in the batch (sizes the slabs)
+	text     strings.Builder // the payloads, appended one after another; bytes once written never change
+	cols     []int
+	vals     []pgtype.Text
+	spans    []span // per target column: where the current payload's value is
+	order    []int  // per member position: the column the previous payloads had there (-1: none)
+	lastCols []int  // the previous row's column set and its signature, reused while rows agree
+	lastSig  string
+	hasLast  bool
+}
+
+// maxOrder bounds rowBuf.order: members past it are looked up by name.
+const maxOrder = 256
+
+// span is a value's position in its payload; v1 == 0 means the payload does not name the column.
+type span struct{ v0, v1 int }
+
+// newRowBuf sizes a rowBuf for msgs.
+func newRowBuf(msgs []*Message) *rowBuf {
+	total := 0
+	for _, m := range msgs {
+		total += len(m.Payload)
+	}
+	b := &rowBuf{rows: len(msgs)}
+	b.text.Grow(total)
+	return b
+}
+
+// keep copies p into the batch's text and returns the copy as a string that stays valid: a
+// strings.Builder only appends, so a string it returned is never overwritten.
+func (b *rowBuf) keep(p []byte) string {
+	start := b.text.Len()
+	b.text.Write(p)
+	return b.text.String()[start:]
+}
+
+// sigOf is the signature of cols, computed once per run of rows with the same column set.
+func (b *rowBuf) sigOf(w *writer, cols []int) string {
+	if b.hasLast && slices.Equal(cols, b.lastCols) {
+		return b.lastSig
+	}
+	var sig strings.Builder
+	sig.Grow(4 * len(cols))
+	for _, i := range cols {
+		sig.WriteString(w.colSig[i])
+	}
+	b.lastCols, b.lastSig, b.hasLast = cols, sig.String(), true
+	return b.lastSig
+}
+
 // rowFromPayload is rowFrom straight from the payload bytes (append and upsert's hot path: no map
-// of the payload is built); key is the fold identity of the key columns ("" if one is missing).
-func (w *writer) rowFromPayload(payload []byte, m *Message) (rv rowVals, key string, err error) {
+// of the payload is built, values are substrings of buf's copy of the payload); key is the fold
+// identity of the key columns ("" if one is missing or null).
+func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv rowVals, key string, err error) {
 	t, err := objectBytes(payload)
 	if err != nil {
 		return rv, "", err
 	}
-	raws := make([]json.RawMessage, len(w.t.Columns))
-	err = scanMembers(t, func(k []byte, escaped bool, val []byte) error {
+	if buf == nil {
+		buf = &rowBuf{rows: 1}
+	}
+	n := len(w.t.Columns)
+	if len(buf.spans) != n {
+		buf.spans = make([]span, n)
+	}
+	spans := buf.spans
+	clear(spans)
+	member := 0
+	err = scanSpans(t, func(k []byte, escaped bool, v0, v1 int) error {
+		j := member
+		member++
 		var i int
 		var ok bool
 		if escaped {
@@ -77,22 +145,70 @@ func (w *writer) rowFromPayload(payload []byte, m *Message) (rv rowVals, key str
 				return err
 			}
 			i, ok = w.t.byName[name]
-		} else {
-			i, ok = w.t.byName[string(k[1:len(k)-1])]
+		} else if name := k[1 : len(k)-1]; j < len(buf.order) && buf.order[j] >= 0 && w.t.Columns[buf.order[j]].Name == string(name) {
+			i, ok = buf.order[j], true // producers write their keys in the same order: no map lookup
+		} else if i, ok = w.t.byName[string(name)]; ok && j < maxOrder {
+			for len(buf.order) <= j {
+				buf.order = append(buf.order, -1)
+			}
+			buf.order[j] = i
 		}
 		if ok {
-			raws[i] = val
+			spans[i] = span{v0, v1}
 		}
 		return nil
 	})
 	if err != nil {
 		return rv, "", badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
 	}
-	if rv, err = w.mapRow(func(_ *Column, i int) (json.RawMessage, bool) { return raws[i], raws[i] != nil }, m); err != nil {
-		return rv, "", err
+	text := buf.keep(t)
+	if buf.cols == nil {
+		buf.cols, buf.vals = make([]int, 0, buf.rows*n), make([]pgtype.Text, 0, buf.rows*n)
 	}
-	key, _ = w.keyTextOf(func(i int) (json.RawMessage, bool) { return raws[i], raws[i] != nil })
-	return rv, key, nil
+	start := len(buf.cols)
+	for i := range w.t.Columns {
+		c := &w.t.Columns[i]
+		if c.Generated {
+			continue
+		}
+		var v pgtype.Text
+		if field := w.meta[i]; field != "" {
+			v = metaValue(field, c, m)
+		} else if sp := spans[i]; sp.v1 > 0 {
+			if v, err = valueOf(c, text[sp.v0:sp.v1]); err != nil {
+				return rv, "", err
+			}
+		} else {
+			continue
+		}
+		buf.cols = append(buf.cols, i)
+		buf.vals = append(buf.vals, v)
+	}
+	end := len(buf.cols)
+	rv.cols, rv.vals = buf.cols[start:end:end], buf.vals[start:end:end]
+	rv.sig = buf.sigOf(w, rv.cols)
+	return rv, w.keyFromSpans(text, spans), nil
+}
+
+// keyFromSpans is keyTextOf over a scanned payload: one key column's text is the identity itself,
+// several are joined with their lengths.
+func (w *writer) keyFromSpans(text string, spans []span) string {
+	if len(w.keyIdx) == 1 {
+		sp := spans[w.keyIdx[0]]
+		if sp.v1 == 0 {
+			return ""
+		}
+		v, err := stringText(text[sp.v0:sp.v1])
+		if err != nil || !v.Valid {
+			return ""
+		}
+		return v.String
+	}
+	key, _ := w.keyTextOf(func(i int) (json.RawMessage, bool) {
+		sp := spans[i]
+		return json.RawMessage(text[sp.v0:sp.v1]), sp.v1 > 0
+	})
+	return key
 }
 
 // mapRow builds the row from get, which returns a column's payload value and whether it is named.
@@ -107,7 +223,7 @@ func (w *writer) mapRow(get func(c *Column, i int) (json.RawMessage, bool), m *M
 			continue
 		}
 		var v pgtype.Text
-		if field, ok := w.meta[i]; ok {
+		if field := w.meta[i]; field != "" {
 			v = metaValue(field, c, m)
 		} else if raw, ok := get(c, i); ok {
 			var err error
@@ -260,21 +376,22 @@ func (w *writer) insertSQL(cols []int, upsert bool) string {
 
 // insertStmts groups rows by column set (first appearance order) into one statement per set.
 func (w *writer) insertStmts(rows []rowVals, upsert bool) []stmt {
-	var order []string
-	groups := map[string][]rowVals{}
+	groups := [][]rowVals{rows}
 	for _, r := range rows {
-		if _, ok := groups[r.sig]; !ok {
-			order = append(order, r.sig)
+		if r.sig != rows[0].sig {
+			groups = groupBySig(rows)
+			break
 		}
-		groups[r.sig] = append(groups[r.sig], r)
 	}
-	out := make([]stmt, 0, len(order))
-	for _, sig := range order {
-		g := groups[sig]
+	out := make([]stmt, 0, len(groups))
+	for _, g := range groups {
+		if len(g) == 0 {
+			continue
+		}
 		cols := g[0].cols
-		id := "i:" + sig
+		id := "i:" + g[0].sig
 		if upsert {
-			id = "u:" + sig
+			id = "u:" + g[0].sig
 		}
 		sql := w.cached(id, func() string { return w.insertSQL(cols, upsert) })
 		if len(cols) == 0 {
@@ -283,15 +400,27 @@ func (w *writer) insertStmts(rows []rowVals, upsert bool) []stmt {
 		}
 		args := make([]any, len(cols))
 		for n := range cols {
-			arr := make(textArray, len(g))
-			for j, r := range g {
-				arr[j] = r.vals[n]
-			}
-			args[n] = arr
+			args[n] = rowsColumn{rows: g, n: n}
 		}
 		out = append(out, stmt{sql: sql, args: args})
 	}
 	return out
+}
+
+// groupBySig splits rows by column set, in order of first appearance.
+func groupBySig(rows []rowVals) [][]rowVals {
+	var groups [][]rowVals
+	at := map[string]int{}
+	for _, r := range rows {
+		i, ok := at[r.sig]
+		if !ok {
+			i = len(groups)
+			at[r.sig] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], r)
+	}
+	return groups
 }
 
 // deleteStmt deletes the rows whose keys are given (one text per key column per row).
