@@ -80,6 +80,41 @@ func TreeCPU(pid int) (time.Duration, error) {
 	return total, nil
 }
 
+// Tree is TreeCPU for many short windows: it lists the tree's processes once, and again on
+// Refresh, instead of at every reading, so a reading opens a few stat files rather than one per
+// process of the machine (whose garbage would be collected inside the next measured window of
+// the benchmark process). A process started since the last Refresh is not counted until it
+// exits (then its parent's reaped time holds it) or the next Refresh.
+type Tree struct {
+	root int
+	pids []int
+}
+
+// NewTree lists the processes below root.
+func NewTree(root int) *Tree {
+	t := &Tree{root: root}
+	t.Refresh()
+	return t
+}
+
+// Refresh lists the tree's processes again.
+func (t *Tree) Refresh() { t.pids = descendants(t.root) }
+
+// CPU is TreeCPU over the listed processes.
+func (t *Tree) CPU() (time.Duration, error) {
+	own, reaped, err := procTimes(t.root)
+	if err != nil {
+		return 0, err
+	}
+	total := own + reaped
+	for _, c := range t.pids {
+		if o, r, err := procTimes(c); err == nil {
+			total += o + r
+		}
+	}
+	return total, nil
+}
+
 // SelfCPU is the CPU time of this process (all threads), for pipelines run in-process.
 func SelfCPU() time.Duration {
 	var ru syscall.Rusage
