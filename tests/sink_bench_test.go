@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -167,11 +168,20 @@ func queueLoop(b *testing.B, pool interface {
 }
 
 // queueSink runs the binary's redis_queue → pg_sink upsert pipeline in consumer group name until
-// its progress rows cover the queue; the window starts at its first applied row.
+// its progress rows cover the queue; the window starts at its first applied row. With
+// PGRELAY_BENCH_PROFILE set, the binary's CPU profile over the first 3 s of the window is saved
+// there as queue_to_table_<name>.pprof (through Benthos' debug endpoints).
 func queueSink(b *testing.B, pg *testenv.Postgres, rd *testenv.Redis, bin string, pm, rpid int, name string, n int) pathCost {
 	ctx := context.Background()
+	httpConf := "{ enabled: false }"
+	profileDir := os.Getenv("PGRELAY_BENCH_PROFILE")
+	port := 0
+	if profileDir != "" {
+		port = testenv.FreePort(b)
+		httpConf = fmt.Sprintf("{ address: 127.0.0.1:%d, debug_endpoints: true }", port)
+	}
 	config := fmt.Sprintf(`
-http: { enabled: false }
+http: %s
 logger: { level: warn }
 input:
   redis_queue:
@@ -186,7 +196,7 @@ output:
     name: %s
     table: public.sinkq
     mode: upsert
-`, rd.URL(), name, pg.DSN(), name)
+`, httpConf, rd.URL(), name, pg.DSN(), name)
 	path := filepath.Join(b.TempDir(), "sink.yaml")
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		b.Fatal(err)
@@ -207,6 +217,13 @@ output:
 		time.Sleep(2 * time.Millisecond)
 	}
 	pg0, r0, s0, t0 := cpuNow(b, benchenv.TreeCPU, pm), cpuNow(b, benchenv.CPU, rpid), cpuNow(b, benchenv.CPU, p.Pid()), time.Now()
+	var profiled sync.WaitGroup
+	if profileDir != "" {
+		profiled.Go(func() {
+			profileBinary(b, port, filepath.Join(profileDir, "queue_to_table_"+name+".pprof"), 3*time.Second)
+		})
+	}
+	defer profiled.Wait()
 	for applied() < int64(n) {
 		if time.Now().After(deadline) {
 			b.Fatalf("sink %s did not catch up: %s", name, p.Output())
@@ -217,4 +234,19 @@ output:
 	rows := n - int(n0)
 	return pathCost{rate: float64(rows) / elapsed.Seconds(), self: benchenv.PerChange(cpuNow(b, benchenv.CPU, p.Pid())-s0, rows),
 		redis: benchenv.PerChange(cpuNow(b, benchenv.CPU, rpid)-r0, rows), postgres: benchenv.PerChange(cpuNow(b, benchenv.TreeCPU, pm)-pg0, rows)}
+}
+
+// profileBinary saves a CPU profile of d of the binary whose debug endpoints listen on port.
+func profileBinary(b *testing.B, port int, path string, d time.Duration) {
+	url := fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", port, int(d.Seconds()))
+	body, err := testenv.HTTPGet(context.Background(), url, d+30*time.Second)
+	if err == nil {
+		err = os.MkdirAll(filepath.Dir(path), 0o755)
+	}
+	if err == nil {
+		err = os.WriteFile(path, []byte(body), 0o644)
+	}
+	if err != nil {
+		b.Logf("no profile of the binary: %v", err)
+	}
 }
