@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -308,51 +310,127 @@ func (s *batchState) applied(i int, m *Message) {
 
 // attempt runs the batch's transaction once. With isolate, each message runs under its own
 // savepoint so a data error is charged to its message only.
+//
+// A batch whose payloads all decode takes the fast path first (one round trip, see fast); the
+// others, and batches the fast path's guard refuses, lock and read their progress rows first (one
+// round trip with BEGIN), then send the statements, the progress update and COMMIT (another).
 func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*Result, error) {
 	h, err := a.current(ctx)
 	if err != nil {
 		return nil, err
 	}
-	st := &batchState{res: &Result{Outcomes: make([]Outcome, len(msgs)), Errs: make([]error, len(msgs))},
-		blocked: map[ShardKey]int64{}, advanced: map[ShardKey]int64{}}
 	ops := make([]op, len(msgs))
 	decodeErr := make([]error, len(msgs))
 	var shards []ShardKey
 	seen := map[ShardKey]bool{}
 	buf := newRowBuf(msgs)
+	readable := true
 	for i, m := range msgs {
 		if decodeErr[i] = checkSize(m); decodeErr[i] == nil {
 			ops[i], decodeErr[i] = h.decode(m, buf)
 		}
+		readable = readable && decodeErr[i] == nil
 		if m.HasPosition && !seen[m.shardKey()] {
 			seen[m.shardKey()] = true
 			shards = append(shards, m.shardKey())
 		}
 	}
-	tx, err := a.pool.Begin(ctx)
+	c, err := a.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	defer rollback(tx)
-	useTextArrayCodec(tx.Conn())
-	last, err := a.progress.Lock(ctx, tx, shards)
+	defer release(c)
+	conn := c.Conn()
+	useTextArrayCodec(conn)
+	if readable && !isolate {
+		res, moved, err := a.fast(ctx, conn, h, msgs, ops)
+		if !moved {
+			return res, err
+		}
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+			return nil, err
+		}
+	}
+	st := newBatchState(len(msgs))
+	last, err := a.progress.Lock(ctx, conn, shards)
 	if err != nil {
 		return nil, err
 	}
 	pending := a.sortOut(msgs, decodeErr, last, st)
 	if isolate {
-		err = a.applyEach(ctx, tx, h, msgs, ops, pending, st)
+		err = a.applyEach(ctx, conn, h, msgs, ops, pending, st)
 	} else {
-		err = a.applyAll(ctx, tx, h, msgs, ops, pending, st)
+		err = a.applyAll(ctx, conn, h, msgs, ops, pending, st)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
-	}
 	st.res.count()
 	return st.res, nil
+}
+
+func newBatchState(n int) *batchState {
+	return &batchState{res: &Result{Outcomes: make([]Outcome, n), Errs: make([]error, n)},
+		blocked: map[ShardKey]int64{}, advanced: map[ShardKey]int64{}}
+}
+
+// fast writes a batch whose payloads all decode in one round trip: BEGIN, the missing progress rows,
+// a guard that locks the batch's progress rows and fails unless every shard's last_offset is below
+// the batch's first offset for it, the statements, the progress update and COMMIT, in one
+// pipeline. The guard passes unless the batch was (partly) applied before — a redelivery after a
+// crash between commit and acknowledgement —, and then a statement has run and the returned error
+// is the guard's (moved): the transaction is aborted, nothing was written, and the caller takes
+// the path that reads the offsets before deciding what to skip. With the guard passed, no
+// message is skipped except repeats inside the batch, exactly as that path would decide, and the
+// locked rows cannot move before COMMIT. COPY (append mode) cannot join a pipeline: it follows as
+// a second round trip, "COPY ...; COMMIT" in one query.
+func (a *Applier) fast(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op) (res *Result, moved bool, err error) {
+	st := newBatchState(len(msgs))
+	pending := a.sortOut(msgs, make([]error, len(msgs)), nil, st)
+	first := map[ShardKey]int64{}
+	batch := make([]op, len(pending))
+	for j, i := range pending {
+		batch[j] = ops[i]
+		m := msgs[i]
+		st.applied(i, m)
+		if _, ok := first[m.shardKey()]; m.HasPosition && !ok {
+			first[m.shardKey()] = m.Offset // pending offsets of a shard ascend: the first is its lowest
+		}
+	}
+	var copies []copyJob
+	if am, ok := h.(appendMode); ok {
+		if jobs, ok := am.copyPlan(batch); ok {
+			copies, batch = jobs, nil
+		}
+	}
+	stmts := []stmt{{sql: "BEGIN"}}
+	guard := -1
+	if len(first) > 0 {
+		stmts = append(stmts, a.progress.guardStmts(first)...)
+		guard = len(stmts) - 1
+	}
+	data, err := h.plan(batch)
+	if err != nil {
+		return nil, false, err
+	}
+	stmts = append(stmts, data...)
+	if adv, ok := a.progress.advanceStmt(st.advanced); ok {
+		stmts = append(stmts, adv)
+	}
+	if len(copies) == 0 {
+		stmts = append(stmts, stmt{sql: "COMMIT"})
+	}
+	if at, err := sendAt(ctx, conn, stmts); err != nil {
+		return nil, at == guard && isGuardMoved(err), err
+	}
+	if len(copies) > 0 {
+		if err := runCopies(ctx, conn, copies, true); err != nil {
+			return nil, false, err
+		}
+	}
+	a.progress.markKnown(slices.Collect(maps.Keys(first)))
+	st.res.count()
+	return st.res, false, nil
 }
 
 // sortOut marks skipped, unreadable and blocked messages and returns the rest in batch order.
@@ -361,7 +439,7 @@ func (a *Applier) sortOut(msgs []*Message, decodeErr []error, last map[ShardKey]
 	for k, v := range last {
 		high[k] = v
 	}
-	var pending []int
+	pending := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		if st.block(i, m) {
 			continue
@@ -382,20 +460,18 @@ func (a *Applier) sortOut(msgs []*Message, decodeErr []error, last map[ShardKey]
 	return pending
 }
 
-// applyAll is the fast path: every pending message in set-based statements, sent in one pipeline
-// with the progress update.
-func (a *Applier) applyAll(ctx context.Context, tx pgx.Tx, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
+// applyAll writes every pending message in set-based statements, sent in one pipeline with the
+// progress update and COMMIT (COPY, when append mode can use it, follows as "COPY ...; COMMIT").
+func (a *Applier) applyAll(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
 	batch := make([]op, len(pending))
 	for j, i := range pending {
 		batch[j] = ops[i]
 		st.applied(i, msgs[i])
 	}
+	var copies []copyJob
 	if am, ok := h.(appendMode); ok {
 		if jobs, ok := am.copyPlan(batch); ok {
-			if err := runCopies(ctx, tx, jobs); err != nil {
-				return err
-			}
-			batch = nil
+			copies, batch = jobs, nil
 		}
 	}
 	stmts, err := h.plan(batch)
@@ -405,12 +481,18 @@ func (a *Applier) applyAll(ctx context.Context, tx pgx.Tx, h modeHandler, msgs [
 	if adv, ok := a.progress.advanceStmt(st.advanced); ok {
 		stmts = append(stmts, adv)
 	}
-	return run(ctx, tx, stmts)
+	if len(copies) == 0 {
+		return send(ctx, conn, append(stmts, stmt{sql: "COMMIT"}))
+	}
+	if err := send(ctx, conn, stmts); err != nil {
+		return err
+	}
+	return runCopies(ctx, conn, copies, true)
 }
 
 // applyEach applies message by message under savepoints: a data error rolls back that message
 // only and blocks the rest of its shard; any other error aborts the attempt.
-func (a *Applier) applyEach(ctx context.Context, tx pgx.Tx, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
+func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
 	for _, i := range pending {
 		if st.block(i, msgs[i]) {
 			continue
@@ -424,22 +506,23 @@ func (a *Applier) applyEach(ctx context.Context, tx pgx.Tx, h modeHandler, msgs 
 			continue
 		}
 		stmts = append(append([]stmt{{sql: "SAVEPOINT pgrelay_msg"}}, stmts...), stmt{sql: "RELEASE SAVEPOINT pgrelay_msg"})
-		if err = run(ctx, tx, stmts); err == nil {
+		if err = send(ctx, conn, stmts); err == nil {
 			st.applied(i, msgs[i])
 			continue
 		}
 		if Classify(err) != Data {
 			return err
 		}
-		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgrelay_msg"); rerr != nil {
+		if _, rerr := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgrelay_msg"); rerr != nil {
 			return rerr
 		}
 		st.fail(i, msgs[i], DataError(err))
 	}
+	var stmts []stmt
 	if adv, ok := a.progress.advanceStmt(st.advanced); ok {
-		return run(ctx, tx, []stmt{adv})
+		stmts = append(stmts, adv)
 	}
-	return nil
+	return send(ctx, conn, append(stmts, stmt{sql: "COMMIT"}))
 }
 
 func (r *Result) count() {
@@ -457,10 +540,13 @@ func (r *Result) count() {
 	}
 }
 
-func rollback(tx pgx.Tx) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		_ = err // the connection is discarded by pgx when rollback fails
+// release returns a batch's connection to the pool, rolling back a transaction left open by an
+// error (if that fails too, the pool discards the connection).
+func release(c *pgxpool.Conn) {
+	if conn := c.Conn(); !conn.IsClosed() && !conn.PgConn().IsBusy() && conn.PgConn().TxStatus() != 'I' {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = conn.Exec(ctx, "ROLLBACK")
+		cancel()
 	}
+	c.Release()
 }

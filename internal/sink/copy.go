@@ -91,10 +91,16 @@ func copyEscape(buf *bytes.Buffer, s string) {
 	buf.WriteString(s[start:])
 }
 
-// runCopies sends the COPY jobs on the transaction's connection.
-func runCopies(ctx context.Context, tx pgx.Tx, jobs []copyJob) error {
-	for _, j := range jobs {
-		if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(j.data), j.sql); err != nil {
+// runCopies sends the COPY jobs on the transaction's connection; with commit the last one is sent
+// as "COPY ...; COMMIT", one query that commits the transaction if the COPY succeeds (when it
+// fails, the rest of the query is skipped and the transaction is left aborted).
+func runCopies(ctx context.Context, conn *pgx.Conn, jobs []copyJob, commit bool) error {
+	for i, j := range jobs {
+		sql := j.sql
+		if commit && i == len(jobs)-1 {
+			sql += "; COMMIT"
+		}
+		if _, err := conn.PgConn().CopyFrom(ctx, bytes.NewReader(j.data), sql); err != nil {
 			return err
 		}
 	}

@@ -217,13 +217,37 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// Lock inserts the missing progress rows of shards, locks all of them in key order (so two writers
-// of the same shards queue instead of deadlocking) and returns each shard's last_offset. Rows it
-// has seen before are only locked (no INSERT); if one vanished (a teardown), it is inserted again.
-func (p *Progress) Lock(ctx context.Context, tx pgx.Tx, shards []ShardKey) (map[ShardKey]int64, error) {
+// Lock begins the batch's transaction on conn, inserts the missing progress rows of shards, locks
+// all of them in key order (so two writers of the same shards queue instead of deadlocking) and
+// returns each shard's last_offset: one round trip. Rows it has seen before are only locked (no
+// INSERT); if one vanished (a teardown), it is inserted again.
+func (p *Progress) Lock(ctx context.Context, conn *pgx.Conn, shards []ShardKey) (map[ShardKey]int64, error) {
 	if len(shards) == 0 {
+		if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+			return nil, fmt.Errorf("begin: %w", err)
+		}
 		return map[ShardKey]int64{}, nil
 	}
+	queues, nums, allKnown := p.sorted(shards)
+	out, err := p.lockRows(ctx, conn, queues, nums, !allKnown)
+	if err == nil && len(out) != len(queues) && allKnown {
+		if _, err = conn.Exec(ctx, "ROLLBACK"); err == nil {
+			out, err = p.lockRows(ctx, conn, queues, nums, true)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(out) != len(queues) {
+		return nil, errors.New("lock progress rows: a progress row vanished inside the transaction")
+	}
+	p.markKnown(shards)
+	return out, nil
+}
+
+// sorted returns shards' queues and numbers in key order (the order rows are locked in) and
+// whether every row has been seen before.
+func (p *Progress) sorted(shards []ShardKey) (queues []string, nums []int32, allKnown bool) {
 	sorted := append([]ShardKey(nil), shards...)
 	sort.Slice(sorted, func(i, j int) bool {
 		if sorted[i].Queue != sorted[j].Queue {
@@ -231,45 +255,48 @@ func (p *Progress) Lock(ctx context.Context, tx pgx.Tx, shards []ShardKey) (map[
 		}
 		return sorted[i].Shard < sorted[j].Shard
 	})
-	queues := make([]string, len(sorted))
-	nums := make([]int32, len(sorted))
-	allKnown := true
+	queues, nums = make([]string, len(sorted)), make([]int32, len(sorted))
+	allKnown = true
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	for i, s := range sorted {
 		queues[i], nums[i] = s.Queue, s.Shard
 		allKnown = allKnown && p.known[s]
 	}
-	p.mu.Unlock()
-	out, err := p.lockRows(ctx, tx, queues, nums, !allKnown)
-	if err == nil && len(out) != len(sorted) && allKnown {
-		out, err = p.lockRows(ctx, tx, queues, nums, true)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if len(out) != len(sorted) {
-		return nil, errors.New("lock progress rows: a progress row vanished inside the transaction")
-	}
-	p.mu.Lock()
-	for _, s := range sorted {
-		p.known[s] = true
-	}
-	p.mu.Unlock()
-	return out, nil
+	return queues, nums, allKnown
 }
 
-func (p *Progress) lockRows(ctx context.Context, tx pgx.Tx, queues []string, nums []int32, insert bool) (map[ShardKey]int64, error) {
-	b := &pgx.Batch{}
-	if insert {
-		b.Queue(`INSERT INTO `+p.ident+` (sink, queue, shard, last_offset)
+// markKnown records that the rows of shards exist (committed or locked by this sink).
+func (p *Progress) markKnown(shards []ShardKey) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range shards {
+		p.known[s] = true
+	}
+}
+
+// insertStmt inserts the missing rows of the shards (in key order) at offset 0.
+func (p *Progress) insertStmt(queues []string, nums []int32) stmt {
+	return stmt{sql: `INSERT INTO ` + p.ident + ` (sink, queue, shard, last_offset)
 			SELECT $1, u.q, u.s, 0 FROM unnest($2::text[], $3::int[]) WITH ORDINALITY AS u(q, s, n) ORDER BY u.n
-			ON CONFLICT (sink, queue, shard) DO NOTHING`, p.sink, queues, nums)
+			ON CONFLICT (sink, queue, shard) DO NOTHING`, args: []any{p.sink, queues, nums}}
+}
+
+func (p *Progress) lockRows(ctx context.Context, conn *pgx.Conn, queues []string, nums []int32, insert bool) (map[ShardKey]int64, error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	if insert {
+		s := p.insertStmt(queues, nums)
+		b.Queue(s.sql, s.args...)
 	}
 	b.Queue(`SELECT p.queue, p.shard, p.last_offset FROM `+p.ident+` p
 		JOIN unnest($2::text[], $3::int[]) AS u(q, s) ON p.queue = u.q AND p.shard = u.s
 		WHERE p.sink = $1 ORDER BY p.queue COLLATE "C", p.shard FOR UPDATE OF p`, p.sink, queues, nums)
-	br := tx.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, b)
 	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
 	if insert {
 		if _, err := br.Exec(); err != nil {
 			return nil, fmt.Errorf("insert progress rows: %w", err)
@@ -294,6 +321,41 @@ func (p *Progress) lockRows(ctx context.Context, tx pgx.Tx, queues []string, num
 		return nil, fmt.Errorf("lock progress rows: %w", err)
 	}
 	return out, br.Close()
+}
+
+// guardMoved is the text the guard fails with (as an integer cast, SQLSTATE 22P02) when a
+// shard's offset is not below the batch's first offset for it, or a progress row is missing.
+const guardMoved = "pgrelay: progress moved"
+
+// guardStmts are the fast path's first statements (see Applier.fast): the missing progress rows
+// inserted, then the guard, which locks the rows of the shards of first in key order and fails
+// with guardMoved unless each shard's last_offset is below first[shard], the batch's lowest
+// offset for it — that is, unless no message of the batch is to be skipped.
+func (p *Progress) guardStmts(first map[ShardKey]int64) []stmt {
+	shards := make([]ShardKey, 0, len(first))
+	for k := range first {
+		shards = append(shards, k)
+	}
+	queues, nums, allKnown := p.sorted(shards)
+	offs := make([]int64, len(queues))
+	for i := range queues {
+		offs[i] = first[ShardKey{Queue: queues[i], Shard: nums[i]}]
+	}
+	var out []stmt
+	if !allKnown {
+		out = append(out, p.insertStmt(queues, nums))
+	}
+	return append(out, stmt{sql: `WITH locked AS (SELECT p.last_offset, u.o FROM ` + p.ident + ` p
+		JOIN unnest($2::text[], $3::int[], $4::bigint[]) AS u(q, s, o) ON p.queue = u.q AND p.shard = u.s
+		WHERE p.sink = $1 ORDER BY p.queue COLLATE "C", p.shard FOR UPDATE OF p)
+		SELECT (CASE WHEN count(*) = $5 AND coalesce(bool_and(last_offset < o), true) THEN '1' ELSE '` + guardMoved + `' END)::int FROM locked`,
+		args: []any{p.sink, queues, nums, offs, len(queues)}})
+}
+
+// isGuardMoved reports whether err is the guard's refusal.
+func isGuardMoved(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, guardMoved)
 }
 
 // advanceStmt moves each shard's last_offset up to offsets[shard]; it never moves one backwards.

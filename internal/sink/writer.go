@@ -486,25 +486,31 @@ func (w *writer) keyValues(r Row) ([]pgtype.Text, error) {
 	return out, nil
 }
 
-// run sends statements in one round trip (pgx batch) inside tx and returns the first error.
-func run(ctx context.Context, tx pgx.Tx, stmts []stmt) error {
+// send runs stmts in one round trip (a pgx batch: one pipeline, one Sync) and returns the first
+// error. After an error the server skips the statements that follow, a COMMIT among them included.
+func send(ctx context.Context, conn *pgx.Conn, stmts []stmt) error {
+	_, err := sendAt(ctx, conn, stmts)
+	return err
+}
+
+// sendAt is send that also returns the index of the statement that failed.
+func sendAt(ctx context.Context, conn *pgx.Conn, stmts []stmt) (int, error) {
 	if len(stmts) == 0 {
-		return nil
+		return -1, nil
 	}
-	if len(stmts) == 1 {
-		_, err := tx.Exec(ctx, stmts[0].sql, stmts[0].args...)
-		return err
-	}
-	b := &pgx.Batch{}
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(stmts))}
 	for _, s := range stmts {
 		b.Queue(s.sql, s.args...)
 	}
-	br := tx.SendBatch(ctx, b)
-	for range stmts {
+	br := conn.SendBatch(ctx, b)
+	for i, s := range stmts {
 		if _, err := br.Exec(); err != nil {
 			br.Close()
-			return err
+			if s.sql == "COMMIT" {
+				return i, fmt.Errorf("commit: %w", err)
+			}
+			return i, err
 		}
 	}
-	return br.Close()
+	return -1, br.Close()
 }
