@@ -173,9 +173,15 @@ func TestLeastPrivilegeSink(t *testing.T) {
 			{"no_create_schema", "", "own.progress", true, errcode.ProgressTableCreate, `GRANT CREATE ON DATABASE "postgres" TO "no_create_schema"`},
 			{"no_progress_table", "", "empty.missing", false, errcode.ProgressTableMissing, "CREATE TABLE IF NOT EXISTS \"empty\".\"missing\""},
 		}
-		var wg sync.WaitGroup
+		// Roles first: GRANTs on one schema from concurrent sessions fail with "tuple concurrently
+		// updated", so the roles are made before the checks run in parallel and the fixes run one at
+		// a time.
 		for _, c := range cases {
 			newRole(c.role, ModeCDC, c.without, `GRANT USAGE ON SCHEMA empty TO %s`)
+		}
+		var wg sync.WaitGroup
+		var grantMu sync.Mutex
+		for _, c := range cases {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -190,7 +196,10 @@ func TestLeastPrivilegeSink(t *testing.T) {
 				if c.code == errcode.ProgressTableMissing { // the administrator's statements
 					fix = coded.Fix[strings.Index(coded.Fix, "\n")+1 : strings.Index(coded.Fix, "\nor set")]
 				}
-				if _, err := f.pool.Exec(ctx, fix); err != nil {
+				grantMu.Lock()
+				_, err = f.pool.Exec(ctx, fix)
+				grantMu.Unlock()
+				if err != nil {
 					t.Errorf("%s: run the fix: %v", c.role, err)
 					return
 				}

@@ -19,6 +19,10 @@ func TestEnsurePublications(t *testing.T) {
 	table := func(name string, appendOnly bool) TableInfo {
 		return TableInfo{Table: Table{Schema: "public", Name: name, AppendOnly: appendOnly}}
 	}
+	var version int
+	if err := pg.Pool().QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
 	k, kAO, l := table("k", false), table("k", true), table("l", true)
 	refused := []Refusal{{Table: "public.nokey", Err: errcode.New(errcode.ReplicaIdentity, "no key", "")}}
 	for _, c := range []struct {
@@ -54,7 +58,7 @@ func TestEnsurePublications(t *testing.T) {
 				pg.Exec(c.setup)
 			}
 			cfg := &Config{Publication: c.pub, InsertPublication: c.pub + InsertPublicationSuffix, ManagePublication: c.manage}
-			pubs, err := EnsurePublications(ctx, pg.Pool(), cfg, c.tables, c.refused, 170000)
+			pubs, err := EnsurePublications(ctx, pg.Pool(), cfg, c.tables, c.refused, version)
 			if errcode.Of(err) != c.code || (c.code == "" && err != nil) {
 				t.Fatalf("error %v, want code %q", err, c.code)
 			}
