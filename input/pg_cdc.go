@@ -106,7 +106,7 @@ Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_i
 			service.NewObjectField(pcFieldSlot,
 				service.NewStringField(pcFieldSlotName).Description("Replication slot name; default `pgrelay_<name>`.").Default("").
 					LintRule(speclint.Match(pcFieldSlot+"."+pcFieldSlotName, source.SlotPattern, true)),
-				service.NewBoolField(pcFieldSlotFailover).Description("Create a failover slot (PostgreSQL 17+; older servers refuse the start with `version`).").Default(false),
+				service.NewBoolField(pcFieldSlotFailover).Description("A failover slot (PostgreSQL 17+; older servers refuse the start with `version`): the slot is created so, and an existing slot's flag is changed to match at start (a `slot_failover` warning when that fails).").Default(false),
 			).Description("The logical replication slot (created on the first start, never silently recreated)."),
 			service.NewObjectField(pcFieldRedis, redisconn.Fields()...).Description("The Redis holding the lease and pointer (the same as the redis_queue output's), nested under `redis` so its `tls` does not clash with PostgreSQL's."),
 			service.NewDurationField(pcFieldLeaseTTL).Description(fmt.Sprintf("Lease time to live (%s-%s); renewed every third of it, released at once on SIGTERM.", source.MinLeaseTTL, source.MaxLeaseTTL)).Default("10s").

@@ -230,6 +230,10 @@ func (in *queueInput) Connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := in.conn.CheckACL(ctx, rdb, in.conf.Queue, redisconn.ConsumerUses...); err != nil {
+		_ = rdb.Close()
+		return err
+	}
 	if err := queue.CheckEviction(ctx, rdb); err != nil {
 		_ = rdb.Close()
 		return err

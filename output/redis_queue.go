@@ -166,6 +166,21 @@ type RedisQueueConfig struct {
 	metadata       *service.MetadataFilter
 }
 
+// aclUses are what the output does in Redis, as its start check sees them (redisconn.CheckACL).
+func (c RedisQueueConfig) aclUses() []redisconn.Use {
+	uses := []redisconn.Use{redisconn.UseServer, redisconn.UseWrite}
+	if c.writer.Durability.AOF {
+		uses = append(uses, redisconn.UseAOF)
+	}
+	if c.writer.Durability.Replicas > 0 {
+		uses = append(uses, redisconn.UseReplicas)
+	}
+	if c.retention.Enabled() {
+		uses = append(uses, redisconn.UseRetention)
+	}
+	return uses
+}
+
 // StaticQueue is the queue the output writes to when it is one fixed name.
 func (c RedisQueueConfig) StaticQueue() (string, bool) { return c.queueField.interp.Static() }
 
@@ -294,6 +309,12 @@ func (o *queueOutput) Connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// With queues from the messages (pg_cdc's), pg_cdc checks the writes on its queues.
+	static, _ := o.conf.StaticQueue()
+	if err := o.conf.Conn.CheckACL(ctx, rdb, static, o.conf.aclUses()...); err != nil {
+		_ = rdb.Close()
+		return err
+	}
 	w := queue.NewWriter(rdb, o.conf.writer)
 	if err := w.Connect(ctx); err != nil {
 		_ = rdb.Close()
@@ -323,7 +344,7 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 	}
 	res, err := w.Write(ctx, msgs, cover)
 	if err != nil {
-		return err
+		return o.conf.Conn.Explain(err)
 	}
 	if sb != nil {
 		// the pointer is now at or past the cover: tell the source, which then skips reading it back
@@ -529,7 +550,7 @@ func (o *queueOutput) trimLoop(stop, done chan struct{}) {
 			n, err := queue.Trim(ctx, rdb, layout, q, o.conf.retention)
 			cancel()
 			if err != nil {
-				o.log.Warnf("retention: %v", err)
+				o.log.Warnf("retention: %v", o.conf.Conn.Explain(err))
 			}
 			o.trimmed.Incr(n)
 		}

@@ -140,11 +140,29 @@ func run(c *cli.Context, fn func(context.Context, *env) error) error {
 	if out == nil {
 		out = os.Stdout
 	}
-	e := &env{c: c, rdb: rdb, layout: queue.NewLayout(conn.Prefix), queue: name, out: out}
-	if err := fn(ctx, e); err != nil {
+	if err := conn.CheckACL(ctx, rdb, name, queueUses(c)...); err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
+	e := &env{c: c, rdb: rdb, layout: queue.NewLayout(conn.Prefix), queue: name, out: out}
+	if err := fn(ctx, e); err != nil {
+		return cli.Exit(conn.Explain(err).Error(), 1)
+	}
 	return nil
+}
+
+// queueUses are what a queue subcommand does in Redis, for its ACL check.
+func queueUses(c *cli.Context) []redisconn.Use {
+	switch {
+	case c.Command.Name == "info":
+		return []redisconn.Use{redisconn.UseInspect}
+	case c.Command.Name == "position":
+		return []redisconn.Use{redisconn.UsePosition}
+	case c.Bool("replay"):
+		return []redisconn.Use{redisconn.UseDeadLetters, redisconn.UseReplay}
+	case c.Bool("drop"):
+		return []redisconn.Use{redisconn.UseDeadLetters, redisconn.UseDrop}
+	}
+	return []redisconn.Use{redisconn.UseDeadLetters}
 }
 
 // queueFromConfig is the connection of the pipeline's first redis_queue input, else output, and

@@ -80,7 +80,7 @@ func forEachSource(ctx context.Context, p *pipeline, fn func(context.Context, so
 	defer cancel()
 	for _, cfg := range p.sources {
 		if err := fn(ctx, cfg); err != nil {
-			return cli.Exit(fmt.Sprintf("%s: %v", cfg.Name, err), 1)
+			return cli.Exit(fmt.Sprintf("%s: %v", cfg.Name, cfg.Redis.Explain(err)), 1)
 		}
 	}
 	return nil

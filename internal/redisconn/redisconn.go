@@ -211,7 +211,8 @@ func redactErr(err error, u string) error {
 func (c Config) HasFailover() bool { return c.Sentinel != nil || len(c.ClusterURLs) > 0 }
 
 // Client builds the client: a Sentinel failover client when sentinel is set, a ClusterClient
-// (see NewClusterClient) when cluster_urls is, else a plain Client.
+// (see NewClusterClient) when cluster_urls is, else a plain Client. None sends CLIENT SETINFO at
+// connect (go-redis' library name), which a least-privilege ACL user would be refused (ACL LOG).
 func (c Config) Client() (redis.UniversalClient, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -232,7 +233,8 @@ func (c Config) Client() (redis.UniversalClient, error) {
 			}
 			addrs = append(addrs, o.Addr)
 		}
-		co := &redis.ClusterOptions{Addrs: addrs, Username: base.Username, Password: base.Password, TLSConfig: base.TLSConfig, PoolSize: c.PoolSize}
+		co := &redis.ClusterOptions{Addrs: addrs, Username: base.Username, Password: base.Password, TLSConfig: base.TLSConfig, PoolSize: c.PoolSize,
+			DisableIdentity: true}
 		c.apply(&co.Username, &co.Password, &co.TLSConfig)
 		return NewClusterClient(co), nil
 	}
@@ -244,6 +246,7 @@ func (c Config) Client() (redis.UniversalClient, error) {
 	if c.PoolSize > 0 {
 		o.PoolSize = c.PoolSize
 	}
+	o.DisableIdentity = true
 	return redis.NewClient(o), nil
 }
 
@@ -253,7 +256,7 @@ func (c Config) failoverClient() *redis.Client {
 	s := c.Sentinel
 	o := &redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.Addrs,
 		SentinelUsername: s.Username, SentinelPassword: s.Password,
-		Username: c.Username, Password: c.Password, TLSConfig: c.TLS, PoolSize: c.PoolSize,
+		Username: c.Username, Password: c.Password, TLSConfig: c.TLS, PoolSize: c.PoolSize, DisableIdentity: true,
 		// One dial per attempt: every dial of the master asks the sentinels again, each with its own
 		// dial retries, so go-redis's 5 would make a start with no sentinel up take ~40 s to fail
 		// (0.6 s with 1); the callers retry with their own backoff.

@@ -198,6 +198,10 @@ func readGroup(ctx context.Context, ref GroupRef) GroupStatus {
 		return gs
 	}
 	defer rdb.Close()
+	if err := ref.Redis.CheckACL(ctx, rdb, ref.Queue, redisconn.UseInspect, redisconn.UseDeadLetters); err != nil {
+		gs.Problem = err.Error()
+		return gs
+	}
 	layout := queue.NewLayout(ref.Redis.Prefix)
 	info, err := queue.Inspect(ctx, rdb, layout, ref.Queue)
 	if err != nil {

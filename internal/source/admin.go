@@ -19,6 +19,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/pointer"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
@@ -66,6 +67,9 @@ func ReadStatus(ctx context.Context, cfg Config) (*Status, error) {
 		return nil, err
 	}
 	defer rdb.Close()
+	if err := cfg.Redis.CheckACL(ctx, rdb, cfg.Tables[0].Queue, redisconn.UseStatus); err != nil {
+		return nil, err
+	}
 	keys := KeysFor(&cfg)
 	st := &Status{Name: cfg.Name, Slot: cfg.Slot, Publication: cfg.Publication, Replicas: map[string]json.RawMessage{}}
 	if cfg.anyAppendOnly() {
@@ -154,6 +158,9 @@ func RequestResync(ctx context.Context, cfg Config, w io.Writer) error {
 		return err
 	}
 	defer rdb.Close()
+	if err := cfg.Redis.CheckACL(ctx, rdb, cfg.Tables[0].Queue, redisconn.UseResync); err != nil {
+		return err
+	}
 	keys := KeysFor(&cfg)
 	host, _ := os.Hostname()
 	req, _ := json.Marshal(map[string]string{"requested_at": time.Now().UTC().Format(time.RFC3339Nano), "by": host + ":" + strconv.Itoa(os.Getpid())})
@@ -173,6 +180,9 @@ func Teardown(ctx context.Context, cfg Config, force bool, w io.Writer) error {
 		return err
 	}
 	defer rdb.Close()
+	if err := cfg.Redis.CheckACL(ctx, rdb, cfg.Tables[0].Queue, redisconn.UseTeardown); err != nil {
+		return err
+	}
 	keys := KeysFor(&cfg)
 	if owner, _, err := lease.Holder(ctx, rdb, keys.Lease); err != nil {
 		return fmt.Errorf("redis: %w", err)

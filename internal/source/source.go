@@ -216,10 +216,21 @@ func (s *Source) publishStatus(phase string, err error) {
 // run is the ownership loop: take the lease (standby meanwhile), stream while holding it, and
 // start over from the pointer after a fence or a lost lease.
 func (s *Source) run(ctx context.Context) {
+	aclChecked := false
 	for ctx.Err() == nil {
+		if !aclChecked {
+			err := s.checkACL(ctx)
+			if errcode.Of(err) != "" {
+				s.setPhase(PhaseError, err)
+				s.log.Errorf("pg_cdc %s: %v", s.cfg.Name, err)
+				sleep(ctx, jitter(5*time.Second))
+				continue
+			}
+			aclChecked = err == nil // else Redis is unreachable: the lease attempt says so, and the check runs again
+		}
 		ok, err := s.lease.TryAcquire(ctx)
 		if err != nil {
-			s.setPhase(PhaseConnecting, err)
+			s.setPhase(PhaseConnecting, s.cfg.Redis.Explain(err))
 			sleep(ctx, time.Second)
 			continue
 		}
@@ -254,7 +265,7 @@ func (s *Source) own(ctx context.Context) {
 	backoff := time.Second
 	for ownCtx.Err() == nil {
 		started := time.Now()
-		err := s.session(ownCtx)
+		err := s.cfg.Redis.Explain(s.session(ownCtx))
 		if ownCtx.Err() != nil {
 			return
 		}

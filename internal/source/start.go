@@ -17,6 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
 
 // session connects, runs the start checks, and streams until an error; nil only when ctx ends.
@@ -93,6 +94,23 @@ func (s *Source) session(ctx context.Context) error {
 		s.log.Infof("pg_cdc %s: table(s) %s added since the last start: %s", s.cfg.Name, strings.Join(added, ", "), what)
 	}
 	return s.stream(ctx, pool, repl, tables, pubs, start, version)
+}
+
+// checkACL checks, on each of the source's queues, that its Redis user may run the commands of the
+// lease, the pointer and status keys and the queue writes (redis_acl naming the rules otherwise):
+// before the first lease attempt, so a standby replica reports a missing permission too.
+func (s *Source) checkACL(ctx context.Context) error {
+	done := map[string]bool{}
+	for _, t := range s.cfg.Tables {
+		if done[t.Queue] {
+			continue
+		}
+		done[t.Queue] = true
+		if err := s.cfg.Redis.CheckACL(ctx, s.rdb, t.Queue, redisconn.UseServer, redisconn.UseLease, redisconn.UseSource, redisconn.UseWrite); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // settleRefusals applies on_refused_table to the tables the start checks refused: stop returns

@@ -196,3 +196,24 @@ func waitFor(timeout time.Duration, cond func() error) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// ACL runs an ACL command line as the default user (e.g. one of docs/operations.md's ACL SETUSER
+// lines, words separated by spaces) and fails the test on error.
+func (r *Redis) ACL(line string) {
+	r.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), TLSConfig: r.tlsConf, MaxRetries: -1})
+	defer c.Close()
+	var args []any
+	for _, w := range strings.Fields(line) {
+		args = append(args, w)
+	}
+	if err := c.Do(context.Background(), args...).Err(); err != nil {
+		r.t.Fatalf("testenv: %s: %v", line, err)
+	}
+}
+
+// UserURL is URL with an ACL user and password in it.
+func (r *Redis) UserURL(user, password string) string {
+	scheme, addr, _ := strings.Cut(r.URL(), "://")
+	return scheme + "://" + user + ":" + password + "@" + addr
+}

@@ -1,0 +1,337 @@
+package redisconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+// A Use is one thing a pgrelay component does in Redis. Each needs the commands aclCommands lists
+// for it; a component checks its uses at start (CheckACL), and an ACL user holding the commands of
+// its uses (ACLLine) on the keys under the prefix needs nothing more.
+type Use int
+
+// The uses, by component.
+const (
+	// UseServer: PING, and INFO memory for the eviction check (every long-running component).
+	UseServer Use = iota
+	// UseCluster: a Redis Cluster client: the slot map, the command table go-redis routes by, and
+	// ASKING before a command sent on after an ASK redirection (added by CheckACL on a cluster; add
+	// it to every line there).
+	UseCluster
+	// UseLease: a lease (pg_cdc's source lease, the redis_queue input's shard leases), held by the
+	// lease_*.lua scripts.
+	UseLease
+	// UseSource: pg_cdc's pointer, status hash and resync request.
+	UseSource
+	// UseWrite: queue_write.lua and the queue's meta (the redis_queue output; pg_cdc's first pointer).
+	UseWrite
+	// UseAOF: the `durability: aof` check (CONFIG GET appendonly, appendfsync).
+	UseAOF
+	// UseReplicas: `durability: {replicas: N}` (WAIT).
+	UseReplicas
+	// UseRetention: the output's trims (max_age, max_length), which spare what a group still needs.
+	UseRetention
+	// UseConsume: the redis_queue input: its groups, fenced reads, acks, attempts, dead letters and
+	// membership.
+	UseConsume
+	// UseInspect: a queue's shards, groups and lag (pgrelay queue info, the sinks of pgrelay status,
+	// the input's lag gauges).
+	UseInspect
+	// UseStatus: a source's lease, pointer and status hash (pgrelay status).
+	UseStatus
+	// UsePosition: where each shard ends, read in one MULTI/EXEC (pgrelay queue position).
+	UsePosition
+	// UseDeadLetters: listing dead letters (pgrelay queue dlq).
+	UseDeadLetters
+	// UseReplay: pgrelay queue dlq --replay (queue_replay.lua).
+	UseReplay
+	// UseDrop: pgrelay queue dlq --drop.
+	UseDrop
+	// UseResync: pgrelay resync (the request key).
+	UseResync
+	// UseTeardown: pgrelay teardown (deletes the pointer, status and request keys).
+	UseTeardown
+)
+
+// aclCommands are the commands of each use, as an ACL rule names them. A command a script runs
+// counts like one sent directly: Redis checks the user's ACL inside scripts too.
+var aclCommands = map[Use][]string{
+	UseServer:    {"ping", "info"},
+	UseCluster:   {"cluster|slots", "command", "asking"},
+	UseLease:     {"evalsha", "eval", "get", "set", "incr", "pexpire", "del"},
+	UseSource:    {"get", "exists", "del", "hset", "pexpire"},
+	UseWrite:     {"evalsha", "eval", "get", "set", "hget", "hmget", "hset", "xadd"},
+	UseAOF:       {"config|get"},
+	UseReplicas:  {"wait"},
+	UseRetention: {"hget", "xrevrange", "xtrim", "xinfo|groups", "xpending"},
+	UseConsume: {"evalsha", "eval", "exists", "get", "del", "hget", "hmget", "hset", "hdel", "hincrby", "xgroup|create", "xinfo|groups", "xinfo|stream",
+		"xreadgroup", "xread", "xrevrange", "xrange", "xack", "xadd", "zadd", "zrem", "zremrangebyscore", "zcard"},
+	UseInspect:     {"hgetall", "xlen", "xrange", "xinfo|groups", "time", "zcount", "get", "pttl"},
+	UseStatus:      {"get", "pttl", "hgetall"},
+	UsePosition:    {"multi", "exec", "hget", "xinfo|stream"},
+	UseDeadLetters: {"xrange"},
+	UseReplay:      {"evalsha", "eval", "hget", "xinfo|groups", "xrange", "hincrby", "xadd", "xdel"},
+	UseDrop:        {"xdel"},
+	UseResync:      {"set"},
+	UseTeardown:    {"get", "pttl", "del"},
+}
+
+// checkCommands are what CheckACL itself runs: it queues the others inside MULTI and DISCARDs them.
+var checkCommands = []string{"multi", "discard"}
+
+// aloneCommands are checked each on its own before MULTI: inside it EXEC would run the queue and
+// DISCARD end it. Either alone, when allowed, only answers that no MULTI is open.
+var aloneCommands = []string{"discard", "exec"}
+
+// The ACL users of docs/operations.md (Least privilege), one per role, with the uses of each.
+var (
+	// SourceUses is pg_cdc with its redis_queue output.
+	SourceUses = []Use{UseServer, UseLease, UseSource, UseWrite, UseAOF, UseReplicas, UseRetention}
+	// ConsumerUses is the redis_queue input (a sink's pipeline).
+	ConsumerUses = []Use{UseServer, UseLease, UseConsume, UseInspect}
+	// CLIReadUses is pgrelay status, queue info, queue position and queue dlq (listing).
+	CLIReadUses = []Use{UseStatus, UseInspect, UsePosition, UseDeadLetters}
+	// CLIWriteUses is the read-only CLI's plus pgrelay resync, teardown and queue dlq --replay/--drop.
+	CLIWriteUses = []Use{UseStatus, UseInspect, UsePosition, UseDeadLetters, UseResync, UseTeardown, UseReplay, UseDrop}
+)
+
+// ACLCommands lists the commands of uses and of the start check, sorted, each once.
+func ACLCommands(uses ...Use) []string {
+	set := map[string]bool{}
+	for _, c := range checkCommands {
+		set[c] = true
+	}
+	for _, u := range uses {
+		for _, c := range aclCommands[u] {
+			set[c] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for c := range set {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ACLLine is the ACL SETUSER command giving user exactly the commands of uses on the keys under
+// prefix, and nothing else (no other keys, no channels).
+func ACLLine(user, password, prefix string, uses ...Use) string {
+	rules := []string{"ACL SETUSER", user, "reset", "on", ">" + password, "~" + prefix + ":*", "resetchannels", "-@all"}
+	for _, c := range ACLCommands(uses...) {
+		rules = append(rules, "+"+c)
+	}
+	return strings.Join(rules, " ")
+}
+
+// probeArgs are a harmless invocation of each command, K standing for a key: CheckACL only queues
+// it inside MULTI, where Redis checks the ACL (command and keys) and runs nothing.
+var probeArgs = map[string][]string{
+	"ping": {}, "info": {"memory"}, "cluster|slots": {}, "command": {}, "asking": {}, "time": {}, "config|get": {"appendonly"}, "wait": {"0", "0"},
+	"evalsha": {"0000000000000000000000000000000000000000", "1", "K"}, "eval": {"return 0", "1", "K"},
+	"get": {"K"}, "set": {"K", "v"}, "incr": {"K"}, "pexpire": {"K", "1"}, "del": {"K"}, "exists": {"K"}, "pttl": {"K"},
+	"hget": {"K", "f"}, "hmget": {"K", "f"}, "hset": {"K", "f", "v"}, "hgetall": {"K"}, "hdel": {"K", "f"}, "hincrby": {"K", "f", "1"},
+	"xadd": {"K", "*", "f", "v"}, "xrange": {"K", "-", "+"}, "xrevrange": {"K", "+", "-"}, "xlen": {"K"}, "xdel": {"K", "0-1"},
+	"xtrim": {"K", "MINID", "0"}, "xack": {"K", "g", "0-1"}, "xpending": {"K", "g"},
+	"xread": {"COUNT", "1", "STREAMS", "K", "0"}, "xreadgroup": {"GROUP", "g", "c", "COUNT", "1", "STREAMS", "K", ">"},
+	"xgroup|create": {"K", "g", "$", "MKSTREAM"}, "xinfo|groups": {"K"}, "xinfo|stream": {"K"},
+	"zadd": {"K", "1", "m"}, "zrem": {"K", "m"}, "zremrangebyscore": {"K", "-inf", "0"}, "zcard": {"K"}, "zcount": {"K", "-inf", "+inf"},
+}
+
+// CheckACL checks, without running any of them, that the Redis user may run every command of uses
+// on queue's keys: it queues each inside MULTI, where Redis checks a command's ACL (the command and
+// its keys) before queueing it, and DISCARDs the lot. With queue "" (a component whose queues come
+// from its messages) only the commands without keys are checked. A refusal is a redis_acl error
+// naming the rules to add. Other errors (a connection that failed) come back as they are.
+func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue string, uses ...Use) error {
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		uses = append(uses, UseCluster)
+	}
+	key := c.Key(queue, "acl")
+	conn, err := connFor(ctx, rdb, key)
+	if err != nil {
+		return c.Explain(err)
+	}
+	defer conn.Close()
+	// DISCARD (and EXEC) first, then MULTI, each alone: with MULTI refused the probes would run for
+	// real, and with DISCARD refused the transaction would stay open.
+	names := ACLCommands(uses...)
+	for _, cmd := range aloneCommands {
+		if cmd != "discard" && !slices.Contains(names, cmd) {
+			continue
+		}
+		if err := conn.Do(ctx, cmd).Err(); isNoPerm(err) {
+			return c.aclError(err, []string{cmd}, false)
+		}
+	}
+	if err := conn.Do(ctx, "multi").Err(); err != nil {
+		if isNoPerm(err) {
+			return c.aclError(err, []string{"multi"}, false)
+		}
+		return fmt.Errorf("redis: MULTI: %w", err)
+	}
+	cmds, err := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, name := range names {
+			if slices.Contains(checkCommands, name) || slices.Contains(aloneCommands, name) || queue == "" && slices.Contains(probeArgs[name], "K") {
+				continue
+			}
+			args := []any{}
+			for _, part := range strings.Split(name, "|") {
+				args = append(args, part)
+			}
+			for _, a := range probeArgs[name] {
+				if a == "K" {
+					args = append(args, key)
+				} else {
+					args = append(args, a)
+				}
+			}
+			p.Do(ctx, args...)
+		}
+		p.Do(ctx, "discard")
+		return nil
+	})
+	var denied []string
+	keys := false
+	var first error
+	for _, cmd := range cmds {
+		if err := cmd.Err(); isNoPerm(err) {
+			if first == nil {
+				first = err
+			}
+			if isKeyDenial(err) {
+				keys = true
+			} else {
+				denied = append(denied, strings.ToLower(strings.Join(argStrings(cmd.Args(), cmd.Name()), "|")))
+			}
+		}
+	}
+	if first != nil {
+		return c.aclError(first, denied, keys)
+	}
+	if err != nil && !isNoPerm(err) && !errors.Is(err, redis.Nil) {
+		// A refusal other than NOPERM (MOVED on a cluster node, a server error) says nothing about
+		// the ACL; only a connection that failed is an error.
+		var rerr redis.Error
+		if !errors.As(err, &rerr) {
+			return fmt.Errorf("redis: ACL check: %w", err)
+		}
+	}
+	return nil
+}
+
+// argStrings is the command's name and, for a command with subcommands (config get, xgroup
+// create, xinfo groups), the subcommand, as an ACL rule names them.
+func argStrings(args []any, name string) []string {
+	out := []string{name}
+	if len(args) > 1 && slices.Contains([]string{"config", "xgroup", "xinfo", "cluster"}, strings.ToLower(name)) {
+		out = append(out, fmt.Sprint(args[1]))
+	}
+	return out
+}
+
+// connFor is one connection to the server holding key: the master of its slot on a cluster.
+func connFor(ctx context.Context, rdb redis.UniversalClient, key string) (*redis.Conn, error) {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c.Conn(), nil
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("redis: find the master of %s: %w", key, err)
+		}
+		return node.Conn(), nil
+	}
+	return nil, fmt.Errorf("unsupported redis client type %T", rdb)
+}
+
+// User is the ACL user the connection logs in as: username, else the URL's, else "default".
+func (c Config) User() string {
+	if c.Username != "" {
+		return c.Username
+	}
+	u := c.URL
+	if len(c.ClusterURLs) > 0 {
+		u = c.ClusterURLs[0]
+	}
+	if o, err := redis.ParseURL(u); err == nil && o.Username != "" && c.Sentinel == nil {
+		return o.Username
+	}
+	return "default"
+}
+
+// Explain gives a Redis refusal for want of an ACL permission (NOPERM, or the same refusal of a
+// command inside a script) its redis_acl code and the rule that fixes it; any other error comes
+// back unchanged.
+func (c Config) Explain(err error) error {
+	switch {
+	case err == nil || errcode.Of(err) != "":
+		return err
+	case isKeyDenial(err):
+		return c.aclError(err, nil, true)
+	case isNoPerm(err):
+		var cmds []string
+		if m := deniedCommand.FindStringSubmatch(err.Error()); m != nil {
+			cmds = []string{m[1]}
+		}
+		return c.aclError(err, cmds, false)
+	}
+	return err
+}
+
+// deniedCommand finds the command a NOPERM reply names: "... no permissions to run the 'xadd' command".
+var deniedCommand = regexp.MustCompile(`no permissions to run the '([^']+)' command`)
+
+// isNoPerm reports an ACL refusal: a NOPERM reply (after "EXECABORT ... because of:" for EXEC), or a
+// script's command refused by the ACL.
+func isNoPerm(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "because of: NOPERM") || strings.Contains(msg, "The user executing the script can't")
+}
+
+// isKeyDenial reports an ACL refusal of a key (rather than of a command).
+func isKeyDenial(err error) bool {
+	if !isNoPerm(err) {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "access one of the keys") || strings.Contains(s, "access a key") || strings.Contains(s, "access at least one of the keys")
+}
+
+func (c Config) aclError(err error, cmds []string, keys bool) error {
+	user := c.User()
+	var rules []string
+	if keys {
+		rules = append(rules, "~"+c.Prefix+":*")
+	}
+	for _, cmd := range cmds {
+		rules = append(rules, "+"+cmd)
+	}
+	what := "the commands and keys pgrelay needs"
+	switch {
+	case len(cmds) > 0 && keys:
+		what = strings.Join(cmds, ", ") + " and the keys " + c.Prefix + ":*"
+	case len(cmds) > 0:
+		what = strings.Join(cmds, ", ")
+	case keys:
+		what = "the keys " + c.Prefix + ":*"
+	}
+	fix := "ACL SETUSER " + user + " " + strings.Join(rules, " ")
+	if len(rules) == 0 {
+		fix = "give the user the ACL line of its component in docs/operations.md (Least privilege)"
+	}
+	return errcode.Wrap(errcode.RedisACL, err, "the Redis user "+user+" may not run "+what, fix)
+}

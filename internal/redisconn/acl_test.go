@@ -1,0 +1,207 @@
+package redisconn
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// TestCheckACL gives a Redis user exactly the ACL line of each role and proves CheckACL passes;
+// then, for every command of the line, takes that command away and proves CheckACL returns
+// redis_acl whose fix is the rule that gives it back (and passes once that rule ran); a user
+// without the key pattern gets the pattern. The check runs nothing: the server holds no key after.
+func TestCheckACL(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	roles := map[string][]Use{"source": SourceUses, "consumer": ConsumerUses, "cli": CLIReadUses, "operator": CLIWriteUses}
+	for role, uses := range roles {
+		t.Run(role, func(t *testing.T) {
+			user := "u_" + role
+			conf := Config{URL: r.UserURL(user, "pw"), Prefix: "pgrelay"}
+			rdb, err := conf.Client()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rdb.Close()
+			line := ACLLine(user, "pw", "pgrelay", uses...)
+			r.ACL(line)
+			if err := conf.CheckACL(ctx, rdb, "q", uses...); err != nil {
+				t.Fatalf("the role's own line: %v", err)
+			}
+			for _, cmd := range ACLCommands(uses...) {
+				r.ACL("ACL SETUSER " + user + " -" + cmd)
+				err := conf.CheckACL(ctx, rdb, "q", uses...)
+				fix := "ACL SETUSER " + user + " +" + cmd
+				if !errcode.Is(err, errcode.RedisACL) || !strings.HasSuffix(err.Error(), "Fix: "+fix) {
+					t.Errorf("without %s: %v, want redis_acl with the fix %q", cmd, err, fix)
+				}
+				r.ACL(fix)
+				if err := conf.CheckACL(ctx, rdb, "q", uses...); err != nil {
+					t.Fatalf("after %s: %v", fix, err)
+				}
+			}
+			r.ACL("ACL SETUSER " + user + " resetkeys ~other:*")
+			fix := "ACL SETUSER " + user + " ~pgrelay:*"
+			if err := conf.CheckACL(ctx, rdb, "q", uses...); !errcode.Is(err, errcode.RedisACL) || !strings.HasSuffix(err.Error(), "Fix: "+fix) {
+				t.Errorf("without the key pattern: %v, want redis_acl with the fix %q", err, fix)
+			}
+		})
+	}
+	if n := r.Client().DBSize(ctx).Val(); n != 0 {
+		t.Errorf("the checks left %d keys: they ran commands", n)
+	}
+}
+
+// TestExplainNOPERM maps the refusals Redis gives a command, a key and a script's command to
+// redis_acl naming the rule, and leaves other errors alone.
+func TestExplainNOPERM(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	r.ACL("ACL SETUSER e reset on >pw ~pgrelay:* -@all +get +evalsha +eval")
+	conf := Config{URL: r.UserURL("e", "pw"), Prefix: "pgrelay"}
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), Username: "e", Password: "pw"})
+	defer rdb.Close()
+	for _, c := range []struct {
+		name string
+		err  error
+		fix  string
+	}{
+		{"command", rdb.Set(ctx, "pgrelay:x", "1", 0).Err(), "Fix: ACL SETUSER e +set"},
+		{"key", rdb.Get(ctx, "other").Err(), "Fix: ACL SETUSER e ~pgrelay:*"},
+		{"script key", rdb.Eval(ctx, "return redis.call('GET', 'other')", []string{"pgrelay:x"}).Err(), "Fix: ACL SETUSER e ~pgrelay:*"},
+		{"script command", rdb.Eval(ctx, "return redis.call('SET', KEYS[1], 'x')", []string{"pgrelay:x"}).Err(), "docs/operations.md"},
+	} {
+		if err := conf.Explain(c.err); !errcode.Is(err, errcode.RedisACL) || !strings.Contains(err.Error(), c.fix) {
+			t.Errorf("%s: %v, want redis_acl with %q", c.name, err, c.fix)
+		}
+	}
+	if err := conf.Explain(redis.Nil); err != redis.Nil {
+		t.Errorf("redis.Nil became %v", err)
+	}
+}
+
+// TestACLCoversScripts reads every Lua script of resources/ and requires each command it runs to be
+// in the commands of the use that runs the script: Redis checks the ACL inside scripts too, so a
+// command added to a script without adding it here would be refused under a least-privilege user. A
+// new script must be given its use here.
+func TestACLCoversScripts(t *testing.T) {
+	scriptUse := map[string]Use{
+		"lease_acquire.lua": UseLease, "lease_renew.lua": UseLease, "lease_release.lua": UseLease,
+		"queue_write.lua": UseWrite, "queue_read.lua": UseConsume, "queue_fail.lua": UseConsume,
+		"queue_group_start.lua": UseConsume, "queue_replay.lua": UseReplay,
+	}
+	files, err := filepath.Glob("../../resources/*.lua")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	call := regexp.MustCompile(`redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?`)
+	for _, f := range files {
+		use, ok := scriptUse[filepath.Base(f)]
+		if !ok {
+			t.Errorf("%s: not assigned to a use: add it to scriptUse and its commands to aclCommands", filepath.Base(f))
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmds := ACLCommands(use)
+		for _, m := range call.FindAllStringSubmatch(string(b), -1) {
+			cmd := strings.ToLower(m[1])
+			if cmd == "xinfo" || cmd == "xgroup" || cmd == "config" {
+				cmd += "|" + strings.ToLower(m[2])
+			}
+			if !slices.Contains(cmds, cmd) {
+				t.Errorf("%s runs %s, which the commands of its use lack", filepath.Base(f), cmd)
+			}
+		}
+		for _, entry := range []string{"evalsha", "eval"} { // redis.Script.Run: EVALSHA, EVAL on NOSCRIPT
+			if !slices.Contains(cmds, entry) {
+				t.Errorf("%s: its use lacks %s", filepath.Base(f), entry)
+			}
+		}
+	}
+}
+
+// TestACLProbesEveryCommand: every command of every use has a probe.
+func TestACLProbesEveryCommand(t *testing.T) {
+	for u, cmds := range aclCommands {
+		for _, c := range cmds {
+			if _, ok := probeArgs[c]; !ok && !slices.Contains(checkCommands, c) && !slices.Contains(aloneCommands, c) {
+				t.Errorf("use %d: %s has no probe", u, c)
+			}
+		}
+	}
+}
+
+// TestCheckACLOnCluster: on Redis Cluster the source's line with UseCluster's commands (the slot
+// map, the command table, ASKING) passes the check on the queue's master and a queue write goes
+// through without a refusal on any node; without CLUSTER SLOTS the check names that rule.
+func TestCheckACLOnCluster(t *testing.T) {
+	rc := testenv.StartRedisCluster(t)
+	ctx := context.Background()
+	uses := append([]Use{UseCluster}, SourceUses...)
+	var urls []string
+	for _, a := range rc.Addrs() {
+		rc.Node(a).ACL(ACLLine("src", "pw", "pgrelay", uses...))
+		urls = append(urls, "redis://src:pw@"+a)
+	}
+	conf := Config{ClusterURLs: urls, Prefix: "pgrelay"}
+	rdb, err := conf.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if err := conf.CheckACL(ctx, rdb, "q", SourceUses...); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, "pgrelay:{q}:meta", "shards", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range rc.Addrs() {
+		if log := rc.Node(a).Client().Do(ctx, "ACL", "LOG").Val(); len(log.([]any)) > 0 {
+			t.Errorf("%s refused: %v", a, log)
+		}
+		rc.Node(a).ACL("ACL SETUSER src -cluster|slots")
+	}
+	fresh, _ := conf.Client() // a client that has no slot map yet
+	defer fresh.Close()
+	if err := conf.CheckACL(ctx, fresh, "q", SourceUses...); !errcode.Is(err, errcode.RedisACL) || !strings.HasSuffix(err.Error(), "Fix: ACL SETUSER src +cluster|slots") {
+		t.Errorf("without CLUSTER SLOTS: %v", err)
+	}
+}
+
+// TestACLLinesDocumented: docs/operations.md prints each role's line exactly as ACLLine makes it,
+// so the lines users copy are the ones the tests run.
+func TestACLLinesDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []struct {
+		user, password string
+		uses           []Use
+	}{
+		{"pgrelay-source", "SOURCE_PASSWORD", SourceUses},
+		{"pgrelay-consumer", "CONSUMER_PASSWORD", ConsumerUses},
+		{"pgrelay-cli", "CLI_PASSWORD", CLIReadUses},
+		{"pgrelay-operator", "OPERATOR_PASSWORD", CLIWriteUses},
+	} {
+		line := ACLLine(l.user, l.password, "pgrelay", l.uses...)
+		if !strings.Contains(string(doc), "\n"+line+"\n") {
+			t.Errorf("docs/operations.md lacks the line of %s:\n%s", l.user, line)
+		}
+	}
+	if !strings.Contains(string(doc), "`+"+strings.Join(aclCommands[UseCluster], " +")+"`") {
+		t.Errorf("docs/operations.md lacks the Redis Cluster rules +%s", strings.Join(aclCommands[UseCluster], " +"))
+	}
+}
