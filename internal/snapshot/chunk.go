@@ -3,6 +3,7 @@ package snapshot
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -73,66 +74,170 @@ func (s Spec) Query(after []string, limit int) (string, []any, error) {
 	return b.String(), args, nil
 }
 
+// Stmt is a statement a chunk's round trip runs besides the read, with text-format arguments.
+type Stmt struct {
+	SQL  string
+	Args []string
+}
+
 // Read reads one chunk in a short REPEATABLE READ READ ONLY transaction on conn, recording the
 // transaction's snapshot. conn must use the converter's session settings (DESIGN §2) so values
 // print the same as pgoutput's.
 func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, limit int) (*Chunk, error) {
-	query, args, err := s.Query(after, limit)
-	if err != nil {
-		return nil, err
-	}
-	if err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").Close(); err != nil {
-		return nil, fmt.Errorf("snapshot %s.%s: begin: %w", s.Schema, s.Name, err)
-	}
-	chunk, err := s.readIn(ctx, conn, query, args)
-	if err != nil {
-		conn.Exec(context.Background(), "ROLLBACK").Close()
-		return nil, err
-	}
-	if err := conn.Exec(ctx, "COMMIT").Close(); err != nil {
-		return nil, fmt.Errorf("snapshot %s.%s: commit: %w", s.Schema, s.Name, err)
-	}
-	return chunk, nil
+	chunk, _, err := s.ReadBetween(ctx, conn, after, limit, nil, nil)
+	return chunk, err
 }
 
-func (s Spec) readIn(ctx context.Context, conn *pgconn.PgConn, query string, args []any) (*Chunk, error) {
-	// The snapshot is taken by the first statement of the transaction: this one.
-	res := conn.ExecParams(ctx, "SELECT pg_current_snapshot()::text, clock_timestamp()", nil, nil, nil, nil).Read()
-	if res.Err != nil {
-		return nil, fmt.Errorf("snapshot %s.%s: pg_current_snapshot: %w", s.Schema, s.Name, res.Err)
-	}
-	snap, err := ParseSnapshot(string(res.Rows[0][0]))
+// ReadBetween reads one chunk as Read does, in a single round trip (pipeline mode): first the
+// statements of low, then the read transaction (BEGIN, pg_current_snapshot(), the chunk query,
+// COMMIT), then the statements of high, each of the three groups its own transaction, run by the
+// server in that order. It returns the first value of each high statement's first row (nil where
+// there is none): a snapshot's watermarks go before and after its read this way at the cost of
+// one round trip instead of six.
+func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []string, limit int, low, high []Stmt) (*Chunk, [][]byte, error) {
+	query, args, err := s.Query(after, limit)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	chunk := &Chunk{Columns: s.Columns, Snapshot: snap, ReadAt: time.Now().UTC()}
-	params := make([][]byte, len(args))
-	for i, a := range args {
-		params[i] = []byte(a.(string))
-	}
-	// Text format in and out: values arrive exactly as the type's output function prints them.
-	rr := conn.ExecParams(ctx, query, params, nil, nil, nil)
-	keyIdx := s.keyIndexes()
-	for rr.NextRow() {
-		vals := rr.Values()
-		row := make([][]byte, len(vals))
-		for i, v := range vals {
-			row[i] = bytes.Clone(v) // nil (NULL) stays nil, an empty value stays empty
+	pl := conn.StartPipeline(ctx)
+	send := func(sql string, args []string) {
+		params := make([][]byte, len(args))
+		for i, a := range args {
+			params[i] = []byte(a)
 		}
-		chunk.Rows = append(chunk.Rows, row)
+		pl.SendQueryParams(sql, params, nil, nil, nil)
 	}
-	if _, err := rr.Close(); err != nil {
-		return nil, fmt.Errorf("snapshot %s.%s: read chunk: %w", s.Schema, s.Name, err)
+	for _, st := range low {
+		send(st.SQL, st.Args)
+	}
+	pl.SendPipelineSync()
+	send("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", nil)
+	// The snapshot is taken by the first statement of the transaction: this one.
+	send("SELECT pg_current_snapshot()::text", nil)
+	queryArgs := make([]string, len(args))
+	for i, a := range args {
+		queryArgs[i] = a.(string)
+	}
+	send(query, queryArgs)
+	send("COMMIT", nil)
+	pl.SendPipelineSync()
+	for _, st := range high {
+		send(st.SQL, st.Args)
+	}
+	pl.SendPipelineSync()
+	if err := pl.Flush(); err != nil {
+		pl.Close()
+		return nil, nil, fmt.Errorf("snapshot %s.%s: send chunk statements: %w", s.Schema, s.Name, err)
+	}
+	var snapText []byte
+	chunk := &Chunk{Columns: s.Columns, Rows: make([][][]byte, 0, min(limit, 1<<16))}
+	marks := make([][]byte, len(high))
+	first := func(dst *[]byte) func(*pgconn.ResultReader) {
+		return func(rr *pgconn.ResultReader) {
+			if rr.NextRow() {
+				*dst = bytes.Clone(rr.Values()[0])
+			}
+		}
+	}
+	groups := [][]func(*pgconn.ResultReader){make([]func(*pgconn.ResultReader), len(low)),
+		{nil, first(&snapText), func(rr *pgconn.ResultReader) { s.readRows(rr, chunk, limit) }, nil}, nil}
+	for i := range high {
+		groups[2] = append(groups[2], first(&marks[i]))
+	}
+	err = readPipeline(pl, groups)
+	if cerr := pl.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if !conn.IsClosed() && conn.TxStatus() != 'I' {
+			conn.Exec(context.Background(), "ROLLBACK").Close()
+		}
+		return nil, nil, fmt.Errorf("snapshot %s.%s: read chunk: %w", s.Schema, s.Name, err)
+	}
+	chunk.ReadAt = time.Now().UTC()
+	if chunk.Snapshot, err = ParseSnapshot(string(snapText)); err != nil {
+		return nil, nil, err
 	}
 	if n := len(chunk.Rows); n > 0 {
 		last := chunk.Rows[n-1]
+		keyIdx := s.keyIndexes()
 		chunk.LastKey = make([]string, len(keyIdx))
 		for i, j := range keyIdx {
 			chunk.LastKey[i] = string(last[j])
 		}
 	}
-	return chunk, nil
+	return chunk, marks, nil
 }
+
+// readPipeline reads the results of a pipeline sent as groups of statements, each group ended by a
+// sync, handing each statement's result to its function (nil: discarded). It returns the first
+// error; after an error the server skips the rest of that group, and a broken connection ends it.
+func readPipeline(pl *pgconn.Pipeline, groups [][]func(*pgconn.ResultReader)) error {
+	var first error
+	for _, group := range groups {
+		for i := 0; ; {
+			res, err := pl.GetResults()
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				if _, ok := errors.AsType[*pgconn.PgError](err); ok {
+					continue // the next result is the group's sync
+				}
+				return first
+			}
+			rr, ok := res.(*pgconn.ResultReader)
+			if !ok { // the sync (or nothing more)
+				break
+			}
+			if i < len(group) && group[i] != nil && first == nil {
+				group[i](rr)
+			}
+			if _, err := rr.Close(); err != nil && first == nil {
+				first = err
+			}
+			i++
+		}
+	}
+	return first
+}
+
+// readRows copies the rows of rr into chunk: every value of the chunk in a few large blocks and
+// the rows' value slices in one array, instead of an allocation per value.
+func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int) {
+	n := len(s.Columns)
+	vals := make([][]byte, 0, n*min(limit, 4096))
+	var block []byte
+	for rr.NextRow() {
+		row := rr.Values()
+		if cap(vals)-len(vals) < len(row) {
+			vals = make([][]byte, 0, n*min(limit, 4096))
+		}
+		start := len(vals)
+		for _, v := range row {
+			switch {
+			case v == nil: // NULL stays nil
+				vals = append(vals, nil)
+				continue
+			case len(v) == 0: // an empty value stays empty (and non-nil)
+				vals = append(vals, empty)
+				continue
+			}
+			if cap(block)-len(block) < len(v) {
+				block = make([]byte, 0, max(valueBlock, len(v)))
+			}
+			at := len(block)
+			block = append(block, v...)
+			vals = append(vals, block[at:len(block):len(block)])
+		}
+		chunk.Rows = append(chunk.Rows, vals[start:len(vals):len(vals)])
+	}
+}
+
+// valueBlock is the size of the blocks a chunk's values are copied into.
+const valueBlock = 256 << 10
+
+var empty = []byte{}
 
 // keyIndexes are the positions of the key columns among Columns.
 func (s Spec) keyIndexes() []int {

@@ -141,3 +141,10 @@ func unchangedThroughout(effects []Effect) map[string]bool {
 	}
 	return missing
 }
+
+// Drops reports whether Resolve would drop any row of a chunk read under snap (some commit touches
+// a key, or a truncate drops the chunk): when it does not, every row survives as read.
+func (w *Window) Drops(snap Snapshot) bool {
+	d := w.dropping(snap)
+	return d == nil || len(d) > 0
+}

@@ -27,11 +27,8 @@ import (
 // non-transactional messages with this prefix and this life's chunk id count.
 const WatermarkPrefix = "pgrelay_snapshot"
 
-const (
-	snapshotLogEvery = 5 * time.Second
-	quietWait        = time.Second      // how long a chunk waits for the item queue to drain
-	watermarkWait    = 60 * time.Second // how long a chunk waits for its high watermark in the stream
-)
+// snapshotLogEvery is how often a snapshot waiting for earlier transactions says so.
+const snapshotLogEvery = 5 * time.Second
 
 // snapTable is what the snapshotter knows about one table: how to read it and how to render it.
 type snapTable struct {
@@ -54,6 +51,14 @@ type pendingChunk struct {
 	parts  int
 	next   snapshot.Cursor
 	over   bool // the snapshot ends with this chunk
+
+	// Set before ready is closed: the chunk's rows rendered as `r` events for the high watermark
+	// at hwAt (what emitting it returned), so the reader only sorts them out at the watermark.
+	ready    chan struct{}
+	hwAt     pglogrepl.LSN
+	events   []Event
+	size     int // bytes of events (Event.size)
+	readSize int // bytes of the chunk's values
 }
 
 // snapshotter reads the tables chunk by chunk while the session streams (DESIGN §5).
@@ -72,16 +77,19 @@ type snapshotter struct {
 	ackSignal chan struct{}
 
 	mu      sync.Mutex
-	pend    *pendingChunk
-	active  string // the table being read, for collecting stream effects
+	pending []*pendingChunk // chunks past their low watermark's emission, in watermark order
+	active  string          // the table being read, for collecting stream effects
 	txXid   uint32
 	effects []snapshot.Effect
 	trunc   bool
 	history []snapshot.Commit // commits on the active table not yet seen by a chunk's snapshot
+	share   share             // when the next chunk may be read
+	turn    chan struct{}     // signalled when the reader reached or handed over a chunk
+	over    atomic.Bool       // the snapshot is done: the reader has nothing to collect
+
+	arena arena // fills and the rows' keys (build runs on the reader goroutine)
 
 	progress *tableProgress // the table being read (run's goroutine only)
-
-	arena arena // the chunk events' bytes and the rows' keys (build runs on the reader goroutine)
 }
 
 // newSnapshotter prepares the snapshot of the cursor in start (nil when there is none).
@@ -98,7 +106,7 @@ func (ss *session) newSnapshotter(pool *pgxpool.Pool, tables []TableInfo, versio
 	_, _ = rand.Read(b[:])
 	sn := &snapshotter{ss: ss, pool: pool, flushArg: version >= 170000, life: hex.EncodeToString(b[:]), epoch: ss.plan.Epoch,
 		tables: map[string]*snapTable{}, reg: convert.NewRegistry(), startS: ss.plan.SnapshotChunks,
-		ackSignal: make(chan struct{}, 1)}
+		ackSignal: make(chan struct{}, 1), turn: make(chan struct{}, 1)}
 	sn.acked.Store(ss.plan.SnapshotChunks)
 	for i := range tables {
 		sn.tables[tables[i].Full()] = &snapTable{info: &tables[i], full: tables[i].Full()}
@@ -184,7 +192,9 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 	return t, nil
 }
 
-// run reads chunks until the snapshot is done or the session ends.
+// run reads chunks until the snapshot is done or the session ends. Chunks are read ahead of the
+// stream: a chunk's rows go into the queue when the WAL reader reaches its high watermark, and
+// meanwhile the next chunks may be read (as the share allows, see share).
 func (sn *snapshotter) run(cur snapshot.Cursor) error {
 	ctx := sn.ss.ctx
 	src := sn.ss.src
@@ -195,6 +205,9 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 	sn.trackTable(ctx, cur)
 	defer src.setSnapshotProgress(nil)
 	for {
+		if err := sn.waitTurn(ctx, cur.Table); err != nil {
+			return err
+		}
 		t, err := sn.load(ctx, cur.Table)
 		if err != nil {
 			return err
@@ -203,28 +216,16 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 		if err != nil {
 			return err
 		}
-		if p == nil { // the high watermark never came back: read the chunk again under a new id
-			continue
-		}
-		// The next chunk is read while this one is written: it waits only until the bundler took
-		// this one's parts (the last chunk waits for its acknowledgement, so "done" is true).
-		wait := sn.waitTaken
-		if p.over {
-			wait = func(ctx context.Context) error { return sn.waitAcked(ctx, sn.startS+sn.pushed.Load()) }
-		}
-		if err := wait(ctx); err != nil {
-			return err
-		}
-		if h := src.hooks.SnapshotRows; h != nil {
-			h(int64(len(p.chunk.Rows)))
-		}
 		if p.next.Table != cur.Table || p.over {
-			if h := src.hooks.SnapshotTables; h != nil {
-				h(1)
-			}
-			src.log.Infof("pg_cdc %s: snapshot of %s done (%d rows)", src.cfg.Name, cur.Table, cur.Rows+int64(len(p.chunk.Rows)))
+			src.log.Infof("pg_cdc %s: snapshot of %s read (%d rows)", src.cfg.Name, cur.Table, cur.Rows+int64(len(p.chunk.Rows)))
 		}
-		if p.over {
+		if p.over { // the last chunk: done once it is acknowledged
+			if err := sn.waitHanded(ctx); err != nil {
+				return err
+			}
+			if err := sn.waitAcked(ctx, sn.startS+sn.pushed.Load()); err != nil {
+				return err
+			}
 			src.log.Infof("pg_cdc %s: snapshot done", src.cfg.Name)
 			src.setSnapshotProgress(nil)
 			src.setPhase(PhaseStreaming, nil)
@@ -234,7 +235,6 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 			sn.trackTable(ctx, p.next)
 		}
 		cur = p.next
-		sn.setActive(cur.Table)
 		sn.report(cur.Rows)
 	}
 }
@@ -274,59 +274,156 @@ func (sn *snapshotter) waitEarlierTransactions(ctx context.Context) error {
 	return nil
 }
 
-func (sn *snapshotter) setActive(table string) {
-	sn.mu.Lock()
-	sn.active, sn.effects, sn.trunc, sn.history = table, nil, false, nil
-	sn.mu.Unlock()
+// waitTurn waits until the next chunk, of table, may be read (see mayRead).
+func (sn *snapshotter) waitTurn(ctx context.Context, table string) error {
+	for {
+		ok, changed := sn.mayRead(table)
+		if ok {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-sn.turn:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
-// chunk runs one chunk: low watermark, read, high watermark, then waits for the reader to hand
-// it to the bundler. nil (no error) when the high watermark did not come back in time.
-func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cursor) (*pendingChunk, error) {
-	sn.waitQuiet(ctx)
-	sn.n++
-	p := &pendingChunk{id: sn.life + ":" + strconv.FormatUint(sn.n, 10), win: snapshot.NewWindow(), table: t, cursor: cur,
-		done: make(chan struct{})}
+// mayRead reports whether the next chunk, of table, may be read now: the share allows it and,
+// when the table changes, the reader reached every chunk of the previous table (the stream's
+// effects are collected for one table at a time). Otherwise changed is closed when the item
+// queue changes (the turn channel signals the reader's progress).
+func (sn *snapshotter) mayRead(table string) (ok bool, changed <-chan struct{}) {
+	view, changed := sn.ss.q.view()
 	sn.mu.Lock()
-	sn.pend = p
-	for _, c := range sn.history { // decoded earlier, perhaps still invisible to this chunk's read
-		p.win.Observe(c)
+	defer sn.mu.Unlock()
+	if table != sn.active && sn.share.inFlight == 0 {
+		sn.setActiveLocked(table)
 	}
-	sn.mu.Unlock()
-	if err := sn.watermark(ctx, p.id+":lw"); err != nil {
-		return nil, err
+	return table == sn.active && sn.share.mayStart(view), changed
+}
+
+// setActive makes table the one whose stream effects are collected ("" none).
+func (sn *snapshotter) setActive(table string) {
+	sn.mu.Lock()
+	defer sn.mu.Unlock()
+	sn.setActiveLocked(table)
+}
+
+func (sn *snapshotter) setActiveLocked(table string) {
+	sn.active, sn.effects, sn.trunc, sn.history = table, nil, false, nil
+}
+
+// waitHanded waits until the reader handed every chunk over.
+func (sn *snapshotter) waitHanded(ctx context.Context) error {
+	for {
+		sn.mu.Lock()
+		left := sn.share.unhanded
+		sn.mu.Unlock()
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-sn.turn:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	chunk, err := sn.read(ctx, t, cur)
+}
+
+// chunk starts one chunk: it opens its window, then in one round trip emits the low watermark,
+// reads the chunk and emits the high watermark, and leaves the rendering of its rows to a
+// goroutine. The WAL reader hands the chunk over at its high watermark.
+func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cursor) (*pendingChunk, error) {
+	p := sn.open(t, cur)
+	chunk, hw, err := sn.readBetween(ctx, t, cur, p.id)
 	if err != nil {
 		return nil, err
 	}
+	sn.prepare(p, chunk, hw)
+	return p, nil
+}
+
+// open registers the next chunk before its low watermark is emitted: its window sees the commits
+// no chunk's snapshot has seen yet, and every commit decoded from now on.
+func (sn *snapshotter) open(t *snapTable, cur snapshot.Cursor) *pendingChunk {
+	sn.n++
+	p := &pendingChunk{id: sn.life + ":" + strconv.FormatUint(sn.n, 10), win: snapshot.NewWindow(), table: t, cursor: cur,
+		done: make(chan struct{}), ready: make(chan struct{})}
 	sn.mu.Lock()
-	p.chunk = chunk
+	defer sn.mu.Unlock()
+	for _, c := range sn.history { // decoded earlier, perhaps still invisible to this chunk's read
+		p.win.Observe(c)
+	}
+	sn.pending = append(sn.pending, p)
+	sn.share.start()
+	return p
+}
+
+// prepare takes the chunk read for p, whose high watermark is at hw, and renders its rows in a
+// goroutine; ready is closed when they are.
+func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogrepl.LSN) {
+	p.next, p.over = p.cursor.Advance(len(chunk.Rows), chunk.LastKey, sn.ss.src.cfg.ChunkRows)
+	p.chunk, p.hwAt = chunk, hw
+	for _, r := range chunk.Rows {
+		for _, v := range r {
+			p.readSize += len(v)
+		}
+	}
+	sn.mu.Lock()
+	sn.share.read(p.readSize)
 	sn.mu.Unlock()
-	if err := sn.watermark(ctx, p.id+":hw"); err != nil {
-		return nil, err
-	}
-	timer := time.NewTimer(watermarkWait)
-	defer timer.Stop()
-	select {
-	case <-p.done:
-		return p, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-timer.C:
+	go func() {
+		p.events, p.size = sn.render(p, hw)
 		sn.mu.Lock()
-		if sn.pend == p {
-			sn.pend = nil
-		}
+		sn.share.rendered(p.size)
 		sn.mu.Unlock()
-		select {
-		case <-p.done: // handed over just now
-			return p, nil
-		default:
+		close(p.ready)
+	}()
+}
+
+// readBetween reads one chunk between its watermarks and returns the high watermark's LSN. A
+// table no longer configured (nil) reads as an empty chunk, which moves the cursor to the next
+// table.
+func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string) (*snapshot.Chunk, pglogrepl.LSN, error) {
+	if t == nil {
+		if err := sn.watermark(ctx, id+":lw"); err != nil {
+			return nil, 0, err
 		}
-		sn.ss.src.log.Warnf("pg_cdc %s: snapshot chunk %s: high watermark not seen in %s, reading it again", sn.ss.src.cfg.Name, p.id, watermarkWait)
-		return nil, nil
+		ch, _ := sn.read(ctx, nil, cur)
+		return ch, 0, sn.watermark(ctx, id+":hw")
 	}
+	conn, err := sn.pool.Acquire(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("snapshot: %w", err)
+	}
+	defer conn.Release()
+	low := []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: []string{WatermarkPrefix, id + ":lw"}}}
+	high, at := sn.highStatements(id + ":hw")
+	ch, marks, err := t.spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high)
+	if err != nil {
+		return nil, 0, err
+	}
+	hw, err := pglogrepl.ParseLSN(string(marks[at]))
+	if err != nil {
+		return nil, 0, fmt.Errorf("snapshot: the high watermark's LSN %q: %w", marks[at], err)
+	}
+	return ch, hw, nil
+}
+
+// highStatements emit a high watermark flushed at once, so the stream sees it without waiting for
+// the WAL writer: with the flush argument on 17+, and before 17 by committing a transaction that
+// has an xid right after it (its commit flushes the WAL up to there; the transaction itself is
+// empty, so pgoutput sends nothing or an empty transaction). at is the statement returning the
+// message's LSN.
+func (sn *snapshotter) highStatements(content string) (stmts []snapshot.Stmt, at int) {
+	args := []string{WatermarkPrefix, content}
+	if sn.flushArg {
+		return []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2, true)`, Args: args}}, 0
+	}
+	return []snapshot.Stmt{{SQL: `BEGIN`}, {SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: args},
+		{SQL: `SELECT pg_current_xact_id()`}, {SQL: `COMMIT`}}, 1
 }
 
 // read reads one chunk; a table no longer configured (nil) reads as an empty chunk, which moves the
@@ -343,68 +440,32 @@ func (sn *snapshotter) read(ctx context.Context, t *snapTable, cur snapshot.Curs
 	return t.spec.Read(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows)
 }
 
-// waitQuiet lets the stream's queued items go first: no chunk is read while a bundle waits
-// (at most quietWait, so a busy stream cannot starve the snapshot).
-func (sn *snapshotter) waitQuiet(ctx context.Context) {
-	deadline := time.Now().Add(quietWait)
-	for {
-		waiting, changed := sn.ss.q.any(func(it *item) bool { return len(it.events) > 0 })
-		if !waiting || time.Now().After(deadline) {
-			return
-		}
-		t := time.NewTimer(time.Until(deadline))
-		select {
-		case <-changed:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
-		if ctx.Err() != nil {
-			return
-		}
-	}
-}
-
-// watermark emits a non-transactional logical message. A high watermark is flushed at once, so the
-// stream sees it without waiting for the WAL writer: with the flush argument on 17+, and before 17
-// by committing a transaction that has an xid right after it (its commit flushes the WAL up to
-// there; the transaction itself is empty, so pgoutput sends nothing or an empty transaction).
+// watermark emits a watermark on its own (a chunk of a table no longer configured has nothing to
+// read between them); a high watermark is flushed as highStatements says.
 func (sn *snapshotter) watermark(ctx context.Context, content string) error {
-	flush := strings.HasSuffix(content, ":hw")
-	var err error
-	switch {
-	case flush && sn.flushArg:
-		_, err = sn.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, $2, true)`, WatermarkPrefix, content)
-	case flush:
-		err = pgx.BeginFunc(ctx, sn.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, $2)`, WatermarkPrefix, content); err != nil {
+	stmts := []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: []string{WatermarkPrefix, content}}}
+	if strings.HasSuffix(content, ":hw") {
+		stmts, _ = sn.highStatements(content)
+	}
+	err := pgx.BeginFunc(ctx, sn.pool, func(tx pgx.Tx) error { // one transaction, as in a round trip's group
+		for _, st := range stmts {
+			if st.SQL == `BEGIN` || st.SQL == `COMMIT` {
+				continue
+			}
+			args := make([]any, len(st.Args))
+			for i, a := range st.Args {
+				args[i] = a
+			}
+			if _, err := tx.Exec(ctx, st.SQL, args...); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`)
-			return err
-		})
-	default:
-		_, err = sn.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, $2)`, WatermarkPrefix, content)
-	}
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("snapshot: emit watermark: %w", err)
 	}
 	return nil
-}
-
-// waitTaken blocks until the bundler took every queued chunk part.
-func (sn *snapshotter) waitTaken(ctx context.Context) error {
-	for {
-		queued, changed := sn.ss.q.any(func(it *item) bool { return it.kind == itemChunk })
-		if !queued {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }
 
 // waitAcked blocks until the acknowledged pointer counts target chunk parts.
@@ -430,12 +491,17 @@ func (sn *snapshotter) ackedCover(chunks uint64) {
 	}
 }
 
-// observe collects the effects of stream changes on the table being read (reader goroutine).
+// observe collects the effects of stream changes on the table being read, and counts the stream's
+// bytes for the share (reader goroutine).
 func (sn *snapshotter) observe(it item) {
+	if sn.over.Load() {
+		return
+	}
 	sn.mu.Lock()
 	defer sn.mu.Unlock()
 	switch it.kind {
 	case itemChange:
+		sn.share.streamed(it.size)
 		for i := range it.events {
 			e := &it.events[i]
 			if e.Table != sn.active {
@@ -451,8 +517,8 @@ func (sn *snapshotter) observe(it item) {
 	case itemCommit:
 		if len(sn.effects) > 0 || sn.trunc {
 			c := snapshot.Commit{Xid: sn.txXid, Effects: sn.effects, Truncate: sn.trunc}
-			if sn.pend != nil {
-				sn.pend.win.Observe(c)
+			for _, p := range sn.pending {
+				p.win.Observe(c)
 			}
 			sn.history = append(sn.history, c)
 		}
@@ -504,21 +570,40 @@ func appendEffects(out []snapshot.Effect, e *Event, t *snapTable) []snapshot.Eff
 func (sn *snapshotter) lowWatermark(id string) {
 	sn.mu.Lock()
 	defer sn.mu.Unlock()
-	if sn.pend != nil && sn.pend.id == id {
-		sn.pend.win.LowWatermark()
+	for _, p := range sn.pending {
+		if p.id == id {
+			p.win.LowWatermark()
+		}
 	}
 }
 
 // highWatermark resolves the chunk with this id and hands its parts to the bundler (reader
-// goroutine). It reports false for a stale or unknown watermark.
+// goroutine). It reports false for an unknown watermark (an earlier life's). The watermarks of
+// this life come in the order they were emitted, so the chunk is the first pending one.
 func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item) error) (bool, error) {
 	sn.mu.Lock()
-	p := sn.pend
-	if p == nil || p.id != id || !p.win.Seen() || p.chunk == nil {
+	i := slices.IndexFunc(sn.pending, func(p *pendingChunk) bool { return p.id == id })
+	if i < 0 {
 		sn.mu.Unlock()
 		return false, nil
 	}
-	sn.pend = nil
+	p := sn.pending[i]
+	if i > 0 || !p.win.Seen() {
+		sn.mu.Unlock()
+		return true, fmt.Errorf("snapshot chunk %s: high watermark at %s out of order", id, hw)
+	}
+	sn.pending = slices.Delete(sn.pending, 0, 1)
+	sn.share.reached()
+	sn.mu.Unlock()
+	sn.signalTurn()
+	if p.ready != nil { // the round trip that emitted the watermark may still be receiving the chunk's rows
+		select {
+		case <-p.ready:
+		case <-sn.ss.ctx.Done():
+			return true, sn.ss.ctx.Err()
+		}
+	}
+	sn.mu.Lock()
 	kept := sn.history[:0]
 	for _, c := range sn.history { // a commit this chunk's snapshot saw is seen by every later one
 		if !p.chunk.Snapshot.Sees(c.Xid) {
@@ -533,6 +618,7 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 	}
 	if p.over { // no chunk comes after the last: stop keeping the stream's commits for one
 		sn.setActive("")
+		sn.over.Store(true)
 	}
 	for _, it := range items {
 		if err := emit(it); err != nil {
@@ -542,47 +628,102 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 	p.parts = len(items)
 	sn.pushed.Add(uint64(len(items)))
 	close(p.done)
+	sn.handOver(p)
 	return true, nil
 }
 
-// build applies the DBLog rule to the chunk and renders its survivors (r) and fills (u) in row
-// order, split into bundle-sized parts, each carrying the cursor after its last row.
-func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) {
+// handOver records that the reader pushed p's parts: the share may let the next chunk go.
+func (sn *snapshotter) handOver(p *pendingChunk) {
+	sn.mu.Lock()
+	sn.share.handed(p.readSize)
+	sn.mu.Unlock()
+	sn.signalTurn()
+	src := sn.ss.src
+	if h := src.hooks.SnapshotRows; h != nil {
+		h(int64(len(p.chunk.Rows)))
+	}
+	if h := src.hooks.SnapshotTables; h != nil && (p.next.Table != p.cursor.Table || p.over) {
+		h(1)
+	}
+}
+
+func (sn *snapshotter) signalTurn() {
+	select {
+	case sn.turn <- struct{}{}:
+	default:
+	}
+}
+
+// render renders every row of p's chunk as an `r` event for the high watermark at hw, into an
+// arena of its own (it runs on a goroutine of its own).
+func (sn *snapshotter) render(p *pendingChunk, hw pglogrepl.LSN) ([]Event, int) {
 	t, ch := p.table, p.chunk
-	rows := make([]snapshot.Row, len(ch.Rows))
-	index := make(map[string]int, len(ch.Rows))
-	var row event.Row
-	var buf []byte
-	for i, r := range ch.Rows {
-		row = event.TextRow(row, r)
-		buf = t.enc.AppendKey(buf[:0], row)
-		rows[i].Key = sn.arena.string(buf)
-		index[rows[i].Key] = i
+	if t == nil || len(ch.Rows) == 0 {
+		return nil, 0
 	}
-	var nonKey []string
-	if t != nil {
-		nonKey = t.nonKey
-	}
-	survivors, fills := p.win.Resolve(rows, ch.Snapshot, nonKey)
-	kind := make([]byte, len(ch.Rows)) // 0 dropped, 'r' survivor, 'f' fill
-	fillCols := make(map[int][]string, len(fills))
-	for _, r := range survivors {
-		kind[index[r.Key]] = 'r'
-	}
-	for _, f := range fills {
-		i := index[f.Row.Key]
-		kind[i], fillCols[i] = 'f', f.Columns
-	}
-	limit := sn.ss.src.cfg.ChunkRows
-	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, limit)
-	p.next, p.over = next, over
 	tx := fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
 	pos := event.Position{LSN: hw.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
 	ms := ch.ReadAt.UnixMilli()
+	events := make([]Event, len(ch.Rows))
+	var a arena
+	var buf []byte
+	var row event.Row
+	size := 0
+	for i, r := range ch.Rows {
+		row = event.TextRow(row, r)
+		pos.Seq = uint64(i)
+		events[i] = t.readEvent(&a, &buf, row, &pos, tx, ms)
+		size += events[i].size()
+	}
+	return events, size
+}
+
+// build applies the DBLog rule to the chunk and gives its survivors (r) and fills (u) in row
+// order, split into bundle-sized parts, each carrying the cursor after its last row. The `r`
+// events are those rendered ahead for this high watermark, or rendered now.
+func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) {
+	t, ch := p.table, p.chunk
+	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, sn.ss.src.cfg.ChunkRows)
+	if p.ready == nil { // not prepared (and so not read by run)
+		p.next, p.over = next, over
+	}
+	events := p.events
+	if len(events) != len(ch.Rows) || p.hwAt != hw {
+		events, _ = sn.render(p, hw)
+	}
+	var kind []byte // per row: 0 dropped, 'r' survivor, 'f' fill; nil: every row survives
+	var fillCols map[int][]string
+	if t != nil && p.win.Drops(ch.Snapshot) {
+		rows := make([]snapshot.Row, len(ch.Rows))
+		index := make(map[string]int, len(ch.Rows))
+		var row event.Row
+		var buf []byte
+		for i, r := range ch.Rows {
+			row = event.TextRow(row, r)
+			buf = t.enc.AppendKey(buf[:0], row)
+			rows[i].Key = sn.arena.string(buf)
+			index[rows[i].Key] = i
+		}
+		survivors, fills := p.win.Resolve(rows, ch.Snapshot, t.nonKey)
+		kind = make([]byte, len(ch.Rows))
+		fillCols = make(map[int][]string, len(fills))
+		for _, r := range survivors {
+			kind[index[r.Key]] = 'r'
+		}
+		for _, f := range fills {
+			i := index[f.Row.Key]
+			kind[i], fillCols[i] = 'f', f.Columns
+		}
+	}
+	tx := fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
+	pos := event.Position{LSN: hw.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
+	ms := ch.ReadAt.UnixMilli()
+	var buf []byte
+	var row event.Row
 	cfg := &sn.ss.src.cfg
 	var out []item
-	partEvents := func() []Event { return make([]Event, 0, min(len(ch.Rows), cfg.MaxBundleMessages)) }
-	cur := item{kind: itemChunk, commit: hw, events: partEvents()}
+	cur := item{kind: itemChunk, commit: hw}
+	from := 0 // while every row survives, the part is events[from:i]
 	flush := func(lastRow int, final bool) {
 		part := &chunkPart{}
 		if final {
@@ -600,28 +741,35 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 			part.cursor, _ = json.Marshal(mid)
 			part.next, part.rows = mid.Table, lastRow+1
 		}
+		if kind == nil && lastRow >= from {
+			cur.events = events[from : lastRow+1 : lastRow+1]
+			from = lastRow + 1
+		}
 		cur.chunk = part
 		out = append(out, cur)
-		if !final {
-			cur = item{kind: itemChunk, commit: hw, events: partEvents()}
-		}
+		cur = item{kind: itemChunk, commit: hw}
 	}
+	n := 0 // events in the part being built
 	for i, r := range ch.Rows {
-		if kind[i] == 0 {
+		if kind != nil && kind[i] == 0 {
 			continue
 		}
-		row = event.TextRow(row, r)
-		pos.Seq = uint64(i)
-		var ev Event
-		if kind[i] == 'r' {
-			ev = t.readEvent(&sn.arena, &buf, row, &pos, tx, ms)
-		} else {
-			ev = t.fillEvent(&sn.arena, &buf, row, fillCols[i], &pos, tx, ms)
+		ev := &events[i]
+		var fill Event
+		if kind != nil && kind[i] == 'f' {
+			row = event.TextRow(row, r)
+			pos.Seq = uint64(i)
+			fill = t.fillEvent(&sn.arena, &buf, row, fillCols[i], &pos, tx, ms)
+			ev = &fill
 		}
-		if len(cur.events) > 0 && (len(cur.events)+1 > cfg.MaxBundleMessages || cur.size+ev.size() > cfg.MaxBundleBytes) {
+		if n > 0 && (n+1 > cfg.MaxBundleMessages || cur.size+ev.size() > cfg.MaxBundleBytes) {
 			flush(i-1, false)
+			n = 0
 		}
-		cur.events = append(cur.events, ev)
+		if kind != nil {
+			cur.events = append(cur.events, *ev)
+		}
+		n++
 		cur.size += ev.size()
 	}
 	flush(len(ch.Rows)-1, true)

@@ -157,7 +157,7 @@ func TestSnapshotStopsObservingWhenDone(t *testing.T) {
 		chunk: &snapshot.Chunk{Rows: [][][]byte{{[]byte("1"), []byte("b"), []byte("7")}}, LastKey: []string{"1"},
 			Snapshot: snapshot.Snapshot{Xmin: 5, Xmax: 5}}}
 	p.win.LowWatermark()
-	sn.pend = p
+	sn.pending = []*pendingChunk{p}
 	if ok, err := sn.highWatermark("l:1", 0x600, func(item) error { return nil }); !ok || err != nil || !p.over {
 		t.Fatalf("last chunk: resolved %v, err %v, over %v", ok, err, p.over)
 	}
