@@ -309,7 +309,8 @@ func (o *queueOutput) Connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// With queues from the messages (pg_cdc's), pg_cdc checks the writes on its queues.
+	// With queues from the messages (pg_cdc's) the commands are checked without their keys; pg_cdc
+	// checks the keys of its queues.
 	static, _ := o.conf.StaticQueue()
 	if err := o.conf.Conn.CheckACL(ctx, rdb, static, o.conf.aclUses()...); err != nil {
 		_ = rdb.Close()

@@ -6,7 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +34,8 @@ type lpEnv struct {
 	dir    string
 	source string // config of pg_cdc → redis_queue as pgrelay-source
 	sink   string // config of redis_queue → pg_sink as pgrelay-consumer
+	// autofix are processes whose redis_acl fixes waitCopy runs as they print them.
+	autofix []*testenv.Process
 }
 
 const lpPassword = "lp-secret"
@@ -73,7 +78,13 @@ func newLPEnv(t *testing.T) *lpEnv {
 		e.rd.ACL(redisconn.ACLLine(user, lpPassword, "pgrelay", uses...))
 	}
 	e.source = e.write("source.yaml", e.sourceConfig("pgrelay-source"))
-	e.sink = e.write("sink.yaml", fmt.Sprintf(`
+	e.sink = e.write("sink.yaml", e.sinkConfig("pgrelay-consumer"))
+	return e
+}
+
+// sinkConfig is redis_queue → pg_sink (cdc) as Redis user user.
+func (e *lpEnv) sinkConfig(user string) string {
+	return fmt.Sprintf(`
 http: {enabled: false}
 logger: {level: info}
 input:
@@ -91,8 +102,7 @@ output:
     table: public.rt
     mode: cdc
     create_progress_table: false
-`, e.rd.UserURL("pgrelay-consumer", lpPassword), e.pg.UserDSN("pgrelay_sink", "b")))
-	return e
+`, e.rd.UserURL(user, lpPassword), e.pg.UserDSN("pgrelay_sink", "b"))
 }
 
 // sourceConfig is pg_cdc → redis_queue as Redis user user, with every durability and retention
@@ -144,6 +154,9 @@ func (e *lpEnv) waitCopy(deadLetters int64, procs ...*testenv.Process) {
 	deadline := time.Now().Add(60 * time.Second)
 	state := ""
 	for time.Now().Before(deadline) {
+		for _, p := range e.autofix {
+			e.applyFixes(p.Output())
+		}
 		want, err1 := tableHashes(e.ctx, e.pg.Pool(), "rt", "id")
 		got, err2 := tableHashes(e.ctx, e.b, "rt", "id")
 		info, err3 := queue.Inspect(e.ctx, e.rd.Client(), queue.NewLayout("pgrelay"), "q")
@@ -194,8 +207,9 @@ func (e *lpEnv) aclDenials() []string {
 // copy, a poison row is dead-lettered, Redis refused nothing (ACL LOG is empty), the read-only CLI
 // user reads status, queue info, position and dead letters but is refused dlq --drop and resync with
 // redis_acl naming the rule, and the operator user replays and drops dead letters and resyncs.
-// Then each pipeline's start check reports a command taken from its user (redis_acl naming the
-// rule) and the pipeline carries on once the rule is back.
+// Then every pipeline and CLI command runs as a user holding only its keys: each permission it
+// lacks is named by redis_acl with the rule, it works once the rules ran, and the rules it took add
+// up to its documented line.
 func TestLeastPrivilegeEndToEnd(t *testing.T) {
 	e := newLPEnv(t)
 	src := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", e.source)
@@ -269,46 +283,149 @@ func TestLeastPrivilegeEndToEnd(t *testing.T) {
 		t.Fatalf("queue: %d entries, %v", len(entries), err)
 	}
 
-	// Each pipeline's start check: a command taken away is named, and the pipeline carries on
-	// once it is back.
+	// Each pipeline's start check, for a user holding only its keys (and MULTI, DISCARD, which the
+	// check itself needs): the pipeline names what it lacks and carries on once that ran; what it
+	// took is exactly its documented line (the source's without WAIT, which only durability:
+	// {replicas: N} runs).
 	src.Kill()
 	snk.Kill()
-	for _, c := range []struct {
-		user, cmd, config string
-	}{
-		{"pgrelay-source", "xadd", e.source},
-		{"pgrelay-consumer", "xreadgroup", e.sink},
-	} {
-		e.rd.ACL("ACL SETUSER " + c.user + " -" + c.cmd)
-		p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", c.config)
-		fix := "ACL SETUSER " + c.user + " +" + c.cmd
-		waitOutput(t, p, "redis_acl", fix)
-		e.rd.ACL(fix)
-		if c.user == "pgrelay-source" {
-			src = p
-		} else {
-			snk = p
+	e.bareUser("lp-source", "+multi +discard")
+	e.bareUser("lp-consumer", "+multi +discard")
+	src = testenv.StartProcess(t, nil, testenv.Binary(t), "-c", e.write("lp-source.yaml", e.sourceConfig("lp-source")))
+	snk = testenv.StartProcess(t, nil, testenv.Binary(t), "-c", e.write("lp-consumer.yaml", e.sinkConfig("lp-consumer")))
+	e.autofix = []*testenv.Process{src, snk}
+	e.pg.Exec(`INSERT INTO rt VALUES (203, 'after the fixes')`)
+	e.waitCopy(0, src, snk)
+	e.autofix = nil
+	for _, p := range []*testenv.Process{src, snk} {
+		if !strings.Contains(p.Output(), "redis_acl") {
+			t.Errorf("no redis_acl error: %s", sinkLastLines(p.Output(), 10))
 		}
 	}
-	e.pg.Exec(`INSERT INTO rt VALUES (203, 'after the fix')`)
+	e.wantCommands("lp-source", redisconn.SourceUses, "wait")
+	e.wantCommands("lp-consumer", redisconn.ConsumerUses)
+	e.rd.ACL("ACL LOG RESET")
+	e.pg.Exec(`INSERT INTO rt VALUES (204, 'with the fixed users')`)
 	e.waitCopy(0, src, snk)
+	if d := e.aclDenials(); len(d) > 0 {
+		t.Fatalf("Redis refused the fixed users: %v", d)
+	}
+
+	// The same for the CLI, the pipelines stopped: a read-only user and an operator holding only
+	// their keys run each command until it passes; every refusal is redis_acl with the rule, the
+	// run after the last rule is refused nothing, and the rules add up to the documented lines.
+	// The operator's last command is teardown.
+	src.Signal(syscall.SIGTERM)
+	snk.Signal(syscall.SIGTERM)
+	_, _ = src.Wait(15*time.Second), snk.Wait(15*time.Second)
+	for _, u := range []struct {
+		user string
+		uses []redisconn.Use
+		runs [][]string
+	}{
+		{"lp-cli", redisconn.CLIReadUses, nil},
+		{"lp-operator", redisconn.CLIWriteUses, [][]string{{"queue", "dlq", "--replay"}, {"queue", "dlq", "--drop"}, {"resync"}, {"teardown"}}},
+	} {
+		e.bareUser(u.user, "")
+		conf, url := e.write(u.user+".yaml", e.sourceConfig(u.user)), e.rd.UserURL(u.user, lpPassword)
+		for _, args := range append([][]string{{"status"}, {"queue", "info"}, {"queue", "position"}, {"queue", "dlq"}}, u.runs...) {
+			if args[0] == "queue" {
+				args = append(args, "--url", url, "q")
+			} else {
+				args = append(args, "-c", conf)
+			}
+			e.fixUntilOK(u.user, args...)
+		}
+		e.wantCommands(u.user, u.uses)
+	}
+	if n, err := e.rd.Client().Exists(e.ctx, "pgrelay:{q}:src:lp:ptr").Result(); err != nil || n != 0 {
+		t.Errorf("after teardown the pointer is still there (%d, %v)", n, err)
+	}
 }
 
-// waitOutput waits until the process printed a line holding every one of parts.
-func waitOutput(t *testing.T, p *testenv.Process, parts ...string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, line := range strings.Split(p.Output(), "\n") {
-			all := true
-			for _, s := range parts {
-				all = all && strings.Contains(line, s)
+// fixRule is the ACL SETUSER line of a redis_acl error's fix.
+var fixRule = regexp.MustCompile(`Fix: (ACL SETUSER \S+(?: [+~][^\s"\\]+)+)`)
+
+// applyFixes runs every ACL SETUSER fix out prints; it returns how many it found.
+func (e *lpEnv) applyFixes(out string) int {
+	m := fixRule.FindAllStringSubmatch(out, -1)
+	for _, f := range m {
+		e.rd.ACL(f[1])
+	}
+	return len(m)
+}
+
+// bareUser (re)creates user with the keys under the prefix and, of the commands, only rules.
+func (e *lpEnv) bareUser(user, rules string) {
+	e.rd.ACL("ACL SETUSER " + user + " reset on >" + lpPassword + " ~pgrelay:* resetchannels -@all " + rules)
+}
+
+// fixUntilOK runs pgrelay with args as user until it exits 0: each failure must be redis_acl with
+// an ACL SETUSER fix, which it runs. The run that passes must leave no refusal in ACL LOG.
+func (e *lpEnv) fixUntilOK(user string, args ...string) {
+	e.t.Helper()
+	for range 10 {
+		e.rd.ACL("ACL LOG RESET")
+		out, ok := e.cli(args...)
+		if ok {
+			if d := e.aclDenials(); len(d) > 0 {
+				e.t.Errorf("pgrelay %s as %s passed with refusals: %v", strings.Join(args, " "), user, d)
 			}
-			if all {
-				return
+			return
+		}
+		if !strings.Contains(out, "redis_acl") || e.applyFixes(out) == 0 {
+			e.t.Fatalf("pgrelay %s as %s: %s, want redis_acl with an ACL SETUSER fix", strings.Join(args, " "), user, out)
+		}
+	}
+	e.t.Fatalf("pgrelay %s as %s: still refused after 10 fixes", strings.Join(args, " "), user)
+}
+
+// wantCommands checks that user holds exactly the commands of uses but except.
+func (e *lpEnv) wantCommands(user string, uses []redisconn.Use, except ...string) {
+	e.t.Helper()
+	res, err := e.rd.Client().Do(e.ctx, "ACL", "GETUSER", user).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var rules string
+	switch v := res.(type) {
+	case map[any]any:
+		rules = fmt.Sprint(v["commands"])
+	case []any:
+		for i := 0; i+1 < len(v); i += 2 {
+			if v[i] == "commands" {
+				rules = fmt.Sprint(v[i+1])
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("no line with %q in: %s", parts, sinkLastLines(p.Output(), 10))
+	// Redis prints the rules compacted (+@transaction for MULTI, EXEC, DISCARD, then -watch
+	// -unwatch): apply them in order.
+	set := map[string]bool{}
+	for _, r := range strings.Fields(rules) {
+		names := []string{r[1:]}
+		if cat, ok := strings.CutPrefix(r[1:], "@"); ok {
+			if names, err = e.rd.Client().Do(e.ctx, "COMMAND", "LIST", "FILTERBY", "ACLCAT", cat).StringSlice(); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+		for _, n := range names {
+			set[n] = r[0] == '+'
+		}
+	}
+	var got []string
+	for c, on := range set {
+		if on {
+			got = append(got, c)
+		}
+	}
+	var want []string
+	for _, c := range redisconn.ACLCommands(uses...) {
+		if !slices.Contains(except, c) {
+			want = append(want, c)
+		}
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		e.t.Errorf("%s took %v, its documented line has %v", user, got, want)
+	}
 }

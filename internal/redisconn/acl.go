@@ -150,8 +150,10 @@ var probeArgs = map[string][]string{
 // CheckACL checks, without running any of them, that the Redis user may run every command of uses
 // on queue's keys: it queues each inside MULTI, where Redis checks a command's ACL (the command and
 // its keys) before queueing it, and DISCARDs the lot. With queue "" (a component whose queues come
-// from its messages) only the commands without keys are checked. A refusal is a redis_acl error
-// naming the rules to add. Other errors (a connection that failed) come back as they are.
+// from its messages) the commands are checked and the keys not: Redis checks a command before its
+// keys, so a key refusal of the placeholder key says nothing and is ignored. A refusal is a
+// redis_acl error naming the rules to add. Other errors (a connection that failed) come back as
+// they are.
 func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue string, uses ...Use) error {
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		uses = append(uses, UseCluster)
@@ -181,7 +183,7 @@ func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue s
 	}
 	cmds, err := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, name := range names {
-			if slices.Contains(checkCommands, name) || slices.Contains(aloneCommands, name) || queue == "" && slices.Contains(probeArgs[name], "K") {
+			if slices.Contains(checkCommands, name) || slices.Contains(aloneCommands, name) {
 				continue
 			}
 			args := []any{}
@@ -205,6 +207,9 @@ func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue s
 	var first error
 	for _, cmd := range cmds {
 		if err := cmd.Err(); isNoPerm(err) {
+			if isKeyDenial(err) && queue == "" {
+				continue
+			}
 			if first == nil {
 				first = err
 			}

@@ -54,6 +54,22 @@ func TestCheckACL(t *testing.T) {
 			if err := conf.CheckACL(ctx, rdb, "q", uses...); !errcode.Is(err, errcode.RedisACL) || !strings.HasSuffix(err.Error(), "Fix: "+fix) {
 				t.Errorf("without the key pattern: %v, want redis_acl with the fix %q", err, fix)
 			}
+			// Without a queue (the output's queues come from its messages) the commands are
+			// checked, keyed ones too, and the keys not.
+			if err := conf.CheckACL(ctx, rdb, "", uses...); err != nil {
+				t.Errorf("no queue, other keys: %v", err)
+			}
+			keyed := ""
+			for _, c := range ACLCommands(uses...) {
+				if slices.Contains(probeArgs[c], "K") {
+					keyed = c
+				}
+			}
+			r.ACL("ACL SETUSER " + user + " -" + keyed)
+			fix = "ACL SETUSER " + user + " +" + keyed
+			if err := conf.CheckACL(ctx, rdb, "", uses...); !errcode.Is(err, errcode.RedisACL) || !strings.HasSuffix(err.Error(), "Fix: "+fix) {
+				t.Errorf("no queue, without %s: %v, want redis_acl with the fix %q", keyed, err, fix)
+			}
 		})
 	}
 	if n := r.Client().DBSize(ctx).Val(); n != 0 {
