@@ -11,6 +11,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
@@ -43,7 +44,15 @@ const (
 	pcFieldTruncate          = "truncate"
 	pcFieldSnapshot          = "snapshot"
 	pcFieldChunkRows         = "chunk_rows"
+	pcFieldEnvelopes         = "envelopes"
+	pcFieldEnvQueue          = "queue"
+	pcFieldEnvPartition      = "partition"
+	pcFieldEnvMaxEvents      = "max_events"
+	pcFieldEnvMaxBytes       = "max_bytes"
 )
+
+// pcDefaultBundleBytes is max_bundle_bytes' default.
+const pcDefaultBundleBytes = 4 << 20
 
 // partition_by's and the enums' values.
 const (
@@ -56,6 +65,11 @@ const (
 // PgCDCSpec is the pg_cdc input's config spec.
 func PgCDCSpec() *service.ConfigSpec {
 	tablePath := func(f string) string { return pcFieldTables + "[]." + f }
+	envPath := func(f string) string { return pcFieldEnvelopes + "[]." + f }
+	queueRule := func(path string) string {
+		return fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}") { [%q] }`,
+			source.MaxQueueBytes, fmt.Sprintf("%s must be 1-%d bytes without { or }", path, source.MaxQueueBytes))
+	}
 	return service.NewConfigSpec().
 		Beta().
 		Version("0.1.0").
@@ -82,8 +96,7 @@ Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_i
 				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public.").
 					LintRule(speclint.Match(tablePath(pcFieldTable), source.TablePattern, false)),
 				service.NewStringField(pcFieldQueue).Description(fmt.Sprintf("The queue its changes go to (1-%d bytes, no braces).", source.MaxQueueBytes)).
-					LintRule(fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}") { [%q] }`,
-						source.MaxQueueBytes, fmt.Sprintf("%s must be 1-%d bytes without { or }", tablePath(pcFieldQueue), source.MaxQueueBytes))),
+					LintRule(queueRule(tablePath(pcFieldQueue))),
 				service.NewAnyField(pcFieldPartitionBy).Description("`key` (the key columns, default), `single` (one partition `all`, total order), or a list of columns (inside the key, unless the table has REPLICA IDENTITY FULL or is append-only). An append-only table without a key needs `single` or columns.").Default(pcPartitionKey).
 					LintRule(fmt.Sprintf(`root = if this.type() == "string" { if ![%q, %q].contains(this) { [%q] } } else if this.type() == "array" { if this.length() == 0 || this.any(c -> c.type() != "string" || c == "") { [%q] } } else { [%q] }`,
 						pcPartitionKey, pcPartitionSingle, tablePath(pcFieldPartitionBy)+" must be key, single or a list of columns",
@@ -95,6 +108,23 @@ Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_i
 				LintRule(fmt.Sprintf(`root = if this.type() != "array" { deleted() } else if this.length() < 1 || this.length() > %d { [%q] } else if this.map_each(t -> if t.%s.or("").contains(".") { t.%s } else { "public." + t.%s.or("") }).unique().length() != this.length() { [%q] }`,
 					source.MaxTables, fmt.Sprintf("%s must list 1-%d tables", pcFieldTables, source.MaxTables),
 					pcFieldTable, pcFieldTable, pcFieldTable, pcFieldTables+" must not list a table twice (name is public.name)")),
+			service.NewObjectListField(pcFieldEnvelopes,
+				service.NewStringField(pcFieldEnvQueue).Description("The queue: a queue of `tables`, or one that only `pgrelay.publish()` writes to.").
+					LintRule(queueRule(envPath(pcFieldEnvQueue))),
+				service.NewStringField(pcFieldEnvPartition).Description(fmt.Sprintf("The partition of every envelope of the queue (1-%d bytes). One partition keeps the transactions in commit order.", partition.MaxLen)).
+					Default(partition.Single).
+					LintRule(fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d { [%q] }`, partition.MaxLen,
+						fmt.Sprintf("%s must be 1-%d bytes", envPath(pcFieldEnvPartition), partition.MaxLen))),
+				service.NewIntField(pcFieldEnvMaxEvents).Description(fmt.Sprintf("Most change events in one envelope (%d-%d): a transaction with more for the queue goes in parts.", source.MinEnvelopeEvents, source.MaxEnvelopeEvs)).
+					Default(source.DefaultEnvelopeEvents).
+					LintRule(speclint.Int(envPath(pcFieldEnvMaxEvents), source.MinEnvelopeEvents, source.MaxEnvelopeEvs)),
+				service.NewIntField(pcFieldEnvMaxBytes).Description(fmt.Sprintf("Most bytes of one envelope (%d up to `%s`, whose limit is %d): a transaction with more for the queue goes in parts.", source.MinEnvelopeBytes, pcFieldMaxBundleBytes, source.MaxBundleBytesLim)).
+					Default(source.DefaultEnvelopeBytes).
+					LintRule(speclint.Int(envPath(pcFieldEnvMaxBytes), source.MinEnvelopeBytes, source.MaxBundleBytesLim)),
+			).Description(`Queues that get one message per transaction: an envelope `+"`"+`{"op":"x","id","lsn","xid","ts","part","last","events":[...]}`+"`"+` holding, in order, the transaction's change events for that queue (its tables' changes and the `+"`pgrelay.publish()`"+` messages sent to it), in one partition. A transaction over `+"`max_events`"+` or `+"`max_bytes`"+` goes in parts 1, 2, ... each written exactly once, the last with `+"`last: true`"+`. Snapshot chunks of the queue's tables come the same way, one envelope per part of a chunk. Events in an envelope are not partitioned: a key change is one `+"`u`"+` whose `+"`before`"+` holds the old key, whatever `+"`partition_by`"+` says.`).
+				Default([]any{}).
+				LintRule(fmt.Sprintf(`root = if this.type() == "array" && this.map_each(e -> e.%s.or("")).unique().length() != this.length() { [%q] }`,
+					pcFieldEnvQueue, pcFieldEnvelopes+" must not list a queue twice")),
 			service.NewObjectField(pcFieldPublication,
 				service.NewStringField(pcFieldPublicationName).Description(fmt.Sprintf("Publication name; default `pgrelay_<name>` (`-` becomes `_`). With append-only tables at most %d bytes, their publication being `<name>%s`.", source.MaxPublicationBytes-len(source.InsertPublicationSuffix), source.InsertPublicationSuffix)).Default("").
 					LintRule(fmt.Sprintf(`root = if this.length() > %d { [%q] }`, source.MaxPublicationBytes,
@@ -113,7 +143,7 @@ Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_i
 				LintRule(speclint.Duration(pcFieldLeaseTTL, source.MinLeaseTTL, source.MaxLeaseTTL)),
 			service.NewIntField(pcFieldMaxBundleMessages).Description(fmt.Sprintf("Most messages per batch (%d-%d); a larger transaction goes in pieces.", source.MinBundleMessages, source.MaxBundleMsgs)).Default(1000).
 				LintRule(speclint.Int(pcFieldMaxBundleMessages, source.MinBundleMessages, source.MaxBundleMsgs)),
-			service.NewIntField(pcFieldMaxBundleBytes).Description(fmt.Sprintf("Most payload bytes per batch (%d-%d).", source.MinBundleBytes, source.MaxBundleBytesLim)).Default(4<<20).
+			service.NewIntField(pcFieldMaxBundleBytes).Description(fmt.Sprintf("Most payload bytes per batch (%d-%d).", source.MinBundleBytes, source.MaxBundleBytesLim)).Default(pcDefaultBundleBytes).
 				LintRule(speclint.Int(pcFieldMaxBundleBytes, source.MinBundleBytes, source.MaxBundleBytesLim)),
 			service.NewDurationField(pcFieldLinger).Description(fmt.Sprintf("How long a batch may wait for more transactions before it goes (0s-%s); 0 sends as soon as nothing more is buffered.", source.MaxLinger)).Default("0s").
 				LintRule(speclint.Duration(pcFieldLinger, 0, source.MaxLinger)),
@@ -135,6 +165,9 @@ Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_i
 				pcFieldTables, pcFieldAppendOnly, pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix)),
 				fmt.Sprintf("%s.%s must be at most %d bytes with append-only tables (their publication adds %q)",
 					pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix), source.InsertPublicationSuffix)),
+			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(e -> e.%s.or(%d) > this.%s.or(%d))`,
+				pcFieldEnvelopes, pcFieldEnvMaxBytes, source.DefaultEnvelopeBytes, pcFieldMaxBundleBytes, pcDefaultBundleBytes),
+				fmt.Sprintf("%s[].%s must be at most %s (an envelope goes whole in one batch): raise both for larger envelopes", pcFieldEnvelopes, pcFieldEnvMaxBytes, pcFieldMaxBundleBytes)),
 		})...)).
 		Example("Orders into a queue", "Streams every committed change of public.orders into the queue `orders`, exactly once with the `redis_queue` output, copying the rows already there first. Run two or more copies for high availability: one owns the source, the others stand by.", `
 input:
@@ -274,6 +307,9 @@ func PgCDCConfigFromParsed(conf *service.ParsedConfig) (source.Config, error) {
 	if c.Tables, err = pgCDCTables(conf); err != nil {
 		return c, err
 	}
+	if c.Envelopes, err = pgCDCEnvelopes(conf); err != nil {
+		return c, err
+	}
 	return c, c.Validate()
 }
 
@@ -325,6 +361,33 @@ func pgCDCTables(conf *service.ParsedConfig) ([]source.Table, error) {
 			return nil, fmt.Errorf("%s: use %s, %s or a list of columns", path(pcFieldPartitionBy), pcPartitionKey, pcPartitionSingle)
 		}
 		out = append(out, t)
+	}
+	return out, nil
+}
+
+// pgCDCEnvelopes reads the envelopes list.
+func pgCDCEnvelopes(conf *service.ParsedConfig) ([]source.EnvelopeQueue, error) {
+	list, err := conf.FieldObjectList(pcFieldEnvelopes)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]source.EnvelopeQueue, 0, len(list))
+	for i, ec := range list {
+		path := func(f string) string { return fmt.Sprintf("%s[%d].%s", pcFieldEnvelopes, i, f) }
+		var e source.EnvelopeQueue
+		if e.Queue, err = ec.FieldString(pcFieldEnvQueue); err != nil {
+			return nil, fmt.Errorf("%s: %w", path(pcFieldEnvQueue), err)
+		}
+		if e.Partition, err = ec.FieldString(pcFieldEnvPartition); err != nil {
+			return nil, fmt.Errorf("%s: %w", path(pcFieldEnvPartition), err)
+		}
+		if e.MaxEvents, err = ec.FieldInt(pcFieldEnvMaxEvents); err != nil {
+			return nil, fmt.Errorf("%s: %w", path(pcFieldEnvMaxEvents), err)
+		}
+		if e.MaxBytes, err = ec.FieldInt(pcFieldEnvMaxBytes); err != nil {
+			return nil, fmt.Errorf("%s: %w", path(pcFieldEnvMaxBytes), err)
+		}
+		out = append(out, e)
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 // Package event writes the change event of docs/design.md §2: one JSON object per change, fields in
 // the order op, table, key, after, before, unchanged, lsn, xid, ts, seq, and the name of the
-// partition the event goes to (§3). The stream's decoder and the snapshotter both encode through
+// partition the event goes to (§3); and the envelope that carries the change events of one
+// transaction (or one part of it) in a single message. The stream's decoder and the snapshotter both encode through
 // it, with values converted by internal/convert, so an `r` and a `c` of the same row are
 // byte-identical.
 //
@@ -25,6 +26,9 @@ const (
 	OpDelete   = "d"
 	OpTruncate = "t"
 	OpMessage  = "m" // a message published with pgrelay.publish()
+	// OpEnvelope is an envelope: the change events of one transaction (or snapshot chunk) for one
+	// queue, in one message.
+	OpEnvelope = "x"
 )
 
 // TimeFormat is the layout of `ts` (the time in UTC, with microseconds).
@@ -164,6 +168,50 @@ func AppendMessage(dst []byte, payload []byte, pos *Position) []byte {
 	b = append(b, payload...)
 	b = append(b, `,"before":null`...)
 	return appendTail(b, pos)
+}
+
+// Envelope is the head of an envelope (§2): one message holding, in order, the change events of one
+// transaction for one queue, or of one part of a transaction split at the size limits.
+type Envelope struct {
+	ID   string // the transaction's id (§3: pg:<epoch>:<commit LSN>, a chunk's pg:<epoch>:s:<hw LSN>)
+	LSN  string // the commit LSN (a chunk's: its high watermark) as PostgreSQL prints it
+	Xid  uint32 // the transaction id; 0 leaves xid out, as a chunk's does
+	TS   string // the commit time (a chunk's: its read time) in TimeFormat
+	Part uint64 // 1, 2, ... in the order the parts were written
+	Last bool   // this part ends the transaction (or chunk) for its queue
+}
+
+// EnvelopeEnd closes an envelope opened by AppendEnvelopeHead.
+const EnvelopeEnd = "]}"
+
+// AppendEnvelopeHead appends the fields of an envelope, in the order op, id, lsn, xid, ts, part,
+// last, and opens its `events` array: the caller appends the events, separated by commas, then
+// EnvelopeEnd.
+func AppendEnvelopeHead(dst []byte, h *Envelope) []byte {
+	b := append(dst, `{"op":"`+OpEnvelope+`","id":"`...)
+	b = append(b, h.ID...) // pg:, hex digits and colons: nothing to escape
+	b = append(b, `","lsn":"`...)
+	b = append(b, h.LSN...)
+	b = append(b, '"')
+	if h.Xid != 0 {
+		b = append(b, `,"xid":`...)
+		b = strconv.AppendUint(b, uint64(h.Xid), 10)
+	}
+	b = append(b, `,"ts":"`...)
+	b = append(b, h.TS...)
+	b = append(b, `","part":`...)
+	b = strconv.AppendUint(b, h.Part, 10)
+	b = append(b, `,"last":`...)
+	b = strconv.AppendBool(b, h.Last)
+	return append(b, `,"events":[`...)
+}
+
+// AppendEnvelope appends a whole envelope: its head, then events (change events as the Append
+// functions write them, separated by commas), then its end.
+func AppendEnvelope(dst []byte, h *Envelope, events []byte) []byte {
+	b := AppendEnvelopeHead(dst, h)
+	b = append(b, events...)
+	return append(b, EnvelopeEnd...)
 }
 
 // Partition names the partition of r (§3).

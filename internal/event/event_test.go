@@ -107,3 +107,33 @@ func BenchmarkAppendChange(b *testing.B) {
 	}
 	b.SetBytes(int64(len(buf)))
 }
+
+func TestAppendEnvelope(t *testing.T) {
+	tab := testTable(nil)
+	stream := Position{LSN: "0/1570EA0", Xid: 745, TS: "2026-10-03T06:15:03.583036Z", Seq: 0}
+	events := tab.AppendChange(nil, &Change{Op: OpInsert, Row: Row{text("7"), nullV, nullV, nullV, nullV}, Position: stream})
+	stream.Seq = 1
+	events = append(events, ',')
+	events = AppendMessage(events, []byte(`{"a":1}`), &stream)
+	for _, c := range []struct {
+		name   string
+		h      Envelope
+		events []byte
+		want   string
+	}{
+		{"a transaction in one message", Envelope{ID: "pg:0a1b2c3d:0000000001570EA0", LSN: "0/1570EA0", Xid: 745, TS: stream.TS, Part: 1, Last: true}, events,
+			`{"op":"x","id":"pg:0a1b2c3d:0000000001570EA0","lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","part":1,"last":true,"events":[` +
+				`{"op":"c","table":"public.t x","key":{"id":7},"after":{"id":7,"na\"me":null,"js":null,"big":null,"arr":null},"before":null,"lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","seq":0},` +
+				`{"op":"m","table":null,"key":null,"after":{"a":1},"before":null,"lsn":"0/1570EA0","xid":745,"ts":"2026-10-03T06:15:03.583036Z","seq":1}]}`},
+		{"a snapshot chunk's first part: no xid", Envelope{ID: "pg:0a1b2c3d:s:0000000000000500", LSN: "0/500", TS: "1970-01-01T00:00:00.000000Z", Part: 1}, nil,
+			`{"op":"x","id":"pg:0a1b2c3d:s:0000000000000500","lsn":"0/500","ts":"1970-01-01T00:00:00.000000Z","part":1,"last":false,"events":[]}`},
+	} {
+		got := AppendEnvelope([]byte("prefix:"), &c.h, c.events)
+		if string(got) != "prefix:"+c.want {
+			t.Errorf("%s:\ngot  %s\nwant prefix:%s", c.name, got, c.want)
+		}
+		if !json.Valid(got[len("prefix:"):]) {
+			t.Errorf("%s: not JSON: %s", c.name, got)
+		}
+	}
+}

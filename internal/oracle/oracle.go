@@ -1,8 +1,9 @@
 // Package oracle is the replay oracle of docs/design.md §10, shared by the source's package tests and
 // the end-to-end tests (stream and snapshot alike): it reads a queue back with plain Redis commands, checks the
 // queue's invariants, replays every partition (c/r set the row, u merges keeping `unchanged`
-// columns, d deletes, t clears) and compares the result with the source table, column by column,
-// through the same text converter, so numbers are compared exactly.
+// columns, d deletes, t clears; an envelope's events in their order, its parts checked to come
+// 1, 2, ... once each up to the one marked last) and compares the result with the source table,
+// column by column, through the same text converter, so numbers are compared exactly.
 package oracle
 
 import (
@@ -76,17 +77,34 @@ type Row map[string]string
 // missing marks a column whose value the queue never gave (unchanged with no earlier value).
 const missing = "<MISSING>"
 
+// Envelope is a decoded envelope (DESIGN §2): one transaction's (or part's) events for a queue.
+type Envelope struct {
+	Op     string            `json:"op"`
+	ID     string            `json:"id"`
+	LSN    string            `json:"lsn"`
+	Xid    *uint64           `json:"xid"`
+	TS     string            `json:"ts"`
+	Part   uint64            `json:"part"`
+	Last   bool              `json:"last"`
+	Events []json.RawMessage `json:"events"`
+}
+
 // Result is a replay: table → key text → row, plus every invariant broken on the way.
 type Result struct {
-	Tables   map[string]map[string]Row
-	Problems []string
-	Events   int
-	ByID     map[string]int
+	Tables    map[string]map[string]Row
+	Problems  []string
+	Events    int // change events, those in envelopes included
+	Envelopes int
+	ByID      map[string]int
+	// Parts is, per transaction id of the envelopes, the parts read; a transaction whose last
+	// part was read is in Complete.
+	Parts    map[string]uint64
+	Complete map[string]bool
 }
 
 // Replay checks the invariants of entries and replays them.
 func Replay(entries []Entry) *Result {
-	r := &Result{Tables: map[string]map[string]Row{}, ByID: map[string]int{}}
+	r := &Result{Tables: map[string]map[string]Row{}, ByID: map[string]int{}, Parts: map[string]uint64{}, Complete: map[string]bool{}}
 	lastOff := map[int]int64{}
 	lastLSN := map[string]pglogrepl.LSN{}
 	keyPart := map[string]string{}
@@ -104,34 +122,76 @@ func Replay(entries []Entry) *Result {
 			r.problem("id %s: payload is not an event: %v", e.ID, err)
 			continue
 		}
-		r.Events++
-		lsn, err := pglogrepl.ParseLSN(ev.LSN)
-		if err != nil {
-			r.problem("id %s: lsn %q", e.ID, ev.LSN)
-		}
-		if lsn < lastLSN[e.Partition] {
-			r.problem("partition %q: lsn %s after %s (id %s)", e.Partition, ev.LSN, lastLSN[e.Partition], e.ID)
-		}
-		lastLSN[e.Partition] = lsn
-		if ev.Op == "m" { // a pgrelay.publish() message: no row to replay
+		if ev.Op == "x" {
+			r.envelope(e, lastLSN, keyPart)
 			continue
 		}
-		if ev.Op == "t" {
-			r.Tables[ev.Table] = map[string]Row{}
-			continue
+		r.event(e, ev, lastLSN, keyPart)
+	}
+	for tx, n := range r.Parts {
+		if !r.Complete[tx] {
+			r.problem("transaction %s: parts 1-%d, none marked last", tx, n)
 		}
-		if ev.Key == nil && (ev.Op == "c" || ev.Op == "r") { // a table without a key: its rows are a multiset
-			r.addKeyless(ev)
-			continue
-		}
-		k := ev.Table + " " + KeyText(ev.Key)
-		if p, seen := keyPart[k]; seen && p != e.Partition {
-			r.problem("key %s in partitions %q and %q", k, p, e.Partition)
-		}
-		keyPart[k] = e.Partition
-		r.apply(e, ev)
 	}
 	return r
+}
+
+// envelope checks an envelope's part number and replays its events.
+func (r *Result) envelope(e Entry, lastLSN map[string]pglogrepl.LSN, keyPart map[string]string) {
+	var env Envelope
+	if err := json.Unmarshal(e.Payload, &env); err != nil {
+		r.problem("id %s: payload is not an envelope: %v", e.ID, err)
+		return
+	}
+	r.Envelopes++
+	if want := r.Parts[env.ID] + 1; env.Part != want || r.Complete[env.ID] {
+		r.problem("id %s: transaction %s part %d, want %d (complete %v)", e.ID, env.ID, env.Part, want, r.Complete[env.ID])
+	}
+	r.Parts[env.ID] = env.Part
+	if env.Last {
+		r.Complete[env.ID] = true
+	}
+	for i, raw := range env.Events {
+		var ev Event
+		if err := json.Unmarshal(raw, &ev); err != nil {
+			r.problem("id %s: event %d is not an event: %v", e.ID, i, err)
+			continue
+		}
+		if ev.LSN != env.LSN || (ev.Xid == nil) != (env.Xid == nil) || (ev.Xid != nil && *ev.Xid != *env.Xid) || ev.TS != env.TS {
+			r.problem("id %s: event %d (lsn %s, ts %s) is not of the envelope's transaction (lsn %s, ts %s)", e.ID, i, ev.LSN, ev.TS, env.LSN, env.TS)
+		}
+		r.event(e, ev, lastLSN, keyPart)
+	}
+}
+
+// event checks one change event of entry e and replays it.
+func (r *Result) event(e Entry, ev Event, lastLSN map[string]pglogrepl.LSN, keyPart map[string]string) {
+	r.Events++
+	lsn, err := pglogrepl.ParseLSN(ev.LSN)
+	if err != nil {
+		r.problem("id %s: lsn %q", e.ID, ev.LSN)
+	}
+	if lsn < lastLSN[e.Partition] {
+		r.problem("partition %q: lsn %s after %s (id %s)", e.Partition, ev.LSN, lastLSN[e.Partition], e.ID)
+	}
+	lastLSN[e.Partition] = lsn
+	if ev.Op == "m" { // a pgrelay.publish() message: no row to replay
+		return
+	}
+	if ev.Op == "t" {
+		r.Tables[ev.Table] = map[string]Row{}
+		return
+	}
+	if ev.Key == nil && (ev.Op == "c" || ev.Op == "r") { // a table without a key: its rows are a multiset
+		r.addKeyless(ev)
+		return
+	}
+	k := ev.Table + " " + KeyText(ev.Key)
+	if p, seen := keyPart[k]; seen && p != e.Partition {
+		r.problem("key %s in partitions %q and %q", k, p, e.Partition)
+	}
+	keyPart[k] = e.Partition
+	r.apply(e, ev)
 }
 
 func (r *Result) problem(format string, args ...any) {

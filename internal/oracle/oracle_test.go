@@ -102,3 +102,42 @@ func TestOracleComparesKeylessRowsAsAMultiset(t *testing.T) {
 		}
 	}
 }
+
+// The good queue's events in envelopes: one per transaction (lsn), the second in two parts.
+func enveloped() []Entry {
+	inner := func(i int) string { return string(good()[i].Payload) }
+	env := func(off int64, id, lsn string, part int, last bool, events ...string) Entry {
+		return Entry{Off: off, Partition: "all", ID: fmt.Sprintf("%s:t%d", id, part),
+			Payload: []byte(fmt.Sprintf(`{"op":"x","id":"%s","lsn":"%s","xid":1,"ts":"x","part":%d,"last":%v,"events":[%s]}`,
+				id, lsn, part, last, strings.Join(events, ",")))}
+	}
+	return []Entry{
+		env(1, "pg:e:10", "0/10", 1, true, inner(0)),
+		env(2, "pg:e:20", "0/20", 1, false, inner(1)),
+		env(3, "pg:e:20", "0/20", 2, true, inner(2)),
+		env(4, "pg:e:30", "0/30", 1, true, inner(3)),
+	}
+}
+
+func TestOracleReplaysEnvelopes(t *testing.T) {
+	if p := check(enveloped()); len(p) != 0 {
+		t.Fatal(p)
+	}
+	if r := Replay(enveloped()); r.Events != 4 || r.Envelopes != 4 || len(r.Complete) != 3 {
+		t.Errorf("%d events, %d envelopes, %d transactions complete", r.Events, r.Envelopes, len(r.Complete))
+	}
+	for name, damage := range map[string]func([]Entry) []Entry{
+		"a part lost":             func(e []Entry) []Entry { return append(e[:1], e[2:]...) },
+		"the last part lost":      func(e []Entry) []Entry { return append(e[:2], e[3:]...) },
+		"a part twice (other id)": func(e []Entry) []Entry { d := e[2]; d.ID += "x"; d.Off = 5; return append(e, d) },
+		"parts out of order":      func(e []Entry) []Entry { e[1].Off, e[2].Off = 3, 2; e[1], e[2] = e[2], e[1]; return e },
+		"an event of another transaction": func(e []Entry) []Entry {
+			e[0].Payload = []byte(strings.Replace(string(e[0].Payload), `"lsn":"0/10","xid":1,"ts":"x","seq"`, `"lsn":"0/11","xid":1,"ts":"x","seq"`, 1))
+			return e
+		},
+	} {
+		if p := check(damage(enveloped())); len(p) == 0 {
+			t.Errorf("%s: not detected", name)
+		}
+	}
+}

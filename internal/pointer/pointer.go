@@ -32,6 +32,9 @@ const Complete = ^uint64(0)
 type InTxn struct {
 	CommitLSN string `json:"commit_lsn"`
 	Done      uint64 `json:"done"` // changes with seq < Done are in the queue
+	// Parts counts, per enveloped queue, the envelope parts of the transaction already in the
+	// queue, so a restart numbers the next part on; absent when there are none.
+	Parts map[string]uint64 `json:"parts,omitempty"`
 }
 
 // Pointer is the JSON document stored under the source's `...:ptr` key.
@@ -127,6 +130,37 @@ func (p Pointer) AtCommit(commit pglogrepl.LSN) Pointer {
 func (p Pointer) InsideTxn(commit pglogrepl.LSN, done uint64) Pointer {
 	p.InTxn = &InTxn{CommitLSN: commit.String(), Done: done}
 	return p
+}
+
+// WithParts returns p (inside a transaction) recording parts, the envelope parts of the
+// transaction in the queue by queue.
+func (p Pointer) WithParts(parts map[string]uint64) Pointer {
+	if p.InTxn != nil {
+		in := *p.InTxn
+		in.Parts = parts
+		p.InTxn = &in
+	}
+	return p
+}
+
+// Parts returns how many envelope parts of the transaction committing at commit are in the queue,
+// by queue (nil when none, or when p is not inside that transaction).
+func (p Pointer) Parts(commit pglogrepl.LSN) map[string]uint64 {
+	if p.InTxn == nil || p.CommitValue() != commit {
+		return nil
+	}
+	return p.InTxn.Parts
+}
+
+// EnvelopeID is the stable id of part (1, 2, ...) of the envelope of the transaction (or chunk)
+// whose id is tx: `<tx>:t<part>`.
+func EnvelopeID(tx string, part uint64) string { return string(AppendEnvelopeID(nil, tx, part)) }
+
+// AppendEnvelopeID appends EnvelopeID(tx, part) to dst.
+func AppendEnvelopeID(dst []byte, tx string, part uint64) []byte {
+	dst = append(dst, tx...)
+	dst = append(dst, ":t"...)
+	return strconv.AppendUint(dst, part, 10)
 }
 
 // Less reports whether p is strictly before q.

@@ -2,6 +2,7 @@ package pointer
 
 import (
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +105,33 @@ func TestParseLSN(t *testing.T) {
 		if _, err := ParseLSN(s); err == nil {
 			t.Errorf("%q parsed", s)
 		}
+	}
+}
+
+func TestEnvelopePartsRoundTrip(t *testing.T) {
+	p := New(1, "0a1b2c3d", "42", "s", 0x1570EA0).InsideTxn(0x1580000, 7).WithParts(map[string]uint64{"ledger": 3, "audit": 1})
+	b := p.Marshal(time.Unix(0, 0))
+	if want := `"in_txn":{"commit_lsn":"0/1580000","done":7,"parts":{"audit":1,"ledger":3}}`; !strings.Contains(string(b), want) {
+		t.Errorf("%s lacks %s", b, want)
+	}
+	got, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parts := got.Parts(0x1580000); parts["ledger"] != 3 || parts["audit"] != 1 || len(parts) != 2 {
+		t.Errorf("parts %v", parts)
+	}
+	if got.Parts(0x1590000) != nil || New(1, "e", "s", "x", 1).Parts(0x1580000) != nil {
+		t.Error("parts of another transaction")
+	}
+	if got.Position() != p.Position() {
+		t.Errorf("pos %s != %s", got.Position(), p.Position())
+	}
+	// Without parts the field is left out, as in pointers written before it existed.
+	if b := New(1, "e", "s", "x", 1).InsideTxn(2, 1).Marshal(time.Unix(0, 0)); strings.Contains(string(b), "parts") {
+		t.Errorf("%s", b)
+	}
+	if id := EnvelopeID("pg:0a1b2c3d:0000000001570EA0", 2); id != "pg:0a1b2c3d:0000000001570EA0:t2" {
+		t.Error(id)
 	}
 }

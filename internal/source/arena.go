@@ -25,6 +25,20 @@ func (a *arena) bytes(b []byte) []byte {
 	return a.block[start : start+n : start+n]
 }
 
+// room returns an empty slice of capacity n for the caller to fill by appending (at most n bytes):
+// the arena's, or its own when n is over a quarter of a block.
+func (a *arena) room(n int) []byte {
+	if n > arenaBlock/4 {
+		return make([]byte, 0, n)
+	}
+	if cap(a.block)-len(a.block) < n {
+		a.block = make([]byte, 0, arenaBlock)
+	}
+	start := len(a.block)
+	a.block = a.block[:start+n]
+	return a.block[start : start : start+n]
+}
+
 // string returns b as a string in the arena.
 func (a *arena) string(b []byte) string { return arenaString(a.bytes(b)) }
 

@@ -33,8 +33,9 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	}
 	// The cover is built once at the end: per-change pointer values would cost an allocation each.
 	complete, inTxn, txCommit, txDone := ss.plan.LSNValue(), ss.plan.InTxn != nil, ss.plan.CommitValue(), uint64(0)
+	var txParts map[string]uint64 // envelope parts of the transaction in the queue
 	if inTxn {
-		txDone = ss.plan.InTxn.Done
+		txDone, txParts = ss.plan.InTxn.Done, ss.plan.InTxn.Parts
 	}
 	// The items are only measured here; their events are copied once a batch is due (the bundler
 	// looks again on every queued change while a transaction arrives).
@@ -52,6 +53,12 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 		}
 		switch it.kind {
 		case itemChange:
+			if it.commit != txCommit {
+				txParts = nil
+			}
+			if it.parts != nil {
+				txParts = it.parts
+			}
 			inTxn, txCommit, txDone = true, it.commit, it.seq+1
 		case itemCommit:
 			complete, inTxn = it.commit, false
@@ -74,7 +81,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	}
 	cover := ss.plan.AtCommit(complete)
 	if inTxn {
-		cover = cover.InsideTxn(txCommit, txDone)
+		cover = cover.InsideTxn(txCommit, txDone).WithParts(txParts)
 	}
 	if chunks > 0 {
 		cover.Snapshot, cover.SnapshotChunks = cursor, cover.SnapshotChunks+chunks

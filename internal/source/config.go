@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
@@ -34,6 +35,17 @@ type Table struct {
 // Full is "schema.name" as it appears in events.
 func (t Table) Full() string { return t.Schema + "." + t.Name }
 
+// EnvelopeQueue is a queue whose stream changes go one transaction per message: an envelope holding
+// the transaction's change events for that queue (DESIGN §2), in one partition.
+type EnvelopeQueue struct {
+	Queue     string
+	Partition string // the partition of every envelope of the queue
+	// MaxEvents and MaxBytes bound one envelope: a transaction with more events (or bytes) for
+	// the queue goes in parts.
+	MaxEvents int
+	MaxBytes  int
+}
+
 // Config is a parsed pg_cdc configuration.
 type Config struct {
 	Name               string
@@ -55,6 +67,17 @@ type Config struct {
 	TruncateEmit       bool
 	SnapshotInitial    bool
 	ChunkRows          int // rows per snapshot chunk
+	Envelopes          []EnvelopeQueue
+}
+
+// Envelope returns the envelope configuration of queue, nil when its changes go one per message.
+func (c *Config) Envelope(queue string) *EnvelopeQueue {
+	for i := range c.Envelopes {
+		if c.Envelopes[i].Queue == queue {
+			return &c.Envelopes[i]
+		}
+	}
+	return nil
 }
 
 // PGConfig is how to reach PostgreSQL (shared with pg_sink).
@@ -71,7 +94,11 @@ const (
 	MinChunkRows, MaxChunkRows        = 1, 100000
 	DefaultChunkRows                  = 2000
 	MaxQueueBytes                     = 128 // a table's queue name
-	MaxPublicationBytes               = 63  // PostgreSQL's identifier limit
+	MinEnvelopeEvents, MaxEnvelopeEvs = 1, 1000000
+	DefaultEnvelopeEvents             = 10000
+	MinEnvelopeBytes                  = MinBundleBytes // an envelope's bytes are also at most max_bundle_bytes
+	DefaultEnvelopeBytes              = 4 << 20
+	MaxPublicationBytes               = 63 // PostgreSQL's identifier limit
 	// InsertPublicationSuffix names the publication of the append-only tables after the main one.
 	InsertPublicationSuffix = "_insert"
 )
@@ -145,6 +172,9 @@ func (c *Config) Validate() error {
 	if err := c.validateLimits(); err != nil {
 		return err
 	}
+	if err := c.validateEnvelopes(); err != nil {
+		return err
+	}
 	if err := c.checkClusterSlots(); err != nil {
 		return err
 	}
@@ -209,6 +239,30 @@ func (c *Config) validateLimits() error {
 		return fieldErr("heartbeat", "%s is not in %s-%s", c.Heartbeat, MinHeartbeat, MaxHeartbeat)
 	case c.ChunkRows < MinChunkRows || c.ChunkRows > MaxChunkRows:
 		return fieldErr("chunk_rows", "%d is not in %d-%d", c.ChunkRows, MinChunkRows, MaxChunkRows)
+	}
+	return nil
+}
+
+func (c *Config) validateEnvelopes() error {
+	seen := map[string]bool{}
+	for i, e := range c.Envelopes {
+		path := fmt.Sprintf("envelopes[%d]", i)
+		if e.Queue == "" || len(e.Queue) > MaxQueueBytes || strings.ContainsAny(e.Queue, "{}") {
+			return fieldErr(path+".queue", "%q must be 1-%d bytes without { or }", e.Queue, MaxQueueBytes)
+		}
+		if seen[e.Queue] {
+			return fieldErr(path+".queue", "%s is listed twice", e.Queue)
+		}
+		seen[e.Queue] = true
+		switch {
+		case e.Partition == "" || len(e.Partition) > partition.MaxLen:
+			return fieldErr(path+".partition", "%q must be 1-%d bytes", e.Partition, partition.MaxLen)
+		case e.MaxEvents < MinEnvelopeEvents || e.MaxEvents > MaxEnvelopeEvs:
+			return fieldErr(path+".max_events", "%d is not in %d-%d", e.MaxEvents, MinEnvelopeEvents, MaxEnvelopeEvs)
+		case e.MaxBytes < MinEnvelopeBytes || e.MaxBytes > c.MaxBundleBytes:
+			return fieldErr(path+".max_bytes", "%d is not in %d-%d (max_bundle_bytes: an envelope goes whole in one batch; raise both to allow larger parts)",
+				e.MaxBytes, MinEnvelopeBytes, c.MaxBundleBytes)
+		}
 	}
 	return nil
 }

@@ -24,6 +24,7 @@ type relation struct {
 	info  *TableInfo   // nil: not configured (an unmanaged publication's extra table)
 	table *event.Table // its name and columns; key and partition columns when configured
 	ident byte         // 'f' for REPLICA IDENTITY FULL
+	env   *envelope    // its queue's envelope; nil when its changes go one per message
 }
 
 // readbackFunc reads the current values of cols of rel's row with the given key (nil when gone),
@@ -54,6 +55,10 @@ type decoder struct {
 	buf              []byte
 	arena            arena     // the events' bytes
 	slab             eventSlab // the events of queued changes
+
+	envs                  map[string]*envelope // the enveloped queues (nil: none)
+	seg                   segment              // the transaction's envelopes and open parts
+	maxMessages, maxBytes int                  // the bundle limits, which a segment stays within
 }
 
 // decode decodes one pgoutput message; emit receives the items (and may block).
@@ -78,11 +83,19 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 		d.pos = event.Position{LSN: m.FinalLSN.String(), Xid: m.Xid, TS: m.CommitTime.UTC().Format(event.TimeFormat)}
 		d.tsMs = m.CommitTime.UnixMilli()
 		d.txID = pointer.TxID(d.epoch, m.FinalLSN)
+		if d.envs != nil {
+			d.beginEnvelopes()
+		}
 		return nil
 	case *pglogrepl.CommitMessage:
 		d.inTxn = false
 		if m.CommitLSN <= d.start.LSNValue() {
 			return nil
+		}
+		if len(d.seg.envs) > 0 {
+			if err := d.finishEnvelopes(emit); err != nil {
+				return err
+			}
 		}
 		return emit(item{kind: itemCommit, commit: m.CommitLSN})
 	case *pglogrepl.TruncateMessage:
@@ -111,21 +124,23 @@ func (d *decoder) published(m *pglogrepl.LogicalDecodingMessage, emit func(item)
 		Partition *string         `json:"partition"`
 		Payload   json.RawMessage `json:"payload"`
 	}
-	it := item{kind: itemChange, commit: d.commit, seq: seq}
 	if err := json.Unmarshal(m.Content, &msg); err != nil || msg.Queue == "" || len(msg.Payload) == 0 {
 		d.badMessages++
-		return emit(it) // counted in seq, nothing to send
+		return d.emitChange(seq, nil, emit) // counted in seq, nothing to send
+	}
+	pos := d.pos
+	pos.Seq = seq
+	if env := d.envs[msg.Queue]; env != nil { // its place in the envelope (the partition is the envelope's)
+		d.envEnd(env, event.AppendMessage(d.envStart(env), msg.Payload, &pos))
+		return d.emitChange(seq, nil, emit)
 	}
 	part := partition.Single
 	if msg.Partition != nil {
 		part = *msg.Partition
 	}
-	pos := d.pos
-	pos.Seq = seq
 	ev := Event{Queue: msg.Queue, Partition: part, ID: pointer.MessageID(d.epoch, d.commit, seq, 0), Tx: d.txID,
 		Op: event.OpMessage, LSN: pos.LSN, Xid: pos.Xid, CreatedMs: d.tsMs, Payload: event.AppendMessage(nil, msg.Payload, &pos)}
-	it.events, it.size = []Event{ev}, ev.size()
-	return emit(it)
+	return d.emitChange(seq, []Event{ev}, emit)
 }
 
 // change numbers one raw change and emits its events unless the start pointer covers it.
@@ -146,11 +161,7 @@ func (d *decoder) change(ctx context.Context, relID uint32, emit func(item) erro
 			return err
 		}
 	}
-	it := item{kind: itemChange, commit: d.commit, seq: seq, events: events}
-	for i := range events {
-		it.size += events[i].size()
-	}
-	return emit(it)
+	return d.emitChange(seq, events, emit)
 }
 
 func (d *decoder) relation(ctx context.Context, m *pglogrepl.RelationMessage) error {
@@ -167,22 +178,25 @@ func (d *decoder) relation(ctx context.Context, m *pglogrepl.RelationMessage) er
 		cols[i] = event.Column{Name: c.Name, Type: d.reg.Lookup(c.DataType)}
 	}
 	var key, part []int
+	var env *envelope
 	info := d.tables[full]
 	if info != nil {
+		env = d.envs[info.Queue]
 		var err error
 		if key, err = columnIndexes(full, cols, info.Key, "key"); err != nil {
 			return err
 		}
-		switch info.Mode {
-		case PartitionByKey:
+		switch {
+		case env != nil: // an envelope's events are not partitioned: a key change is one u
+		case info.Mode == PartitionByKey:
 			part = key
-		case PartitionByColumns:
+		case info.Mode == PartitionByColumns:
 			if part, err = columnIndexes(full, cols, info.Columns, "partition_by"); err != nil {
 				return err
 			}
 		}
 	}
-	d.rels[m.RelationID] = &relation{info: info, table: event.NewTable(full, cols, key, part), ident: m.ReplicaIdentity}
+	d.rels[m.RelationID] = &relation{info: info, table: event.NewTable(full, cols, key, part), ident: m.ReplicaIdentity, env: env}
 	return nil
 }
 
@@ -279,14 +293,22 @@ func (d *decoder) tuple(i int, b []byte) (event.Row, []byte, error) {
 }
 
 func (d *decoder) insert(rel *relation, row event.Row) []Event {
-	evs := d.slab.take(1)
-	evs[0] = d.event(rel, d.partition(rel, row), 0, &event.Change{Op: event.OpInsert, Row: row})
-	return evs
+	return d.one(rel, row, &event.Change{Op: event.OpInsert, Row: row})
 }
 
 func (d *decoder) delete(rel *relation, old event.Row) []Event {
+	return d.one(rel, old, &event.Change{Op: event.OpDelete, Row: old, BeforeCols: d.beforeCols(rel, true)})
+}
+
+// one renders a change that is one event, of row r's partition: into its queue's envelope, or as
+// a message of its own.
+func (d *decoder) one(rel *relation, r event.Row, c *event.Change) []Event {
+	if rel.env != nil {
+		d.envelop(rel, c)
+		return nil
+	}
 	evs := d.slab.take(1)
-	evs[0] = d.event(rel, d.partition(rel, old), 0, &event.Change{Op: event.OpDelete, Row: old, BeforeCols: d.beforeCols(rel, true)})
+	evs[0] = d.event(rel, d.partition(rel, r), 0, c)
 	return evs
 }
 
@@ -324,9 +346,7 @@ func (d *decoder) update(ctx context.Context, rel *relation, old, row event.Row)
 	keyChanged := !sameValues(old, row, rel.table.Key)
 	newPart, oldPart := d.partition(rel, row), d.partition(rel, old)
 	if newPart == oldPart {
-		evs := d.slab.take(1)
-		evs[0] = d.event(rel, newPart, 0, &event.Change{Op: event.OpUpdate, Row: row, BeforeCols: d.beforeCols(rel, keyChanged), Before: old})
-		return evs, nil
+		return d.one(rel, row, &event.Change{Op: event.OpUpdate, Row: row, BeforeCols: d.beforeCols(rel, keyChanged), Before: old}), nil
 	}
 	del := d.event(rel, oldPart, 0, &event.Change{Op: event.OpDelete, Row: old, BeforeCols: d.beforeCols(rel, true)})
 	if missing := unchangedCols(row); len(missing) > 0 {
@@ -393,11 +413,11 @@ func (d *decoder) truncate(m *pglogrepl.TruncateMessage, emit func(item) error) 
 	if d.start.Covered(d.commit, seq) {
 		return nil
 	}
-	it := item{kind: itemChange, commit: d.commit, seq: seq}
 	if !d.truncEm {
 		d.truncatesSkipped++
-		return emit(it)
+		return d.emitChange(seq, nil, emit)
 	}
+	var events []Event
 	k := 0
 	for _, id := range m.RelationIDs {
 		rel := d.rels[id]
@@ -406,11 +426,14 @@ func (d *decoder) truncate(m *pglogrepl.TruncateMessage, emit func(item) error) 
 		}
 		pos := d.pos
 		pos.Seq = seq
+		if rel.env != nil {
+			d.envEnd(rel.env, rel.table.AppendTruncate(d.envStart(rel.env), &pos))
+			continue
+		}
 		ev := Event{Queue: rel.info.Queue, Partition: partition.Single, ID: pointer.MessageID(d.epoch, d.commit, seq, k), Tx: d.txID,
 			Op: event.OpTruncate, Table: rel.table.Name, LSN: pos.LSN, Xid: pos.Xid, CreatedMs: d.tsMs, Payload: rel.table.AppendTruncate(nil, &pos)}
-		it.events = append(it.events, ev)
-		it.size += ev.size()
+		events = append(events, ev)
 		k++
 	}
-	return emit(it)
+	return d.emitChange(seq, events, emit)
 }

@@ -68,7 +68,15 @@ func benchWAL(n, txRows int) [][]byte {
 // BenchmarkDecodeTx1000 runs the source's part of a streamed change without servers: 1,000-row
 // transactions of the bench table from pgoutput bytes through the decoder and the item queue into
 // batches. One op is one change.
-func BenchmarkDecodeTx1000(b *testing.B) {
+func BenchmarkDecodeTx1000(b *testing.B) { benchDecodeTx1000(b, nil) }
+
+// BenchmarkDecodeTx1000Envelope is BenchmarkDecodeTx1000 with the bench table's queue enveloped:
+// each transaction becomes one message holding its 1,000 events.
+func BenchmarkDecodeTx1000Envelope(b *testing.B) {
+	benchDecodeTx1000(b, &EnvelopeQueue{Queue: "q", Partition: "all", MaxEvents: DefaultEnvelopeEvents, MaxBytes: DefaultEnvelopeBytes})
+}
+
+func benchDecodeTx1000(b *testing.B, env *EnvelopeQueue) {
 	const txRows = 1000
 	wal := benchWAL(1, txRows)
 	ss := testSession(txRows, pointer.New(1, "e", "s", "x", 0x100))
@@ -78,7 +86,11 @@ func BenchmarkDecodeTx1000(b *testing.B) {
 	reg := convert.NewRegistry()
 	dec := &decoder{epoch: "e", start: ss.plan, reg: reg, rels: map[uint32]*relation{},
 		tables:   map[string]*TableInfo{"public.bench": {Table: Table{Schema: "public", Name: "bench", Queue: "q", Mode: PartitionByKey}, Key: []string{"id"}}},
-		loadType: func(context.Context, []uint32) error { return nil }}
+		loadType: func(context.Context, []uint32) error { return nil }, maxMessages: txRows, maxBytes: 8 << 20}
+	want := txRows // messages per transaction
+	if env != nil {
+		dec.envs, want = newEnvelopes(&Config{Envelopes: []EnvelopeQueue{*env}}), 1
+	}
 	emit := func(it item) error {
 		if ok, _ := ss.q.tryPush(it); !ok {
 			b.Fatal("queue full")
@@ -104,7 +116,7 @@ func BenchmarkDecodeTx1000(b *testing.B) {
 			}
 		}
 		batch, _, err := ss.bundle(context.Background())
-		if err != nil || batch == nil || len(batch.Events) != txRows {
+		if err != nil || batch == nil || len(batch.Events) != want {
 			b.Fatalf("batch %v, %v", batch, err)
 		}
 		ss.acked(batch)

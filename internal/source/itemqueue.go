@@ -28,6 +28,9 @@ type item struct {
 	size   int
 	lsn    pglogrepl.LSN
 	chunk  *chunkPart // itemChunk: the snapshot cursor after this part
+	// parts: envelope parts of the transaction in the queue once this item is, by queue (set
+	// on an item that closes parts before the transaction's commit)
+	parts map[string]uint64
 }
 
 // chunkPart is the pointer's snapshot field after one part of a chunk is in the queue.

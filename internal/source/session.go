@@ -69,7 +69,7 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	}
 	reg := convert.NewRegistry()
 	dec := &decoder{epoch: start.Epoch, start: start, truncEm: s.cfg.TruncateEmit, tables: byName, reg: reg,
-		rels:     map[uint32]*relation{},
+		rels: map[uint32]*relation{}, envs: newEnvelopes(&s.cfg), maxMessages: s.cfg.MaxBundleMessages, maxBytes: s.cfg.MaxBundleBytes,
 		loadType: func(ctx context.Context, oids []uint32) error { return reg.Load(ctx, pool, oids) },
 		readback: func(ctx context.Context, rel *relation, key event.Row, cols []int, xid uint32) (event.Row, error) {
 			return readback(ctx, pool, rel, key, cols, xid)

@@ -504,6 +504,10 @@ func (sn *snapshotter) observe(it item) {
 		sn.share.streamed(it.size)
 		for i := range it.events {
 			e := &it.events[i]
+			if e.Op == event.OpEnvelope {
+				sn.observeEnvelope(e)
+				continue
+			}
 			if e.Table != sn.active {
 				continue
 			}
@@ -773,6 +777,9 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		cur.size += ev.size()
 	}
 	flush(len(ch.Rows)-1, true)
+	if t != nil {
+		out = envelopeChunk(out, cfg.Envelope(t.info.Queue), tx, pos, ms)
+	}
 	return out, nil
 }
 
