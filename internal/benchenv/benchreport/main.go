@@ -98,6 +98,13 @@ func atLeast(bench, unit string, limit float64) func(results) (bool, bool) {
 	}
 }
 
+func below(bench, unit string, limit float64) func(results) (bool, bool) {
+	return func(r results) (bool, bool) {
+		v, ok := r.get(bench, unit)
+		return ok && v < limit, ok
+	}
+}
+
 // latencyMet checks the p99 goal, unless the raw baseline shows the machine could not keep up (raw
 // p50 over 2 ms: PostgreSQL itself was starved), when the run says nothing about pgrelay.
 func latencyMet(r results) (bool, bool) {
@@ -118,6 +125,7 @@ func calm(bench, baseP50 string, goal func(results) (bool, bool)) func(results) 
 const (
 	stream = "BenchmarkSourceTx1000"
 	snap   = "BenchmarkSnapshot"
+	sload  = "BenchmarkSnapshotUnderLoad"
 	lat    = "BenchmarkSourceLatency"
 	ups    = "BenchmarkUpsert/batch=500"
 	ups2k  = "BenchmarkUpsert/batch=2000"
@@ -165,6 +173,15 @@ var figures = []figure{
 	{section: "Snapshot", name: "pgrelay CPU per snapshot row → redis_queue, µs", bench: snap, unit: "queue_cpu_pgrelay_us/row",
 		baseName: "COPY's backend, µs", baseUnit: "copy_cpu_backend_us/row", lowerBetter: true, goal: "≤ 2 µs",
 		met: atMost(snap, "queue_cpu_pgrelay_us/row", 2)},
+	{section: loadSection, name: "snapshot of a separate table with pgbench writing, s", bench: sload, unit: "steady_s",
+		baseName: "the same with no writers, s", baseUnit: "idle_s", lowerBetter: true, goal: "≤ 2× (ratio ≥ 0.5)",
+		met: atMost(sload, "steady_slowdown", 2), chart: true, chartGoal: 0.5},
+	{section: loadSection, name: "stream lag during that snapshot (newest delivered commit), max s", bench: sload, unit: "steady_lag_max_s",
+		goal: "< 2 s", met: below(sload, "steady_lag_max_s", 2)},
+	{section: loadSection, name: "pgbench transactions/s meanwhile", bench: sload, unit: "steady_writers_tx/s", goal: "—"},
+	{section: loadSection, name: "snapshot pace after a restart behind a backlog, pgbench writing, rows/s", bench: sload, unit: "catchup_rows/s",
+		baseName: "idle pace, rows/s", baseUnit: "idle_rows/s", ratioUnit: "catchup_ratio", goal: "≥ 1/3 of idle",
+		met: atLeast(sload, "catchup_ratio", 1.0/3), chart: true, chartGoal: 1.0 / 3},
 	{section: "Latency (single-row transactions at 2,000 tx/s)", name: "commit → queue p50, ms", bench: lat, unit: "p50_ms",
 		baseName: "raw pgoutput p50, ms", baseUnit: "raw_p50_ms", lowerBetter: true, goal: "—"},
 	{section: "Latency (single-row transactions at 2,000 tx/s)", name: "commit → queue p99, ms", bench: lat, unit: "p99_ms",
@@ -206,6 +223,9 @@ var figures = []figure{
 	{section: pubSection, name: "outbox rows left dead for VACUUM after the runs", bench: pub, unit: "outbox_dead_rows",
 		baseName: "pgrelay.publish(): no table", goal: "—"},
 }
+
+// loadSection is the snapshot's share of the pipeline under pgbench's writers.
+const loadSection = "Snapshot under load (pgbench -c 4 -j 2 on the source's other tables)"
 
 // pubSection is the transactional publish's part of the report (latency at 1,000 tx/s).
 const pubSection = "Transactional publish: pgrelay.publish() against an outbox (latency at 1,000 tx/s)"

@@ -1,0 +1,273 @@
+package source_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/snapshot"
+	"github.com/pgrelay/pgrelay/internal/source"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// BenchmarkSnapshotUnderLoad measures the snapshot's share of the pipeline while PostgreSQL's own
+// pgbench (TPC-B-like, `-c 4 -j 2`, no vacuum, flat out) writes the other tables of the same
+// source. Each run is a new pg_cdc source of pgbench's four tables (pgbench_history append-only)
+// into redis_queue that is restarted with a separate table of PGRELAY_BENCH_LOAD_SNAPSHOT_ROWS
+// rows (300,000; 20,000 in quick mode, rows as BenchmarkSnapshot's) added, which it snapshots
+// while it streams. In PGRELAY_BENCH_RUNS alternating runs:
+//
+//   - idle: no writers; the snapshot's time from the restart to the pointer's snapshot becoming
+//     null, and its pace (rows per second over that time);
+//   - steady: pgbench runs from before the restart to the end: the snapshot's time (goal: at most
+//     2× idle's) and the stream's lag throughout the snapshot, once the stream first caught up
+//     after the restart (goal: under 2 s). The lag is the age of the newest delivered commit: the
+//     time since the WAL's end was last at or below the pointer's LSN (sampled every 50 ms, so it
+//     is an upper bound);
+//   - catchup: as steady, but the source is stopped once a third of the table is delivered and
+//     restarted PGRELAY_BENCH_LOAD_BACKLOG seconds later (10; 3 in quick mode) with the writers
+//     running all along, so the stream starts behind by that backlog: the snapshot's pace from the
+//     restart to the end, over the rows left (goal: at least a third of idle's pace, from its start
+//     to its end). The stop is a clean one (in-process pipelines cannot be SIGKILLed), which
+//     releases the lease: no lease wait to leave out; what the restart finds (the pointer's
+//     cursor, the backlog in the slot) is what it finds after a kill.
+//
+// It reports the medians: the times and paces, steady_slowdown (steady ÷ idle time),
+// catchup_ratio (catchup ÷ idle pace), the lags, and the writers' transactions per second.
+func BenchmarkSnapshotUnderLoad(b *testing.B) {
+	total := benchenv.Size("PGRELAY_BENCH_LOAD_SNAPSHOT_ROWS", 300000, 20000)
+	backlog := time.Duration(benchenv.Size("PGRELAY_BENCH_LOAD_BACKLOG", 10, 3)) * time.Second
+	runs := benchenv.Runs()
+	e := &env{t: b, pg: testenv.StartPostgres(b), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
+	pgbench, err := benchenv.PGClientBin(e.pg.BinDir, "pgbench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if out, err := exec.Command(pgbench, "-i", "-q", "-s", "1", e.pg.DSN()).CombinedOutput(); err != nil {
+		b.Fatalf("pgbench -i: %v\n%s", err, out)
+	}
+	e.pg.Exec(`CREATE TABLE snap (id bigint PRIMARY KEY, v text, n numeric, ts timestamptz)`)
+	e.pg.Exec(`INSERT INTO snap SELECT g, repeat(md5(g::text), 3), g * 1.5, now() FROM generate_series(1, $1::bigint) g`, total)
+	e.pg.Exec(`VACUUM ANALYZE snap`)
+	e.pg.Exec(`CHECKPOINT`)
+	lr := &loadRunner{e: e, pgbench: pgbench, total: total, backlog: backlog}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		var m benchenv.Metrics
+		for r := 0; r < runs; r++ {
+			idle := lr.run(b, fmt.Sprintf("li%d_%d", i, r), false, false)
+			steady := lr.run(b, fmt.Sprintf("ls%d_%d", i, r), true, false)
+			catchup := lr.run(b, fmt.Sprintf("lc%d_%d", i, r), true, true)
+			m.Add("idle_s", idle.elapsed.Seconds())
+			m.Add("idle_rows/s", idle.pace)
+			m.Add("steady_s", steady.elapsed.Seconds())
+			m.Add("steady_slowdown", steady.elapsed.Seconds()/idle.elapsed.Seconds())
+			m.Add("steady_lag_max_s", steady.lagMax.Seconds())
+			m.Add("steady_writers_tx/s", steady.writersTPS)
+			m.Add("catchup_rows/s", catchup.pace)
+			m.Add("catchup_ratio", catchup.pace/idle.pace)
+			m.Add("catchup_writers_tx/s", catchup.writersTPS)
+		}
+		m.Report(b)
+	}
+}
+
+// loadRunner runs the snapshots of BenchmarkSnapshotUnderLoad.
+type loadRunner struct {
+	e       *env
+	pgbench string
+	total   int
+	backlog time.Duration
+}
+
+// loadResult is one snapshot under (or without) load.
+type loadResult struct {
+	elapsed    time.Duration // from the restart with the table added to the snapshot's end
+	pace       float64       // rows per second from the (last) start to the end
+	lagMax     time.Duration // steady: the stream's largest lag once it caught up after the restart
+	writersTPS float64
+}
+
+func (lr *loadRunner) config(name string, added bool) string {
+	tables := "[{table: pgbench_accounts, queue: %[1]s}, {table: pgbench_branches, queue: %[1]s}, {table: pgbench_tellers, queue: %[1]s}, {table: pgbench_history, queue: %[1]s, append_only: true, partition_by: [tid]}]"
+	snap := "snapshot: never"
+	if added {
+		tables = tables[:len(tables)-1] + ", {table: snap, queue: %[1]s}]"
+		snap = "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
+	}
+	return fmt.Sprintf("input:\n  pg_cdc:\n    name: %[1]s\n    dsn: %[2]s\n    tls: {mode: disable}\n    tables: %[3]s\n    redis: {url: %[4]s}\n    lease_ttl: 3s\n%[5]s\noutput:\n  redis_queue:\n    url: %[4]s\n    durability: %[6]s\nlogger:\n  level: warn\n",
+		name, lr.e.pg.DSN(), fmt.Sprintf(tables, name), lr.e.rd.URL(), indent(snap), benchDurability())
+}
+
+// run makes source name stream pgbench's tables, starts the writers when asked, restarts the
+// source with the snapshot table added and waits for its snapshot to end (stopping and restarting
+// it a third of the way when kill is set).
+func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadResult {
+	e := lr.e
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	stop := startStream(b, lr.config(name, false))
+	e.waitPointer(name, name)
+	key := "pgrelay:{" + name + "}:src:" + name + ":ptr"
+	var res loadResult
+	var tx0 int64
+	t0 := time.Now()
+	if writers {
+		tx0 = lr.historyRows(b)
+		cmd := exec.CommandContext(ctx, lr.pgbench, "-n", "-c", "4", "-j", "2", "-T", "3600", e.pg.DSN())
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { cancel(); _ = cmd.Wait() }()
+		time.Sleep(2 * time.Second) // the stream in its steady state
+	}
+	stop()
+	var lag *lagWatch
+	if writers && !kill {
+		lag = startLagWatch(ctx, e, key)
+	}
+	start := time.Now()
+	stop = startStream(b, lr.config(name, true))
+	defer func() { stop() }()
+	from, paceStart := int64(0), start // the pace's window: rows delivered at its start, its start
+	stopped := false
+	deadline := time.Now().Add(30 * time.Minute)
+	for {
+		p, err := source.ReadPointer(e.ctx, e.rd.Client(), key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		now := time.Now()
+		if p != nil && slices.Contains(p.Tables, "public.snap") {
+			if string(p.Snapshot) == "null" {
+				res.elapsed = now.Sub(start)
+				res.pace = float64(int64(lr.total)-from) / now.Sub(paceStart).Seconds()
+				break
+			}
+			var cur snapshot.Cursor
+			if err := json.Unmarshal(p.Snapshot, &cur); err != nil {
+				b.Fatal(err)
+			}
+			if kill && !stopped && cur.Rows >= int64(lr.total/3) {
+				stopped = true
+				stop()
+				if p, err = source.ReadPointer(e.ctx, e.rd.Client(), key); err != nil {
+					b.Fatal(err)
+				}
+				if err := json.Unmarshal(p.Snapshot, &cur); err != nil {
+					b.Fatal(err)
+				}
+				time.Sleep(lr.backlog)
+				from, paceStart = cur.Rows, time.Now()
+				stop = startStream(b, lr.config(name, true))
+			}
+		}
+		if now.After(deadline) {
+			b.Fatalf("snapshot %s not done", name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if lag != nil {
+		res.lagMax = lag.stop()
+	}
+	if writers {
+		res.writersTPS = float64(lr.historyRows(b)-tx0) / time.Since(t0).Seconds()
+	}
+	return res
+}
+
+// historyRows counts pgbench_history's rows: one per pgbench transaction.
+func (lr *loadRunner) historyRows(b *testing.B) int64 {
+	var n int64
+	if err := lr.e.pg.Pool().QueryRow(lr.e.ctx, `SELECT count(*) FROM pgbench_history`).Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// lagWatch samples the WAL's end and the pointer every 50 ms. The stream's lag at a sample is the
+// time since the latest sample whose WAL end was at or below the pointer's LSN (every commit up to
+// there is delivered). The largest lag counts from the first sample where it is under 1 s: the
+// stream caught up with the restart's gap.
+type lagWatch struct {
+	mu      sync.Mutex
+	caught  bool
+	max     time.Duration
+	samples []lagSample
+	done    chan struct{}
+	stopped chan struct{}
+}
+
+type lagSample struct {
+	at  time.Time
+	wal pglogrepl.LSN
+}
+
+func startLagWatch(ctx context.Context, e *env, key string) *lagWatch {
+	w := &lagWatch{done: make(chan struct{}), stopped: make(chan struct{})}
+	go func() {
+		defer close(w.stopped)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			var s string
+			if err := e.pg.Pool().QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+				continue
+			}
+			now := time.Now()
+			wal, _ := pglogrepl.ParseLSN(s)
+			p, err := source.ReadPointer(ctx, e.rd.Client(), key)
+			if err != nil || p == nil {
+				continue
+			}
+			ptr := p.LSNValue()
+			w.mu.Lock()
+			w.samples = append(w.samples, lagSample{at: now, wal: wal})
+			lag, known := now.Sub(w.samples[0].at), false // behind every sample: at least this
+			for i := len(w.samples) - 1; i >= 0; i-- {
+				if w.samples[i].wal <= ptr {
+					lag, known = now.Sub(w.samples[i].at), true
+					w.samples = w.samples[i:] // older samples are not needed again
+					break
+				}
+			}
+			if known && lag < time.Second {
+				w.caught = true
+			}
+			if w.caught && lag > w.max {
+				w.max = lag
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+// stop ends the sampling and returns the largest lag once caught up (or the last lag when the
+// stream never caught up).
+func (w *lagWatch) stop() time.Duration {
+	close(w.done)
+	<-w.stopped
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.caught && len(w.samples) > 0 {
+		return time.Since(w.samples[0].at)
+	}
+	return w.max
+}
