@@ -204,6 +204,25 @@ output:
   redis_queue:
     url: ${REDIS_URL:redis://127.0.0.1:6379}
 `).
+		Example("One message per transaction", "An order, its items and the events the application publishes with `pgrelay.publish('shop', ...)` in the same transaction arrive as one envelope in the queue `shop` (partition `all`, so in commit order); a transaction with more than 5,000 of them goes in numbered parts. The audit table's changes go one per message to their own queue.", `
+input:
+  pg_cdc:
+    name: shop
+    dsn: ${PG_DSN:postgres://pgrelay@127.0.0.1:5432/shop}
+    password: ${PGPASSWORD:}
+    tables:
+      - { table: orders, queue: shop }
+      - { table: order_items, queue: shop }
+      - { table: audit_log, queue: audit }
+    envelopes:
+      - { queue: shop, max_events: 5000 }
+    redis:
+      url: ${REDIS_URL:redis://127.0.0.1:6379}
+output:
+  redis_queue:
+    url: ${REDIS_URL:redis://127.0.0.1:6379}
+    durability: aof
+`).
 		Example("A log table without a key", "pgbench's tables: the three with a primary key stream every change; `pgbench_history` has no key and only gets inserts, so it is append-only (in the insert-only publication `pgrelay_bench_insert`, events with `key: null`), partitioned by teller. A table the start checks refuse is skipped and reported while the others stream (`on_refused_table: skip`, the default).", `
 input:
   pg_cdc:
