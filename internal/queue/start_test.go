@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -69,6 +70,16 @@ func event(op, lsn string, xid int64) []byte {
 		op, lsn, x))
 }
 
+// envelope is an envelope of DESIGN §2 holding events; xid < 0 leaves it out.
+func envelope(lsn string, xid int64, events ...[]byte) []byte {
+	x := ""
+	if xid >= 0 {
+		x = fmt.Sprintf(`,"xid":%d`, xid)
+	}
+	return []byte(fmt.Sprintf(`{"op":"x","id":"pg:0a1b2c3d:0000000000000F00","lsn":%q%s,"ts":"2026-01-01T00:00:00.000000Z","part":1,"last":true,"events":[%s]}`,
+		lsn, x, bytes.Join(events, []byte(","))))
+}
+
 func TestStartJudge(t *testing.T) {
 	const two32 = uint64(1) << 32
 	cases := []struct {
@@ -91,6 +102,11 @@ func TestStartJudge(t *testing.T) {
 		{"xid a string", "100:110:", "0/1000", []byte(`{"lsn":"0/F","xid":"99"}`), startDeliver},
 		{"xid over 32 bits", "100:110:", "0/1000", []byte(`{"lsn":"0/F","xid":4294967396}`), startDeliver},
 		{"array", "100:110:", "0/1000", []byte(`[1]`), startDeliver},
+		// an envelope (one transaction's events in one message): judged by its own lsn and xid
+		{"envelope, visible", "100:110:102,105", "0/1000", envelope("0/F00", 101, event("c", "0/F00", 101)), startSkip},
+		{"envelope, in progress", "100:110:102,105", "0/1000", envelope("0/F00", 102, event("c", "0/F00", 102)), startDeliver},
+		{"envelope past the lsn", "100:110:102,105", "0/1000", envelope("0/2000", 99, event("c", "0/2000", 99)), startPast},
+		{"snapshot chunk envelope (no xid)", "100:110:102,105", "0/1000", envelope("0/F00", -1, event("r", "0/F00", -1)), startDeliver},
 		// a snapshot whose xmax crossed the 32-bit boundary: xids of both epochs
 		{"epoch before, visible", fmt.Sprintf("%d:%d:%d,%d", two32-5, two32+3, two32-2, two32+1), "5/0", event("m", "4/0", 0xFFFFFFFD), startSkip},
 		{"epoch before, in progress", fmt.Sprintf("%d:%d:%d,%d", two32-5, two32+3, two32-2, two32+1), "5/0", event("m", "4/0", 0xFFFFFFFE), startDeliver},
