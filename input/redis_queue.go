@@ -204,7 +204,7 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 	}
 	in := &queueInput{conn: rc.Conn, conf: rc.Consumer}
 	c := &in.conf
-	c.Logger = mgr.Logger()
+	c.Logger = aclLogger{mgr.Logger(), rc.Conn}
 	in.log, in.gauges = mgr.Logger(), newGroupGauges(mgr.Metrics())
 	c.NewReader = func(poolSize int) (redis.UniversalClient, error) {
 		conn := in.conn
@@ -267,7 +267,7 @@ func (in *queueInput) ReadBatch(ctx context.Context) (service.MessageBatch, serv
 		if queue.IsClosed(err) {
 			return nil, nil, service.ErrNotConnected
 		}
-		return nil, nil, err
+		return nil, nil, in.conn.Explain(err)
 	}
 	batch := make(service.MessageBatch, len(d.Entries))
 	for i := range d.Entries {
@@ -276,10 +276,29 @@ func (in *queueInput) ReadBatch(ctx context.Context) (service.MessageBatch, serv
 	idx := batch.Index()
 	return batch, func(ctx context.Context, err error) error {
 		if err == nil {
-			return c.Ack(ctx, d)
+			return in.conn.Explain(c.Ack(ctx, d))
 		}
-		return c.Nack(ctx, d, failures(err, idx, len(d.Entries)))
+		return in.conn.Explain(c.Nack(ctx, d, failures(err, idx, len(d.Entries))))
 	}, nil
+}
+
+// aclLogger is the consumer's logger, with an ACL refusal among the arguments given its redis_acl
+// code and fix (a permission taken away while the input runs: its shard reads, lease renewals).
+type aclLogger struct {
+	*service.Logger
+	conn redisconn.Config
+}
+
+func (l aclLogger) Warnf(format string, args ...any)  { l.Logger.Warnf(format, l.explain(args)...) }
+func (l aclLogger) Errorf(format string, args ...any) { l.Logger.Errorf(format, l.explain(args)...) }
+
+func (l aclLogger) explain(args []any) []any {
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			args[i] = l.conn.Explain(err)
+		}
+	}
+	return args
 }
 
 // standardMeta are the metadata keys the input sets itself; a header never overrides them.

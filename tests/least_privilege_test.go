@@ -209,7 +209,7 @@ func (e *lpEnv) aclDenials() []string {
 // redis_acl naming the rule, and the operator user replays and drops dead letters and resyncs.
 // Then every pipeline and CLI command runs as a user holding only its keys: each permission it
 // lacks is named by redis_acl with the rule, it works once the rules ran, and the rules it took add
-// up to its documented line.
+// up to its documented line; a rule taken from a running pipeline is named too.
 func TestLeastPrivilegeEndToEnd(t *testing.T) {
 	e := newLPEnv(t)
 	src := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", e.source)
@@ -309,6 +309,19 @@ func TestLeastPrivilegeEndToEnd(t *testing.T) {
 	e.waitCopy(0, src, snk)
 	if d := e.aclDenials(); len(d) > 0 {
 		t.Fatalf("Redis refused the fixed users: %v", d)
+	}
+
+	// A permission taken away while the pipelines run: redis_acl with the rule, and they carry on
+	// once it ran.
+	for _, c := range []struct {
+		p    *testenv.Process
+		rule string
+	}{{src, "ACL SETUSER lp-source +evalsha"}, {snk, "ACL SETUSER lp-consumer +xack"}} {
+		e.rd.ACL(strings.Replace(c.rule, " +", " -", 1))
+		e.pg.Exec(`INSERT INTO rt SELECT max(id) + 1, 'while refused' FROM rt WHERE id < 1000`)
+		waitLine(t, c.p, "redis_acl", "Fix: "+c.rule)
+		e.rd.ACL(c.rule)
+		e.waitCopy(0, src, snk)
 	}
 
 	// The same for the CLI, the pipelines stopped: a read-only user and an operator holding only
@@ -428,4 +441,23 @@ func (e *lpEnv) wantCommands(user string, uses []redisconn.Use, except ...string
 	if !slices.Equal(got, want) {
 		e.t.Errorf("%s took %v, its documented line has %v", user, got, want)
 	}
+}
+
+// waitLine waits until the process printed a line holding every one of parts.
+func waitLine(t *testing.T, p *testenv.Process, parts ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, line := range strings.Split(p.Output(), "\n") {
+			all := true
+			for _, s := range parts {
+				all = all && strings.Contains(line, s)
+			}
+			if all {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("no line with %q in: %s", parts, sinkLastLines(p.Output(), 10))
 }

@@ -297,23 +297,25 @@ func (c Config) Explain(err error) error {
 var deniedCommand = regexp.MustCompile(`no permissions to run the '([^']+)' command`)
 
 // isNoPerm reports an ACL refusal: a NOPERM reply (after "EXECABORT ... because of:" for EXEC), or a
-// script's command refused by the ACL.
+// script's command refused by the ACL ("The user executing the script can't ..." up to Redis 7.0,
+// "ACL failure in script: ..." from 7.2).
 func isNoPerm(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
 		return false
 	}
 	msg := rerr.Error()
-	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "because of: NOPERM") || strings.Contains(msg, "The user executing the script can't")
+	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "because of: NOPERM") ||
+		strings.Contains(msg, "The user executing the script can't") || strings.Contains(msg, "ACL failure in script")
 }
+
+// deniedKey finds a key refusal in an ACL refusal, as Redis 7.0 and 7.2+ word it, directly and in a
+// script.
+var deniedKey = regexp.MustCompile(`access (one of the keys|at least one of the keys|a key|the '[^']*' key)`)
 
 // isKeyDenial reports an ACL refusal of a key (rather than of a command).
 func isKeyDenial(err error) bool {
-	if !isNoPerm(err) {
-		return false
-	}
-	s := err.Error()
-	return strings.Contains(s, "access one of the keys") || strings.Contains(s, "access a key") || strings.Contains(s, "access at least one of the keys")
+	return isNoPerm(err) && deniedKey.MatchString(err.Error())
 }
 
 func (c Config) aclError(err error, cmds []string, keys bool) error {

@@ -105,6 +105,32 @@ func TestExplainNOPERM(t *testing.T) {
 	}
 }
 
+// TestExplainACLReplies maps the wording of ACL refusals of Redis 7.0 and 7.2+ (direct, inside
+// MULTI, inside a script) to redis_acl with the rule.
+func TestExplainACLReplies(t *testing.T) {
+	conf := Config{URL: "redis://u:pw@127.0.0.1:1", Prefix: "pgrelay"}
+	for _, c := range []struct{ reply, fix string }{
+		{"NOPERM this user has no permissions to run the 'xadd' command", "ACL SETUSER u +xadd"},
+		{"NOPERM User u has no permissions to run the 'xadd' command", "ACL SETUSER u +xadd"},
+		{"EXECABORT Transaction discarded because of: NOPERM User u has no permissions to run the 'xdel' command", "ACL SETUSER u +xdel"},
+		{"NOPERM this user has no permissions to access one of the keys used as arguments", "ACL SETUSER u ~pgrelay:*"},
+		{"NOPERM No permissions to access a key", "ACL SETUSER u ~pgrelay:*"},
+		{"ERR Error running script (call to f_1): @user_script:1: The user executing the script can't access at least one of the keys mentioned in the command", "ACL SETUSER u ~pgrelay:*"},
+		{"ERR ACL failure in script: User u has no permissions to run the 'hset' command script: f_1, on @user_script:1.", "ACL SETUSER u +hset"},
+		{"ERR ACL failure in script: User u has no permissions to access the 'other' key script: f_1, on @user_script:1.", "ACL SETUSER u ~pgrelay:*"},
+		{"ERR Error running script (call to f_1): @user_script:1: The user executing the script can't run this command or subcommand", "docs/operations.md"},
+	} {
+		if err := conf.Explain(replyError(c.reply)); !errcode.Is(err, errcode.RedisACL) || !strings.Contains(err.Error(), c.fix) {
+			t.Errorf("%q: %v, want redis_acl with %q", c.reply, err, c.fix)
+		}
+	}
+	for _, reply := range []string{"ERR unknown command", "WRONGPASS invalid username-password pair or user is disabled.", "NOSCRIPT No matching script"} {
+		if err := conf.Explain(replyError(reply)); errcode.Of(err) != "" {
+			t.Errorf("%q became %v", reply, err)
+		}
+	}
+}
+
 // TestACLCoversScripts reads every Lua script of resources/ and requires each command it runs to be
 // in the commands of the use that runs the script: Redis checks the ACL inside scripts too, so a
 // command added to a script without adding it here would be refused under a least-privilege user. A
