@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -41,22 +42,17 @@ func heldWriter(t *testing.T, pg *testenv.Postgres, sql string) (xid uint64, don
 			t.Errorf("held writer: %v", err)
 		}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var ev, x string
+	var x string
+	cdctest.WaitEvery(t, 30*time.Second, 10*time.Millisecond, "the writer's commit to wait for the standby", func() (bool, string) {
+		var ev string
 		_ = pg.Pool().QueryRow(ctx, `SELECT coalesce(wait_event, ''), coalesce(backend_xid::text, '') FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&ev, &x)
-		if ev == "SyncRep" {
-			n, err := strconv.ParseUint(x, 10, 32)
-			if err != nil {
-				t.Fatalf("held writer's xid %q: %v", x, err)
-			}
-			return n, done
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the writer's commit never waited for the standby")
-		}
-		time.Sleep(10 * time.Millisecond)
+		return ev == "SyncRep", "wait event " + ev
+	})
+	n, err := strconv.ParseUint(x, 10, 32)
+	if err != nil {
+		t.Fatalf("held writer's xid %q: %v", x, err)
 	}
+	return n, done
 }
 
 func balance(t *testing.T, q interface {

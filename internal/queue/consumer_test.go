@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -186,7 +187,7 @@ func TestConsumeShareAndHandOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newConsumer(t, rdb, ConsumerConfig{})
-	waitFor(t, "a holds 8", func() bool { return len(a.Held()) == 8 })
+	cdctest.WaitEvery(t, 15*time.Second, 20*time.Millisecond, "a holds 8", func() (bool, string) { return len(a.Held()) == 8, fmt.Sprintf("a holds %v", a.Held()) })
 	b := newConsumer(t, rdb, ConsumerConfig{})
 	// both drain and ack whatever they read, so shards are idle and can be handed over
 	stop := make(chan struct{})
@@ -214,25 +215,16 @@ func TestConsumeShareAndHandOver(t *testing.T) {
 			}
 		}(c)
 	}
-	waitFor(t, "4 and 4", func() bool { return len(a.Held()) == 4 && len(b.Held()) == 4 })
+	cdctest.WaitEvery(t, 15*time.Second, 20*time.Millisecond, "4 and 4", func() (bool, string) {
+		return len(a.Held()) == 4 && len(b.Held()) == 4, fmt.Sprintf("a holds %v, b holds %v", a.Held(), b.Held())
+	})
 	if err := a.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// b takes a's shards without waiting for the TTL to run out (only for its next tick)
-	waitFor(t, "b holds 8", func() bool { return len(b.Held()) == 8 })
+	cdctest.WaitEvery(t, 15*time.Second, 20*time.Millisecond, "b holds 8", func() (bool, string) { return len(b.Held()) == 8, fmt.Sprintf("b holds %v", b.Held()) })
 	close(stop)
 	wg.Wait()
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func TestConsumeTrimmedPending(t *testing.T) {
@@ -278,7 +270,7 @@ func TestConsumeHandOverBusyShards(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newConsumer(t, rdb, ConsumerConfig{BatchCount: 1})
-	waitFor(t, "a holds 4", func() bool { return len(a.Held()) == 4 })
+	cdctest.WaitEvery(t, 15*time.Second, 20*time.Millisecond, "a holds 4", func() (bool, string) { return len(a.Held()) == 4, fmt.Sprintf("a holds %v", a.Held()) })
 	var inFlight []*Delivery
 	for len(inFlight) < 4 {
 		inFlight = append(inFlight, read(t, a, 10*time.Second))
@@ -293,7 +285,9 @@ func TestConsumeHandOverBusyShards(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "2 and 2", func() bool { return len(a.Held()) == 2 && len(b.Held()) == 2 })
+	cdctest.WaitEvery(t, 15*time.Second, 20*time.Millisecond, "2 and 2", func() (bool, string) {
+		return len(a.Held()) == 2 && len(b.Held()) == 2, fmt.Sprintf("a holds %v, b holds %v", a.Held(), b.Held())
+	})
 }
 
 // TestConsumePendingFirst: entries a crashed owner of shard 0 had read but not acked come first,
@@ -407,7 +401,9 @@ func TestConsumeStartFromLatest(t *testing.T) {
 	}
 	late := newConsumer(t, rdb, ConsumerConfig{Group: "late", StartFrom: "latest"})
 	early := newConsumer(t, rdb, ConsumerConfig{Group: "early"})
-	waitFor(t, "both hold the shard", func() bool { return len(late.Held()) == 1 && len(early.Held()) == 1 })
+	cdctest.WaitEvery(t, 15*time.Second, 20*time.Millisecond, "both hold the shard", func() (bool, string) {
+		return len(late.Held()) == 1 && len(early.Held()) == 1, fmt.Sprintf("late holds %v, early holds %v", late.Held(), early.Held())
+	})
 	batch := msgs("q", 3, 1)
 	for i := range batch {
 		batch[i].ID = fmt.Sprintf("new%d", i)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -322,15 +323,10 @@ func TestStartRefusals(t *testing.T) {
 
 	// an existing plain group
 	_ = newConsumer(t, rdb, ConsumerConfig{Group: "plain"})
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		groups, _ := rdb.XInfoGroups(ctx, l.Stream("q", 1)).Result()
-		if len(groups) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the plain consumer never created its group")
-		}
-	}
+	cdctest.WaitEvery(t, 10*time.Second, 20*time.Millisecond, "the plain consumer to create its group", func() (bool, string) {
+		groups, err := rdb.XInfoGroups(ctx, l.Stream("q", 1)).Result()
+		return len(groups) > 0, fmt.Sprint(err)
+	})
 	refused(ConsumerConfig{Group: "plain", Start: ok}, errcode.StartConflict)
 	if n, _ := rdb.Exists(ctx, l.GroupStart("q", "plain")).Result(); n != 0 {
 		t.Fatal("a start was stored for an existing group")

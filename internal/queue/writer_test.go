@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -328,13 +329,11 @@ func TestWriteReplicas(t *testing.T) {
 	ctx := context.Background()
 	primary := testenv.StartRedis(t)
 	replica := testenv.StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(primary.Client().Info(ctx, "replication").Val(), "connected_slaves:1") {
-		if time.Now().After(deadline) {
-			t.Fatal("replica never connected")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	pc := primary.Client()
+	cdctest.WaitEvery(t, 20*time.Second, 100*time.Millisecond, "the replica to connect", func() (bool, string) {
+		info := pc.Info(ctx, "replication").Val()
+		return strings.Contains(info, "connected_slaves:1"), info
+	})
 	w := NewWriter(primary.Client(), WriterConfig{Shards: 2, Durability: Durability{Replicas: 1, WaitTimeout: 5 * time.Second}})
 	cov := &Cover{PointerKey: "pgrelay:{q}:src:x:ptr", Pointer: []byte(`{"pos":"1"}`), Pos: "1"}
 	if _, err := w.Write(ctx, msgs("q", 5, 2), cov); err != nil {

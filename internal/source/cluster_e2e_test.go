@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/oracle"
@@ -126,17 +127,10 @@ func (e *clusterEnv) pointer(s clusterSource) *pointer.Pointer {
 // every transaction committed before lsn is then in the queue.
 func (e *clusterEnv) waitCovered(s clusterSource, lsn pglogrepl.LSN) {
 	e.t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	for {
+	cdctest.Wait(e.t, 45*time.Second, "the pointer of "+s.name+" to cover "+lsn.String(), func() (bool, string) {
 		p := e.pointer(s)
-		if p != nil && p.InTxn == nil && p.LSNValue() >= lsn {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("pointer of %s never covered %s: %+v", s.name, lsn, p)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return p != nil && p.InTxn == nil && p.LSNValue() >= lsn, fmt.Sprintf("pointer %+v", p)
+	})
 }
 
 func (e *clusterEnv) currentLSN() pglogrepl.LSN {
@@ -155,19 +149,15 @@ func (e *clusterEnv) currentLSN() pglogrepl.LSN {
 // waitStreaming waits until the source's status hash (read through the cluster) shows phase streaming.
 func (e *clusterEnv) waitStreaming(s clusterSource) {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	cdctest.Wait(e.t, 30*time.Second, s.name+" streaming", func() (bool, string) {
 		st, _ := e.cc.HGetAll(e.ctx, srcKey(s.queue, s.name, "status")).Result()
 		for _, v := range st {
 			if strings.Contains(v, `"phase":"streaming"`) {
-				return
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%s never streaming: %v", s.name, st)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false, fmt.Sprint(st)
+	})
 }
 
 func (e *clusterEnv) conn() *pgx.Conn {
@@ -271,20 +261,19 @@ func (e *clusterEnv) checkKeyPlacement(s clusterSource) {
 // waitClusterOK waits until every node reports cluster_state:ok again.
 func (e *clusterEnv) waitClusterOK() {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	clients := map[*testenv.Redis]*redis.Client{}
 	for _, n := range e.rc.Nodes {
-		c := n.Client()
-		for {
-			info, err := c.ClusterInfo(e.ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
-				break
-			}
-			if time.Now().After(deadline) {
-				e.t.Fatalf("node %s: cluster not ok: %v %s", n.Addr(), err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		clients[n] = n.Client()
 	}
+	cdctest.Wait(e.t, 30*time.Second, "every node to report cluster_state:ok", func() (bool, string) {
+		for _, n := range e.rc.Nodes {
+			info, err := clients[n].ClusterInfo(e.ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false, fmt.Sprintf("node %s: %v %s", n.Addr(), err, info)
+			}
+		}
+		return true, ""
+	})
 }
 
 // clusterWriter runs random transactions over tables (inserts, updates, deletes, key changes;

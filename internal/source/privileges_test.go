@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/source"
 )
@@ -53,22 +54,21 @@ logger:
 // session or of a refused table), waiting up to 30 s; it returns the entry's error text.
 func (e *env) statusError(queue, name string, want func(source.ReplicaStatus) (string, bool)) string {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var text string
+	cdctest.WaitEvery(e.t, 30*time.Second, 100*time.Millisecond, "the awaited status of source "+name, func() (bool, string) {
 		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{"+queue+"}:src:"+name+":status").Result()
 		for _, v := range st {
 			var rs source.ReplicaStatus
 			if json.Unmarshal([]byte(v), &rs) == nil {
-				if text, ok := want(rs); ok {
-					return text
+				var ok bool
+				if text, ok = want(rs); ok {
+					return true, ""
 				}
 			}
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("source %s: status never showed what was awaited: %v", name, st)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return false, fmt.Sprint(st)
+	})
+	return text
 }
 
 // TestLeastPrivilegeSource runs pg_cdc as a role with only LOGIN REPLICATION, CONNECT, USAGE on the

@@ -1,8 +1,11 @@
 package source_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 )
 
 // TestSlotFailoverFlagFollowsTheConfig: on PostgreSQL 17+ a slot created without failover becomes a
@@ -24,13 +27,9 @@ func TestSlotFailoverFlagFollowsTheConfig(t *testing.T) {
 	}
 	waitFailover := func(want bool) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for failover() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("slot failover is %t, want %t", !want, want)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		cdctest.Wait(t, 30*time.Second, fmt.Sprintf("slot failover %t", want), func() (bool, string) {
+			return failover() == want, fmt.Sprintf("slot failover is %t", !want)
+		})
 	}
 	stop := e.run("fo", `[{table: s, queue: q}]`, "")
 	e.waitPointer("fo", "q")

@@ -2,11 +2,13 @@ package source_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/source"
 )
@@ -34,20 +36,13 @@ func (e *env) snapshotRows(q string) map[string]int {
 // waitTables waits until the stored pointer lists exactly tables and no snapshot runs.
 func (e *env) waitTables(name, q string, tables ...string) {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	cdctest.WaitEvery(e.t, 60*time.Second, 100*time.Millisecond, fmt.Sprintf("the pointer to list %v with its snapshot done", tables), func() (bool, string) {
 		p, err := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{"+q+"}:src:"+name+":ptr")
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		if p != nil && slices.Equal(p.Tables, tables) && string(p.Snapshot) == "null" {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("pointer never listed %v with its snapshot done: %+v", tables, p)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return p != nil && slices.Equal(p.Tables, tables) && string(p.Snapshot) == "null", fmt.Sprintf("pointer %+v", p)
+	})
 }
 
 // A table added to `tables` after the initial snapshot is snapshotted on the next start, while the
@@ -92,17 +87,11 @@ func TestTableAddedLaterIsSnapshotted(t *testing.T) {
 	e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM b`).Scan(&rows)
 	stop = e.run("add", both, extra)
 	// The writer starts once b is back in the publication: a change before that is in the gap.
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	cdctest.WaitEvery(t, 30*time.Second, 20*time.Millisecond, "b back in the publication", func() (bool, string) {
 		var in bool
 		e.pg.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = 'pgrelay_add' AND tablename = 'b')`).Scan(&in)
-		if in {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("b never went back into the publication")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return in, "not in it"
+	})
 	w = startRandomWriter(t, e.pg.Pool(), 500)
 	e.waitTables("add", "q", "public.a", "public.b")
 	time.Sleep(300 * time.Millisecond)

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/input"
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/source"
 )
@@ -111,17 +112,10 @@ func (e *env) snapshotCursor(name, queue string) (string, *source.Status) {
 // waitSnapshotDone waits until the pointer's snapshot field is null.
 func (e *env) waitSnapshotDone(name, queue string, within time.Duration) {
 	e.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	cdctest.WaitEvery(e.t, within, 100*time.Millisecond, "the snapshot of "+name+" done", func() (bool, string) {
 		cur, _ := e.snapshotCursor(name, queue)
-		if cur == "null" {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("snapshot not done: %s", cur)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return cur == "null", "cursor " + cur
+	})
 }
 
 // waitOracle polls until the replay of queue equals every table, then reports what still differs.
@@ -358,20 +352,16 @@ func TestSlotLostThenResync(t *testing.T) {
 	if err := source.RequestResync(e.ctx, cfg, &out); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	cdctest.WaitEvery(t, 60*time.Second, 100*time.Millisecond, "a finished resync", func() (bool, string) {
 		p, _ := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{q}:src:rs:ptr")
 		if p != nil && p.Epoch != first.Epoch && string(p.Snapshot) == "null" {
 			if p.Gen != first.Gen+1 {
 				t.Errorf("generation %d after %d", p.Gen, first.Gen)
 			}
-			break
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no finished resync: %+v", p)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("pointer %+v", p)
+	})
 	time.Sleep(300 * time.Millisecond)
 	close(stopW)
 	wg.Wait()
@@ -382,7 +372,7 @@ func TestSlotLostThenResync(t *testing.T) {
 	}
 	// Wait for the tail of the writes, then replay the new epoch alone.
 	conn := e.conn()
-	deadline = time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		all, _ = oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
 		var mine []oracle.Entry

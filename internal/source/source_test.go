@@ -16,6 +16,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	_ "github.com/pgrelay/pgrelay/input"
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -106,32 +107,23 @@ func indent(s string) string {
 func (e *env) waitPointer(name, queue string) {
 	e.t.Helper()
 	key := "pgrelay:{" + queue + "}:src:" + name + ":ptr"
-	deadline := time.Now().Add(30 * time.Second)
-	for e.rd.Client().Exists(e.ctx, key).Val() == 0 {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("no pointer %s", key)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	cdctest.Wait(e.t, 30*time.Second, "the pointer "+key, func() (bool, string) {
+		return e.rd.Client().Exists(e.ctx, key).Val() == 1, "no pointer"
+	})
 }
 
 // waitEntries waits until queue holds at least n entries and returns them.
 func (e *env) waitEntries(queue string, n int) []oracle.Entry {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", queue)
-		if err != nil {
+	var got []oracle.Entry
+	cdctest.Wait(e.t, 30*time.Second, fmt.Sprintf("%d entries in queue %s", n, queue), func() (bool, string) {
+		var err error
+		if got, err = oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", queue); err != nil {
 			e.t.Fatal(err)
 		}
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("queue %s: %d entries, want %d", queue, len(got), n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(got) >= n, fmt.Sprintf("%d entries", len(got))
+	})
+	return got
 }
 
 func (e *env) conn() *pgx.Conn {
@@ -299,21 +291,7 @@ func TestDroppedSlotIsSlotLostAndNotRecreated(t *testing.T) {
 	stop()
 	e.pg.DropSlot("pgrelay_lost")
 	e.run("lost", `[{table: s, queue: q}]`, "")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{q}:src:lost:status").Result()
-		found := false
-		for _, v := range st {
-			found = found || strings.Contains(v, `"code":"slot_lost"`)
-		}
-		if found {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no slot_lost in status: %v", st)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	e.waitStatus("q", "lost", `"code":"slot_lost"`)
 	for i := 0; i < 20; i++ {
 		var n int
 		if err := e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pgrelay_lost'`).Scan(&n); err != nil {
@@ -398,19 +376,15 @@ func TestReplicaIdentityFullUsingIndexPartitionColumnsAndTruncate(t *testing.T) 
 // waitStatus waits until the source's status hash shows want (a phase or an error code).
 func (e *env) waitStatus(queue, name, want string) {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	cdctest.WaitEvery(e.t, 30*time.Second, 100*time.Millisecond, want+" in the status of "+name, func() (bool, string) {
 		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{"+queue+"}:src:"+name+":status").Result()
 		for _, v := range st {
 			if strings.Contains(v, want) {
-				return
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("status never showed %s: %v", want, st)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return false, fmt.Sprint(st)
+	})
 }
 
 func TestStartChecksFailWithCodes(t *testing.T) {
@@ -569,22 +543,15 @@ logger:
 		e.pg.Exec(`INSERT INTO s VALUES ($1)`, i)
 	}
 	pids := map[int]bool{}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	cdctest.WaitEvery(t, 60*time.Second, 100*time.Millisecond, "4 rows in the queue", func() (bool, string) {
 		var pid *int
 		e.pg.Pool().QueryRow(e.ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'pgrelay_slow'`).Scan(&pid)
 		if pid != nil {
 			pids[*pid] = true
 		}
 		entries, _ := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
-		if len(entries) == 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 4 rows after 60 s", len(entries))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(entries) == 4, fmt.Sprintf("%d of 4 rows", len(entries))
+	})
 	if len(pids) != 1 {
 		t.Errorf("the walsender changed %d times: %v", len(pids)-1, pids)
 	}

@@ -1,0 +1,7 @@
+// Package cdctest holds the fixtures that the integration tests under internal/ and the fault
+// tests of tests/ share, on top of internal/testenv (real servers) and internal/oracle (the replay
+// oracle). One copy of each:
+//
+//   - wait.go: Wait, WaitEvery and Poll, which ask a condition again and again until it holds or
+//     a deadline passes, and then fail with what was awaited and the state last seen.
+package cdctest
