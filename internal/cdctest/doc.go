@@ -4,4 +4,8 @@
 //
 //   - wait.go: Wait, WaitEvery and Poll, which ask a condition again and again until it holds or
 //     a deadline passes, and then fail with what was awaited and the state last seen.
+//   - writer.go: Writers, concurrent writers of random transactions until stopped, and RandomTx,
+//     the random transaction over tables of shape WriterColumns.
+//   - pipeline.go: Pipeline, the config of a pg_cdc → redis_queue pipeline (one Redis or a
+//     Redis Cluster) for the stream builder or the binary.
 package cdctest

@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,15 +42,6 @@ func newClusterEnv(t *testing.T) *clusterEnv {
 	return &clusterEnv{t: t, ctx: context.Background(), pg: testenv.StartPostgres(t), rc: rc, cc: rc.Client(t)}
 }
 
-// urls is the flow-style YAML list of the cluster's seed nodes.
-func (e *clusterEnv) urls() string {
-	var us []string
-	for _, a := range e.rc.Addrs() {
-		us = append(us, "redis://"+a)
-	}
-	return "[" + strings.Join(us, ", ") + "]"
-}
-
 // run starts pg_cdc → redis_queue with both Redis connections on the cluster.
 func (e *clusterEnv) run(name, tables string) func() {
 	e.t.Helper()
@@ -60,23 +49,11 @@ func (e *clusterEnv) run(name, tables string) func() {
 }
 
 func (e *clusterEnv) yaml(name, tables string) string {
-	return fmt.Sprintf(`
-input:
-  pg_cdc:
-    name: %s
-    dsn: %s
-    tls: {mode: disable}
-    tables: %s
-    redis: {cluster_urls: %s}
-    lease_ttl: 3s
-    heartbeat: 1s
-output:
-  redis_queue:
-    cluster_urls: %s
-    durability: aof
-logger:
-  level: warn
-`, name, e.pg.DSN(), tables, e.urls(), e.urls())
+	var urls []string
+	for _, a := range e.rc.Addrs() {
+		urls = append(urls, "redis://"+a)
+	}
+	return cdctest.Pipeline{Name: name, DSN: e.pg.DSN(), Tables: tables, ClusterURLs: urls, Durability: "aof"}.YAML()
 }
 
 func (s clusterSource) tables() string {
@@ -276,61 +253,11 @@ func (e *clusterEnv) waitClusterOK() {
 	})
 }
 
-// clusterWriter runs random transactions over tables (inserts, updates, deletes, key changes;
-// 1-4 statements, each on a random table, so one transaction often spans both sources) from two
-// connections until stop; wait returns the number of committed transactions.
+// clusterWriter runs cdctest.RandomTx over tables from two connections until stop (each
+// statement on a random table, so one transaction often spans both sources); wait returns the
+// number of committed transactions.
 func (e *clusterEnv) clusterWriter(seed uint64, tables []string, stop <-chan struct{}) (wait func() int) {
-	var committed atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < 2; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(seed, uint64(w)))
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if e.randomTx(rng, tables) {
-					committed.Add(1)
-				}
-				time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
-			}
-		}(w)
-	}
-	return func() int { wg.Wait(); return int(committed.Load()) }
-}
-
-// randomTx runs one random transaction; conflicts (a key change onto a taken key) roll it back.
-func (e *clusterEnv) randomTx(rng *rand.Rand, tables []string) bool {
-	tx, err := e.pg.Pool().Begin(e.ctx)
-	if err != nil {
-		return false
-	}
-	defer tx.Rollback(e.ctx)
-	for i, n := 0, 1+rng.IntN(4); i < n; i++ {
-		tbl := pgx.Identifier{tables[rng.IntN(len(tables))]}.Sanitize()
-		id := rng.IntN(300)
-		var err error
-		switch op := rng.IntN(10); {
-		case op < 4:
-			_, err = tx.Exec(e.ctx, `INSERT INTO `+tbl+` VALUES ($1, $2, $3::numeric, $4::jsonb) ON CONFLICT (id) DO UPDATE SET v = excluded.v`,
-				id, fmt.Sprintf("v%d|\\%d", rng.IntN(1000), id), fmt.Sprintf("%d.%018d", rng.Int64(), rng.Int64N(1e18)),
-				fmt.Sprintf(`{"big": %d}`, uint64(1)<<60+uint64(rng.IntN(1000))))
-		case op < 7:
-			_, err = tx.Exec(e.ctx, `UPDATE `+tbl+` SET v = $2, n = n + 1 WHERE id = $1`, id, fmt.Sprintf("u%d", rng.IntN(1000)))
-		case op < 8:
-			_, err = tx.Exec(e.ctx, `DELETE FROM `+tbl+` WHERE id = $1`, id)
-		default:
-			_, err = tx.Exec(e.ctx, `UPDATE `+tbl+` SET id = $2 WHERE id = $1`, id, 300+rng.IntN(300))
-		}
-		if err != nil {
-			return false
-		}
-	}
-	return tx.Commit(e.ctx) == nil
+	return cdctest.Writers(seed, 2, 3, stop, func(rng *rand.Rand) bool { return cdctest.RandomTx(e.ctx, e.pg.Pool(), rng, tables...) })
 }
 
 // twoSources creates tables wa and wb and starts one source per table, each with its own queue,
@@ -340,8 +267,7 @@ func (e *clusterEnv) twoSources() (a, b clusterSource, stopA, stopB func()) {
 	a, b = e.queuesOnTwoMasters()
 	a.name, a.table = "ca", "wa"
 	b.name, b.table = "cb", "wb"
-	e.pg.Exec(`CREATE TABLE wa (id int PRIMARY KEY, v text, n numeric, j jsonb);
-		CREATE TABLE wb (id int PRIMARY KEY, v text, n numeric, j jsonb)`)
+	e.pg.Exec(`CREATE TABLE wa ` + cdctest.WriterColumns + `; CREATE TABLE wb ` + cdctest.WriterColumns)
 	stopA = e.run(a.name, a.tables())
 	stopB = e.run(b.name, b.tables())
 	e.waitStreaming(a)

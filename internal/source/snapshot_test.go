@@ -23,12 +23,11 @@ import (
 )
 
 // randomWriter changes rows of tables a (id int) and b (composite text key with | and \) until
-// stopped: inserts, updates, deletes, key changes, and the same row twice in one transaction.
+// halted: inserts, updates, deletes, key changes, and the same row twice in one transaction.
 type randomWriter struct {
-	pool *pgxpool.Pool
 	stop chan struct{}
-	wg   sync.WaitGroup
-	n    int
+	wait func() int
+	n    int // statements that succeeded, once halted
 }
 
 // bKey is a text key part with the characters partition names escape.
@@ -37,27 +36,18 @@ func bKey(i int) string {
 }
 
 func startRandomWriter(t *testing.T, pool *pgxpool.Pool, keys int) *randomWriter {
-	w := &randomWriter{pool: pool, stop: make(chan struct{})}
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		r := rand.New(rand.NewPCG(1, 2))
-		for {
-			select {
-			case <-w.stop:
-				return
-			default:
-			}
-			if err := w.one(r, keys); err != nil && !strings.Contains(err.Error(), "duplicate key") {
-				t.Logf("writer: %v", err)
-			}
-			w.n++
+	w := &randomWriter{stop: make(chan struct{})}
+	w.wait = cdctest.Writers(1, 1, 0, w.stop, func(r *rand.Rand) bool {
+		err := randomStatement(pool, r, keys)
+		if err != nil && !strings.Contains(err.Error(), "duplicate key") {
+			t.Logf("writer: %v", err)
 		}
-	}()
+		return err == nil
+	})
 	return w
 }
 
-func (w *randomWriter) one(r *rand.Rand, keys int) error {
+func randomStatement(pool *pgxpool.Pool, r *rand.Rand, keys int) error {
 	ctx := context.Background()
 	id, id2 := r.IntN(keys), r.IntN(keys)
 	var sql string
@@ -82,9 +72,9 @@ func (w *randomWriter) one(r *rand.Rand, keys int) error {
 		sql = fmt.Sprintf(`BEGIN; UPDATE b SET k2 = 'moved' WHERE k1 = %s AND k2 = 'k'; UPDATE b SET v = 'again' WHERE k1 = %s; COMMIT`,
 			lit(bKey(id)), lit(bKey(id)))
 	}
-	_, err := w.pool.Exec(ctx, sql)
+	_, err := pool.Exec(ctx, sql)
 	if err != nil {
-		_, _ = w.pool.Exec(ctx, "ROLLBACK")
+		_, _ = pool.Exec(ctx, "ROLLBACK")
 	}
 	return err
 }
@@ -93,7 +83,7 @@ func lit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" 
 
 func (w *randomWriter) halt() {
 	close(w.stop)
-	w.wg.Wait()
+	w.n = w.wait()
 }
 
 // snapshotCursor reads the pointer's snapshot field ("null" when done).

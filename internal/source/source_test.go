@@ -38,24 +38,7 @@ func newEnv(t *testing.T) *env {
 // run starts pg_cdc → redis_queue with the given tables block and extra pg_cdc fields.
 func (e *env) run(name, tables, extra string) func() {
 	e.t.Helper()
-	yaml := fmt.Sprintf(`
-input:
-  pg_cdc:
-    name: %s
-    dsn: %s
-    tls: {mode: disable}
-    tables: %s
-    redis: {url: %s}
-    lease_ttl: 3s
-    heartbeat: 1s
-%s
-output:
-  redis_queue:
-    url: %s
-logger:
-  level: warn
-`, name, e.pg.DSN(), tables, e.rd.URL(), indent(extra), e.rd.URL())
-	return startStream(e.t, yaml)
+	return startStream(e.t, cdctest.Pipeline{Name: name, DSN: e.pg.DSN(), Tables: tables, Redis: e.rd.URL(), Source: extra}.YAML())
 }
 
 // startStream runs a pipeline until the returned stop (or the test's end).
@@ -95,13 +78,8 @@ func runStream(tb testing.TB, yaml string, logger *slog.Logger) func() {
 	return stop
 }
 
-func indent(s string) string {
-	if s == "" {
-		return ""
-	}
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return "    " + strings.Join(lines, "\n    ")
-}
+// indent indents a block of pg_cdc fields under `pg_cdc:`.
+func indent(s string) string { return strings.TrimSuffix(cdctest.Indent(s, "    "), "\n") }
 
 // waitPointer waits until the source's pointer exists (the slot was created).
 func (e *env) waitPointer(name, queue string) {
