@@ -341,10 +341,12 @@ func TestLeastPrivilegeEndToEnd(t *testing.T) {
 	} {
 		e.bareUser(u.user, "")
 		conf, url := e.write(u.user+".yaml", e.sourceConfig(u.user)), e.rd.UserURL(u.user, lpPassword)
-		for _, args := range append([][]string{{"status"}, {"queue", "info"}, {"queue", "position"}, {"queue", "dlq"}}, u.runs...) {
-			if args[0] == "queue" {
+		sinkConf := e.write(u.user+"-sink.yaml", e.sinkConfig(u.user))
+		for _, args := range append([][]string{{"status"}, {"status", "-c", sinkConf}, {"queue", "info"}, {"queue", "position"}, {"queue", "dlq"}}, u.runs...) {
+			switch {
+			case args[0] == "queue":
 				args = append(args, "--url", url, "q")
-			} else {
+			case len(args) == 1:
 				args = append(args, "-c", conf)
 			}
 			e.fixUntilOK(u.user, args...)

@@ -205,13 +205,13 @@ func readGroup(ctx context.Context, ref GroupRef) GroupStatus {
 	layout := queue.NewLayout(ref.Redis.Prefix)
 	info, err := queue.Inspect(ctx, rdb, layout, ref.Queue)
 	if err != nil {
-		gs.Problem = err.Error()
+		gs.Problem = ref.Redis.Explain(err).Error()
 		return gs
 	}
 	gs.info, gs.Shards = info, info.Shards
 	dls, err := queue.ListDeadLetters(ctx, rdb, layout, ref.Queue, ref.Group, 0)
 	if err != nil {
-		gs.Problem = err.Error()
+		gs.Problem = ref.Redis.Explain(err).Error()
 	}
 	gs.DeadLetters = int64(len(dls))
 	perShard := map[int]queue.GroupShardInfo{}
