@@ -42,7 +42,9 @@ import (
 //     cursor, the backlog in the slot) is what it finds after a kill.
 //
 // It reports the medians: the times and paces, steady_slowdown (steady ÷ idle time),
-// catchup_ratio (catchup ÷ idle pace), the lags, and the writers' transactions per second.
+// catchup_ratio (catchup ÷ idle pace), the lag, the writers' transactions per second, and the
+// cores pgrelay used in idle and steady (its CPU time over the snapshot's time: under a share of
+// the cores it gets, the snapshot waits on something other than the CPU).
 func BenchmarkSnapshotUnderLoad(b *testing.B) {
 	total := benchenv.Size("PGRELAY_BENCH_LOAD_SNAPSHOT_ROWS", 300000, 20000)
 	backlog := time.Duration(benchenv.Size("PGRELAY_BENCH_LOAD_BACKLOG", 10, 3)) * time.Second
@@ -69,7 +71,9 @@ func BenchmarkSnapshotUnderLoad(b *testing.B) {
 			catchup := lr.run(b, fmt.Sprintf("lc%d_%d", i, r), true, true)
 			m.Add("idle_s", idle.elapsed.Seconds())
 			m.Add("idle_rows/s", idle.pace)
+			m.Add("idle_pgrelay_cores", idle.cores)
 			m.Add("steady_s", steady.elapsed.Seconds())
+			m.Add("steady_pgrelay_cores", steady.cores)
 			m.Add("steady_slowdown", steady.elapsed.Seconds()/idle.elapsed.Seconds())
 			m.Add("steady_lag_max_s", steady.lagMax.Seconds())
 			m.Add("steady_writers_tx/s", steady.writersTPS)
@@ -95,6 +99,7 @@ type loadResult struct {
 	pace       float64       // rows per second from the (last) start to the end
 	lagMax     time.Duration // steady: the stream's largest lag once it caught up after the restart
 	writersTPS float64
+	cores      float64 // pgrelay's CPU time over elapsed: the cores it used
 }
 
 func (lr *loadRunner) config(name string, added bool) string {
@@ -135,7 +140,7 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 	if writers && !kill {
 		lag = startLagWatch(ctx, e, key)
 	}
-	start := time.Now()
+	start, cpu0 := time.Now(), benchenv.SelfCPU()
 	stop = startStream(b, lr.config(name, true))
 	defer func() { stop() }()
 	from, paceStart := int64(0), start // the pace's window: rows delivered at its start, its start
@@ -150,6 +155,7 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 		if p != nil && slices.Contains(p.Tables, "public.snap") {
 			if string(p.Snapshot) == "null" {
 				res.elapsed = now.Sub(start)
+				res.cores = (benchenv.SelfCPU() - cpu0).Seconds() / res.elapsed.Seconds()
 				res.pace = float64(int64(lr.total)-from) / now.Sub(paceStart).Seconds()
 				break
 			}
