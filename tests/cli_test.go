@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -72,22 +73,16 @@ metrics:
 `, port)), 0o644)
 	testenv.StartProcess(t, nil, testenv.Binary(t), "-c", cfg)
 	re := regexp.MustCompile(`(?m)^output_sent\{label="sink",path="root.output"\} ([0-9.e+]+)$`)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "Benthos counters in /metrics", func() (bool, string) {
 		body, err := testenv.HTTPGet(context.Background(), fmt.Sprintf("http://127.0.0.1:%d/metrics", port), 20*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m := re.FindStringSubmatch(body); m != nil && m[1] != "0" &&
+		m := re.FindStringSubmatch(body)
+		return m != nil && m[1] != "0" &&
 			strings.Contains(body, "# TYPE input_received counter") &&
-			strings.Contains(body, `input_received{label="gen",path="root.input"}`) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no Benthos counters in /metrics:\n%s", body)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+			strings.Contains(body, `input_received{label="gen",path="root.input"}`), body
+	})
 }
 
 // TestCLIOutputCarriesNoRedisClientLog: against a Redis that cannot be reached, `pgrelay queue` and

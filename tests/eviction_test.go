@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -39,12 +40,12 @@ output:
 
 	want := fmt.Sprintf("redis_eviction: redis 127.0.0.1:%d has maxmemory 104857600 bytes with maxmemory-policy allkeys-lru", e.rd.Port)
 	fix := "Fix: run CONFIG SET maxmemory-policy noeviction"
-	sinkWaitUntil(t, 60*time.Second, "the source's and the output's refusals", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "the source's and the output's refusals", func() (bool, string) {
 		out := src.Output()
 		bySource := strings.Count(out, "pg_cdc evict: "+want)
 		return bySource > 0 && strings.Count(out, want) > bySource && strings.Contains(out, fix), lastBytes(out, 2000)
 	})
-	sinkWaitUntil(t, 60*time.Second, "the input's refusal", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "the input's refusal", func() (bool, string) {
 		return strings.Contains(in.Output(), want) && strings.Contains(in.Output(), fix), lastBytes(in.Output(), 2000)
 	})
 	// the source holds its lease and reports the refusal for pgrelay status; no queue key exists
@@ -61,7 +62,7 @@ output:
 	}
 	e.waitPointer()
 	e.pg.Exec(`INSERT INTO w SELECT g, 'x' FROM generate_series(1, 5) g`)
-	sinkWaitUntil(t, 60*time.Second, "the input to consume the 5 inserts", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "the input to consume the 5 inserts", func() (bool, string) {
 		info, err := queue.Inspect(e.ctx, rdb, queue.NewLayout("pgrelay"), "q")
 		if err != nil {
 			return false, err.Error()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -191,7 +192,7 @@ output:
 	if len(poison) != 2 {
 		t.Fatalf("%d poison entries in the queue, want 2", len(poison))
 	}
-	sinkWaitUntil(t, 60*time.Second, "2 dead letters", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "2 dead letters", func() (bool, string) {
 		n, _ := e.rd.Client().XLen(e.ctx, "pgrelay:{q}:dlq").Result()
 		return n == 2, fmt.Sprintf("%d dead letters", n)
 	})
@@ -246,7 +247,7 @@ output:
 // waitExampleLines waits until an example has printed n messages.
 func waitExampleLines(t *testing.T, name string, p *testenv.Process, n int) {
 	t.Helper()
-	sinkWaitUntil(t, 60*time.Second, fmt.Sprintf("%s to print %d messages", name, n), func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, fmt.Sprintf("%s to print %d messages", name, n), func() (bool, string) {
 		got := len(exampleLines(t, p.Output()))
 		return got >= n, fmt.Sprintf("%d lines", got)
 	})

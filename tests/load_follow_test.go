@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/follow"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -47,7 +48,7 @@ func newLoadFollowEnv(t *testing.T) (*loadFollowEnv, *testenv.Process) {
 	e.pg.Exec(`INSERT INTO accounts SELECT i, 1000 * i FROM generate_series(1, $1::int) i`, lfAccounts)
 	p := e.start()
 	e.waitPointer()
-	waitFor(t, time.Minute, 20*time.Millisecond, "pgrelay.publish() installed", func() (bool, string) {
+	cdctest.WaitEvery(t, time.Minute, 20*time.Millisecond, "pgrelay.publish() installed", func() (bool, string) {
 		var ok bool
 		err := e.pg.Pool().QueryRow(e.ctx, `SELECT to_regprocedure('pgrelay.publish(text,text,jsonb)') IS NOT NULL`).Scan(&ok)
 		return err == nil && ok, fmt.Sprint(err)
@@ -263,7 +264,7 @@ func (e *loadFollowEnv) drained(t *testing.T, groups ...string) {
 		t.Fatal(err)
 	}
 	end, _ := pglogrepl.ParseLSN(target)
-	waitFor(t, 60*time.Second, 50*time.Millisecond, "pg_cdc to catch up", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 50*time.Millisecond, "pg_cdc to catch up", func() (bool, string) {
 		p := e.pointer()
 		if p == nil {
 			return false, "no pointer"
@@ -277,7 +278,7 @@ func (e *loadFollowEnv) drained(t *testing.T, groups ...string) {
 		t.Fatalf("shards %d: %v", shards, err)
 	}
 	for _, g := range groups {
-		waitFor(t, 60*time.Second, 50*time.Millisecond, "group "+g+" to read and ack everything", func() (bool, string) {
+		cdctest.WaitEvery(t, 60*time.Second, 50*time.Millisecond, "group "+g+" to read and ack everything", func() (bool, string) {
 			for n := 0; n < shards; n++ {
 				info, err := rdb.XInfoStream(e.ctx, l.Stream(e.queue, n)).Result()
 				if err != nil {
@@ -328,7 +329,7 @@ func TestLoadThenFollowExact(t *testing.T) {
 	const runs, perRun = 4, 5
 	for run := 0; run < runs; run++ {
 		stop := make(chan struct{})
-		wait := runWriters(uint64(run+1), stop, 4, e.accountTx)
+		wait := cdctest.Writers(uint64(run+1), 2, 4, stop, e.accountTx)
 		var fs []*follower
 		for k := 0; k < perRun; k++ {
 			seed := uint64(run*perRun + k + 1)
@@ -371,7 +372,7 @@ func TestLoadThenFollowWhilePgCDCLags(t *testing.T) {
 	var committed int
 	go func() {
 		defer commits.Done()
-		committed = runWriters(11, stop, 4, e.accountTx)()
+		committed = cdctest.Writers(11, 2, 4, stop, e.accountTx)()
 	}()
 	time.Sleep(300 * time.Millisecond)
 	p.Signal(syscall.SIGTERM)
@@ -459,13 +460,13 @@ func TestLoadThenFollowThroughHeldCommits(t *testing.T) {
 	stop := make(chan struct{})
 	var commits sync.WaitGroup
 	commits.Add(1)
-	go func() { defer commits.Done(); runWriters(21, stop, 4, e.accountTx)() }()
+	go func() { defer commits.Done(); cdctest.Writers(21, 2, 4, stop, e.accountTx)() }()
 	time.Sleep(300 * time.Millisecond)
 
 	e.pg.HoldCommits()
 	// Both writers stopped: one or both at their commit, the other possibly waiting for a row lock a
 	// held transaction keeps (they update the same accounts).
-	waitFor(t, 30*time.Second, 20*time.Millisecond, "both writers held", func() (bool, string) {
+	cdctest.WaitEvery(t, 30*time.Second, 20*time.Millisecond, "both writers held", func() (bool, string) {
 		var held, locked int
 		err := e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FILTER (WHERE wait_event = 'SyncRep'),
 			count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity`).Scan(&held, &locked)
@@ -476,7 +477,7 @@ func TestLoadThenFollowThroughHeldCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	end, _ := pglogrepl.ParseLSN(flushed)
-	waitFor(t, 30*time.Second, 20*time.Millisecond, "pg_cdc to have the held commits in the queue", func() (bool, string) {
+	cdctest.WaitEvery(t, 30*time.Second, 20*time.Millisecond, "pg_cdc to have the held commits in the queue", func() (bool, string) {
 		p := e.pointer()
 		return p != nil && p.LSNValue()+1 >= end, "pointer behind " + flushed
 	})

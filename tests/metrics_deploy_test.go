@@ -14,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -205,7 +206,7 @@ output:
 	paused := func(v string) *regexp.Regexp {
 		return regexp.MustCompile(`(?m)^pg_sink_paused\{[^}]*sink="copy"[^}]*\} ` + v + `$`)
 	}
-	sinkWaitUntil(t, 60*time.Second, "pg_sink_paused 1 while the target is missing", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "pg_sink_paused 1 while the target is missing", func() (bool, string) {
 		body := scrape(sinkPort)
 		return paused("1").MatchString(body), lastBytes(sink.Output(), 1000)
 	})
@@ -214,7 +215,7 @@ output:
 	e.start()
 	e.waitPointer()
 	e.pg.Exec(`BEGIN; INSERT INTO w (id, v) VALUES (100, 'poison'), (101, 'a'), (102, 'b'); COMMIT`)
-	sinkWaitUntil(t, 60*time.Second, "a dead letter", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "a dead letter", func() (bool, string) {
 		n, _ := e.rd.Client().XLen(e.ctx, "pgrelay:{q}:dlq").Result()
 		return n == 1, fmt.Sprintf("%d dead letters", n)
 	})
@@ -222,7 +223,7 @@ output:
 	e.pg.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active_pid IS NOT NULL`)
 
 	var missing []string
-	sinkWaitUntil(t, 90*time.Second, "every metric of the rules and the dashboard", func() (bool, string) {
+	cdctest.WaitEvery(t, 90*time.Second, 250*time.Millisecond, "every metric of the rules and the dashboard", func() (bool, string) {
 		exported := map[string]bool{}
 		both := scrape(srcPort) + scrape(sinkPort)
 		for _, m := range scrapedSeries.FindAllStringSubmatch(both, -1) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -50,30 +51,20 @@ func (f failoverPair) failOver(e *cdcEnv, stopWriter chan struct{}, wait func() 
 // waitCovered waits until the pointer is at or past lsn with no transaction half in.
 func (e *cdcEnv) waitCovered(lsn pglogrepl.LSN) {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	cdctest.WaitEvery(e.t, 60*time.Second, 20*time.Millisecond, "the pointer to cover "+lsn.String(), func() (bool, string) {
 		p := e.pointer()
-		if p != nil && p.InTxn == nil && p.LSNValue() >= lsn {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("the pointer never covered %s: %+v", lsn, p)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return p != nil && p.InTxn == nil && p.LSNValue() >= lsn, fmt.Sprintf("pointer %+v", p)
+	})
 }
 
 // waitWAL waits until the server has written n more bytes of WAL (the writer's work).
 func (e *cdcEnv) waitWAL(n uint64) {
 	e.t.Helper()
 	target := e.currentLSN() + pglogrepl.LSN(n)
-	deadline := time.Now().Add(60 * time.Second)
-	for e.currentLSN() < target {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("the writer did not write %d bytes of WAL in 60 s", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	cdctest.WaitEvery(e.t, 60*time.Second, 20*time.Millisecond, fmt.Sprintf("the writer to write %d bytes of WAL", n), func() (bool, string) {
+		lsn := e.currentLSN()
+		return lsn >= target, "at " + lsn.String()
+	})
 }
 
 func (e *cdcEnv) currentLSN() pglogrepl.LSN {
@@ -101,19 +92,12 @@ func TestPostgresFailoverResumesOnSyncedSlot(t *testing.T) {
 	e.pg.Exec(writerTable)
 	p := e.start()
 	e.waitPointer()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	cdctest.Wait(t, 60*time.Second, "a failover-ready copy of the slot on the standby", func() (bool, string) {
 		var ready bool
 		err := f.standby.Pool().QueryRow(e.ctx, `SELECT synced AND NOT temporary AND NOT conflicting
 			FROM pg_replication_slots WHERE slot_name = 'pgrelay_fo'`).Scan(&ready)
-		if err == nil && ready {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the standby never held a failover-ready copy of the slot: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && ready, fmt.Sprintf("ready %v (%v)", ready, err)
+	})
 	stopWriter := make(chan struct{})
 	wait := e.randomWriter(11, stopWriter)
 	e.waitWAL(256 << 10)

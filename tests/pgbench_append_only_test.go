@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -65,14 +66,10 @@ func TestPgbenchHistoryStreamsAsAppendOnly(t *testing.T) {
 	// Once the pointer covers the WAL written by then and the snapshot is done, every queue replays
 	// to its table; 3 s later no queue has grown (no late duplicates).
 	e.waitCovered(e.currentLSN())
-	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if p := e.pointer(); p != nil && string(p.Snapshot) == "null" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the snapshot never finished: %+v", e.pointer())
-		}
-	}
+	cdctest.WaitEvery(t, 90*time.Second, 100*time.Millisecond, "the snapshot to finish", func() (bool, string) {
+		p := e.pointer()
+		return p != nil && string(p.Snapshot) == "null", fmt.Sprintf("pointer %+v", p)
+	})
 	conn := e.conn()
 	var inserts int
 	lengths := map[string]int64{}

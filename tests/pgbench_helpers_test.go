@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -93,7 +94,7 @@ output:
   redis_queue:
     url: %s
     durability: aof
-%s`, e.name, pg.DSN(), strings.Join(tables, ", "), e.rd.URL(), o.leaseTTL, e.rd.URL(), indentLines(o.outputExtra, "    "))))
+%s`, e.name, pg.DSN(), strings.Join(tables, ", "), e.rd.URL(), o.leaseTTL, e.rd.URL(), cdctest.Indent(o.outputExtra, "    "))))
 	for _, pt := range pgbenchTables {
 		e.streams = append(e.streams, e.writeFile("sink_"+pt.queue+".yaml", fmt.Sprintf(`input:
   redis_queue:
@@ -294,18 +295,10 @@ func (e *pgbenchEnv) sameRows(pt pgbenchTable) (bool, string) {
 func (e *pgbenchEnv) waitCaughtUp(d time.Duration) {
 	e.t.Helper()
 	lsn := e.currentLSN()
-	deadline := time.Now().Add(d)
-	for {
-		ok, state := e.caughtUp(lsn)
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Errorf("timed out waiting for the copy equal to the source: %s", state)
-			e.explainDiff()
-			e.t.FailNow()
-		}
-		time.Sleep(time.Second)
+	if ok, state := cdctest.Poll(d, time.Second, func() (bool, string) { return e.caughtUp(lsn) }); !ok {
+		e.t.Errorf("timed out waiting for the copy equal to the source: %s", state)
+		e.explainDiff()
+		e.t.FailNow()
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/sink"
@@ -48,7 +49,7 @@ func BenchmarkProjection(b *testing.B) {
 	source := s.startSource()
 	s.waitPointer()
 	s.pg.Exec(`INSERT INTO orders (id, customer) VALUES (0, 'warm-up')`) // the queue exists from here on
-	waitFor(b, time.Minute, 10*time.Millisecond, "the first entry", func() (bool, string) { return s.queueEnd() > 0, "" })
+	cdctest.WaitEvery(b, time.Minute, 10*time.Millisecond, "the first entry", func() (bool, string) { return s.queueEnd() > 0, "" })
 	ctx := s.ctx
 	pm, err := benchenv.PostmasterPid(s.pg.DataDir)
 	if err != nil {
@@ -239,7 +240,7 @@ func (s *shop) projectionLatency(b *testing.B, m *benchenv.Metrics, w *projWrite
 	}
 	start := s.queueEnd()
 	p := s.startProjection(db, db, "input.redis_queue.start_from=latest")
-	waitFor(b, time.Minute, 5*time.Millisecond, "group "+db, func() (bool, string) { return s.groupDone(db, start) })
+	cdctest.WaitEvery(b, time.Minute, 5*time.Millisecond, "group "+db, func() (bool, string) { return s.groupDone(db, start) })
 
 	var mu sync.Mutex
 	docAt, queueAt, commitTS := map[string]time.Time{}, map[string]time.Time{}, map[string]time.Time{}
@@ -276,7 +277,7 @@ func (s *shop) projectionLatency(b *testing.B, m *benchenv.Metrics, w *projWrite
 	c0 := time.Now()
 	changes := w.atRate(b, tps, time.Duration(seconds)*time.Second)
 	want := start + int64(changes)
-	waitFor(b, time.Minute, 5*time.Millisecond, "the projection to catch up", func() (bool, string) { return s.groupDone(db, want) })
+	cdctest.WaitEvery(b, time.Minute, 5*time.Millisecond, "the projection to catch up", func() (bool, string) { return s.groupDone(db, want) })
 	m.Add("lat_changes/s", float64(changes)/time.Since(c0).Seconds())
 	time.Sleep(300 * time.Millisecond) // the last notifications and XREADs
 	cancel()
@@ -349,7 +350,7 @@ func (s *shop) projectionLive(b *testing.B, m *benchenv.Metrics, w *projWriters,
 	s.readModel(db)
 	start := s.queueEnd()
 	p := s.startProjection(db, db, "input.redis_queue.start_from=latest")
-	waitFor(b, time.Minute, 5*time.Millisecond, "group "+db, func() (bool, string) { return s.groupDone(db, start) })
+	cdctest.WaitEvery(b, time.Minute, 5*time.Millisecond, "group "+db, func() (bool, string) { return s.groupDone(db, start) })
 	cpu := func(pid int, tree bool) time.Duration {
 		read := benchenv.CPU
 		if tree {
@@ -365,7 +366,7 @@ func (s *shop) projectionLive(b *testing.B, m *benchenv.Metrics, w *projWriters,
 	t0 := time.Now()
 	changes, took := w.flatOut(b, time.Duration(seconds)*time.Second)
 	want := start + int64(changes)
-	waitFor(b, 5*time.Minute, 5*time.Millisecond, "the live projection to catch up", func() (bool, string) { return s.groupDone(db, want) })
+	cdctest.WaitEvery(b, 5*time.Minute, 5*time.Millisecond, "the live projection to catch up", func() (bool, string) { return s.groupDone(db, want) })
 	elapsed := time.Since(t0)
 	m.Add("live_changes/s", float64(changes)/elapsed.Seconds())
 	m.Add("writers_changes/s", float64(changes)/took.Seconds())
@@ -390,12 +391,12 @@ func (s *shop) replaySink(b *testing.B, m *benchenv.Metrics, name string, pm int
 		return sum
 	}
 	var n0 int64
-	waitFor(b, 5*time.Minute, 2*time.Millisecond, name+" to start", func() (bool, string) { n0 = applied(); return n0 > 0, "" })
+	cdctest.WaitEvery(b, 5*time.Minute, 2*time.Millisecond, name+" to start", func() (bool, string) { n0 = applied(); return n0 > 0, "" })
 	s0, pg0, t0 := benchenv.Sample(p.Pid()), 0*time.Second, time.Now()
 	if d, err := benchenv.TreeCPU(pm); err == nil {
 		pg0 = d
 	}
-	waitFor(b, 10*time.Minute, 5*time.Millisecond, name+" to apply the queue", func() (bool, string) {
+	cdctest.WaitEvery(b, 10*time.Minute, 5*time.Millisecond, name+" to apply the queue", func() (bool, string) {
 		n := applied()
 		return n >= total, fmt.Sprintf("%d of %d", n, total)
 	})

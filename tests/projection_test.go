@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -173,7 +174,7 @@ func (s *shop) waitSourceDone() {
 	if err := s.pg.Pool().QueryRow(s.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&now); err != nil {
 		s.t.Fatal(err)
 	}
-	waitFor(s.t, 60*time.Second, 100*time.Millisecond, "the source's pointer past "+now.String(), func() (bool, string) {
+	cdctest.WaitEvery(s.t, 60*time.Second, 100*time.Millisecond, "the source's pointer past "+now.String(), func() (bool, string) {
 		p := s.pointer()
 		return p != nil && p.LSNValue()+1 >= now, fmt.Sprint(p)
 	})
@@ -183,7 +184,7 @@ func (s *shop) waitSourceDone() {
 // at its last offset) and checks that nothing was dead-lettered.
 func (s *shop) waitApplied(db, name string, p *testenv.Process) {
 	s.t.Helper()
-	waitFor(s.t, 90*time.Second, 100*time.Millisecond, name+" at the end of the queue", func() (bool, string) {
+	cdctest.WaitEvery(s.t, 90*time.Second, 100*time.Millisecond, name+" at the end of the queue", func() (bool, string) {
 		info, err := queue.Inspect(s.ctx, s.rd.Client(), queue.NewLayout("pgrelay"), s.queue)
 		if err != nil {
 			return false, err.Error()
@@ -375,21 +376,18 @@ func mustExec(t *testing.T, tx pgx.Tx, sql string, args ...any) {
 func (s *shop) killInTransaction(target *pgx.Conn, p *testenv.Process) {
 	s.t.Helper()
 	const inTx = `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgrelay-sink-order_docs' AND xact_start IS NOT NULL`
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	open, _ := cdctest.Poll(30*time.Second, 0, func() (bool, string) { // as often as it can ask
 		var n int
 		if err := target.QueryRow(s.ctx, inTx).Scan(&n); err != nil {
 			s.t.Fatal(err)
 		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("the projection never had a transaction open; output: %s", sinkLastLines(p.Output(), 5))
-		}
+		return n > 0, ""
+	})
+	if !open {
+		s.t.Fatalf("the projection never had a transaction open; output: %s", sinkLastLines(p.Output(), 5))
 	}
 	p.Kill()
-	waitFor(s.t, 30*time.Second, 50*time.Millisecond, "the killed projection's sessions to end", func() (bool, string) {
+	cdctest.WaitEvery(s.t, 30*time.Second, 50*time.Millisecond, "the killed projection's sessions to end", func() (bool, string) {
 		var n int
 		err := target.QueryRow(s.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgrelay-sink-order_docs'`).Scan(&n)
 		return err == nil && n == 0, fmt.Sprint(n, err)
@@ -399,7 +397,7 @@ func (s *shop) killInTransaction(target *pgx.Conn, p *testenv.Process) {
 // shopWriters runs two writers of random shop transactions until stop; wait returns how many
 // committed.
 func (s *shop) shopWriters(seed uint64, stop <-chan struct{}) (wait func() int) {
-	return runWriters(seed, stop, 4, s.shopTx)
+	return cdctest.Writers(seed, 2, 4, stop, s.shopTx)
 }
 
 // shopTx is one random transaction of 1–3 changes; a conflict (two writers, a taken line) rolls it

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -146,18 +147,18 @@ type pubEnv struct {
 func (e *pubEnv) startSource() {
 	e.source = testenv.StartProcess(e.b, nil, testenv.Binary(e.b), "-c", e.config)
 	ctx := context.Background()
-	waitFor(e.b, time.Minute, 10*time.Millisecond, "pg_cdc to install pgrelay.publish()", func() (bool, string) {
+	cdctest.WaitEvery(e.b, time.Minute, 10*time.Millisecond, "pg_cdc to install pgrelay.publish()", func() (bool, string) {
 		var ok bool
 		err := e.pool.QueryRow(ctx, `SELECT to_regprocedure('pgrelay.publish(text,text,jsonb)') IS NOT NULL`).Scan(&ok)
 		return err == nil && ok, fmt.Sprint(err)
 	})
-	waitFor(e.b, time.Minute, 10*time.Millisecond, "pg_cdc's pointer (its slot exists)", func() (bool, string) {
+	cdctest.WaitEvery(e.b, time.Minute, 10*time.Millisecond, "pg_cdc's pointer (its slot exists)", func() (bool, string) {
 		n, err := e.rd.Client().Exists(ctx, "pgrelay:{pub}:src:pub:ptr").Result()
 		return err == nil && n == 1, fmt.Sprint(err)
 	})
 	want := queueLen(e.b, e.rd, "pub") + 1
 	e.commit(ctx, publishTx)
-	waitFor(e.b, time.Minute, 10*time.Millisecond, "pg_cdc to catch up", func() (bool, string) { return queueLen(e.b, e.rd, "pub") >= want, "" })
+	cdctest.WaitEvery(e.b, time.Minute, 10*time.Millisecond, "pg_cdc to catch up", func() (bool, string) { return queueLen(e.b, e.rd, "pub") >= want, "" })
 }
 
 // stopSource ends pg_cdc (SIGTERM: it releases its lease at once), so the outbox side runs
@@ -332,11 +333,11 @@ func (e *pubEnv) latency(m *benchenv.Metrics, side string, tps int, d time.Durat
 	}
 	wg.Wait()
 	want := before + int64(total)
-	waitFor(b, time.Minute, 5*time.Millisecond, side+" events in the queue", func() (bool, string) {
+	cdctest.WaitEvery(b, time.Minute, 5*time.Millisecond, side+" events in the queue", func() (bool, string) {
 		n := queueLen(b, e.rd, q)
 		return n >= want, fmt.Sprintf("%d of %d", n, want)
 	})
-	waitFor(b, 10*time.Second, 5*time.Millisecond, side+" events read", func() (bool, string) {
+	cdctest.WaitEvery(b, 10*time.Second, 5*time.Millisecond, side+" events read", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(lat) >= total, fmt.Sprintf("%d of %d", len(lat), total)
@@ -391,7 +392,7 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 	}
 	wg.Wait()
 	want := before + n.Load()
-	waitFor(b, 10*time.Minute, 5*time.Millisecond, side+" events in the queue", func() (bool, string) {
+	cdctest.WaitEvery(b, 10*time.Minute, 5*time.Millisecond, side+" events in the queue", func() (bool, string) {
 		got := queueLen(b, e.rd, q)
 		return got >= want, fmt.Sprintf("%d of %d", got, want)
 	})

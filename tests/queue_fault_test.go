@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -86,17 +87,17 @@ func checkDelivered(t *testing.T, rdb redis.Cmdable, stream string, gen *seqGen)
 }
 
 // groupDone reports whether group g has delivered and acked every entry of every shard.
-func groupDone(ctx context.Context, rdb redis.UniversalClient, q, g string) bool {
+func groupDone(ctx context.Context, rdb redis.UniversalClient, q, g string) (bool, string) {
 	in, err := queue.Inspect(ctx, rdb, queue.NewLayout(""), q)
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	for _, gi := range in.Groups {
 		if gi.Name == g {
-			return gi.Lag == 0 && gi.Pending == 0
+			return gi.Lag == 0 && gi.Pending == 0, fmt.Sprintf("group %s: %+v", g, in.Groups)
 		}
 	}
-	return false
+	return false, fmt.Sprintf("no group %s: %+v", g, in.Groups)
 }
 
 // inProcessConsumer runs the redis_queue input in this process; its consumer fails whole batches
@@ -224,14 +225,9 @@ func threeConsumers(t *testing.T, target redisTarget) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for !groupDone(ctx, rdb, "src", "g") {
-		if time.Now().After(deadline) {
-			in, _ := queue.Inspect(ctx, rdb, queue.NewLayout(""), "src")
-			t.Fatalf("group not done: %+v", in.Groups)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "group g done", func() (bool, string) {
+		return groupDone(ctx, rdb, "src", "g")
+	})
 	time.Sleep(500 * time.Millisecond) // let in-flight recordings land
 	checkDelivered(t, rdb, "pgrelay:{out}:s:0", gen)
 }
@@ -310,13 +306,9 @@ redis_queue:
 	}
 	go func() { _ = s.Run(context.Background()) }()
 	defer s.StopWithin(10 * time.Second)
-	deadline := time.Now().Add(60 * time.Second)
-	for !groupDone(ctx, rdb, "src", "g") {
-		if time.Now().After(deadline) {
-			t.Fatal("group not done")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	cdctest.WaitEvery(t, 60*time.Second, 100*time.Millisecond, "group g done", func() (bool, string) {
+		return groupDone(ctx, rdb, "src", "g")
+	})
 	dls, err := queue.ListDeadLetters(ctx, rdb, queue.NewLayout(""), "src", "", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -344,8 +336,7 @@ redis_queue:
 // waitOwners waits until the shards of src are held by n distinct replicas.
 func waitOwners(t *testing.T, rdb redis.UniversalClient, n int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	cdctest.Wait(t, 20*time.Second, fmt.Sprintf("the shards held by %d replicas", n), func() (bool, string) {
 		owners := map[string]bool{}
 		if in, err := queue.Inspect(context.Background(), rdb, queue.NewLayout(""), "src"); err == nil {
 			for _, g := range in.Groups {
@@ -356,14 +347,8 @@ func waitOwners(t *testing.T, rdb redis.UniversalClient, n int) {
 				}
 			}
 		}
-		if len(owners) == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("shards held by %d replicas, want %d", len(owners), n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(owners) == n, fmt.Sprintf("held by %d replicas", len(owners))
+	})
 }
 
 // TestQueueSIGTERMHandsShardsOverAtOnce: a pgrelay replica stopped with SIGTERM releases its shard
@@ -400,13 +385,9 @@ func TestQueueSIGTERMHandsShardsOverAtOnce(t *testing.T) {
 	if err := p.Wait(15 * time.Second); err != nil {
 		t.Fatalf("pgrelay after SIGTERM: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(c.Held()) != 4 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the other replica holds %v, 10 s after SIGTERM", c.Held())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	cdctest.WaitEvery(t, 10*time.Second, 20*time.Millisecond, "the other replica to hold all 4 shards after SIGTERM", func() (bool, string) {
+		return len(c.Held()) == 4, fmt.Sprintf("it holds %v", c.Held())
+	})
 	t.Logf("all 4 shards moved %s after SIGTERM (lease TTL 20s)", time.Since(stopped).Round(time.Millisecond))
 }
 

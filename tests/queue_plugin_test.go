@@ -19,6 +19,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/queue"
 	_ "github.com/pgrelay/pgrelay/output"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -127,19 +128,12 @@ redis_queue:
 		t.Fatal(err)
 	}
 	go func() { _ = s.Run(context.Background()) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	cdctest.Wait(t, 20*time.Second, "35 messages consumed", func() (bool, string) {
 		mu.Lock()
 		n := len(got)
 		mu.Unlock()
-		if n >= 35 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("consumed %d of 35", n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return n >= 35, fmt.Sprintf("consumed %d of 35", n)
+	})
 	if err := s.StopWithin(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -250,13 +244,10 @@ redis_queue:
 	for _, x := range res[0].Messages {
 		rdb.XAck(ctx, stream, "slow", x.ID)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for rdb.XLen(ctx, stream).Val() != 11 { // entries 30..39 unread, plus the last delivered (29) kept
-		if time.Now().After(deadline) {
-			t.Fatalf("length %d, want 11", rdb.XLen(ctx, stream).Val())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	cdctest.Wait(t, 5*time.Second, "the stream trimmed to 11 entries", func() (bool, string) {
+		n := rdb.XLen(ctx, stream).Val() // entries 30..39 unread, plus the last delivered (29) kept
+		return n == 11, fmt.Sprintf("length %d", n)
+	})
 	first := rdb.XRangeN(ctx, stream, "-", "+", 1).Val()[0]
 	if first.Values["id"] != "m29" {
 		t.Fatalf("oldest kept %v", first.Values["id"])

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/queue"
@@ -183,8 +184,7 @@ func (e *failoverEnv) finish(stop chan struct{}, wait func() int) {
 	for _, d := range oracle.Compare(res.Tables["public.w"], rows) {
 		e.t.Errorf("queue vs table: %s", d)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	cdctest.WaitEvery(e.t, 60*time.Second, 250*time.Millisecond, "the copy equal to the table", func() (bool, string) {
 		info, err := queue.Inspect(e.ctx, rdb, queue.NewLayout("pgrelay"), e.queue)
 		caughtUp := err == nil && len(info.Groups) == 1 && info.Groups[0].Lag == 0 && info.Groups[0].Pending == 0
 		want, err1 := tableHashes(e.ctx, e.pg.Pool(), "w", "id")
@@ -192,13 +192,10 @@ func (e *failoverEnv) finish(stop chan struct{}, wait func() int) {
 		diff := hashDiff(want, got)
 		if caughtUp && err1 == nil && err2 == nil && len(diff) == 0 {
 			e.t.Logf("%d transactions, %d queue entries, %d rows copied", committed, len(entries), len(got))
-			break
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("the copy never equalled the table: caught up %v (%v); %v %v %v", caughtUp, err, err1, err2, diff)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("caught up %v (%v); %v %v %v", caughtUp, err, err1, err2, diff)
+	})
 	var cli queue.Info
 	if err := json.Unmarshal([]byte(runCLI(e.tt, "queue", "info", "-c", e.sinkConf, "--json")), &cli); err != nil {
 		e.t.Fatalf("queue info: %v", err)

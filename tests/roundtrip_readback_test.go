@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 )
 
@@ -50,7 +51,7 @@ func TestRoundTripKeyChangeOfACommitNotYetVisible(t *testing.T) {
 	}
 	// pg_reload_conf is asynchronous (the checkpointer turns synchronous waits on): commit probes
 	// until one waits for the standby, so the writer's commit surely will.
-	sinkWaitUntil(t, 20*time.Second, "commits waiting for the standby", func() (bool, string) {
+	cdctest.WaitEvery(t, 20*time.Second, 250*time.Millisecond, "commits waiting for the standby", func() (bool, string) {
 		probe, err := rt.pg.Pool().Acquire(rt.ctx)
 		if err != nil {
 			return false, err.Error()
@@ -82,7 +83,7 @@ func TestRoundTripKeyChangeOfACommitNotYetVisible(t *testing.T) {
 	}()
 	// pg_cdc decodes the flushed commit, finds no row by the new key and must wait for the commit
 	// to become visible (it polls pg_xact_status) instead of sending a `c` with "unchanged".
-	sinkWaitUntil(t, 30*time.Second, "pg_cdc waiting for the commit to become visible", func() (bool, string) {
+	cdctest.WaitEvery(t, 30*time.Second, 250*time.Millisecond, "pg_cdc waiting for the commit to become visible", func() (bool, string) {
 		var n int
 		if err := rt.pg.Pool().QueryRow(rt.ctx, `SELECT count(*) FROM pg_stat_activity
 		    WHERE query LIKE '%pg_xact_status%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {

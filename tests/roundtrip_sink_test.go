@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -161,14 +160,9 @@ func (rt *roundTrip) sameRows(db string) (bool, string) {
 // timeout it explains the differing rows.
 func (rt *roundTrip) waitCaughtUp(db, group string, p *testenv.Process, d time.Duration) {
 	rt.t.Helper()
-	deadline := time.Now().Add(d)
-	state := ""
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, state = rt.caughtUp(db, group); ok {
-			return
-		}
-		time.Sleep(250 * time.Millisecond)
+	ok, state := cdctest.Poll(d, 250*time.Millisecond, func() (bool, string) { return rt.caughtUp(db, group) })
+	if ok {
+		return
 	}
 	rt.explainDiff(db)
 	rt.t.Fatalf("timed out waiting for %s equal to A (last state: %s; output: %s)", db, state, sinkLastLines(p.Output(), 5))
@@ -241,23 +235,9 @@ func clip(s string) string {
 // updates with and without the TOASTed column, deletes, key changes); a transaction that fails (two
 // writers on one row) is rolled back. wait returns the number of committed transactions.
 func (rt *roundTrip) writers(seed uint64, d time.Duration) (wait func() int) {
-	var wg sync.WaitGroup
-	var committed atomic.Int64
-	end := time.Now().Add(d)
-	for w := 0; w < 2; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(seed, uint64(w)))
-			for time.Now().Before(end) {
-				if rt.randomRTTx(rng) {
-					committed.Add(1)
-				}
-				time.Sleep(time.Duration(rng.IntN(8)) * time.Millisecond)
-			}
-		}(w)
-	}
-	return func() int { wg.Wait(); return int(committed.Load()) }
+	stop := make(chan struct{})
+	time.AfterFunc(d, func() { close(stop) })
+	return cdctest.Writers(seed, 2, 8, stop, rt.randomRTTx)
 }
 
 // rtValues are random values for the non-key columns.
@@ -345,7 +325,7 @@ func TestRoundTripAToQueueToB(t *testing.T) {
 	start := time.Now()
 	wait := rt.writers(42, 8*time.Second)
 	// SIGKILL the sink once while the writers run, after it has applied something
-	sinkWaitUntil(t, 60*time.Second, "the sink applying", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "the sink applying", func() (bool, string) {
 		return len(rt.progress("b", "copy_b")) > 0, sinkLastLines(p.Output(), 5)
 	})
 	time.Sleep(time.Second)
@@ -451,7 +431,7 @@ func (rt *roundTrip) waitSourceDone() {
 	if err := rt.pg.Pool().QueryRow(rt.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&now); err != nil {
 		rt.t.Fatal(err)
 	}
-	sinkWaitUntil(rt.t.(*testing.T), 60*time.Second, "the source's pointer past "+now.String(), func() (bool, string) {
+	cdctest.WaitEvery(rt.t, 60*time.Second, 250*time.Millisecond, "the source's pointer past "+now.String(), func() (bool, string) {
 		p := rt.pointer()
 		return p != nil && p.LSNValue()+1 >= now, fmt.Sprint(p)
 	})
@@ -461,7 +441,7 @@ func (rt *roundTrip) waitSourceDone() {
 // group has nothing left to read or ack and every shard's progress row stands at its last offset.
 func (rt *roundTrip) waitApplied(db, sinkName string, p *testenv.Process) {
 	rt.t.Helper()
-	sinkWaitUntil(rt.t.(*testing.T), 90*time.Second, sinkName+" at the end of the queue", func() (bool, string) {
+	cdctest.WaitEvery(rt.t, 90*time.Second, 250*time.Millisecond, sinkName+" at the end of the queue", func() (bool, string) {
 		info, err := queue.Inspect(rt.ctx, rt.rd.Client(), queue.NewLayout("pgrelay"), "q")
 		if err != nil {
 			return false, err.Error()

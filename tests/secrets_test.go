@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -47,21 +48,17 @@ func newSecretEnv(t *testing.T) *secretEnv {
 	}
 	e.pg.Exec(`SELECT pg_reload_conf()`)
 	// the server now asks relay for the password: a wrong one is refused
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	cdctest.WaitEvery(t, 10*time.Second, 100*time.Millisecond, "password authentication enforced", func() (bool, string) {
 		c, err := pgx.Connect(context.Background(), fmt.Sprintf("postgres://relay:wrong@127.0.0.1:%d/postgres?sslmode=disable", e.pg.Port))
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "28P01" {
-			break
+			return true, ""
 		}
 		if c != nil {
 			c.Close(context.Background())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("password authentication is not enforced: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return false, fmt.Sprint(err)
+	})
 
 	admin := e.rd.Client()
 	for _, cmd := range [][]any{
@@ -184,7 +181,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	src := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", srcConf)
 	sink := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", sinkConf)
 	e.pg.Exec(`INSERT INTO accounts SELECT g, 'owner ' || g, g * 1.5 FROM generate_series(51, 60) g`)
-	sinkWaitUntil(t, 90*time.Second, "the copy holds all 60 rows", func() (bool, string) {
+	cdctest.WaitEvery(t, 90*time.Second, 250*time.Millisecond, "the copy holds all 60 rows", func() (bool, string) {
 		var n int
 		if err := e.pg.Pool().QueryRow(ctx, `SELECT count(*) FROM accounts_copy`).Scan(&n); err != nil {
 			return false, err.Error()

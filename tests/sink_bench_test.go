@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -208,14 +209,11 @@ output:
 		_ = pg.Pool().QueryRow(ctx, `SELECT coalesce(sum(last_offset), 0) FROM pgrelay.sink_progress WHERE sink = $1`, name).Scan(&sum)
 		return sum
 	}
-	deadline := time.Now().Add(10 * time.Minute)
 	var n0 int64
-	for n0 = applied(); n0 == 0; n0 = applied() {
-		if time.Now().After(deadline) {
-			b.Fatalf("sink %s applied nothing: %s", name, p.Output())
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	cdctest.WaitEvery(b, 10*time.Minute, 2*time.Millisecond, name+" to apply something", func() (bool, string) {
+		n0 = applied()
+		return n0 > 0, p.Output()
+	})
 	pg0, r0, s0, t0 := cpuNow(b, benchenv.TreeCPU, pm), cpuNow(b, benchenv.CPU, rpid), cpuNow(b, benchenv.CPU, p.Pid()), time.Now()
 	var profiled sync.WaitGroup
 	if profileDir != "" {
@@ -224,12 +222,9 @@ output:
 		})
 	}
 	defer profiled.Wait()
-	for applied() < int64(n) {
-		if time.Now().After(deadline) {
-			b.Fatalf("sink %s did not catch up: %s", name, p.Output())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	cdctest.WaitEvery(b, 10*time.Minute, 5*time.Millisecond, name+" to catch up", func() (bool, string) {
+		return applied() >= int64(n), p.Output()
+	})
 	elapsed := time.Since(t0)
 	rows := n - int(n0)
 	return pathCost{rate: float64(rows) / elapsed.Seconds(), self: benchenv.PerChange(cpuNow(b, benchenv.CPU, p.Pid())-s0, rows),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -78,28 +79,6 @@ func startSinkPipeline(t *testing.T, config string) *testenv.Process {
 		t.Fatal(err)
 	}
 	return testenv.StartProcess(t, nil, testenv.Binary(t), "-c", path)
-}
-
-// waitFor polls cond every `every` until it holds or d passes.
-func waitFor(tb testing.TB, d, every time.Duration, what string, cond func() (bool, string)) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		time.Sleep(every)
-	}
-	tb.Fatalf("timed out waiting for %s (last state: %s)", what, last)
-}
-
-// sinkWaitUntil polls cond every 250 ms until it is true or the deadline passes.
-func sinkWaitUntil(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	waitFor(t, d, 250*time.Millisecond, what, cond)
 }
 
 // sinkOffsets reads a sink's progress rows: shard → last_offset.
@@ -193,13 +172,9 @@ output:
 		// share of what is left, never at the end
 		start := applied()
 		target := start + (total-start)/int64(7-kill)
-		deadline := time.Now().Add(90 * time.Second)
-		for applied() < target {
-			if time.Now().After(deadline) {
-				t.Fatalf("no progress past %d before kill %d; output: %s", target, kill, sinkLastLines(p.Output(), 5))
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		cdctest.WaitEvery(t, 90*time.Second, 20*time.Millisecond, fmt.Sprintf("progress past %d before kill %d", target, kill), func() (bool, string) {
+			return applied() >= target, "output: " + sinkLastLines(p.Output(), 5)
+		})
 		p.Kill()
 		t.Logf("kill %d: SIGKILL with %d of %d messages applied (this run started at %d)", kill, applied(), total, start)
 	}
@@ -212,7 +187,7 @@ output:
 		return i
 	}
 	qi := info()
-	sinkWaitUntil(t, 120*time.Second, "every shard applied to its last offset", func() (bool, string) {
+	cdctest.WaitEvery(t, 120*time.Second, 250*time.Millisecond, "every shard applied to its last offset", func() (bool, string) {
 		got := sinkOffsets(t, pg, "balances", "accounts")
 		for _, s := range qi.ShardInfo {
 			if s.LastOffset > 0 && got[s.Shard] != s.LastOffset {
@@ -394,7 +369,7 @@ func interleave(lists [][]sinkMessage) []sinkMessage {
 // holds deadLetters dead letters.
 func waitDrained(t *testing.T, r *testenv.Redis, q string, deadLetters int, p *testenv.Process) {
 	t.Helper()
-	sinkWaitUntil(t, 120*time.Second, fmt.Sprintf("the queue drained with %d dead letters", deadLetters), func() (bool, string) {
+	cdctest.WaitEvery(t, 120*time.Second, 250*time.Millisecond, fmt.Sprintf("the queue drained with %d dead letters", deadLetters), func() (bool, string) {
 		i, err := queue.Inspect(context.Background(), r.Client(), queue.NewLayout("pgrelay"), q)
 		if err != nil || len(i.Groups) == 0 {
 			return false, fmt.Sprint(err)

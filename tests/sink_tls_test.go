@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -44,13 +45,10 @@ logger:
 			t.Fatal(err)
 		}
 		p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", config)
-		deadline := time.Now().Add(20 * time.Second)
-		for !strings.Contains(p.Output(), c.want) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no %s in the log:\n%s", c.name, c.want, p.Output())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		cdctest.WaitEvery(t, 20*time.Second, 100*time.Millisecond, c.name+": "+c.want+" in the log", func() (bool, string) {
+			out := p.Output()
+			return strings.Contains(out, c.want), out
+		})
 		if !strings.Contains(p.Output(), "Fix:") {
 			t.Errorf("%s: the log names no fix:\n%s", c.name, p.Output())
 		}

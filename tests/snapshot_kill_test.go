@@ -2,12 +2,14 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -33,20 +35,19 @@ func (e *cdcEnv) snapshotCursor() (*snapshot.Cursor, bool) {
 // snapshot is over; it returns the rows done (-1 when over).
 func (e *cdcEnv) waitSnapshotRows(from, n int64) int64 {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	rows := int64(-1)
+	cdctest.WaitEvery(e.t, 60*time.Second, 20*time.Millisecond, fmt.Sprintf("the snapshot past %d rows", from+n), func() (bool, string) {
 		c, ok := e.snapshotCursor()
 		if ok && c == nil {
-			return -1
+			return true, ""
 		}
 		if c != nil && c.Rows >= from+n {
-			return c.Rows
+			rows = c.Rows
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("snapshot stuck at %+v", c)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("cursor %+v", c)
+	})
+	return rows
 }
 
 // TestSnapshotSurvivesSIGKILL: a random writer starts before pgrelay and runs throughout; pgrelay
@@ -76,16 +77,10 @@ func TestSnapshotSurvivesSIGKILL(t *testing.T) {
 		p = e.start()
 		t.Logf("killed inside the snapshot at %d rows", rows)
 	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		if c, ok := e.snapshotCursor(); ok && c == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("snapshot never finished")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	cdctest.WaitEvery(t, 90*time.Second, 100*time.Millisecond, "the snapshot to finish", func() (bool, string) {
+		c, ok := e.snapshotCursor()
+		return ok && c == nil, fmt.Sprintf("cursor %+v", c)
+	})
 	rng := rand.New(rand.NewPCG(8, 8))
 	for i := 0; i < 3; i++ {
 		time.Sleep(time.Duration(700+rng.IntN(800)) * time.Millisecond)

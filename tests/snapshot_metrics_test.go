@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -26,18 +27,11 @@ func TestSnapshotMetrics(t *testing.T) {
 	e.pg.Exec(`INSERT INTO w SELECT g, 'x' FROM generate_series(1, 250) g`)
 	e.start()
 	e.waitPointer()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "the snapshot's metrics", func() (bool, string) {
 		body, err := testenv.HTTPGet(e.ctx, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), 5*time.Second)
-		if err == nil && regexp.MustCompile(`(?m)^pgrelay_source_snapshot_rows\{[^}]*\} 250$`).MatchString(body) &&
-			regexp.MustCompile(`(?m)^pgrelay_source_snapshot_tables\{[^}]*\} 1$`).MatchString(body) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("metrics: %v\n%s", err, body)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil && regexp.MustCompile(`(?m)^pgrelay_source_snapshot_rows\{[^}]*\} 250$`).MatchString(body) &&
+			regexp.MustCompile(`(?m)^pgrelay_source_snapshot_tables\{[^}]*\} 1$`).MatchString(body), fmt.Sprintf("%v\n%s", err, body)
+	})
 	res := e.converge("public.w", "id")
 	if res.Events != 250 {
 		t.Errorf("%d events, want 250 r", res.Events)

@@ -1,11 +1,13 @@
 package tests
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -23,13 +25,10 @@ func TestSnapshotResyncAfterSlotLost(t *testing.T) {
 	wait := e.randomWriter(5, stopWriter)
 	e.start()
 	e.waitPointer()
-	deadline := time.Now().Add(60 * time.Second)
-	for c, ok := e.snapshotCursor(); !ok || c != nil; c, ok = e.snapshotCursor() {
-		if time.Now().After(deadline) {
-			t.Fatal("first snapshot never finished")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	cdctest.WaitEvery(t, 60*time.Second, 100*time.Millisecond, "the first snapshot to finish", func() (bool, string) {
+		c, ok := e.snapshotCursor()
+		return ok && c == nil, fmt.Sprintf("cursor %+v", c)
+	})
 	first := e.pointer()
 	e.pg.DropSlot("pgrelay_resync")
 	e.waitStatus(`"code":"slot_lost"`)
@@ -43,19 +42,15 @@ func TestSnapshotResyncAfterSlotLost(t *testing.T) {
 // waitStatus waits up to 60 s until a field of the source's status hash contains want.
 func (e *cdcEnv) waitStatus(want string) {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	cdctest.WaitEvery(e.t, 60*time.Second, 100*time.Millisecond, want+" in the status", func() (bool, string) {
 		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{"+e.queue+"}:src:"+e.name+":status").Result()
 		for _, v := range st {
 			if strings.Contains(v, want) {
-				return
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("no %s in the status: %v", want, st)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return false, fmt.Sprint(st)
+	})
 }
 
 // resync runs `pgrelay resync -c <config>` and waits until the source has a new epoch, one
@@ -66,19 +61,14 @@ func (e *cdcEnv) resync(first *pointer.Pointer) {
 	if err != nil {
 		e.t.Fatalf("resync: %v\n%s", err, out)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		p := e.pointer()
-		if c, _ := e.snapshotCursor(); p != nil && p.Epoch != first.Epoch && c == nil {
-			if p.Gen != first.Gen+1 {
-				e.t.Errorf("generation %d after %d", p.Gen, first.Gen)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("resync never finished: %+v", p)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var p *pointer.Pointer
+	cdctest.WaitEvery(e.t, 60*time.Second, 100*time.Millisecond, "the resync to finish", func() (bool, string) {
+		p = e.pointer()
+		c, _ := e.snapshotCursor()
+		return p != nil && p.Epoch != first.Epoch && c == nil, fmt.Sprintf("pointer %+v", p)
+	})
+	if p.Gen != first.Gen+1 {
+		e.t.Errorf("generation %d after %d", p.Gen, first.Gen)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -28,8 +29,7 @@ func TestSourceStatusAndTeardown(t *testing.T) {
 		Replicas   map[string]json.RawMessage `json:"replicas"`
 		Lag        *int64                     `json:"slot_lag_bytes"`
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	cdctest.WaitEvery(t, 20*time.Second, 200*time.Millisecond, "the status to show a streaming owner", func() (bool, string) {
 		out, err := exec.Command(testenv.Binary(t), "status", "-c", e.config, "--json").CombinedOutput()
 		if err != nil {
 			t.Fatalf("status: %v\n%s", err, out)
@@ -41,14 +41,8 @@ func TestSourceStatusAndTeardown(t *testing.T) {
 		for _, v := range st.Replicas {
 			streaming = streaming || strings.Contains(string(v), `"streaming"`)
 		}
-		if st.Owner != "" && st.SlotExists && len(st.Pointer) > 0 && st.Lag != nil && streaming {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status never showed a streaming owner: %s", out)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return st.Owner != "" && st.SlotExists && len(st.Pointer) > 0 && st.Lag != nil && streaming, string(out)
+	})
 	if out, err := exec.Command(testenv.Binary(t), "teardown", "-c", e.config).CombinedOutput(); err == nil {
 		t.Fatalf("teardown while the source runs succeeded: %s", out)
 	}
@@ -78,19 +72,12 @@ func TestSourceMetrics(t *testing.T) {
 	e.start()
 	e.waitPointer()
 	e.pg.Exec(`INSERT INTO w SELECT g, 'x' FROM generate_series(1, 10) g`)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "the source's metrics", func() (bool, string) {
 		body, err := testenv.HTTPGet(e.ctx, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), 5*time.Second)
-		if err == nil && regexp.MustCompile(`(?m)^pgrelay_source_messages\{[^}]*\} 10$`).MatchString(body) &&
+		return err == nil && regexp.MustCompile(`(?m)^pgrelay_source_messages\{[^}]*\} 10$`).MatchString(body) &&
 			regexp.MustCompile(`(?m)^pgrelay_source_owner\{[^}]*\} 1$`).MatchString(body) &&
 			regexp.MustCompile(`(?m)^pgrelay_source_transactions\{[^}]*\} 1$`).MatchString(body) &&
 			regexp.MustCompile(`(?m)^pgrelay_source_slot_lag_bytes\{[^}]*\} `).MatchString(body) &&
-			regexp.MustCompile(`(?m)^pgrelay_source_pointer_lsn\{[^}]*\} [1-9]`).MatchString(body) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("metrics: %v\n%s", err, body)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+			regexp.MustCompile(`(?m)^pgrelay_source_pointer_lsn\{[^}]*\} [1-9]`).MatchString(body), fmt.Sprintf("%v\n%s", err, body)
+	})
 }

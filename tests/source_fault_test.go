@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 )
 
-const writerTable = `CREATE TABLE w (id int PRIMARY KEY, v text, n numeric, j jsonb, g int)`
+const writerTable = `CREATE TABLE w ` + cdctest.WriterColumns
 
 // TestSourceSurvivesSIGKILLUnderRandomWriter kills pgrelay three times while two writers run
 // random transactions; the queue must replay to the table with every id once, and the slot
@@ -163,13 +164,10 @@ func TestSourceTwoReplicasTakeOverAndHandOver(t *testing.T) {
 	if err := other.Wait(30 * time.Second); err != nil {
 		t.Errorf("SIGTERM exit: %v", err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for owner() == "" || owner() == second {
-		if time.Now().After(deadline) {
-			t.Fatal("nobody took over after the hand-over")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	cdctest.WaitEvery(t, 15*time.Second, 20*time.Millisecond, "a takeover after the hand-over", func() (bool, string) {
+		o := owner()
+		return o != "" && o != second, "owner " + o
+	})
 	time.Sleep(2 * time.Second)
 	close(stopWriter)
 	wait()

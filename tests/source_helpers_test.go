@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/pointer"
@@ -41,38 +41,12 @@ func newCDCEnv(t testing.TB, name, tables, extra string) *cdcEnv {
 func newCDCEnvOn(t testing.TB, pg *testenv.Postgres, dsn, name, tables, extra string) *cdcEnv {
 	e := &cdcEnv{t: t, ctx: context.Background(), pg: pg, rd: testenv.StartRedis(t), name: name, queue: "q"}
 	e.config = filepath.Join(t.TempDir(), "pgrelay.yaml")
-	yaml := fmt.Sprintf(`http:
-  enabled: false
-input:
-  pg_cdc:
-    name: %s
-    dsn: %s
-    tls: {mode: disable}
-    tables: %s
-    redis: {url: %s}
-    lease_ttl: 3s
-    heartbeat: 1s
-%s
-output:
-  redis_queue:
-    url: %s
-    durability: aof
-logger:
-  level: info
-shutdown_timeout: 20s
-`, name, dsn, tables, e.rd.URL(), indentLines(extra, "    "), e.rd.URL())
+	yaml := cdctest.Pipeline{Name: name, DSN: dsn, Tables: tables, Redis: e.rd.URL(), Source: extra, Durability: "aof",
+		LogLevel: "info", Top: "http:\n  enabled: false\nshutdown_timeout: 20s"}.YAML()
 	if err := os.WriteFile(e.config, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return e
-}
-
-func indentLines(s, pad string) string {
-	if strings.TrimSpace(s) == "" {
-		return ""
-	}
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return pad + strings.Join(lines, "\n"+pad)
 }
 
 func (e *cdcEnv) start() *testenv.Process {
@@ -97,13 +71,9 @@ func (e *cdcEnv) pointer() *pointer.Pointer {
 
 func (e *cdcEnv) waitPointer() {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for e.pointer() == nil {
-		if time.Now().After(deadline) {
-			e.t.Fatal("no pointer: pg_cdc never started")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	cdctest.Wait(e.t, 60*time.Second, "the pointer (pg_cdc to start)", func() (bool, string) {
+		return e.pointer() != nil, "no pointer"
+	})
 }
 
 // sampleSlot checks, every 100 ms until stop, that the slot's confirmed_flush_lsn is never past
@@ -190,62 +160,8 @@ func (e *cdcEnv) converge(table string, key ...string) *oracle.Result {
 	return res
 }
 
-// randomWriter runs random transactions on w (inserts, updates, deletes, key changes,
-// multi-statement transactions) until stop; it returns the number of committed transactions.
+// randomWriter runs cdctest.RandomTx on w from two connections until stop; it returns the number
+// of committed transactions.
 func (e *cdcEnv) randomWriter(seed uint64, stop <-chan struct{}) func() int {
-	return runWriters(seed, stop, 3, e.randomTx)
-}
-
-// runWriters runs two writers, each calling tx with its own generator seeded from seed and pausing
-// 0..pause-1 ms after each transaction, until stop; wait returns how many committed (tx true).
-func runWriters(seed uint64, stop <-chan struct{}, pause int, tx func(*rand.Rand) bool) (wait func() int) {
-	var committed atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < 2; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(seed, uint64(w)))
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if tx(rng) {
-					committed.Add(1)
-				}
-				time.Sleep(time.Duration(rng.IntN(pause)) * time.Millisecond)
-			}
-		}(w)
-	}
-	return func() int { wg.Wait(); return int(committed.Load()) }
-}
-
-func (e *cdcEnv) randomTx(rng *rand.Rand) bool {
-	tx, err := e.pg.Pool().Begin(e.ctx)
-	if err != nil {
-		return false
-	}
-	defer tx.Rollback(e.ctx)
-	for i, n := 0, 1+rng.IntN(4); i < n; i++ {
-		id := rng.IntN(300)
-		var err error
-		switch op := rng.IntN(10); {
-		case op < 4:
-			_, err = tx.Exec(e.ctx, `INSERT INTO w VALUES ($1, $2, $3::numeric, $4::jsonb, $5) ON CONFLICT (id) DO UPDATE SET v = excluded.v`,
-				id, fmt.Sprintf("v%d|\\%d", rng.IntN(1000), id), fmt.Sprintf("%d.%018d", rng.Int64(), rng.Int64N(1e18)),
-				fmt.Sprintf(`{"big": %d, "nested": {"a": [1, "x"]}}`, uint64(1)<<60+uint64(rng.IntN(1000))), rng.IntN(5))
-		case op < 7:
-			_, err = tx.Exec(e.ctx, `UPDATE w SET v = $2, n = n + 1 WHERE id = $1`, id, fmt.Sprintf("u%d", rng.IntN(1000)))
-		case op < 8:
-			_, err = tx.Exec(e.ctx, `DELETE FROM w WHERE id = $1`, id)
-		default:
-			_, err = tx.Exec(e.ctx, `UPDATE w SET id = $2 WHERE id = $1`, id, 300+rng.IntN(300))
-		}
-		if err != nil {
-			return false
-		}
-	}
-	return tx.Commit(e.ctx) == nil
+	return cdctest.Writers(seed, 2, 3, stop, func(rng *rand.Rand) bool { return cdctest.RandomTx(e.ctx, e.pg.Pool(), rng, "w") })
 }
