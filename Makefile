@@ -12,7 +12,7 @@ setup:
 	scripts/setup
 
 # Setup, vet, gofmt, unit + integration tests with -race (PostgreSQL 17 + Redis), the
-# PostgreSQL-dependent tests again on 15 and 18, fault tests, and lint of config/.
+# PostgreSQL-dependent tests again on 14, 15 and 18, fault tests, fuzz, and lint of config/.
 test: setup build
 	scripts/test
 
