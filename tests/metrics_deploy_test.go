@@ -170,13 +170,13 @@ func deployedMetricNames(t *testing.T) map[string][]string {
 }
 
 // TestDeployedMetricsAreExported runs pg_cdc → redis_queue and redis_queue → pg_sink, each with the
-// prometheus exporter, makes every metric appear (a snapshot, a sink paused by a missing target
+// prometheus exporter, makes every metric appear (a snapshot, a keyless table refused, a sink paused by a missing target
 // table, a row the target's CHECK refuses so it is dead-lettered and the rows behind it blocked, a
 // terminated walsender), and checks that each metric name the alert rules and the Grafana
 // dashboard query is on one of the two /metrics pages.
 func TestDeployedMetricsAreExported(t *testing.T) {
 	used := deployedMetricNames(t)
-	e := newCDCEnv(t, "metrics", `[{table: w, queue: q}]`, "snapshot: initial\nchunk_rows: 10")
+	e := newCDCEnv(t, "metrics", `[{table: w, queue: q}, {table: w_nokey, queue: q}]`, "snapshot: initial\nchunk_rows: 10")
 	srcPort, sinkPort := testenv.FreePort(t), testenv.FreePort(t)
 	raw, _ := os.ReadFile(e.config)
 	cfg := strings.Replace(string(raw), "http:\n  enabled: false\n", fmt.Sprintf("http:\n  address: 127.0.0.1:%d\nmetrics:\n  prometheus: {}\n", srcPort), 1)
@@ -186,6 +186,7 @@ func TestDeployedMetricsAreExported(t *testing.T) {
 	}
 	e.pg.Exec(writerTable)
 	e.pg.Exec(`INSERT INTO w (id, v) SELECT g, 'x' FROM generate_series(1, 30) g`)
+	e.pg.Exec(`CREATE TABLE w_nokey (v text)`) // refused (no key, not append-only); w streams
 
 	// the sink starts before its target table exists: paused
 	sink := startSinkPipeline(t, fmt.Sprintf(`http: {address: "127.0.0.1:%d"}
