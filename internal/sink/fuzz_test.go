@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/jsonscan"
 )
 
 // refDecode is the reference reading of a payload: encoding/json with numbers kept as written.
@@ -70,7 +71,7 @@ func FuzzScanObject(f *testing.F) {
 		ref, ok := refDecode(b)
 		obj, isObj := ref.(map[string]any)
 		if err != nil {
-			if ok && isObj && nesting(b) <= maxDepth {
+			if ok && isObj && nesting(b) <= jsonscan.MaxDepth {
 				t.Fatalf("%q refused (%v), but it is a UTF-8 JSON object", b, err)
 			}
 			if _, derr := decodeObject(b); derr != nil && !errcode.Is(derr, errcode.BadPayload) {
@@ -177,7 +178,7 @@ func FuzzParamValue(f *testing.F) {
 			return
 		}
 		ref, ok := refDecode(bytes.TrimSpace(payload))
-		if !ok || nesting(payload) > maxDepth {
+		if !ok || nesting(payload) > jsonscan.MaxDepth {
 			if err == nil && !ok {
 				t.Fatalf("%q over %q accepted a payload that is not UTF-8 JSON: %v", path, payload, o.params)
 			}
@@ -404,7 +405,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		ref, ok := refDecode(bytes.TrimSpace(payload))
 		obj, isObj := ref.(map[string]any)
-		if !ok || !isObj || nesting(payload) > maxDepth {
+		if !ok || !isObj || nesting(payload) > jsonscan.MaxDepth {
 			if err == nil && (!ok || !isObj) {
 				t.Fatalf("mode %d accepted %q, not a UTF-8 JSON object", mode, payload)
 			}

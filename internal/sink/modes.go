@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgrelay/pgrelay/internal/jsonscan"
 )
 
 // opKind is what one message does to the target.
@@ -315,7 +317,7 @@ func newSQLMode(statement string, paths []string) (*sqlMode, error) {
 func (s *sqlMode) decode(m *Message, _ *rowBuf) (op, error) {
 	doc := json.RawMessage(bytes.TrimSpace(m.Payload))
 	if s.needJSON {
-		if err := scanValue(doc); err != nil {
+		if err := jsonscan.Value(doc); err != nil {
 			return op{}, badPayload("payload is not valid JSON (%v), but params read paths inside it: %s", err, excerpt(doc))
 		}
 	}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgrelay/pgrelay/internal/jsonscan"
 )
 
 // writer builds the set-based statements for one shape of the target table and caches their SQL
@@ -134,7 +136,7 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 	spans := buf.spans
 	clear(spans)
 	member := 0
-	err = scanSpans(t, func(k []byte, escaped bool, v0, v1 int) error {
+	err = jsonscan.Members(t, func(k []byte, escaped bool, v0, v1 int) error {
 		j := member
 		member++
 		var i int

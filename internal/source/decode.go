@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -15,6 +14,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/jsonscan"
 	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
@@ -51,6 +51,7 @@ type decoder struct {
 
 	truncatesSkipped uint64
 	badMessages      uint64       // pgrelay.publish() messages that were not {queue, partition, payload}
+	pubQueue         string       // the queue of the last published message
 	rows             [2]event.Row // the new and the old row of the change being decoded
 	buf              []byte
 	arena            arena     // the events' bytes
@@ -119,28 +120,66 @@ func (d *decoder) published(m *pglogrepl.LogicalDecodingMessage, emit func(item)
 	if d.start.Covered(d.commit, seq) {
 		return nil
 	}
-	var msg struct {
-		Queue     string          `json:"queue"`
-		Partition *string         `json:"partition"`
-		Payload   json.RawMessage `json:"payload"`
-	}
-	if err := json.Unmarshal(m.Content, &msg); err != nil || msg.Queue == "" || len(msg.Payload) == 0 {
+	msg, ok := parsePublished(m.Content)
+	if !ok {
 		d.badMessages++
 		return d.emitChange(seq, nil, emit) // counted in seq, nothing to send
 	}
 	pos := d.pos
 	pos.Seq = seq
-	if env := d.envs[msg.Queue]; env != nil { // its place in the envelope (the partition is the envelope's)
-		d.envEnd(env, event.AppendMessage(d.envStart(env), msg.Payload, &pos))
+	if env := d.envs[string(msg.queue)]; env != nil { // its place in the envelope (the partition is the envelope's)
+		d.envEnd(env, event.AppendMessage(d.envStart(env), msg.payload, &pos))
 		return d.emitChange(seq, nil, emit)
 	}
-	part := partition.Single
-	if msg.Partition != nil {
-		part = *msg.Partition
+	if string(msg.queue) != d.pubQueue {
+		d.pubQueue = string(msg.queue)
 	}
-	ev := Event{Queue: msg.Queue, Partition: part, ID: pointer.MessageID(d.epoch, d.commit, seq, 0), Tx: d.txID,
-		Op: event.OpMessage, LSN: pos.LSN, Xid: pos.Xid, CreatedMs: d.tsMs, Payload: event.AppendMessage(nil, msg.Payload, &pos)}
-	return d.emitChange(seq, []Event{ev}, emit)
+	part := partition.Single
+	if msg.partitioned {
+		part = d.arena.string(msg.partition)
+	}
+	payload, id := d.withID(event.AppendMessage(d.buf[:0], msg.payload, &pos), seq, 0)
+	evs := d.slab.take(1)
+	evs[0] = Event{Queue: d.pubQueue, Partition: part, ID: id, Tx: d.txID, Op: event.OpMessage, LSN: pos.LSN, Xid: pos.Xid,
+		CreatedMs: d.tsMs, Payload: payload}
+	return d.emitChange(seq, evs, emit)
+}
+
+// publishedMessage is the content of a pgrelay.publish() message (resources/source_publish.sql),
+// its values as they stand in the content.
+type publishedMessage struct {
+	queue       []byte
+	partition   []byte
+	partitioned bool // partition is a string: not null or left out (the single partition)
+	payload     []byte
+}
+
+// parsePublished reads {"queue": string, "partition": string or null, "payload": any JSON} (other
+// members are ignored; keys match exactly). ok is false for anything else, a document that is not
+// valid JSON included. It copies nothing unless a string holds an escape: parsing with
+// encoding/json cost more than the rest of the event.
+func parsePublished(b []byte) (m publishedMessage, ok bool) {
+	err := jsonscan.Members(b, func(key []byte, _ bool, v0, v1 int) error {
+		name, err := jsonscan.Text(key)
+		if err != nil {
+			return err
+		}
+		v := b[v0:v1]
+		switch string(name) {
+		case "queue":
+			m.queue, err = jsonscan.Text(v)
+		case "partition":
+			m.partition, m.partitioned = nil, false
+			if string(v) != "null" {
+				m.partition, err = jsonscan.Text(v)
+				m.partitioned = err == nil
+			}
+		case "payload":
+			m.payload = v
+		}
+		return err
+	})
+	return m, err == nil && len(m.queue) > 0 && len(m.payload) > 0
 }
 
 // change numbers one raw change and emits its events unless the start pointer covers it.
@@ -389,22 +428,27 @@ func sameValues(a, b event.Row, cols []int) bool {
 func (d *decoder) event(rel *relation, part string, k int, c *event.Change) Event {
 	c.Position = d.pos
 	c.Seq = d.seq - 1
-	b := rel.table.AppendChange(d.buf[:0], c)
+	payload, id := d.withID(rel.table.AppendChange(d.buf[:0], c), c.Seq, k)
+	return Event{
+		Queue: rel.info.Queue, Partition: part, ID: id, Tx: d.txID,
+		Op: c.Op, Table: rel.table.Name, LSN: d.pos.LSN, Xid: d.pos.Xid, CreatedMs: d.tsMs, Payload: payload,
+	}
+}
+
+// withID copies payload b (d.buf's array, or a new one) and the id of event k of change seq into
+// the arena, in one copy. The id is pointer.MessageID, built on the transaction's id.
+func (d *decoder) withID(b []byte, seq uint64, k int) (payload []byte, id string) {
 	n := len(b)
-	// the id is pointer.MessageID, built on the transaction's id
 	b = append(b, d.txID...)
 	b = append(b, ':')
-	b = strconv.AppendUint(b, c.Seq, 10)
+	b = strconv.AppendUint(b, seq, 10)
 	if k > 0 {
 		b = append(b, '.')
 		b = strconv.AppendInt(b, int64(k), 10)
 	}
 	d.buf = b
 	out := d.arena.bytes(b)
-	return Event{
-		Queue: rel.info.Queue, Partition: part, ID: arenaString(out[n:]), Tx: d.txID,
-		Op: c.Op, Table: rel.table.Name, LSN: d.pos.LSN, Xid: d.pos.Xid, CreatedMs: d.tsMs, Payload: out[:n:n],
-	}
+	return out[:n:n], arenaString(out[n:])
 }
 
 func (d *decoder) truncate(m *pglogrepl.TruncateMessage, emit func(item) error) error {

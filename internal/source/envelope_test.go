@@ -19,12 +19,12 @@ import (
 // envTest decodes transactions of tables public.a, public.b (queue env, enveloped) and public.p
 // (queue plain) with a given start pointer.
 type envTest struct {
-	t     *testing.T
+	t     testing.TB
 	d     *decoder
 	items []item
 }
 
-func newEnvTest(t *testing.T, start pointer.Pointer, maxMessages int, envs ...EnvelopeQueue) *envTest {
+func newEnvTest(t testing.TB, start pointer.Pointer, maxMessages int, envs ...EnvelopeQueue) *envTest {
 	cfg := &Config{Envelopes: envs}
 	tables := map[string]*TableInfo{}
 	for _, n := range []string{"a", "b", "p", "c"} {

@@ -1,0 +1,265 @@
+// Package jsonscan validates JSON documents and splits an object into its top-level members
+// without decoding anything below them and without copying a value: the sink's payloads and the
+// source's published messages are read through it. It accepts exactly what encoding/json accepts,
+// except that strings must be valid UTF-8 (RFC 8259; encoding/json would replace the bytes) and
+// nesting stops at MaxDepth.
+package jsonscan
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Members validates the JSON object b and calls fn with each member: the key as written (quotes
+// included; escaped says whether it holds a backslash) and the value's position in b, b[v0:v1],
+// so a caller holding the same bytes as a string can take the value as a substring. An error from
+// fn ends the scan with a "bad key" error.
+func Members(b []byte, fn func(key []byte, escaped bool, v0, v1 int) error) error {
+	s := scanner{b: b}
+	s.ws()
+	if !s.eat('{') {
+		return s.fail("expected {")
+	}
+	s.ws()
+	if s.eat('}') {
+		return s.end()
+	}
+	for {
+		s.ws()
+		start := s.i
+		escaped, err := s.str()
+		if err != nil {
+			return err
+		}
+		key := b[start:s.i]
+		s.ws()
+		if !s.eat(':') {
+			return s.fail("expected :")
+		}
+		s.ws()
+		vstart := s.i
+		if err := s.value(0); err != nil {
+			return err
+		}
+		if err := fn(key, escaped, vstart, s.i); err != nil {
+			return s.fail("bad key")
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat('}') {
+			return s.end()
+		}
+		return s.fail("expected , or }")
+	}
+}
+
+// Value validates b as one JSON value.
+func Value(b []byte) error {
+	s := scanner{b: b}
+	s.ws()
+	if err := s.value(0); err != nil {
+		return err
+	}
+	return s.end()
+}
+
+// Text returns the characters of q, a JSON string as written (quotes included, as Members hands
+// out keys and values): a sub-slice of q when it holds no escape, else a decoded copy.
+func Text(q []byte) ([]byte, error) {
+	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
+		return nil, fmt.Errorf("not a JSON string: %.20q", q)
+	}
+	if bytes.IndexByte(q, '\\') < 0 {
+		return q[1 : len(q)-1], nil
+	}
+	var s string
+	if err := json.Unmarshal(q, &s); err != nil {
+		return nil, err
+	}
+	return []byte(s), nil
+}
+
+type scanner struct {
+	b []byte
+	i int
+}
+
+// MaxDepth is the deepest nesting of arrays and objects a document may have.
+const MaxDepth = 1000
+
+func (s *scanner) fail(what string) error {
+	return fmt.Errorf("%s at byte %d", what, s.i)
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) eat(c byte) bool {
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+func (s *scanner) end() error {
+	s.ws()
+	if s.i != len(s.b) {
+		return s.fail("unexpected data after the value")
+	}
+	return nil
+}
+
+// str skips a string starting at s.i; escaped reports whether it holds a backslash.
+func (s *scanner) str() (escaped bool, err error) {
+	if !s.eat('"') {
+		return false, s.fail("expected a string")
+	}
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			s.i++
+			return escaped, nil
+		case c == '\\':
+			escaped = true
+			if s.i+1 >= len(s.b) {
+				return escaped, s.fail("unterminated escape")
+			}
+			switch s.b[s.i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.i += 2
+			case 'u':
+				if s.i+6 > len(s.b) || !isHex4(s.b[s.i+2:s.i+6]) {
+					return escaped, s.fail("bad \\u escape")
+				}
+				s.i += 6
+			default:
+				return escaped, s.fail("bad escape")
+			}
+		case c < 0x20:
+			return escaped, s.fail("control character in a string")
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(s.b[s.i:])
+			if r == utf8.RuneError && size == 1 {
+				return escaped, s.fail("invalid UTF-8 in a string")
+			}
+			s.i += size
+		default:
+			s.i++
+		}
+	}
+	return escaped, s.fail("unterminated string")
+}
+
+func isHex4(b []byte) bool {
+	for _, c := range b {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *scanner) value(depth int) error {
+	if depth > MaxDepth {
+		return s.fail("nesting too deep")
+	}
+	if s.i >= len(s.b) {
+		return s.fail("unexpected end")
+	}
+	switch c := s.b[s.i]; {
+	case c == '"':
+		_, err := s.str()
+		return err
+	case c == '{':
+		return s.container('}', depth, true)
+	case c == '[':
+		return s.container(']', depth, false)
+	case c == '-' || c >= '0' && c <= '9':
+		return s.number()
+	default:
+		for _, lit := range []string{"true", "false", "null"} {
+			if len(s.b)-s.i >= len(lit) && string(s.b[s.i:s.i+len(lit)]) == lit {
+				s.i += len(lit)
+				return nil
+			}
+		}
+		return s.fail("unexpected character")
+	}
+}
+
+func (s *scanner) container(closer byte, depth int, object bool) error {
+	s.i++
+	s.ws()
+	if s.eat(closer) {
+		return nil
+	}
+	for {
+		s.ws()
+		if object {
+			if _, err := s.str(); err != nil {
+				return err
+			}
+			s.ws()
+			if !s.eat(':') {
+				return s.fail("expected :")
+			}
+			s.ws()
+		}
+		if err := s.value(depth + 1); err != nil {
+			return err
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat(closer) {
+			return nil
+		}
+		return s.fail("expected , or " + string(closer))
+	}
+}
+
+// number skips a JSON number (RFC 8259 grammar).
+func (s *scanner) number() error {
+	s.eat('-')
+	digits := func() int {
+		n := 0
+		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+			s.i++
+			n++
+		}
+		return n
+	}
+	if s.eat('0') {
+		// a leading zero stands alone
+	} else if digits() == 0 {
+		return s.fail("bad number")
+	}
+	if s.eat('.') && digits() == 0 {
+		return s.fail("bad number")
+	}
+	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		s.i++
+		if !s.eat('+') {
+			s.eat('-')
+		}
+		if digits() == 0 {
+			return s.fail("bad number")
+		}
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+package jsonscan
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// TestValueAgreesWithEncodingJSON: Value accepts exactly the UTF-8 documents encoding/json
+// accepts, up to MaxDepth.
+func TestValueAgreesWithEncodingJSON(t *testing.T) {
+	for _, d := range []string{
+		`1`, `-0.5e+10`, `"x\"y"`, `[1,{"d":null}]`, `true`, `false`, `null`, ` {"a" : [ ] } `, `"\u20ac\ud83d\ude00"`,
+		`123456789012345678901234567890`, strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth),
+		``, `01`, `1.`, `.5`, `-`, `1e`, `tru`, `nul`, `"\x"`, `"\u12"`, "\"ctl\x01\"", `[1,]`, `{"a":1,}`, `1 2`, `{a:1}`,
+		`"unterminated`, "\"\xff\"",
+	} {
+		want := json.Valid([]byte(d)) && utf8.ValidString(d)
+		if got := Value([]byte(d)) == nil; got != want {
+			t.Errorf("%q: Value accepts %v, encoding/json %v", d, got, want)
+		}
+	}
+	deep := strings.Repeat("[", MaxDepth+2) + strings.Repeat("]", MaxDepth+2)
+	if Value([]byte(deep)) == nil {
+		t.Error("nesting over MaxDepth accepted")
+	}
+}
+
+// TestMembersAndText: each member's key and exact value bytes, and keys and string values read
+// with Text (escapes decoded only where there are any).
+func TestMembersAndText(t *testing.T) {
+	doc := []byte(` {"a": 1, "b\"c" :"x\u00e9y", "d":{"e":[1,2]},"f":"plain"} `)
+	var got []string
+	err := Members(doc, func(key []byte, escaped bool, v0, v1 int) error {
+		k, err := Text(key)
+		if err != nil {
+			return err
+		}
+		if escaped != strings.Contains(string(key), `\`) {
+			t.Errorf("key %s: escaped %v", key, escaped)
+		}
+		v := doc[v0:v1]
+		if v[0] == '"' {
+			if v, err = Text(v); err != nil {
+				return err
+			}
+		}
+		got = append(got, string(k)+"="+string(v))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `a=1 b"c=xéy d={"e":[1,2]} f=plain`; strings.Join(got, " ") != want {
+		t.Errorf("members %q, want %q", strings.Join(got, " "), want)
+	}
+	for _, bad := range []string{``, `"`, `x`, `1`} {
+		if _, err := Text([]byte(bad)); err == nil {
+			t.Errorf("Text(%q) accepted", bad)
+		}
+	}
+}
