@@ -404,7 +404,9 @@ func (m *latencyMetrics) latencyRun(b *testing.B, e *env, stream string, tps, to
 	}
 	done := make(chan struct{})
 	rawDone := make(chan []time.Duration, 1)
-	go func() { rawDone <- rawCommitLatency(b, e, "rawlat", total) }()
+	rawReady := make(chan struct{})
+	go func() { rawDone <- rawCommitLatency(b, e, "rawlat", total, rawReady) }()
+	<-rawReady              // streaming from the WAL's end before the first transaction of the run
 	reader := e.rd.Client() // one connection: Client() dials a new one per call
 	go func() {
 		defer close(done)
@@ -470,9 +472,13 @@ func durability() string {
 	return "aof"
 }
 
-// rawCommitLatency drains slot from where it stands and returns, for the next n transactions that
-// wrote rows, the time from each commit's timestamp to its commit message being decoded here.
-func rawCommitLatency(b *testing.B, e *env, slot string, n int) []time.Duration {
+// rawCommitLatency streams slot from the WAL's current end (transactions of earlier runs are not
+// sent again) and returns, for the next n transactions that wrote rows, the time from each
+// commit's timestamp to its commit message being decoded here. ready is closed once streaming
+// started (or failed). It confirms what it read, so the next run's walsender starts near the end.
+func rawCommitLatency(b *testing.B, e *env, slot string, n int, ready chan<- struct{}) []time.Duration {
+	readyOnce := sync.OnceFunc(func() { close(ready) })
+	defer readyOnce()
 	cfg, _ := pgconn.ParseConfig(e.pg.DSN() + "&replication=database")
 	conn, err := pgconn.ConnectConfig(e.ctx, cfg)
 	if err != nil {
@@ -480,14 +486,29 @@ func rawCommitLatency(b *testing.B, e *env, slot string, n int) []time.Duration 
 		return nil
 	}
 	defer conn.Close(e.ctx)
-	if err := pglogrepl.StartReplication(e.ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+	var end string
+	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		b.Error(err)
+		return nil
+	}
+	start, err := pglogrepl.ParseLSN(end)
+	if err != nil {
+		b.Error(err)
+		return nil
+	}
+	if err := pglogrepl.StartReplication(e.ctx, conn, slot, start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + slot + "'"}}); err != nil {
 		b.Error(err)
 		return nil
 	}
+	readyOnce()
 	out := make([]time.Duration, 0, n)
 	rows := false
-	var flushed pglogrepl.LSN
+	flushed := start
+	confirm := func() {
+		_ = pglogrepl.SendStandbyStatusUpdate(e.ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: flushed, WALFlushPosition: flushed})
+	}
+	defer confirm()
 	for len(out) < n {
 		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 		msg, err := conn.ReceiveMessage(ctx)
@@ -503,7 +524,7 @@ func rawCommitLatency(b *testing.B, e *env, slot string, n int) []time.Duration 
 		switch cd.Data[0] {
 		case pglogrepl.PrimaryKeepaliveMessageByteID:
 			if ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:]); err == nil && ka.ReplyRequested {
-				pglogrepl.SendStandbyStatusUpdate(e.ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: flushed})
+				confirm()
 			}
 			continue
 		case pglogrepl.XLogDataByteID:
