@@ -374,7 +374,8 @@ func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) err
 	return bErr
 }
 
-// toSinkMessage reads the redis_queue metadata (DESIGN §6) and the payload.
+// toSinkMessage reads the redis_queue metadata (DESIGN §6) and the payload. The redis_queue input
+// sets shard, offset and created_at as integers, read as they are; other inputs may set strings.
 func toSinkMessage(m *service.Message) (*sink.Message, error) {
 	payload, err := m.AsBytes()
 	if err != nil {
@@ -382,19 +383,46 @@ func toSinkMessage(m *service.Message) (*sink.Message, error) {
 	}
 	sm := &sink.Message{Payload: payload}
 	get := func(k string) string { v, _ := m.MetaGet(k); return v }
-	sm.Queue, sm.Partition, sm.MessageID, sm.TransactionID = get("queue"), get("partition"), get("message_id"), get("transaction_id")
-	shard, errS := strconv.ParseInt(get("shard"), 10, 32)
-	offset, errO := strconv.ParseInt(get("offset"), 10, 64)
-	if sm.Queue != "" && errS == nil && errO == nil {
+	sm.Queue, sm.Partition, sm.MessageID, sm.TransactionID = metaText(m, "queue"), metaText(m, "partition"), metaText(m, "message_id"), metaText(m, "transaction_id")
+	shard, okS := metaInt(m, "shard")
+	offset, okO := metaInt(m, "offset")
+	if sm.Queue != "" && okS && okO && shard == int64(int32(shard)) {
 		sm.Shard, sm.Offset, sm.HasPosition = int32(shard), offset, true
 	} else if get("offset") != "" || get("shard") != "" {
 		return nil, errcode.New(errcode.BadMetadata, fmt.Sprintf("message metadata queue=%q shard=%q offset=%q is not a queue position", sm.Queue, get("shard"), get("offset")),
 			"leave queue, shard and offset metadata as the redis_queue input sets them")
 	}
-	if ms, err := strconv.ParseInt(get("created_at"), 10, 64); err == nil {
+	if ms, ok := metaInt(m, "created_at"); ok {
 		sm.CreatedAt = ms
 	}
 	return sm, nil
+}
+
+// metaText is a metadata value as a string ("" when absent).
+func metaText(m *service.Message, key string) string {
+	v, ok := m.MetaGetMut(key)
+	if !ok {
+		return ""
+	}
+	if s, ok := v.(string); ok {
+		return s
+	}
+	s, _ := m.MetaGet(key)
+	return s
+}
+
+// metaInt is a metadata value as an integer: an int64 as set, or any other value's text parsed.
+func metaInt(m *service.Message, key string) (int64, bool) {
+	v, ok := m.MetaGetMut(key)
+	if !ok {
+		return 0, false
+	}
+	if n, ok := v.(int64); ok {
+		return n, true
+	}
+	s, _ := m.MetaGet(key)
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
 }
 
 // Close closes the pool.

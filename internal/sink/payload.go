@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -83,37 +85,123 @@ func isNull(raw json.RawMessage) bool {
 // textOf turns a JSON value into the text PostgreSQL receives: nil for null, the unquoted string for
 // a JSON string, and the value exactly as written (numbers, booleans, objects, arrays) otherwise.
 func textOf(raw json.RawMessage) (pgtype.Text, error) {
-	return stringText(string(bytes.TrimSpace(raw)))
+	return stringText(string(bytes.TrimSpace(raw)), nil)
 }
 
 // stringText is textOf for a value already trimmed and held as a string: an unescaped JSON string's
-// text is a substring of s, anything but an escaped string allocates nothing.
-func stringText(s string) (pgtype.Text, error) {
+// text is a substring of s, an escaped one is decoded into buf (allocated when buf is nil).
+func stringText(s string, buf *rowBuf) (pgtype.Text, error) {
 	if s == "" || s == "null" {
 		return pgtype.Text{}, nil
 	}
-	if s[0] == '"' {
-		if len(s) >= 2 && strings.IndexByte(s, '\\') < 0 {
-			return pgtype.Text{String: s[1 : len(s)-1], Valid: true}, nil
-		}
-		var str string
-		if err := json.Unmarshal([]byte(s), &str); err != nil {
-			return pgtype.Text{}, err
-		}
-		return pgtype.Text{String: str, Valid: true}, nil
+	if s[0] != '"' {
+		return pgtype.Text{String: s, Valid: true}, nil
 	}
-	return pgtype.Text{String: s, Valid: true}, nil
+	if len(s) < 2 || s[len(s)-1] != '"' {
+		return pgtype.Text{}, fmt.Errorf("unterminated string %s", excerpt([]byte(s)))
+	}
+	if strings.IndexByte(s, '\\') < 0 {
+		return pgtype.Text{String: s[1 : len(s)-1], Valid: true}, nil
+	}
+	if buf == nil {
+		buf = &rowBuf{}
+	}
+	var ok bool
+	if buf.scratch, ok = appendUnquoted(buf.scratch[:0], s[1:len(s)-1]); !ok {
+		return pgtype.Text{}, fmt.Errorf("bad escape in %s", excerpt([]byte(s)))
+	}
+	return pgtype.Text{String: buf.keep(buf.scratch), Valid: true}, nil
+}
+
+// appendUnquoted appends the text of a JSON string's contents s to dst, decoding its escapes as
+// encoding/json does (a surrogate escape that does not pair up becomes U+FFFD); ok is false at an
+// escape JSON does not allow.
+func appendUnquoted(dst []byte, s string) ([]byte, bool) {
+	for i := 0; i < len(s); {
+		if s[i] != '\\' {
+			j := strings.IndexByte(s[i:], '\\')
+			if j < 0 {
+				return append(dst, s[i:]...), true
+			}
+			dst = append(dst, s[i:i+j]...)
+			i += j
+			continue
+		}
+		if i+1 >= len(s) {
+			return dst, false
+		}
+		switch c := s[i+1]; c {
+		case '"', '\\', '/':
+			dst = append(dst, c)
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r := hex4(s[i+2:])
+			if r < 0 {
+				return dst, false
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				r2 := rune(-1)
+				if i+1 < len(s) && s[i] == '\\' && s[i+1] == 'u' {
+					r2 = hex4(s[i+2:])
+				}
+				if pair := utf16.DecodeRune(r, r2); pair != utf8.RuneError {
+					r = pair
+					i += 6
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		default:
+			return dst, false
+		}
+		i += 2
+	}
+	return dst, true
+}
+
+// hex4 is the value of the 4 hex digits s starts with, or -1.
+func hex4(s string) rune {
+	if len(s) < 4 {
+		return -1
+	}
+	var r rune
+	for _, c := range []byte(s[:4]) {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return -1
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // valueFor converts a payload value for column c (see valueKind).
 func valueFor(c *Column, raw json.RawMessage) (pgtype.Text, error) {
-	return valueOf(c, string(bytes.TrimSpace(raw)))
+	return valueOf(c, string(bytes.TrimSpace(raw)), nil)
 }
 
-// valueOf is valueFor for a value already trimmed and held as a string.
-func valueOf(c *Column, s string) (pgtype.Text, error) {
+// valueOf is valueFor for a value already trimmed and held as a string (escapes decoded into buf).
+func valueOf(c *Column, s string, buf *rowBuf) (pgtype.Text, error) {
 	if c.Kind == kindText {
-		v, err := stringText(s)
+		v, err := stringText(s, buf)
 		if err != nil {
 			return v, badPayload("column %q: %v", c.Name, err)
 		}

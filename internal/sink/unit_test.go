@@ -153,3 +153,21 @@ func TestDecodeObject(t *testing.T) {
 func containsStr(s, sub string) bool {
 	return len(sub) == 0 || (len(s) >= len(sub) && indexFrom(s, sub, 0) >= 0)
 }
+
+// TestUnquoteAgreesWithEncodingJSON: escaped strings are decoded exactly as encoding/json decodes
+// them, lone and mismatched surrogates included.
+func TestUnquoteAgreesWithEncodingJSON(t *testing.T) {
+	for _, s := range []string{`"a\"b\\c\/d"`, `"\b\f\n\r\t"`, `"caf\u00e9 \u20AC"`, `"\ud83d\ude00!"`, `"x\ud83dy"`,
+		`"\ude00"`, `"\ud83d\u0041"`, `"\ud83d"`, `"\ud83d\ud83d\ude00"`, `"{\"color\": \"c5\"}"`, `"plain"`, `""`, `"\u0000"`} {
+		var want string
+		if err := json.Unmarshal([]byte(s), &want); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+		for _, buf := range []*rowBuf{nil, {}} {
+			got, err := stringText(s, buf)
+			if err != nil || !got.Valid || got.String != want {
+				t.Errorf("%s = %q, %v; want %q", s, got.String, err, want)
+			}
+		}
+	}
+}

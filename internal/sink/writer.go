@@ -72,6 +72,7 @@ type rowBuf struct {
 	text     strings.Builder // the payloads, appended one after another; bytes once written never change
 	cols     []int
 	vals     []pgtype.Text
+	scratch  []byte // an escaped string's text before keep
 	spans    []span // per target column: where the current payload's value is
 	order    []int  // per member position: the column the previous payloads had there (-1: none)
 	lastCols []int  // the previous row's column set and its signature, reused while rows agree
@@ -177,7 +178,7 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 		if field := w.meta[i]; field != "" {
 			v = metaValue(field, c, m)
 		} else if sp := spans[i]; sp.v1 > 0 {
-			if v, err = valueOf(c, text[sp.v0:sp.v1]); err != nil {
+			if v, err = valueOf(c, text[sp.v0:sp.v1], buf); err != nil {
 				return rv, "", err
 			}
 		} else {
@@ -189,18 +190,18 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 	end := len(buf.cols)
 	rv.cols, rv.vals = buf.cols[start:end:end], buf.vals[start:end:end]
 	rv.sig = buf.sigOf(w, rv.cols)
-	return rv, w.keyFromSpans(text, spans), nil
+	return rv, w.keyFromSpans(text, spans, buf), nil
 }
 
 // keyFromSpans is keyTextOf over a scanned payload: one key column's text is the identity itself,
 // several are joined with their lengths.
-func (w *writer) keyFromSpans(text string, spans []span) string {
+func (w *writer) keyFromSpans(text string, spans []span, buf *rowBuf) string {
 	if len(w.keyIdx) == 1 {
 		sp := spans[w.keyIdx[0]]
 		if sp.v1 == 0 {
 			return ""
 		}
-		v, err := stringText(text[sp.v0:sp.v1])
+		v, err := stringText(text[sp.v0:sp.v1], buf)
 		if err != nil || !v.Valid {
 			return ""
 		}
