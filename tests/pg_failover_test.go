@@ -51,10 +51,7 @@ func (f failoverPair) failOver(e *cdcEnv, stopWriter chan struct{}, wait func() 
 // waitCovered waits until the pointer is at or past lsn with no transaction half in.
 func (e *cdcEnv) waitCovered(lsn pglogrepl.LSN) {
 	e.t.Helper()
-	cdctest.WaitEvery(e.t, 60*time.Second, 20*time.Millisecond, "the pointer to cover "+lsn.String(), func() (bool, string) {
-		p := e.pointer()
-		return p != nil && p.InTxn == nil && p.LSNValue() >= lsn, fmt.Sprintf("pointer %+v", p)
-	})
+	cdctest.WaitCovered(e.t, 60*time.Second, 20*time.Millisecond, lsn, e.pointer)
 }
 
 // waitWAL waits until the server has written n more bytes of WAL (the writer's work).
@@ -67,18 +64,7 @@ func (e *cdcEnv) waitWAL(n uint64) {
 	})
 }
 
-func (e *cdcEnv) currentLSN() pglogrepl.LSN {
-	e.t.Helper()
-	var s string
-	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		e.t.Fatalf("pg_current_wal_lsn: %v", err)
-	}
-	lsn, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return lsn
-}
+func (e *cdcEnv) currentLSN() pglogrepl.LSN { return cdctest.CurrentLSN(e.t, e.pg.Pool()) }
 
 // TestPostgresFailoverResumesOnSyncedSlot: pg_cdc with slot.failover: true on a multi-host DSN;
 // once the standby holds a failover-ready copy of the slot, the primary is SIGKILLed under a random

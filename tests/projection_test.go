@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
-	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -99,20 +98,7 @@ func (s *shop) readModel(db string) *pgx.Conn {
 	return c
 }
 
-func (s *shop) utcConn(dsn string) *pgx.Conn {
-	s.t.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	convert.ApplySettings(cfg.RuntimeParams)
-	c, err := pgx.ConnectConfig(s.ctx, cfg)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	s.t.Cleanup(func() { c.Close(context.Background()) })
-	return c
-}
+func (s *shop) utcConn(dsn string) *pgx.Conn { return cdctest.Conn(s.t, dsn) }
 
 // queryLines reads query's rows as "col1|col2|..." lines.
 func queryLines(ctx context.Context, c *pgx.Conn, query string) ([]string, error) {

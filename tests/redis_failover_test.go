@@ -143,18 +143,7 @@ func (e *failoverEnv) waitAcked(what string, lsn pglogrepl.LSN, bound time.Durat
 	}
 }
 
-func (e *failoverEnv) currentLSN() pglogrepl.LSN {
-	e.t.Helper()
-	var s string
-	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		e.t.Fatal(err)
-	}
-	lsn, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return lsn
-}
+func (e *failoverEnv) currentLSN() pglogrepl.LSN { return cdctest.CurrentLSN(e.t, e.pg.Pool()) }
 
 // finish stops the writer, waits for the pointer to cover the last commit, and checks the queue
 // with the replay oracle (every id once, contiguous offsets, equal to the table) and the sink's

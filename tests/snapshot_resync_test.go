@@ -42,15 +42,7 @@ func TestSnapshotResyncAfterSlotLost(t *testing.T) {
 // waitStatus waits up to 60 s until a field of the source's status hash contains want.
 func (e *cdcEnv) waitStatus(want string) {
 	e.t.Helper()
-	cdctest.WaitEvery(e.t, 60*time.Second, 100*time.Millisecond, want+" in the status", func() (bool, string) {
-		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{"+e.queue+"}:src:"+e.name+":status").Result()
-		for _, v := range st {
-			if strings.Contains(v, want) {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprint(st)
-	})
+	cdctest.WaitStatus(e.t, 60*time.Second, e.rd.Client(), e.queue, e.name, want)
 }
 
 // resync runs `pgrelay resync -c <config>` and waits until the source has a new epoch, one

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
-	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -53,20 +52,11 @@ func (e *cdcEnv) start() *testenv.Process {
 	return testenv.StartProcess(e.t, nil, testenv.Binary(e.t), "-c", e.config)
 }
 
-func (e *cdcEnv) pointerKey() string { return "pgrelay:{" + e.queue + "}:src:" + e.name + ":ptr" }
-func (e *cdcEnv) leaseKey() string   { return "pgrelay:{" + e.queue + "}:src:" + e.name + ":lease" }
+func (e *cdcEnv) pointerKey() string { return cdctest.SourceKey(e.queue, e.name, "ptr") }
+func (e *cdcEnv) leaseKey() string   { return cdctest.SourceKey(e.queue, e.name, "lease") }
 
 func (e *cdcEnv) pointer() *pointer.Pointer {
-	raw, err := e.rd.Client().Get(e.ctx, e.pointerKey()).Bytes()
-	if err != nil {
-		return nil
-	}
-	p, err := pointer.Parse(raw)
-	if err != nil {
-		e.t.Errorf("pointer: %v", err)
-		return nil
-	}
-	return &p
+	return cdctest.ReadPointer(e.t, e.rd.Client(), e.queue, e.name)
 }
 
 func (e *cdcEnv) waitPointer() {
@@ -111,16 +101,7 @@ func (e *cdcEnv) sampleSlot(stop <-chan struct{}) (samples *atomic.Int64, wait f
 	return samples, wg.Wait
 }
 
-func (e *cdcEnv) conn() *pgx.Conn {
-	cfg, _ := pgx.ParseConfig(e.pg.DSN())
-	convert.ApplySettings(cfg.RuntimeParams)
-	c, err := pgx.ConnectConfig(e.ctx, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { c.Close(context.Background()) })
-	return c
-}
+func (e *cdcEnv) conn() *pgx.Conn { return cdctest.Conn(e.t, e.pg.DSN()) }
 
 // converge waits until the replayed queue equals the table, then checks again 3 s later.
 func (e *cdcEnv) converge(table string, key ...string) *oracle.Result {

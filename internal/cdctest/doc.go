@@ -8,4 +8,6 @@
 //     the random transaction over tables of shape WriterColumns.
 //   - pipeline.go: Pipeline, the config of a pg_cdc → redis_queue pipeline (one Redis or a
 //     Redis Cluster) for the stream builder or the binary.
+//   - source.go: what tests read of a running source: SourceKey, ReadPointer, WaitCovered,
+//     WaitStatus, and Conn and CurrentLSN on the PostgreSQL side.
 package cdctest

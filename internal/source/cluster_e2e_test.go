@@ -15,7 +15,6 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
-	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/pointer"
@@ -60,10 +59,6 @@ func (s clusterSource) tables() string {
 	return fmt.Sprintf(`[{table: %s, queue: %s, partition_by: key}]`, s.table, s.queue)
 }
 
-func srcKey(queue, name, what string) string {
-	return "pgrelay:{" + queue + "}:src:" + name + ":" + what
-}
-
 // queuesOnTwoMasters returns two queue names whose hash tags are served by different masters,
 // with those masters' addresses (asked of the cluster, not computed here).
 func (e *clusterEnv) queuesOnTwoMasters() (a, b clusterSource) {
@@ -88,68 +83,25 @@ func (e *clusterEnv) queuesOnTwoMasters() (a, b clusterSource) {
 
 // pointer reads a source's pointer through the cluster client (nil while there is none).
 func (e *clusterEnv) pointer(s clusterSource) *pointer.Pointer {
-	raw, err := e.cc.Get(e.ctx, srcKey(s.queue, s.name, "ptr")).Bytes()
-	if err != nil {
-		return nil
-	}
-	p, err := pointer.Parse(raw)
-	if err != nil {
-		e.t.Errorf("pointer of %s: %v", s.name, err)
-		return nil
-	}
-	return &p
+	return cdctest.ReadPointer(e.t, e.cc, s.queue, s.name)
 }
 
 // waitCovered waits until the source's pointer is at or past lsn with no transaction half in:
 // every transaction committed before lsn is then in the queue.
 func (e *clusterEnv) waitCovered(s clusterSource, lsn pglogrepl.LSN) {
 	e.t.Helper()
-	cdctest.Wait(e.t, 45*time.Second, "the pointer of "+s.name+" to cover "+lsn.String(), func() (bool, string) {
-		p := e.pointer(s)
-		return p != nil && p.InTxn == nil && p.LSNValue() >= lsn, fmt.Sprintf("pointer %+v", p)
-	})
+	cdctest.WaitCovered(e.t, 45*time.Second, cdctest.DefaultPoll, lsn, func() *pointer.Pointer { return e.pointer(s) })
 }
 
-func (e *clusterEnv) currentLSN() pglogrepl.LSN {
-	e.t.Helper()
-	var s string
-	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		e.t.Fatalf("pg_current_wal_lsn: %v", err)
-	}
-	lsn, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		e.t.Fatalf("parse %s: %v", s, err)
-	}
-	return lsn
-}
+func (e *clusterEnv) currentLSN() pglogrepl.LSN { return cdctest.CurrentLSN(e.t, e.pg.Pool()) }
 
 // waitStreaming waits until the source's status hash (read through the cluster) shows phase streaming.
 func (e *clusterEnv) waitStreaming(s clusterSource) {
 	e.t.Helper()
-	cdctest.Wait(e.t, 30*time.Second, s.name+" streaming", func() (bool, string) {
-		st, _ := e.cc.HGetAll(e.ctx, srcKey(s.queue, s.name, "status")).Result()
-		for _, v := range st {
-			if strings.Contains(v, `"phase":"streaming"`) {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprint(st)
-	})
+	cdctest.WaitStatus(e.t, 30*time.Second, e.cc, s.queue, s.name, `"phase":"streaming"`)
 }
 
-func (e *clusterEnv) conn() *pgx.Conn {
-	cfg, err := pgx.ParseConfig(e.pg.DSN())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	convert.ApplySettings(cfg.RuntimeParams)
-	c, err := pgx.ConnectConfig(e.ctx, cfg)
-	if err != nil {
-		e.t.Fatalf("connect: %v", err)
-	}
-	e.t.Cleanup(func() { c.Close(context.Background()) })
-	return c
-}
+func (e *clusterEnv) conn() *pgx.Conn { return cdctest.Conn(e.t, e.pg.DSN()) }
 
 // checkQueue reads the source's queue back through the cluster and checks with the replay oracle
 // that it replays to the table exactly (every id once, contiguous offsets, lsn order per partition),
@@ -197,7 +149,7 @@ func (e *clusterEnv) checkKeyPlacement(s clusterSource) {
 	if err != nil {
 		e.t.Fatalf("keyslot %s: %v", meta, err)
 	}
-	own := []string{srcKey(s.queue, s.name, "lease"), srcKey(s.queue, s.name, "ptr"), srcKey(s.queue, s.name, "status")}
+	own := []string{cdctest.SourceKey(s.queue, s.name, "lease"), cdctest.SourceKey(s.queue, s.name, "ptr"), cdctest.SourceKey(s.queue, s.name, "status")}
 	for _, k := range own {
 		if ks, err := e.cc.ClusterKeySlot(e.ctx, k).Result(); err != nil || ks != slot {
 			e.t.Errorf("%s: slot %d (%v), the queue's is %d", k, ks, err, slot)
@@ -377,8 +329,8 @@ func TestClusterSourceOverTwoSlotsIsRefused(t *testing.T) {
 	}
 	for _, q := range []string{a.queue, b.queue} {
 		for _, what := range []string{"lease", "ptr", "status"} {
-			if n := e.cc.Exists(e.ctx, srcKey(q, "both", what)).Val(); n != 0 {
-				t.Errorf("the refused source wrote %s", srcKey(q, "both", what))
+			if n := e.cc.Exists(e.ctx, cdctest.SourceKey(q, "both", what)).Val(); n != 0 {
+				t.Errorf("the refused source wrote %s", cdctest.SourceKey(q, "both", what))
 			}
 		}
 	}

@@ -17,7 +17,6 @@ import (
 
 	_ "github.com/pgrelay/pgrelay/input"
 	"github.com/pgrelay/pgrelay/internal/cdctest"
-	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 	_ "github.com/pgrelay/pgrelay/output"
@@ -84,7 +83,7 @@ func indent(s string) string { return strings.TrimSuffix(cdctest.Indent(s, "    
 // waitPointer waits until the source's pointer exists (the slot was created).
 func (e *env) waitPointer(name, queue string) {
 	e.t.Helper()
-	key := "pgrelay:{" + queue + "}:src:" + name + ":ptr"
+	key := cdctest.SourceKey(queue, name, "ptr")
 	cdctest.Wait(e.t, 30*time.Second, "the pointer "+key, func() (bool, string) {
 		return e.rd.Client().Exists(e.ctx, key).Val() == 1, "no pointer"
 	})
@@ -104,16 +103,7 @@ func (e *env) waitEntries(queue string, n int) []oracle.Entry {
 	return got
 }
 
-func (e *env) conn() *pgx.Conn {
-	cfg, _ := pgx.ParseConfig(e.pg.DSN())
-	convert.ApplySettings(cfg.RuntimeParams)
-	c, err := pgx.ConnectConfig(e.ctx, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { c.Close(context.Background()) })
-	return c
-}
+func (e *env) conn() *pgx.Conn { return cdctest.Conn(e.t, e.pg.DSN()) }
 
 // checkOracle replays queue and compares it with table.
 func (e *env) checkOracle(queue, table string, key ...string) {
@@ -354,15 +344,7 @@ func TestReplicaIdentityFullUsingIndexPartitionColumnsAndTruncate(t *testing.T) 
 // waitStatus waits until the source's status hash shows want (a phase or an error code).
 func (e *env) waitStatus(queue, name, want string) {
 	e.t.Helper()
-	cdctest.WaitEvery(e.t, 30*time.Second, 100*time.Millisecond, want+" in the status of "+name, func() (bool, string) {
-		st, _ := e.rd.Client().HGetAll(e.ctx, "pgrelay:{"+queue+"}:src:"+name+":status").Result()
-		for _, v := range st {
-			if strings.Contains(v, want) {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprint(st)
-	})
+	cdctest.WaitStatus(e.t, 30*time.Second, e.rd.Client(), queue, name, want)
 }
 
 func TestStartChecksFailWithCodes(t *testing.T) {
