@@ -26,6 +26,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // clockTick is USER_HZ, the unit of the times in /proc/<pid>/stat (100 on every Linux port).
@@ -72,7 +74,7 @@ func TreeCPU(pid int) (time.Duration, error) {
 		return 0, err
 	}
 	total := own + reaped
-	for _, c := range descendants(pid) {
+	for _, c := range testenv.Descendants(pid) {
 		if o, r, err := procTimes(c); err == nil { // a process may exit meanwhile: its parent reaps it
 			total += o + r
 		}
@@ -98,7 +100,7 @@ func NewTree(root int) *Tree {
 }
 
 // Refresh lists the tree's processes again.
-func (t *Tree) Refresh() { t.pids = descendants(t.root) }
+func (t *Tree) Refresh() { t.pids = testenv.Descendants(t.root) }
 
 // CPU is TreeCPU over the listed processes.
 func (t *Tree) CPU() (time.Duration, error) {
@@ -122,42 +124,6 @@ func SelfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// descendants lists the live processes below pid.
-func descendants(pid int) []int {
-	children := map[int][]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(b), ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 2 || f[0] == "Z" {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
-		children[ppid] = append(children[ppid], child)
-	}
-	var out []int
-	var walk func(int)
-	walk = func(p int) {
-		for _, c := range children[p] {
-			out = append(out, c)
-			walk(c)
-		}
-	}
-	walk(pid)
-	return out
 }
 
 // PostmasterPid is the pid of the PostgreSQL server of dataDir (first line of postmaster.pid).

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // burn uses at least d of this process' CPU time (getrusage), however loaded the machine is.
@@ -60,7 +62,7 @@ func TestTreeCPUCountsReapedChildren(t *testing.T) {
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if kids := descendants(cmd.Process.Pid); len(kids) == 1 && isSleep(kids[0]) { // the busy child is gone
+		if kids := testenv.Descendants(cmd.Process.Pid); len(kids) == 1 && isSleep(kids[0]) { // the busy child is gone
 			break
 		}
 		if time.Now().After(deadline) {

@@ -181,7 +181,7 @@ func (p *proc) signal(sig syscall.Signal, wait time.Duration) {
 // postmaster keeps the shared memory attached, so a restart on the same data directory would fail.
 func (p *proc) killTree() {
 	pid := p.cmd.Process.Pid
-	pids := append(descendants(pid), pid)
+	pids := append(Descendants(pid), pid)
 	for _, q := range pids {
 		syscall.Kill(q, syscall.SIGKILL)
 	}
@@ -219,8 +219,8 @@ func procStat(pid string) (state string, ppid, pgrp int, ok bool) {
 	return f[0], ppid, pgrp, true
 }
 
-// descendants lists every live process below pid.
-func descendants(pid int) []int {
+// Descendants lists every live process below pid (zombies left out).
+func Descendants(pid int) []int {
 	children := map[int][]int{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
