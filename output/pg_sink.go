@@ -336,12 +336,12 @@ func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) err
 		return service.ErrNotConnected
 	}
 	msgs := make([]*sink.Message, len(batch))
+	slab := make([]sink.Message, len(batch)) // one allocation for the batch, not one per message
 	for i, m := range batch {
-		sm, err := toSinkMessage(m)
-		if err != nil {
+		if err := toSinkMessage(m, &slab[i]); err != nil {
 			return err
 		}
-		msgs[i] = sm
+		msgs[i] = &slab[i]
 	}
 	res, err := a.Write(ctx, msgs)
 	if err != nil {
@@ -374,14 +374,14 @@ func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) err
 	return bErr
 }
 
-// toSinkMessage reads the redis_queue metadata (DESIGN §6) and the payload. The redis_queue input
-// sets shard, offset and created_at as integers, read as they are; other inputs may set strings.
-func toSinkMessage(m *service.Message) (*sink.Message, error) {
+// toSinkMessage reads the redis_queue metadata (DESIGN §6) and the payload into sm. The redis_queue
+// input sets shard, offset and created_at as integers, read as they are; other inputs may set strings.
+func toSinkMessage(m *service.Message, sm *sink.Message) error {
 	payload, err := m.AsBytes()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	sm := &sink.Message{Payload: payload}
+	*sm = sink.Message{Payload: payload}
 	get := func(k string) string { v, _ := m.MetaGet(k); return v }
 	sm.Queue, sm.Partition, sm.MessageID, sm.TransactionID = metaText(m, "queue"), metaText(m, "partition"), metaText(m, "message_id"), metaText(m, "transaction_id")
 	shard, okS := metaInt(m, "shard")
@@ -389,13 +389,13 @@ func toSinkMessage(m *service.Message) (*sink.Message, error) {
 	if sm.Queue != "" && okS && okO && shard == int64(int32(shard)) {
 		sm.Shard, sm.Offset, sm.HasPosition = int32(shard), offset, true
 	} else if get("offset") != "" || get("shard") != "" {
-		return nil, errcode.New(errcode.BadMetadata, fmt.Sprintf("message metadata queue=%q shard=%q offset=%q is not a queue position", sm.Queue, get("shard"), get("offset")),
+		return errcode.New(errcode.BadMetadata, fmt.Sprintf("message metadata queue=%q shard=%q offset=%q is not a queue position", sm.Queue, get("shard"), get("offset")),
 			"leave queue, shard and offset metadata as the redis_queue input sets them")
 	}
 	if ms, ok := metaInt(m, "created_at"); ok {
 		sm.CreatedAt = ms
 	}
-	return sm, nil
+	return nil
 }
 
 // metaText is a metadata value as a string ("" when absent).

@@ -6,6 +6,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/sink"
 )
 
 // TestToSinkMessage: the queue position and created_at are read whether an input sets them as
@@ -30,7 +31,8 @@ func TestToSinkMessage(t *testing.T) {
 			for k, v := range tc.meta {
 				m.MetaSetMut(k, v)
 			}
-			sm, err := toSinkMessage(m)
+			var sm sink.Message
+			err := toSinkMessage(m, &sm)
 			if tc.bad {
 				if !errcode.Is(err, errcode.BadMetadata) {
 					t.Fatalf("error %v, want %s", err, errcode.BadMetadata)
