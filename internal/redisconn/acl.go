@@ -171,8 +171,14 @@ func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue s
 		if cmd != "discard" && !slices.Contains(names, cmd) {
 			continue
 		}
-		if err := conn.Do(ctx, cmd).Err(); isNoPerm(err) {
+		err := conn.Do(ctx, cmd).Err()
+		if isNoPerm(err) {
 			return c.aclError(err, []string{cmd}, false)
+		}
+		// Any reply (DISCARD without MULTI) passes; no reply at all (Redis unreachable) ends the check.
+		var reply redis.Error
+		if err != nil && !errors.As(err, &reply) {
+			return fmt.Errorf("redis: %w", err)
 		}
 	}
 	if err := conn.Do(ctx, "multi").Err(); err != nil {
