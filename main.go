@@ -17,6 +17,7 @@ import (
 
 	_ "github.com/pgrelay/pgrelay/input"
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/gctune"
 	_ "github.com/pgrelay/pgrelay/internal/metrics"
 	_ "github.com/pgrelay/pgrelay/output"
 )
@@ -43,6 +44,10 @@ func main() {
 	// pgrelay's own subcommands, next to Benthos' run, lint, echo, streams, list...
 	for _, c := range []*ucli.Command{cli.Status(), cli.Resync(), cli.Teardown(), cli.Queue()} {
 		opts = append(opts, service.CLIOptAddCommand(c))
+	}
+	// The collector's goal: the live heap plus a headroom, unless GOGC or GOMEMLIMIT says otherwise.
+	if gctune.Enabled() {
+		gctune.Start(gctune.Headroom)
 	}
 	// Benthos handles SIGINT/SIGTERM itself; cancelling this context would skip the graceful stop.
 	service.RunCLI(context.Background(), opts...)

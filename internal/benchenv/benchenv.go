@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/gctune"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -236,6 +237,16 @@ func Size(name string, full, quick int) int {
 // Runs is how many alternating runs a benchmark makes inside one iteration (PGRELAY_BENCH_RUNS;
 // 3 in full mode, 1 in quick mode); it reports the medians.
 func Runs() int { return Size("PGRELAY_BENCH_RUNS", 3, 1) }
+
+// GCLikeBinary gives this process the pgrelay binary's collector goal (internal/gctune), for the
+// benchmarks that run pgrelay's pipeline in-process; the returned func restores Go's. Like the
+// binary, it leaves the collector alone when GOGC or GOMEMLIMIT is set.
+func GCLikeBinary() func() {
+	if !gctune.Enabled() {
+		return func() {}
+	}
+	return gctune.Start(gctune.Headroom)
+}
 
 // PerChange is d in microseconds per change (or row).
 func PerChange(d time.Duration, n int) float64 {

@@ -46,6 +46,7 @@ func BenchmarkSourceTx1000(b *testing.B) { benchSource(b, 1000) }
 func benchSource(b *testing.B, txRows int) {
 	total := benchenv.Size("PGRELAY_BENCH_CHANGES", 200000, 20000)
 	runs := benchenv.Runs()
+	defer benchenv.GCLikeBinary()()
 	e := &env{t: b, pg: testenv.StartPostgres(b, testenv.WithPGSetting("autovacuum = off")),
 		rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
 	recv, err := benchenv.PGClientBin(e.pg.BinDir, "pg_recvlogical")
