@@ -85,8 +85,8 @@ exactly once. With any other output pg_cdc writes the pointer itself after the a
 between the output's write and the pointer write repeats the batch). PostgreSQL is told a position only after
 the pointer holds it.
 
-Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_id`, `op`, `table`, `lsn`, `xid`"+`,
-`+"`created_at`"+`. The batch's lease, fence and cover travel in the messages' context, where the
+Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_id`, `op`, `table`, `lsn`"+`,
+`+"`created_at`"+` (the transaction's `+"`xid`"+` is in the event). The batch's lease, fence and cover travel in the messages' context, where the
 `+"`redis_queue`"+` output reads them. Keep a batch whole on its way there (no output `+"`batching`"+`).`).
 		Fields(pgconnect.Fields()...).
 		Fields(
@@ -520,17 +520,16 @@ func prepareMessages(b *source.Batch) { b.Out = toMessages(b) }
 // value for the batch, where metadata would cost map entries on every message. The template has no
 // metadata: a copy of a template's metadata clones its map by iteration, which costs more than
 // filling a new one. Values repeated from the previous message (queue, transaction, op, table,
-// lsn...) reuse its boxed value instead of allocating one each.
+// lsn...) reuse its boxed value instead of allocating one each. Eight keys at most: a Go map of up to
+// eight entries is one allocated group, and a ninth key makes it grow into a table (three more
+// allocations and a rehash on every message).
 func toMessages(b *source.Batch) service.MessageBatch {
 	tmpl := service.NewMessage(nil).WithContext(queue.WithSourceBatch(context.Background(), b.ForQueue()))
 	batch := make(service.MessageBatch, len(b.Events))
 	var queueV, txV, opV, tableV, lsnV repeated
-	var xid, created any
+	var created any
 	for i := range b.Events {
 		e := &b.Events[i]
-		if i == 0 || e.Xid != b.Events[i-1].Xid {
-			xid = strconv.FormatUint(uint64(e.Xid), 10)
-		}
 		if i == 0 || e.CreatedMs != b.Events[i-1].CreatedMs {
 			created = strconv.FormatInt(e.CreatedMs, 10)
 		}
@@ -543,7 +542,6 @@ func toMessages(b *source.Batch) service.MessageBatch {
 		m.MetaSetMut("op", opV.box(e.Op))
 		m.MetaSetMut("table", tableV.box(e.Table))
 		m.MetaSetMut("lsn", lsnV.box(e.LSN))
-		m.MetaSetMut("xid", xid)
 		m.MetaSetMut("created_at", created)
 		batch[i] = m
 	}
