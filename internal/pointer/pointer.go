@@ -122,13 +122,13 @@ func (p Pointer) Covered(commit pglogrepl.LSN, seq uint64) bool {
 
 // AtCommit returns p moved past the whole transaction committing at commit.
 func (p Pointer) AtCommit(commit pglogrepl.LSN) Pointer {
-	p.LSN, p.InTxn = commit.String(), nil
+	p.LSN, p.InTxn = FormatLSN(commit), nil
 	return p
 }
 
 // InsideTxn returns p moved to the first done changes of the transaction committing at commit.
 func (p Pointer) InsideTxn(commit pglogrepl.LSN, done uint64) Pointer {
-	p.InTxn = &InTxn{CommitLSN: commit.String(), Done: done}
+	p.InTxn = &InTxn{CommitLSN: FormatLSN(commit), Done: done}
 	return p
 }
 
@@ -217,9 +217,36 @@ func Parse(b []byte) (Pointer, error) {
 	return p, nil
 }
 
+const hexDigits = "0123456789ABCDEF"
+
+// FormatLSN prints an LSN as PostgreSQL does ("16/B374D848": upper-case hex halves without
+// leading zeros), the same text as pglogrepl's LSN.String, which formats through fmt: this runs
+// for every transaction.
+func FormatLSN(l pglogrepl.LSN) string {
+	var b [17]byte
+	i := len(b)
+	for lo := uint32(l); ; lo >>= 4 {
+		i--
+		b[i] = hexDigits[lo&0xf]
+		if lo < 16 {
+			break
+		}
+	}
+	i--
+	b[i] = '/'
+	for hi := uint32(l >> 32); ; hi >>= 4 {
+		i--
+		b[i] = hexDigits[hi&0xf]
+		if hi < 16 {
+			break
+		}
+	}
+	return string(b[i:])
+}
+
 // hex16 prints an LSN as 16 upper-case hex digits.
 func hex16(l pglogrepl.LSN) string {
-	const digits = "0123456789ABCDEF"
+	const digits = hexDigits
 	var b [16]byte
 	for i := 15; i >= 0; i-- {
 		b[i] = digits[l&0xf]

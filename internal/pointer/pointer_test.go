@@ -97,8 +97,13 @@ func TestParseLSN(t *testing.T) {
 	for _, s := range []string{"0/0", "0/1570EA0", "16/B374D848", "FFFFFFFF/FFFFFFFF"} {
 		want, _ := pglogrepl.ParseLSN(s)
 		got, err := ParseLSN(s)
-		if err != nil || got != want || got.String() != s {
+		if err != nil || got != want || got.String() != s || FormatLSN(got) != s {
 			t.Errorf("%s: %v %v", s, got, err)
+		}
+	}
+	for _, l := range []pglogrepl.LSN{1, 0xF, 0x10, 0xFFFFFFFF, 1 << 32, 0x10_0000_0000, 0xF_0000_000F, 0x123456789ABCDEF0} {
+		if got, want := FormatLSN(l), l.String(); got != want {
+			t.Errorf("FormatLSN(%d) = %s, want %s", uint64(l), got, want)
 		}
 	}
 	for _, s := range []string{"", "1", "x/1", "1/", "100000000/0"} {

@@ -81,7 +81,7 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 		return d.relation(ctx, m)
 	case *pglogrepl.BeginMessage:
 		d.inTxn, d.commit, d.seq = true, m.FinalLSN, 0
-		d.pos = event.Position{LSN: m.FinalLSN.String(), Xid: m.Xid, TS: m.CommitTime.UTC().Format(event.TimeFormat)}
+		d.pos = event.Position{LSN: pointer.FormatLSN(m.FinalLSN), Xid: m.Xid, TS: m.CommitTime.UTC().Format(event.TimeFormat)}
 		d.tsMs = m.CommitTime.UnixMilli()
 		d.txID = pointer.TxID(d.epoch, m.FinalLSN)
 		if d.envs != nil {
