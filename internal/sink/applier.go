@@ -388,9 +388,8 @@ func (a *Applier) fast(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs 
 	st := newBatchState(len(msgs))
 	pending := a.sortOut(msgs, make([]error, len(msgs)), nil, st)
 	first := map[ShardKey]int64{}
-	batch := make([]op, len(pending))
-	for j, i := range pending {
-		batch[j] = ops[i]
+	batch := pendingOps(ops, pending)
+	for _, i := range pending {
 		m := msgs[i]
 		st.applied(i, m)
 		if _, ok := first[m.shardKey()]; m.HasPosition && !ok {
@@ -433,6 +432,20 @@ func (a *Applier) fast(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs 
 	return st.res, false, nil
 }
 
+// pendingOps is the ops at the pending positions (ascending): ops itself when every message is
+// pending, the usual case, so a batch's ops (about 200 bytes each) are not copied; plans only read
+// them.
+func pendingOps(ops []op, pending []int) []op {
+	if len(pending) == len(ops) {
+		return ops
+	}
+	batch := make([]op, len(pending))
+	for j, i := range pending {
+		batch[j] = ops[i]
+	}
+	return batch
+}
+
 // sortOut marks skipped, unreadable and blocked messages and returns the rest in batch order.
 func (a *Applier) sortOut(msgs []*Message, decodeErr []error, last map[ShardKey]int64, st *batchState) []int {
 	high := make(map[ShardKey]int64, len(last))
@@ -463,9 +476,8 @@ func (a *Applier) sortOut(msgs []*Message, decodeErr []error, last map[ShardKey]
 // applyAll writes every pending message in set-based statements, sent in one pipeline with the
 // progress update and COMMIT (COPY, when append mode can use it, follows as "COPY ...; COMMIT").
 func (a *Applier) applyAll(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
-	batch := make([]op, len(pending))
-	for j, i := range pending {
-		batch[j] = ops[i]
+	batch := pendingOps(ops, pending)
+	for _, i := range pending {
 		st.applied(i, msgs[i])
 	}
 	var copies []copyJob

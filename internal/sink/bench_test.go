@@ -280,8 +280,8 @@ func BenchmarkGoSide(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				out = out[:0]
 				for _, s := range stmts {
+					out = make([]byte, 0, 256) // pgx starts every statement's parameters in a fresh 256-byte buffer
 					for _, a := range s.args {
 						if out, err = (textArrayPlan{}).Encode(a, out); err != nil {
 							b.Fatal(err)

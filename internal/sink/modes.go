@@ -105,7 +105,10 @@ type folder struct {
 	rounds [][]*op
 }
 
-func newFolder(w *writer, n int) *folder { return &folder{w: w, seen: make(map[string]int, n)} }
+// newFolder sizes the first round for n ops (with distinct keys, the only one).
+func newFolder(w *writer, n int) *folder {
+	return &folder{w: w, seen: make(map[string]int, n), rounds: [][]*op{make([]*op, 0, n)}}
+}
 
 func (f *folder) add(o *op) {
 	r := f.seen[o.key]
