@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -231,17 +232,22 @@ output:
 		redis: benchenv.PerChange(cpuNow(b, benchenv.CPU, rpid)-r0, rows), postgres: benchenv.PerChange(cpuNow(b, benchenv.TreeCPU, pm)-pg0, rows)}
 }
 
-// profileBinary saves a CPU profile of d of the binary whose debug endpoints listen on port.
+// profileBinary saves a CPU profile of d of the binary whose debug endpoints listen on port, then
+// its allocations since it started (path with .allocs before the extension), to see which
+// component's allocations the garbage collector pays for.
 func profileBinary(b *testing.B, port int, path string, d time.Duration) {
-	url := fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", port, int(d.Seconds()))
-	body, err := testenv.HTTPGet(context.Background(), url, d+30*time.Second)
-	if err == nil {
-		err = os.MkdirAll(filepath.Dir(path), 0o755)
-	}
-	if err == nil {
-		err = os.WriteFile(path, []byte(body), 0o644)
-	}
-	if err != nil {
-		b.Logf("no profile of the binary: %v", err)
+	base := fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/", port)
+	allocs := strings.TrimSuffix(path, filepath.Ext(path)) + ".allocs" + filepath.Ext(path)
+	for _, p := range []struct{ url, path string }{{fmt.Sprintf("%sprofile?seconds=%d", base, int(d.Seconds())), path}, {base + "allocs", allocs}} {
+		body, err := testenv.HTTPGet(context.Background(), p.url, d+30*time.Second)
+		if err == nil {
+			err = os.MkdirAll(filepath.Dir(p.path), 0o755)
+		}
+		if err == nil {
+			err = os.WriteFile(p.path, []byte(body), 0o644)
+		}
+		if err != nil {
+			b.Logf("no profile of the binary: %v", err)
+		}
 	}
 }
