@@ -51,19 +51,21 @@ func RedisQueueSpec() *service.ConfigSpec {
 		Beta().
 		Version("0.1.0").
 		Categories("Services").
-		Summary("Writes messages to a pgrelay Redis Streams queue, one atomic script call per batch.").
+		Summary("Writes messages to a pgrelay Redis Streams queue, one atomic write per batch.").
 		Description(`
-Each batch is one call of pgrelay's write script: every check first, then an XADD of each message to its
-shard (CRC-32 of the partition mod shards) with the shard's next offset, then the source pointer when the
-batch carries one. The queue's layout is public: any Redis client can consume it.
+Each batch is one atomic write: every check first, then an XADD of each message to its shard (CRC-32 of
+the partition mod shards) with the shard's next offset, then the source pointer when the batch carries
+one. It is an optimistic transaction (WATCH, reads, MULTI … EXEC), retried when another writer changed
+the watched keys, and pgrelay's write script after 3 such conflicts. The queue's layout is public: any
+Redis client can consume it.
 
 When a batch carries a source's cover (`+"`pg_cdc`"+` hands it in the messages' context; other producers set the
 metadata `+"`pgrelay_lease_key`, `pgrelay_fence`, `pgrelay_pointer_key`, `pgrelay_cover`"+`), the write is fenced by
 the source's lease and moves the source's pointer in the same atomic step: a stale fence is refused with an
 error coded `+"`fenced`"+`, and a cover that is already in is a `+"`duplicate`"+`, a success that writes nothing.
 
-A batch over `+"`max_script_messages`"+` or `+"`max_script_bytes`"+` is written in several calls; only then is it
-not atomic (a crash between the calls repeats the earlier ones under the same message ids).
+A batch over `+"`max_script_messages`"+` or `+"`max_script_bytes`"+` is written in several writes; only then is it
+not atomic (a crash between the writes repeats the earlier ones under the same message ids).
 
 With any input other than `+"`pg_cdc`"+` this output is at-least-once: a write that fails after Redis ran it
 is retried and may repeat messages (same ids).`).
@@ -101,9 +103,9 @@ is retried and may repeat messages (same ids).`).
 				Default(0).Advanced(),
 			service.NewDurationField(rqoFieldTrimInterval).Description("How often retention runs (more than 0s).").Default("30s").Advanced().
 				LintRule(speclint.DurationAbove(rqoFieldTrimInterval, 0)),
-			service.NewIntField(rqoFieldMaxScriptMessages).Description("Most messages per script call.").Default(1000).Advanced().
+			service.NewIntField(rqoFieldMaxScriptMessages).Description("Most messages per write (transaction or script call).").Default(1000).Advanced().
 				LintRule(speclint.IntMin(rqoFieldMaxScriptMessages, 1)),
-			service.NewIntField(rqoFieldMaxScriptBytes).Description(fmt.Sprintf("Most bytes per script call (at least %d).", rqoMinScriptBytes)).Default(8<<20).Advanced().
+			service.NewIntField(rqoFieldMaxScriptBytes).Description(fmt.Sprintf("Most bytes per write (transaction or script call; at least %d).", rqoMinScriptBytes)).Default(8<<20).Advanced().
 				LintRule(speclint.IntMin(rqoFieldMaxScriptBytes, rqoMinScriptBytes)),
 			service.NewMetadataFilterField(rqoFieldMetadata).
 				Description("Metadata keys written into each entry's `h` header (a JSON object); the `redis_queue` input restores them. None by default; the `pgrelay_*` keys are never written.").
@@ -570,6 +572,7 @@ func (o *queueOutput) Close(ctx context.Context) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.rdb != nil {
+		o.writer.Close()
 		err := o.rdb.Close()
 		o.rdb, o.writer = nil, nil
 		return err

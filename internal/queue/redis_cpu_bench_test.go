@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -56,7 +57,14 @@ type redisVariant struct {
 	name, about string
 	batches     int // batches per call of write
 	fsync       string
-	write       func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, seq int) error
+	write       func(ctx context.Context, rdb *redis.Client, w *benchWriters, msgs [][]Message, seq int) error
+}
+
+// benchWriters are the writers of BenchmarkRedisCPU: tx as pgrelay runs it, another one for a
+// second source on the same queue, and one that writes every piece with the script.
+type benchWriters struct {
+	tx, second, script *Writer
+	layout             Layout
 }
 
 func seven(i int, m *Message) []any {
@@ -86,25 +94,39 @@ func luaAll(ctx context.Context, c redis.Scripter, s *redis.Script, l Layout, q 
 	return s.Run(ctx, c, keys, args...).Err()
 }
 
-// cover is the pointer-moving cover of call seq (positions strictly increase).
-func benchCover(q string, seq int) *Cover {
+// benchCover is the pointer-moving cover of call seq of source s (positions strictly increase).
+func benchCover(q string, seq int) *Cover { return benchCoverOf(q, "s", seq) }
+
+func benchCoverOf(q, src string, seq int) *Cover {
 	pos := fmt.Sprintf("%016x", seq)
-	return &Cover{LeaseKey: "pgrelay:{" + q + "}:src:s:lease", Fence: "me|1", PointerKey: "pgrelay:{" + q + "}:src:s:ptr",
+	return &Cover{LeaseKey: "pgrelay:{" + q + "}:src:" + src + ":lease", Fence: "me|1", PointerKey: "pgrelay:{" + q + "}:src:" + src + ":ptr",
 		Pointer: []byte(`{"v":1,"pos":"` + pos + `","lsn":"0/0","in_txn":null,"snapshot":null}`), Pos: pos}
 }
 
 var redisVariants = []redisVariant{
-	{name: "script", about: "the write script (Writer.Write: fenced, pointer compare-and-set), one call per batch", batches: 1,
-		write: func(ctx context.Context, _ *redis.Client, w *Writer, msgs [][]Message, seq int) error {
-			_, err := w.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+	{name: "tx", about: "Writer.Write as pgrelay runs it: fenced, pointer compare-and-set, one optimistic transaction (WATCH, reads, MULTI/EXEC) per batch", batches: 1,
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.tx.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
+	{name: "tx2", about: "two sources writing one queue at the same time, each batch a transaction (their EXECs abort each other's)", batches: 2,
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			errs := make(chan error, 2)
+			go func() { _, err := w.tx.Write(ctx, msgs[0], benchCoverOf(msgs[0][0].Queue, "s", seq)); errs <- err }()
+			go func() { _, err := w.second.Write(ctx, msgs[1], benchCoverOf(msgs[1][0].Queue, "t", seq)); errs <- err }()
+			return errors.Join(<-errs, <-errs)
+		}},
+	{name: "script", about: "the write script (Writer.Write with every piece through resources/queue_write.lua), one call per batch", batches: 1,
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.script.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
 			return err
 		}},
 	{name: "script4", about: "the write script, 4 batches' calls pipelined in one round trip (one AOF write and fsync for 4 batches)", batches: 4,
-		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, seq int) error {
+		write: func(ctx context.Context, rdb *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
 			cmds := make([]*redis.Cmd, len(msgs))
 			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for i, batch := range msgs {
-					keys, args, err := w.build(ctx, batch, benchCover(batch[0].Queue, seq+i), true)
+					keys, args, err := w.script.build(ctx, batch, benchCover(batch[0].Queue, seq+i), true)
 					if err != nil {
 						return err
 					}
@@ -115,30 +137,30 @@ var redisVariants = []redisVariant{
 			return err
 		}},
 	{name: "script_nofsync", about: "the write script with appendfsync no (what the fsync costs)", batches: 1, fsync: "no",
-		write: func(ctx context.Context, _ *redis.Client, w *Writer, msgs [][]Message, seq int) error {
-			_, err := w.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.script.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
 			return err
 		}},
 	{name: "lua7", about: "a bare Lua loop of XADDs with the seven fields (no checks, fence or pointer)", batches: 1,
-		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+		write: func(ctx context.Context, rdb *redis.Client, w *benchWriters, msgs [][]Message, _ int) error {
 			return luaAll(ctx, rdb, lua7, w.layout, "lua7", msgs[0], seven)
 		}},
 	{name: "lua2", about: "a bare Lua loop of XADDs with two fields (metadata packed into one)", batches: 1,
-		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+		write: func(ctx context.Context, rdb *redis.Client, w *benchWriters, msgs [][]Message, _ int) error {
 			return luaAll(ctx, rdb, lua2, w.layout, "lua2", msgs[0], packed)
 		}},
 	{name: "multi7", about: "plain XADDs with the seven fields in MULTI/EXEC (one AOF write and fsync per batch)", batches: 1,
-		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+		write: func(ctx context.Context, rdb *redis.Client, w *benchWriters, msgs [][]Message, _ int) error {
 			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error { xaddAll(ctx, p, w.layout, "multi7", msgs[0], seven); return nil })
 			return err
 		}},
 	{name: "multi2", about: "plain XADDs with two fields in MULTI/EXEC", batches: 1,
-		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+		write: func(ctx context.Context, rdb *redis.Client, w *benchWriters, msgs [][]Message, _ int) error {
 			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error { xaddAll(ctx, p, w.layout, "multi2", msgs[0], packed); return nil })
 			return err
 		}},
 	{name: "xadd7", about: "plain XADDs with the seven fields in a pipeline (Redis fsyncs once per read of the socket, ~16 KiB)", batches: 1,
-		write: func(ctx context.Context, rdb *redis.Client, w *Writer, msgs [][]Message, _ int) error {
+		write: func(ctx context.Context, rdb *redis.Client, w *benchWriters, msgs [][]Message, _ int) error {
 			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error { xaddAll(ctx, p, w.layout, "xadd7", msgs[0], seven); return nil })
 			return err
 		}},
@@ -146,7 +168,8 @@ var redisVariants = []redisVariant{
 
 // BenchmarkRedisCPU measures what one queue entry costs the redis-server process (CPU time per
 // entry from /proc) with appendonly yes and appendfsync always, written in several ways that
-// alternate round by round: the write script as pgrelay runs it, several of its calls pipelined
+// alternate round by round: the writer as pgrelay runs it (optimistic transactions), the write
+// script, several of its calls pipelined
 // per fsync, bare Lua loops with seven and with two fields, plain XADDs in MULTI/EXEC and in a
 // pipeline, and the script without fsync. PGRELAY_BENCH_REDIS_ENTRIES entries per variant and
 // round (100,000; 10,000 in quick mode), PGRELAY_BENCH_RUNS rounds, medians reported. With
@@ -161,9 +184,12 @@ func BenchmarkRedisCPU(b *testing.B) {
 		b.Fatal(err)
 	}
 	entries := benchenv.Size("PGRELAY_BENCH_REDIS_ENTRIES", 100000, 10000)
-	w := NewWriter(rdb, WriterConfig{Shards: 16})
+	w := &benchWriters{tx: NewWriter(rdb, WriterConfig{Shards: 16}), second: NewWriter(rdb, WriterConfig{Shards: 16}),
+		script: NewWriter(rdb, WriterConfig{Shards: 16}), layout: NewLayout("")}
+	w.script.scriptOnly = true
 	for _, v := range redisVariants {
 		rdb.Set(ctx, "pgrelay:{"+v.name+"}:src:s:lease", "me|1", 0)
+		rdb.Set(ctx, "pgrelay:{"+v.name+"}:src:t:lease", "me|1", 0)
 	}
 	seq := map[string]int{}
 	b.ResetTimer()
@@ -184,7 +210,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 					rdb.ConfigSet(ctx, "appendfsync", v.fsync)
 				}
 				stopPerf := perfRecord(b, pid, v.name, round)
-				r0, c0, t0 := cpu(b, pid), benchenv.SelfCPU(), time.Now()
+				r0, c0, t0, a0 := cpu(b, pid), benchenv.SelfCPU(), time.Now(), w.tx.conflicts.Load()+w.second.conflicts.Load()
 				for _, call := range calls {
 					seq[v.name] += v.batches
 					if err := v.write(ctx, rdb, w, call, seq[v.name]); err != nil {
@@ -200,6 +226,9 @@ func BenchmarkRedisCPU(b *testing.B) {
 				m.Add(v.name+"_entries/s", float64(n)/elapsed.Seconds())
 				m.Add(v.name+"_cpu_redis_us/entry", benchenv.PerChange(rd, n))
 				m.Add(v.name+"_cpu_client_us/entry", benchenv.PerChange(cl, n))
+				if v.name == "tx2" {
+					m.Add(v.name+"_aborted_exec/batch", float64(w.tx.conflicts.Load()+w.second.conflicts.Load()-a0)/float64(len(calls)*v.batches))
+				}
 				for s := 0; s < 16; s++ {
 					rdb.Del(ctx, w.layout.Stream(v.name, s))
 				}

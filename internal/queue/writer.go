@@ -156,22 +156,33 @@ func (c *WriterConfig) defaults() {
 	}
 }
 
-// Writer writes batches to queues with resources/queue_write.lua: one call per batch, all checks
-// (fence, cover, shard count) before the first write. It is safe for concurrent use.
+// Writer writes batches to queues, each in one atomic step with every check (fence, cover, shard
+// count) made before it writes: an optimistic transaction (write_tx.go), or a call of
+// resources/queue_write.lua when transactions keep conflicting. It is safe for concurrent use.
 type Writer struct {
 	rdb    redis.UniversalClient
+	raw    *redisconn.Raw // connections for the transactions
 	conf   WriterConfig
 	layout Layout
 
 	mu     sync.Mutex
 	shards map[string]int // shard count per queue, read from meta (or conf.Shards for a new queue)
+
+	// for tests and benchmarks in this package: write every piece with the script; run a
+	// function between a transaction's reads and its MULTI
+	scriptOnly bool
+	beforeExec func()
+	conflicts  atomic.Int64 // aborted EXECs
 }
 
 // NewWriter returns a Writer over rdb; nothing is sent until Connect or Write.
 func NewWriter(rdb redis.UniversalClient, conf WriterConfig) *Writer {
 	conf.defaults()
-	return &Writer{rdb: rdb, conf: conf, layout: NewLayout(conf.Prefix), shards: map[string]int{}}
+	return &Writer{rdb: rdb, raw: redisconn.NewRaw(rdb), conf: conf, layout: NewLayout(conf.Prefix), shards: map[string]int{}}
 }
+
+// Close closes the writer's own connections (not rdb's); later writes use the script alone.
+func (w *Writer) Close() error { return w.raw.Close() }
 
 // Layout is the writer's key layout.
 func (w *Writer) Layout() Layout { return w.layout }
@@ -277,24 +288,36 @@ func (w *Writer) split(msgs []Message) [][]Message {
 	return append(out, msgs[start:])
 }
 
-// writePiece runs the script for one piece, retrying transient failures and a stale shard count.
+// writePiece writes one piece as an optimistic transaction (write_tx.go), or with the script
+// after maxTxConflicts aborted EXECs or where no transaction can run; it retries transient
+// failures and a stale shard count.
 func (w *Writer) writePiece(ctx context.Context, msgs []Message, c *Cover, last bool) (Result, error) {
 	deadline := time.Now().Add(w.conf.RetryFor)
 	wait := 50 * time.Millisecond
 	refreshed := false
+	conflicts := 0
 	for {
-		keys, args, err := w.build(ctx, msgs, c, last)
-		if err != nil {
-			if !isTransient(err) || !w.sleepRetry(ctx, deadline, &wait) {
-				return ResultOK, err
+		var reply string
+		var err error
+		if conflicts < maxTxConflicts && !w.scriptOnly {
+			reply, err = w.writeTx(ctx, msgs, c, last)
+			switch {
+			case errors.Is(err, errTxConflict):
+				conflicts++
+				w.conflicts.Add(1)
+				continue
+			case errors.Is(err, errTxUnavailable):
+				conflicts = maxTxConflicts
+				continue
 			}
-			continue
+		} else {
+			reply, err = w.writeScript(ctx, msgs, c, last)
 		}
-		reply, err := w.run(ctx, keys, args)
 		if err == nil {
 			return w.reply(reply, c)
 		}
-		if redis.HasErrorPrefix(err, luaShardsMismatch) && !refreshed {
+		var changed *errShardsChanged
+		if (errors.As(err, &changed) || redis.HasErrorPrefix(err, luaShardsMismatch)) && !refreshed {
 			refreshed = true
 			w.forgetShards(msgs)
 			continue
@@ -304,6 +327,15 @@ func (w *Writer) writePiece(ctx context.Context, msgs []Message, c *Cover, last 
 			return ResultOK, err
 		}
 	}
+}
+
+// writeScript writes one piece with one call of the write script.
+func (w *Writer) writeScript(ctx context.Context, msgs []Message, c *Cover, last bool) (string, error) {
+	keys, args, err := w.build(ctx, msgs, c, last)
+	if err != nil {
+		return "", err
+	}
+	return w.run(ctx, keys, args)
 }
 
 func (w *Writer) sleepRetry(ctx context.Context, deadline time.Time, wait *time.Duration) bool {
@@ -338,49 +370,13 @@ func (w *Writer) reply(reply string, c *Cover) (Result, error) {
 //
 // A message's arguments are pointers to its fields (*string, *bytesArg), which go-redis writes
 // like the values themselves: boxing the strings and slices as interface values would allocate
-// five times per message. Consecutive messages of one queue (the usual batch) look the queue up
-// once, and a queue's streams are found by shard in a slice, not a map.
+// five times per message.
 func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool) ([]string, []any, error) {
-	type queueRef struct {
-		name     string
-		shards   int
-		streamOf []int // by shard: 1 + the stream's index in streams, 0 when not in the batch yet
+	p, err := w.plan(ctx, msgs)
+	if err != nil {
+		return nil, nil, err
 	}
-	type streamRef struct{ queue, shard int } // queue: 1 + index in queues
-	var queues []queueRef
-	var streams []streamRef
-	msgStream := make([]int, len(msgs))
-	qi := 0 // 1 + the index of the previous message's queue
-	for i := range msgs {
-		q := msgs[i].Queue
-		if qi == 0 || queues[qi-1].name != q {
-			qi = 0
-			for j := range queues {
-				if queues[j].name == q {
-					qi = j + 1
-					break
-				}
-			}
-			if qi == 0 {
-				n, err := w.shardCount(ctx, q)
-				if err != nil {
-					return nil, nil, err
-				}
-				queues = append(queues, queueRef{name: q, shards: n, streamOf: make([]int, n)})
-				qi = len(queues)
-			}
-		}
-		ref := &queues[qi-1]
-		shard := Shard(msgs[i].Partition, ref.shards)
-		j := ref.streamOf[shard]
-		if j == 0 {
-			streams = append(streams, streamRef{qi, shard})
-			j = len(streams)
-			ref.streamOf[shard] = j
-		}
-		msgStream[i] = j
-	}
-	keys := make([]string, 0, 2+len(queues)+len(streams))
+	keys := make([]string, 0, 2+len(p.queues)+len(p.streams))
 	pointer := ""
 	if c.LeaseKey != "" {
 		keys = append(keys, c.LeaseKey)
@@ -395,15 +391,15 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	if w.conf.Durability.Replicas > 0 {
 		touch = "1"
 	}
-	args := make([]any, 0, 7+len(queues)+2*len(streams)+7*len(msgs))
-	args = append(args, c.Fence, c.Pos, pointer, len(queues), len(streams), len(msgs), touch)
-	for _, q := range queues {
-		keys = append(keys, w.layout.Meta(q.name))
-		args = append(args, q.shards)
+	args := make([]any, 0, 7+len(p.queues)+2*len(p.streams)+7*len(msgs))
+	args = append(args, c.Fence, c.Pos, pointer, len(p.queues), len(p.streams), len(msgs), touch)
+	for i, q := range p.queues {
+		keys = append(keys, w.layout.Meta(q))
+		args = append(args, p.counts[i])
 	}
-	for _, s := range streams {
-		keys = append(keys, w.layout.Stream(queues[s.queue-1].name, s.shard))
-		args = append(args, s.queue, s.shard)
+	for _, s := range p.streams {
+		keys = append(keys, w.layout.Stream(p.queues[s.queue], s.shard))
+		args = append(args, s.queue+1, s.shard)
 	}
 	// created-at is usually the same for the whole batch: formatted once per value
 	ts := make([]string, 0, 1)
@@ -412,7 +408,7 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 		if i == 0 || m.CreatedMs != msgs[i-1].CreatedMs {
 			ts = append(ts, strconv.FormatInt(m.CreatedMs, 10))
 		}
-		args = append(args, msgStream[i], &m.Partition, &m.ID, &m.Tx, &ts[len(ts)-1], (*bytesArg)(&m.Header), (*bytesArg)(&m.Payload))
+		args = append(args, p.msgStream[i]+1, &m.Partition, &m.ID, &m.Tx, &ts[len(ts)-1], (*bytesArg)(&m.Header), (*bytesArg)(&m.Payload))
 	}
 	return keys, args, nil
 }
@@ -500,13 +496,18 @@ func (w *Writer) run(ctx context.Context, keys []string, args []any) (string, er
 		if err != nil {
 			return "", fmt.Errorf("WAIT %d replicas: %w", w.conf.Durability.Replicas, err)
 		}
-		if got < int64(w.conf.Durability.Replicas) {
-			return "", errcode.New(errcode.ReplicasShortfall,
-				fmt.Sprintf("the write reached %d of %d replicas within %s", got, w.conf.Durability.Replicas, w.conf.Durability.WaitTimeout),
-				"check the replicas' health and link, lower durability.replicas, or raise durability.timeout")
-		}
-		return reply, nil
+		return reply, w.shortfall(got)
 	}
+}
+
+// shortfall is the error of a WAIT that counted got replicas, nil when they are enough.
+func (w *Writer) shortfall(got int64) error {
+	if got >= int64(w.conf.Durability.Replicas) {
+		return nil
+	}
+	return errcode.New(errcode.ReplicasShortfall,
+		fmt.Sprintf("the write reached %d of %d replicas within %s", got, w.conf.Durability.Replicas, w.conf.Durability.WaitTimeout),
+		"check the replicas' health and link, lower durability.replicas, or raise durability.timeout")
 }
 
 // Error replies of the queue scripts (resources/*.lua): redis.error_reply makes the first word the
@@ -521,12 +522,13 @@ const (
 // slots fails with the server's CROSSSLOT error, which go-redis also returns (redis.ErrCrossSlot)
 // when it refuses such a batch itself.
 func classify(err error) error {
+	var changed *errShardsChanged
 	switch {
 	case redis.HasErrorPrefix(err, "CROSSSLOT"):
 		return errcode.Wrap(errcode.CrossSlot, err,
 			"one batch names queues (or a source pointer) in different Redis Cluster slots",
 			"on Redis Cluster give each source one queue (every queue of a source must hash to its first queue's slot), or use a single Redis server")
-	case redis.HasErrorPrefix(err, luaShardsMismatch):
+	case errors.As(err, &changed) || redis.HasErrorPrefix(err, luaShardsMismatch):
 		return errcode.Wrap(errcode.ShardsMismatch, err, "the queue's stored shard count changed while writing",
 			"a queue is never resharded in place: drain it and delete its keys, then recreate it")
 	case redis.HasErrorPrefix(err, luaLayoutVersion):

@@ -330,9 +330,10 @@ func TestWriteReplicas(t *testing.T) {
 	primary := testenv.StartRedis(t)
 	replica := testenv.StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
 	pc := primary.Client()
-	cdctest.WaitEvery(t, 20*time.Second, 100*time.Millisecond, "the replica to connect", func() (bool, string) {
+	// online, not only connected: a replica still in its first sync acknowledges nothing
+	cdctest.WaitEvery(t, 20*time.Second, 100*time.Millisecond, "the replica to come online", func() (bool, string) {
 		info := pc.Info(ctx, "replication").Val()
-		return strings.Contains(info, "connected_slaves:1"), info
+		return strings.Contains(info, "state=online"), info
 	})
 	w := NewWriter(primary.Client(), WriterConfig{Shards: 2, Durability: Durability{Replicas: 1, WaitTimeout: 5 * time.Second}})
 	cov := &Cover{PointerKey: "pgrelay:{q}:src:x:ptr", Pointer: []byte(`{"pos":"1"}`), Pos: "1"}

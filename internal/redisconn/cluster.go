@@ -127,15 +127,22 @@ func MasterPipeline(ctx context.Context, rdb redis.UniversalClient, key string, 
 // redirected, or "" when none was.
 func redirect(cmds []redis.Cmder) (kind, addr string) {
 	for _, c := range cmds {
-		err := c.Err()
-		if err == nil {
-			continue
+		if err := c.Err(); err != nil {
+			return redirectOf(err)
 		}
-		f := strings.Fields(err.Error())
-		if len(f) == 3 && (f[0] == "MOVED" || f[0] == "ASK") {
-			return f[0], f[2]
-		}
+	}
+	return "", ""
+}
+
+// redirectOf returns "MOVED" or "ASK" and the address err names when it is such an answer.
+func redirectOf(err error) (kind, addr string) {
+	var reply redis.Error
+	if err == nil || !errors.As(err, &reply) {
 		return "", ""
+	}
+	f := strings.Fields(reply.Error())
+	if len(f) == 3 && (f[0] == "MOVED" || f[0] == "ASK") {
+		return f[0], f[2]
 	}
 	return "", ""
 }

@@ -140,6 +140,7 @@ func (s *Source) Close(ctx context.Context) error {
 	defer cancel()
 	err := s.lease.Release(rctx)
 	s.setPhase(PhaseStopped, nil)
+	s.writer.Close()
 	s.rdb.Close()
 	return err
 }

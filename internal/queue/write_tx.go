@@ -1,0 +1,486 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+)
+
+// A piece of a batch is written as one optimistic transaction on one connection of the queue's
+// master. First round trip: WATCH the lease, the pointer and each queue's meta hash, read them
+// (and the type of each shard stream touched), MULTI. Here: check the fence, the cover, the shard
+// counts and the layout, and compute each entry's offset. Second round trip: the meta of a new
+// queue, the XADDs, the new offsets, the pointer, EXEC (and WAIT with durability replicas); or
+// DISCARD when a check failed. MULTI goes first, with the reads, so that the writes reach Redis
+// only once it confirmed the transaction: each is then queued, or refused, which aborts EXEC.
+// EXEC runs only if no watched key changed since the WATCH, so the checks still hold when the
+// writes apply, as inside the Lua script, which costs Redis ~2 µs more per entry (each
+// redis.call converts its arguments from Lua strings). When EXEC aborts (another writer of the
+// queue, a renewal of the lease, a new owner, another pointer), nothing was written and the
+// piece is read and checked again; after maxTxConflicts aborts the script writes it, as it
+// cannot conflict. The commands are encoded straight into one buffer on a connection of
+// redisconn.Raw: go-redis would build, box and parse an object per command.
+
+// maxTxConflicts is how many aborted EXECs one piece tolerates before it is written by the script.
+const maxTxConflicts = 3
+
+// errTxConflict: a watched key changed between the WATCH and EXEC; nothing was written.
+var errTxConflict = errors.New("a watched key changed before EXEC")
+
+// errTxUnavailable: the piece cannot be written as a transaction here (a client type without
+// raw connections, or a Redis Cluster slot being migrated); the script writes it.
+var errTxUnavailable = errors.New("no transaction on one master connection")
+
+// plan is where a piece's messages go: its queues (with the shard count used for each), the
+// (queue, shard) streams it touches, and each message's stream.
+type plan struct {
+	queues    []string
+	counts    []int
+	streams   []streamRef
+	msgStream []int // index into streams, per message
+}
+
+type streamRef struct {
+	queue int // index into queues
+	shard int
+}
+
+// plan groups msgs by queue and shard; the shard count of each queue is looked up once.
+func (w *Writer) plan(ctx context.Context, msgs []Message) (*plan, error) {
+	p := &plan{msgStream: make([]int, len(msgs))}
+	queueIdx := map[string]int{}
+	streamIdx := map[streamRef]int{}
+	for i := range msgs {
+		q := msgs[i].Queue
+		qi, ok := queueIdx[q]
+		if !ok {
+			n, err := w.shardCount(ctx, q)
+			if err != nil {
+				return nil, err
+			}
+			qi = len(p.queues)
+			p.queues, p.counts = append(p.queues, q), append(p.counts, n)
+			queueIdx[q] = qi
+		}
+		ref := streamRef{qi, Shard(msgs[i].Partition, p.counts[qi])}
+		j, ok := streamIdx[ref]
+		if !ok {
+			j = len(p.streams)
+			p.streams = append(p.streams, ref)
+			streamIdx[ref] = j
+		}
+		p.msgStream[i] = j
+	}
+	return p, nil
+}
+
+// errShardsChanged: a queue's stored shard count is not the one the piece was planned with (the
+// queue was created again); the writer reads the counts again once.
+type errShardsChanged struct {
+	meta          string
+	stored, given string
+}
+
+func (e *errShardsChanged) Error() string {
+	return fmt.Sprintf("%s: stored shard count %s, written with %s", e.meta, e.stored, e.given)
+}
+
+// writeTx writes one piece as an optimistic transaction and replies as the script does ("ok",
+// "duplicate", "fenced"). errTxConflict: nothing was written, try again. errTxUnavailable: use
+// the script.
+func (w *Writer) writeTx(ctx context.Context, msgs []Message, c *Cover, last bool) (string, error) {
+	p, err := w.plan(ctx, msgs)
+	if err != nil {
+		return "", err
+	}
+	key := c.LeaseKey
+	if key == "" {
+		key = c.PointerKey
+	}
+	if key == "" {
+		key = w.layout.Meta(p.queues[0])
+	}
+	var reply string
+	err = w.raw.Run(ctx, key, func(conn *redisconn.RawConn) error {
+		var err error
+		reply, err = w.txAttempt(ctx, conn, p, msgs, c, last)
+		return err
+	})
+	if errors.Is(err, redisconn.ErrRawUnavailable) || redis.HasErrorPrefix(err, "ASK") {
+		return "", errTxUnavailable
+	}
+	return reply, err
+}
+
+// txState is what the first round trip read.
+type txState struct {
+	fenced bool
+	stored string // the stored pointer ("" when there is none)
+	create []bool // per queue: meta missing, create it
+	offs   []int64
+	layout error // the first way the queue's keys do not follow the layout (checked after the fence and the cover)
+}
+
+// txAttempt is one WATCH … EXEC on conn.
+func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan, msgs []Message, c *Cover, last bool) (string, error) {
+	st, err := w.txRead(ctx, conn, p, c)
+	if err != nil {
+		return "", w.discard(ctx, conn, err)
+	}
+	// the checks, in the script's order: fence, cover, each queue's layout
+	if st.fenced {
+		return "fenced", w.discard(ctx, conn, nil)
+	}
+	if c.PointerKey != "" && st.stored != "" {
+		var doc struct {
+			Pos *string `json:"pos"`
+		}
+		if json.Unmarshal([]byte(st.stored), &doc) != nil || doc.Pos == nil {
+			return "", w.discard(ctx, conn, errcode.New(errcode.PointerCorrupt,
+				fmt.Sprintf("the stored source pointer %s is not JSON with a pos field", c.PointerKey),
+				"run pgrelay resync for the source, or delete the pointer key if the source is being reset"))
+		}
+		if *doc.Pos >= c.Pos {
+			if w.conf.Durability.Replicas <= 0 {
+				return "duplicate", w.discard(ctx, conn, nil)
+			}
+			// rewrite the pointer unchanged: a write of this connection for WAIT to wait for
+			b := redisconn.AppendCommand(conn.Buf[:0], "SET", c.PointerKey, st.stored, "KEEPTTL")
+			return "duplicate", w.exec(ctx, conn, b, 1)
+		}
+	}
+	if st.layout != nil {
+		return "", w.discard(ctx, conn, st.layout)
+	}
+	if w.beforeExec != nil {
+		w.beforeExec()
+	}
+
+	// the writes: meta of a new queue, entries, offsets, pointer
+	b := conn.Buf[:0]
+	queued := 0
+	for i, q := range p.queues {
+		if st.create[i] {
+			b = redisconn.AppendCommand(b, "HSET", w.layout.Meta(q), "shards", strconv.Itoa(p.counts[i]), "version", strconv.Itoa(LayoutVersion))
+			queued++
+		}
+	}
+	b = w.appendXAdds(b, p, msgs, st.offs)
+	queued += len(msgs)
+	for i, q := range p.queues {
+		n := 0
+		for _, s := range p.streams {
+			if s.queue == i {
+				n++
+			}
+		}
+		b = redisconn.AppendArrayLen(b, 2+2*n)
+		b = redisconn.AppendBulkString(b, "HSET")
+		b = redisconn.AppendBulkString(b, w.layout.Meta(q))
+		for j, s := range p.streams {
+			if s.queue == i {
+				b = redisconn.AppendBulkString(b, "off:"+strconv.Itoa(s.shard))
+				b = redisconn.AppendBulkInt(b, st.offs[j])
+			}
+		}
+		queued++
+	}
+	if c.PointerKey != "" && last {
+		b = redisconn.AppendArrayLen(b, 3)
+		b = redisconn.AppendBulkString(b, "SET")
+		b = redisconn.AppendBulkString(b, c.PointerKey)
+		b = redisconn.AppendBulk(b, c.Pointer)
+		queued++
+	}
+	return "ok", w.exec(ctx, conn, b, queued)
+}
+
+// txRead sends the WATCH and the reads and reads their replies (all of them, so the connection
+// stays in step, whatever they are).
+func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c *Cover) (*txState, error) {
+	b := conn.Buf[:0]
+	nkeys := len(p.queues)
+	if c.LeaseKey != "" {
+		nkeys++
+	}
+	if c.PointerKey != "" {
+		nkeys++
+	}
+	b = redisconn.AppendArrayLen(b, 1+nkeys)
+	b = redisconn.AppendBulkString(b, "WATCH")
+	if c.LeaseKey != "" {
+		b = redisconn.AppendBulkString(b, c.LeaseKey)
+	}
+	if c.PointerKey != "" {
+		b = redisconn.AppendBulkString(b, c.PointerKey)
+	}
+	for _, q := range p.queues {
+		b = redisconn.AppendBulkString(b, w.layout.Meta(q))
+	}
+	if c.LeaseKey != "" {
+		b = redisconn.AppendCommand(b, "GET", c.LeaseKey)
+	}
+	if c.PointerKey != "" {
+		b = redisconn.AppendCommand(b, "GET", c.PointerKey)
+	}
+	perQueue := make([]int, len(p.queues)) // streams per queue
+	for _, s := range p.streams {
+		perQueue[s.queue]++
+	}
+	for i, q := range p.queues {
+		b = redisconn.AppendArrayLen(b, 4+perQueue[i])
+		b = redisconn.AppendBulkString(b, "HMGET")
+		b = redisconn.AppendBulkString(b, w.layout.Meta(q))
+		b = redisconn.AppendBulkString(b, "shards")
+		b = redisconn.AppendBulkString(b, "version")
+		for _, s := range p.streams {
+			if s.queue == i {
+				b = redisconn.AppendBulkString(b, "off:"+strconv.Itoa(s.shard))
+			}
+		}
+	}
+	for _, s := range p.streams {
+		b = redisconn.AppendCommand(b, "TYPE", w.layout.Stream(p.queues[s.queue], s.shard))
+	}
+	b = redisconn.AppendCommand(b, "MULTI")
+	conn.Buf = b
+	if err := conn.Send(ctx, b, 0); err != nil {
+		return nil, err
+	}
+
+	st := &txState{create: make([]bool, len(p.queues)), offs: make([]int64, len(p.streams))}
+	var first error // the first error reply
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	layout := func(err error) {
+		if st.layout == nil {
+			st.layout = err
+		}
+	}
+	rep, err := conn.Read() // WATCH
+	if err != nil {
+		return nil, err
+	}
+	keep(rep.Err())
+	if c.LeaseKey != "" {
+		if rep, err = conn.Read(); err != nil {
+			return nil, err
+		}
+		keep(rep.Err())
+		st.fenced = string(rep.Str) != c.Fence || rep.Nil()
+	}
+	if c.PointerKey != "" {
+		if rep, err = conn.Read(); err != nil {
+			return nil, err
+		}
+		keep(rep.Err())
+		if rep.Kind == '$' && !rep.Nil() {
+			st.stored = string(rep.Str)
+		}
+	}
+	for i, q := range p.queues {
+		if rep, err = conn.Read(); err != nil {
+			return nil, err
+		}
+		if rep.Kind != '*' {
+			keep(rep.Err())
+			continue
+		}
+		want := strconv.Itoa(p.counts[i])
+		j := -1 // the stream whose off:<n> the next element is
+		for k := int64(0); k < rep.Int; k++ {
+			el, err := conn.Read()
+			if err != nil {
+				return nil, err
+			}
+			switch {
+			case k == 0 && el.Nil():
+				st.create[i] = true
+			case k == 0 && string(el.Str) != want:
+				layout(&errShardsChanged{meta: w.layout.Meta(q), stored: string(el.Str), given: want})
+			case k == 1 && !el.Nil() && string(el.Str) != strconv.Itoa(LayoutVersion):
+				layout(errcode.New(errcode.LayoutVersion,
+					fmt.Sprintf("queue %q has layout version %s; this pgrelay writes version %d", q, el.Str, LayoutVersion),
+					"use a pgrelay version that reads this layout, or a new queue name"))
+			case k >= 2:
+				for j++; p.streams[j].queue != i; j++ {
+				}
+				if el.Nil() {
+					continue
+				}
+				n, ok := redisconn.ParseInt(el.Str)
+				if !ok || n < 0 {
+					layout(errcode.New(errcode.LayoutVersion,
+						fmt.Sprintf("queue %q: meta field off:%d is %q, not an offset", q, p.streams[j].shard, el.Str),
+						"the queue's keys were written by something other than pgrelay: use a new queue name"))
+				}
+				st.offs[j] = n
+			}
+		}
+	}
+	for _, s := range p.streams {
+		if rep, err = conn.Read(); err != nil {
+			return nil, err
+		}
+		keep(rep.Err())
+		if t := string(rep.Str); rep.Kind == '+' && t != "stream" && t != "none" {
+			layout(errcode.New(errcode.LayoutVersion,
+				fmt.Sprintf("queue %q: key %s is a %s, not a stream", p.queues[s.queue], w.layout.Stream(p.queues[s.queue], s.shard), t),
+				"the queue's keys were written by something other than pgrelay: delete that key, or use a new queue name"))
+		}
+	}
+	if rep, err = conn.Read(); err != nil { // MULTI
+		return nil, err
+	}
+	keep(rep.Err())
+	return st, first
+}
+
+// appendXAdds appends the XADD of every message, advancing offs to each shard's last offset.
+func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []byte {
+	keys := make([][]byte, len(p.streams)) // each stream key, encoded once
+	size := 0
+	for j, s := range p.streams {
+		keys[j] = redisconn.AppendBulkString(nil, w.layout.Stream(p.queues[s.queue], s.shard))
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		size += len(keys[p.msgStream[i]]) + len(m.Partition) + len(m.ID) + len(m.Tx) + len(m.Header) + len(m.Payload) + xaddOverhead
+	}
+	b = slices.Grow(b, size)
+	for i := range msgs {
+		m := &msgs[i]
+		j := p.msgStream[i]
+		offs[j]++
+		b = append(b, xaddHead...)
+		b = append(b, keys[j]...)
+		b = append(b, xaddOff...)
+		b = redisconn.AppendBulkInt(b, offs[j])
+		b = append(b, fieldP...)
+		b = redisconn.AppendBulkString(b, m.Partition)
+		b = append(b, fieldID...)
+		b = redisconn.AppendBulkString(b, m.ID)
+		b = append(b, fieldTx...)
+		b = redisconn.AppendBulkString(b, m.Tx)
+		b = append(b, fieldTs...)
+		b = redisconn.AppendBulkInt(b, m.CreatedMs)
+		b = append(b, fieldH...)
+		b = redisconn.AppendBulk(b, m.Header)
+		b = append(b, fieldD...)
+		b = redisconn.AppendBulk(b, m.Payload)
+	}
+	return b
+}
+
+// One entry's XADD: `XADD <stream> * off <n> p <partition> id <id> tx <tx> ts <ms> h <header> d
+// <payload>`, the seven fields of DESIGN §4 in their order.
+const (
+	xaddHead = "*17\r\n$4\r\nXADD\r\n"
+	xaddOff  = "$1\r\n*\r\n$3\r\noff\r\n"
+	fieldP   = "$1\r\np\r\n"
+	fieldID  = "$2\r\nid\r\n"
+	fieldTx  = "$2\r\ntx\r\n"
+	fieldTs  = "$2\r\nts\r\n"
+	fieldH   = "$1\r\nh\r\n"
+	fieldD   = "$1\r\nd\r\n"
+	// the bytes of one XADD besides the key and the values: the constants above, six value
+	// headers and two numbers of up to 20 digits
+	xaddOverhead = len(xaddHead) + len(xaddOff) + len(fieldP) + len(fieldID) + len(fieldTx) + len(fieldTs) +
+		len(fieldH) + len(fieldD) + 7*16 + 40
+)
+
+// exec sends b (the commands to queue after MULTI) with EXEC (and WAIT with durability replicas)
+// and reads the replies: errTxConflict when EXEC aborted because a watched key changed.
+func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, queued int) error {
+	b = redisconn.AppendCommand(b, "EXEC")
+	replicas := w.conf.Durability.Replicas
+	if replicas > 0 {
+		b = redisconn.AppendCommand(b, "WAIT", strconv.Itoa(replicas), strconv.FormatInt(w.conf.Durability.WaitTimeout.Milliseconds(), 10))
+	}
+	conn.Buf = b
+	var wait time.Duration
+	if replicas > 0 {
+		wait = w.conf.Durability.WaitTimeout
+	}
+	if err := conn.Send(ctx, b, wait); err != nil {
+		return err
+	}
+	var first error
+	var rep redisconn.Reply
+	var err error
+	for range queued { // +QUEUED, or why the command was refused (READONLY, MOVED, OOM, ...)
+		if rep, err = conn.Read(); err != nil {
+			return err
+		}
+		if first == nil {
+			first = rep.Err()
+		}
+	}
+	rep, err = conn.Read() // EXEC
+	if err != nil {
+		return err
+	}
+	var aborted bool
+	switch {
+	case rep.Kind == '*' && rep.Nil():
+		aborted = true
+	case rep.Kind == '*':
+		var failed error // a command that failed while EXEC ran it; the others did run
+		for range rep.Int {
+			if err := conn.Skip(); err != nil {
+				if failed == nil {
+					failed = err
+				}
+			}
+		}
+		if failed != nil && first == nil {
+			first = fmt.Errorf("queue write: a command failed inside EXEC, the others were applied: %w", failed)
+		}
+	case first == nil:
+		first = rep.Err()
+	}
+	if replicas > 0 {
+		rep, err := conn.Read()
+		if err != nil {
+			return fmt.Errorf("WAIT %d replicas: %w", replicas, err)
+		}
+		if first == nil && !aborted {
+			if err := rep.Err(); err != nil {
+				return fmt.Errorf("WAIT %d replicas: %w", replicas, err)
+			}
+			return w.shortfall(rep.Int)
+		}
+	}
+	if first != nil {
+		return first
+	}
+	if aborted {
+		return errTxConflict
+	}
+	return nil
+}
+
+// discard ends the transaction and the watch on conn, which goes back to the pool, and returns
+// err. (UNWATCH too: when MULTI failed, DISCARD does not end the watch.)
+func (w *Writer) discard(ctx context.Context, conn *redisconn.RawConn, err error) error {
+	b := redisconn.AppendCommand(conn.Buf[:0], "DISCARD")
+	b = redisconn.AppendCommand(b, "UNWATCH")
+	conn.Buf = b
+	if e := conn.Send(ctx, b, 0); e == nil {
+		_ = conn.Skip()
+		_ = conn.Skip()
+	}
+	return err
+}

@@ -1,0 +1,393 @@
+package queue
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// batchOf makes n messages on queue q with ids <prefix>-<i> over parts partitions.
+func batchOf(q, prefix string, n, parts int) []Message {
+	out := make([]Message, n)
+	for i := range out {
+		out[i] = Message{Queue: q, Partition: "p" + strconv.Itoa(i%parts), ID: prefix + "-" + strconv.Itoa(i),
+			Tx: prefix, CreatedMs: 1700000000000, Payload: []byte(`{"b":"` + prefix + `","i":` + strconv.Itoa(i) + `}`)}
+	}
+	return out
+}
+
+// checkQueue is the queue oracle: queue q holds exactly the messages of batches, each once, in
+// the layout of DESIGN §4 (seven fields in order, offsets 1, 2, 3... per shard, meta off:<n> the
+// last one).
+func checkQueue(t *testing.T, rdb redis.Cmdable, l Layout, q string, batches ...[]Message) {
+	t.Helper()
+	ctx := context.Background()
+	want := map[string]bool{}
+	for _, b := range batches {
+		for _, m := range b {
+			want[m.ID] = true
+		}
+	}
+	meta := rdb.HGetAll(ctx, l.Meta(q)).Val()
+	shards, _ := strconv.Atoi(meta["shards"])
+	seen := map[string]int{}
+	for n := 0; n < shards; n++ {
+		xs, err := rdb.XRange(ctx, l.Stream(q, n), "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, x := range xs {
+			if x.Values["off"] != strconv.Itoa(i+1) {
+				t.Fatalf("shard %d entry %d: off %v", n, i, x.Values["off"])
+			}
+			if len(x.Values) != 7 {
+				t.Fatalf("shard %d entry %d: fields %v", n, i, x.Values)
+			}
+			seen[x.Values["id"].(string)]++
+		}
+		if len(xs) > 0 && meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(xs)) {
+			t.Fatalf("shard %d: meta off %q, %d entries", n, meta["off:"+strconv.Itoa(n)], len(xs))
+		}
+	}
+	for id, c := range seen {
+		if c != 1 || !want[id] {
+			t.Fatalf("message %s written %d times (expected: %v)", id, c, want[id])
+		}
+	}
+	if len(seen) != len(want) {
+		t.Fatalf("%d messages in the queue, want %d", len(seen), len(want))
+	}
+}
+
+// evalCalls is how many script calls (EVAL, EVALSHA) the server has run.
+func evalCalls(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	info := rdb.Info(context.Background(), "commandstats").Val()
+	calls := 0
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, "cmdstat_eval") {
+			f := strings.SplitN(strings.SplitN(line, "calls=", 2)[1], ",", 2)
+			n, _ := strconv.Atoi(f[0])
+			calls += n
+		}
+	}
+	return calls
+}
+
+// TestWriteTxRaces changes a watched key between a transaction's reads and its EXEC, as another
+// replica, the lease renewal, another producer or a re-created queue would: the EXEC aborts, and
+// the write is read and checked again, so it ends fenced, duplicate or written exactly once. A
+// writer that keeps conflicting falls back to the script. Without the WATCH the stale checks would
+// let each of these writes through.
+func TestWriteTxRaces(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		race   func(q, leaseKey, ptrKey string) // runs between the reads and EXEC
+		always bool                             // on every attempt, not the first only
+		want   Result
+		code   errcode.Code
+		second bool   // the batch is in the queue afterwards
+		ptr    string // pos stored afterwards
+		other  bool   // the other producer's batch is in the queue
+		shards int    // shard count afterwards
+		script bool   // written by the script
+	}{
+		{name: "a new owner took the lease", race: func(_, lk, _ string) { rdb.Set(ctx, lk, "other|9", 0) },
+			code: errcode.Fenced, ptr: "0001", shards: 4},
+		{name: "the lease was renewed", race: func(_, lk, _ string) { rdb.PExpire(ctx, lk, time.Minute) },
+			want: ResultOK, second: true, ptr: "0003", shards: 4},
+		{name: "the pointer moved past the cover", race: func(_, _, pk string) { rdb.Set(ctx, pk, `{"pos":"0005"}`, 0) },
+			want: ResultDuplicate, ptr: "0005", shards: 4},
+		{name: "the pointer moved, still below the cover", race: func(_, _, pk string) { rdb.Set(ctx, pk, `{"pos":"0002"}`, 0) },
+			want: ResultOK, second: true, ptr: "0003", shards: 4},
+		{name: "another producer wrote the queue", race: func(q, _, _ string) {
+			if _, err := NewWriter(rdb, WriterConfig{}).Write(ctx, batchOf(q, "other", 7, 7), nil); err != nil {
+				t.Errorf("other producer: %v", err)
+			}
+		}, want: ResultOK, second: true, ptr: "0003", other: true, shards: 4},
+		{name: "the queue was created again with 2 shards", race: func(q, _, _ string) {
+			l := NewLayout("")
+			keys := []string{l.Meta(q)}
+			for n := 0; n < 4; n++ {
+				keys = append(keys, l.Stream(q, n))
+			}
+			rdb.Del(ctx, keys...)
+			rdb.HSet(ctx, l.Meta(q), "shards", 2, "version", 1)
+		}, want: ResultOK, second: true, ptr: "0003", shards: 2},
+		{name: "conflicts every time: the script writes", always: true, race: func(_, lk, _ string) { rdb.PExpire(ctx, lk, time.Minute) },
+			want: ResultOK, second: true, ptr: "0003", shards: 4, script: true},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			q := "race" + strconv.Itoa(i)
+			leaseKey, ptrKey := "pgrelay:{"+q+"}:src:s:lease", "pgrelay:{"+q+"}:src:s:ptr"
+			l := lease.New(rdb, leaseKey, 10*time.Second, "me")
+			if ok, err := l.TryAcquire(ctx); !ok || err != nil {
+				t.Fatalf("acquire %v %v", ok, err)
+			}
+			cover := func(pos string) *Cover {
+				return &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey, Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
+			}
+			w := NewWriter(rdb, WriterConfig{Shards: 4})
+			defer w.Close()
+			first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
+			if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultOK {
+				t.Fatalf("first batch: %v %v", res, err)
+			}
+			var races atomic.Int32
+			w.beforeExec = func() {
+				if races.Add(1) == 1 || c.always {
+					c.race(q, leaseKey, ptrKey)
+				}
+			}
+			evals := evalCalls(t, rdb)
+			res, err := w.Write(ctx, second, cover("0003"))
+			switch {
+			case c.code != "":
+				if !errcode.Is(err, c.code) {
+					t.Fatalf("err %v, want code %s", err, c.code)
+				}
+			case err != nil || res != c.want:
+				t.Fatalf("%v %v, want %v", res, err, c.want)
+			}
+			if races.Load() == 0 {
+				t.Fatal("the race never ran")
+			}
+			var batches [][]Message
+			if c.shards == 4 {
+				batches = append(batches, first)
+			}
+			if c.second {
+				batches = append(batches, second)
+			}
+			if c.other {
+				batches = append(batches, batchOf(q, "other", 7, 7))
+			}
+			checkQueue(t, rdb, w.Layout(), q, batches...)
+			if got := rdb.HGet(ctx, w.Layout().Meta(q), "shards").Val(); got != strconv.Itoa(c.shards) {
+				t.Fatalf("shards %s, want %d", got, c.shards)
+			}
+			if got := rdb.Get(ctx, ptrKey).Val(); got != `{"pos":"`+c.ptr+`"}` {
+				t.Fatalf("pointer %s, want pos %s", got, c.ptr)
+			}
+			if scripted := evalCalls(t, rdb) > evals; scripted != c.script {
+				t.Fatalf("written by the script: %v, want %v", scripted, c.script)
+			}
+		})
+	}
+}
+
+// cutProxy forwards connections to a Redis server and, once armed, cuts the first one whose
+// client sends its marker: in "multi" mode among the queued writes of a transaction (client and
+// server side closed, so Redis discards the queued commands), in "exec" mode right after EXEC
+// reached the server (only the client side is closed, once ready says EXEC ran: the write is in,
+// its reply lost).
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mode   string
+	ready  func() bool
+	armed  atomic.Bool // cut the next connection that sends the marker
+	cut    atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func startCutProxy(t *testing.T, target, mode string, ready func() bool) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target, mode: mode, ready: ready}
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+	})
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, client, server)
+			p.mu.Unlock()
+			var cutHere atomic.Bool // this connection's replies go nowhere
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := server.Read(buf)
+					if n > 0 && !cutHere.Load() {
+						if _, err := client.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						client.Close()
+						return
+					}
+				}
+			}()
+			go p.pump(client, server, &cutHere)
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) pump(client, server net.Conn, cutHere *atomic.Bool) {
+	marker := []byte("$4\r\nXADD\r\n") // the first queued write
+	if p.mode == "exec" {
+		marker = []byte("*1\r\n$4\r\nEXEC\r\n")
+	}
+	buf := make([]byte, 64<<10)
+	var tail []byte
+	for {
+		n, err := client.Read(buf)
+		chunk := buf[:n]
+		if n > 0 && p.armed.Load() && !p.cut.Load() {
+			joined := append(tail, chunk...)
+			if i := bytes.Index(joined, marker); i >= 0 && p.cut.CompareAndSwap(false, true) {
+				end := i + len(marker) - len(tail) // in chunk, just after the marker
+				cutHere.Store(true)
+				if p.mode == "multi" {
+					end = min(end+200, n) // into the first queued commands
+					server.Write(chunk[:end])
+					server.Close()
+					client.Close()
+					return
+				}
+				server.Write(chunk[:end])
+				for deadline := time.Now().Add(20 * time.Second); !p.ready() && time.Now().Before(deadline); {
+					time.Sleep(5 * time.Millisecond)
+				}
+				client.Close() // the server side stays open: Redis runs EXEC, its reply goes nowhere
+				return
+			}
+			tail = append(tail[:0], joined[max(0, len(joined)-len(marker)):]...)
+		}
+		if n > 0 {
+			if _, werr := server.Write(chunk); werr != nil {
+				client.Close()
+				return
+			}
+		}
+		if err != nil {
+			server.Close()
+			return
+		}
+	}
+}
+
+// TestWriteTxConnectionCut loses the writer's connection at the two points that matter: inside
+// the transaction (Redis discards it; the retry writes the batch) and after EXEC ran but before
+// its reply arrived (the retry finds the pointer at the cover: duplicate). Either way the batch is
+// in the queue exactly once and the pointer at its cover.
+func TestWriteTxConnectionCut(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	for _, mode := range []string{"multi", "exec"} {
+		t.Run(mode, func(t *testing.T) {
+			q := "cut" + mode
+			ptrKey := "pgrelay:{" + q + "}:src:s:ptr"
+			cover := &Cover{PointerKey: ptrKey, Pointer: []byte(`{"pos":"0002"}`), Pos: "0002"}
+			p := startCutProxy(t, r.Addr(), mode, func() bool { return rdb.Get(ctx, ptrKey).Val() == string(cover.Pointer) })
+			prdb := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String()})
+			defer prdb.Close()
+			w := NewWriter(prdb, WriterConfig{Shards: 3})
+			defer w.Close()
+			first := batchOf(q, "first", 10, 5)
+			if _, err := w.Write(ctx, first, &Cover{PointerKey: ptrKey, Pointer: []byte(`{"pos":"0001"}`), Pos: "0001"}); err != nil {
+				t.Fatal(err)
+			}
+			p.armed.Store(true)
+			second := batchOf(q, "second", 500, 7)
+			res, err := w.Write(ctx, second, cover)
+			want := map[string]Result{"multi": ResultOK, "exec": ResultDuplicate}[mode]
+			if err != nil || res != want {
+				t.Fatalf("%v %v, want %v", res, err, want)
+			}
+			if !p.cut.Load() {
+				t.Fatal("no connection was cut")
+			}
+			checkQueue(t, rdb, w.Layout(), q, first, second)
+			if got := rdb.Get(ctx, ptrKey).Val(); got != string(cover.Pointer) {
+				t.Fatalf("pointer %s", got)
+			}
+		})
+	}
+}
+
+// TestWriteTxTwoProducers: two sources write batches to one queue at the same time, each fenced
+// by its own lease and moving its own pointer. Their transactions conflict (each one's EXEC
+// changes the meta hash the other watches); every message is in the queue exactly once, the
+// offsets contiguous, each pointer at its last cover.
+func TestWriteTxTwoProducers(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	const q, batches = "shared", 25
+	var wg sync.WaitGroup
+	var all [][]Message
+	var mu sync.Mutex
+	var conflicts atomic.Int64
+	for _, src := range []string{"a", "b"} {
+		leaseKey, ptrKey := "pgrelay:{"+q+"}:src:"+src+":lease", "pgrelay:{"+q+"}:src:"+src+":ptr"
+		l := lease.New(rdb, leaseKey, 10*time.Second, src)
+		if ok, err := l.TryAcquire(ctx); !ok || err != nil {
+			t.Fatalf("acquire %v %v", ok, err)
+		}
+		w := NewWriter(rdb, WriterConfig{Shards: 4})
+		defer w.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 1; i <= batches; i++ {
+				b := batchOf(q, fmt.Sprintf("%s%d", src, i), 200, 9)
+				pos := fmt.Sprintf("%04d", i)
+				cov := &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey, Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
+				if res, err := w.Write(ctx, b, cov); err != nil || res != ResultOK {
+					t.Errorf("%s batch %d: %v %v", src, i, res, err)
+					return
+				}
+				mu.Lock()
+				all = append(all, b)
+				mu.Unlock()
+			}
+			conflicts.Add(w.conflicts.Load())
+		}()
+	}
+	wg.Wait()
+	checkQueue(t, rdb, NewLayout(""), q, all...)
+	for _, src := range []string{"a", "b"} {
+		if got := rdb.Get(ctx, "pgrelay:{"+q+"}:src:"+src+":ptr").Val(); got != fmt.Sprintf(`{"pos":"%04d"}`, batches) {
+			t.Fatalf("pointer of %s: %s", src, got)
+		}
+	}
+	t.Logf("%d aborted EXECs in %d batches", conflicts.Load(), 2*batches)
+}
