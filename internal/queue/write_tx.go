@@ -184,11 +184,11 @@ func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan
 			}
 		}
 		b = redisconn.AppendArrayLen(b, 2+2*n)
-		b = redisconn.AppendBulkString(b, "HSET")
-		b = redisconn.AppendBulkString(b, w.layout.Meta(q))
+		b = redisconn.AppendBulk(b, "HSET")
+		b = redisconn.AppendBulk(b, w.layout.Meta(q))
 		for j, s := range p.streams {
 			if s.queue == i {
-				b = redisconn.AppendBulkString(b, "off:"+strconv.Itoa(s.shard))
+				b = redisconn.AppendBulk(b, "off:"+strconv.Itoa(s.shard))
 				b = redisconn.AppendBulkInt(b, st.offs[j])
 			}
 		}
@@ -196,8 +196,8 @@ func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan
 	}
 	if c.PointerKey != "" && last {
 		b = redisconn.AppendArrayLen(b, 3)
-		b = redisconn.AppendBulkString(b, "SET")
-		b = redisconn.AppendBulkString(b, c.PointerKey)
+		b = redisconn.AppendBulk(b, "SET")
+		b = redisconn.AppendBulk(b, c.PointerKey)
 		b = redisconn.AppendBulk(b, c.Pointer)
 		queued++
 	}
@@ -216,15 +216,15 @@ func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c
 		nkeys++
 	}
 	b = redisconn.AppendArrayLen(b, 1+nkeys)
-	b = redisconn.AppendBulkString(b, "WATCH")
+	b = redisconn.AppendBulk(b, "WATCH")
 	if c.LeaseKey != "" {
-		b = redisconn.AppendBulkString(b, c.LeaseKey)
+		b = redisconn.AppendBulk(b, c.LeaseKey)
 	}
 	if c.PointerKey != "" {
-		b = redisconn.AppendBulkString(b, c.PointerKey)
+		b = redisconn.AppendBulk(b, c.PointerKey)
 	}
 	for _, q := range p.queues {
-		b = redisconn.AppendBulkString(b, w.layout.Meta(q))
+		b = redisconn.AppendBulk(b, w.layout.Meta(q))
 	}
 	if c.LeaseKey != "" {
 		b = redisconn.AppendCommand(b, "GET", c.LeaseKey)
@@ -238,13 +238,13 @@ func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c
 	}
 	for i, q := range p.queues {
 		b = redisconn.AppendArrayLen(b, 4+perQueue[i])
-		b = redisconn.AppendBulkString(b, "HMGET")
-		b = redisconn.AppendBulkString(b, w.layout.Meta(q))
-		b = redisconn.AppendBulkString(b, "shards")
-		b = redisconn.AppendBulkString(b, "version")
+		b = redisconn.AppendBulk(b, "HMGET")
+		b = redisconn.AppendBulk(b, w.layout.Meta(q))
+		b = redisconn.AppendBulk(b, "shards")
+		b = redisconn.AppendBulk(b, "version")
 		for _, s := range p.streams {
 			if s.queue == i {
-				b = redisconn.AppendBulkString(b, "off:"+strconv.Itoa(s.shard))
+				b = redisconn.AppendBulk(b, "off:"+strconv.Itoa(s.shard))
 			}
 		}
 	}
@@ -353,7 +353,7 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []
 	keys := make([][]byte, len(p.streams)) // each stream key, encoded once
 	size := 0
 	for j, s := range p.streams {
-		keys[j] = redisconn.AppendBulkString(nil, w.layout.Stream(p.queues[s.queue], s.shard))
+		keys[j] = redisconn.AppendBulk(nil, w.layout.Stream(p.queues[s.queue], s.shard))
 	}
 	for i := range msgs {
 		m := &msgs[i]
@@ -369,11 +369,11 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []
 		b = append(b, xaddOff...)
 		b = redisconn.AppendBulkInt(b, offs[j])
 		b = append(b, fieldP...)
-		b = redisconn.AppendBulkString(b, m.Partition)
+		b = redisconn.AppendBulk(b, m.Partition)
 		b = append(b, fieldID...)
-		b = redisconn.AppendBulkString(b, m.ID)
+		b = redisconn.AppendBulk(b, m.ID)
 		b = append(b, fieldTx...)
-		b = redisconn.AppendBulkString(b, m.Tx)
+		b = redisconn.AppendBulk(b, m.Tx)
 		b = append(b, fieldTs...)
 		b = redisconn.AppendBulkInt(b, m.CreatedMs)
 		b = append(b, fieldH...)

@@ -21,16 +21,7 @@ func TestMasterPipelineFollowsRedirects(t *testing.T) {
 	cc := NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs()})
 	defer cc.Close()
 	key := "pgrelay:{redirect}:k"
-	slot := int(cc.ClusterKeySlot(ctx, key).Val())
-	owner, _ := rc.MasterOf(key)
-	ids := map[*testenv.Redis]string{}
-	var others []*testenv.Redis
-	for _, n := range rc.Nodes {
-		ids[n] = n.Client().ClusterMyID(ctx).Val()
-		if n != owner {
-			others = append(others, n)
-		}
-	}
+	owner, others := slotOwners(rc, key)
 	write := func(v string) []redis.Cmder {
 		cmds, err := MasterPipeline(ctx, cc, key, func(p redis.Pipeliner) {
 			p.Set(ctx, key, v, 0)
@@ -47,11 +38,7 @@ func TestMasterPipelineFollowsRedirects(t *testing.T) {
 
 	// MOVED: the slot (emptied first) now belongs to others[0]; the client's map still says owner.
 	cc.Del(ctx, key)
-	for _, n := range rc.Nodes {
-		if err := n.Client().Do(ctx, "cluster", "setslot", slot, "node", ids[others[0]]).Err(); err != nil {
-			t.Fatalf("setslot on %s: %v", n.Addr(), err)
-		}
-	}
+	moveSlot(t, rc, key, others[0])
 	if m, err := cc.MasterForKey(ctx, key); err != nil || m.Options().Addr != owner.Addr() {
 		t.Fatalf("the client's map changed by itself: %v %v", m, err)
 	}
@@ -65,12 +52,7 @@ func TestMasterPipelineFollowsRedirects(t *testing.T) {
 
 	// ASK: others[0] migrates the slot to others[1]; a key it does not hold is answered with ASK.
 	cc.Del(ctx, key)
-	if err := others[1].Client().Do(ctx, "cluster", "setslot", slot, "importing", ids[others[0]]).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := others[0].Client().Do(ctx, "cluster", "setslot", slot, "migrating", ids[others[1]]).Err(); err != nil {
-		t.Fatal(err)
-	}
+	migrateSlot(t, key, others[0], others[1])
 	cmds := write("c")
 	if wait, err := cmds[1].(*redis.Cmd).Int64(); err != nil || wait != 0 {
 		t.Fatalf("WAIT after ASK: %d %v", wait, err)
@@ -84,6 +66,41 @@ func TestMasterPipelineFollowsRedirects(t *testing.T) {
 		return nil
 	}); err != nil || get.Val() != "c" {
 		t.Fatalf("after ASK: %s holds %q (%v)", others[1].Addr(), get.Val(), err)
+	}
+}
+
+// slotOwners returns the master serving key and the other masters.
+func slotOwners(rc *testenv.RedisCluster, key string) (owner *testenv.Redis, others []*testenv.Redis) {
+	owner, _ = rc.MasterOf(key)
+	for _, n := range rc.Nodes {
+		if n != owner {
+			others = append(others, n)
+		}
+	}
+	return owner, others
+}
+
+// moveSlot gives key's (empty) slot to node on every node, behind the clients' back.
+func moveSlot(t *testing.T, rc *testenv.RedisCluster, key string, node *testenv.Redis) {
+	ctx := context.Background()
+	id := node.Client().ClusterMyID(ctx).Val()
+	s := node.Client().ClusterKeySlot(ctx, key).Val()
+	for _, n := range rc.Nodes {
+		if err := n.Client().Do(ctx, "cluster", "setslot", s, "node", id).Err(); err != nil {
+			t.Fatalf("setslot on %s: %v", n.Addr(), err)
+		}
+	}
+}
+
+// migrateSlot marks key's slot as migrating from one master to another.
+func migrateSlot(t *testing.T, key string, from, to *testenv.Redis) {
+	ctx := context.Background()
+	s := from.Client().ClusterKeySlot(ctx, key).Val()
+	if err := to.Client().Do(ctx, "cluster", "setslot", s, "importing", from.Client().ClusterMyID(ctx).Val()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := from.Client().Do(ctx, "cluster", "setslot", s, "migrating", to.Client().ClusterMyID(ctx).Val()).Err(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -376,16 +376,7 @@ func AppendArrayLen(b []byte, n int) []byte {
 }
 
 // AppendBulk appends v as a bulk string.
-func AppendBulk(b, v []byte) []byte {
-	b = append(b, '$')
-	b = strconv.AppendInt(b, int64(len(v)), 10)
-	b = append(b, '\r', '\n')
-	b = append(b, v...)
-	return append(b, '\r', '\n')
-}
-
-// AppendBulkString appends v as a bulk string.
-func AppendBulkString(b []byte, v string) []byte {
+func AppendBulk[T string | []byte](b []byte, v T) []byte {
 	b = append(b, '$')
 	b = strconv.AppendInt(b, int64(len(v)), 10)
 	b = append(b, '\r', '\n')
@@ -403,7 +394,7 @@ func AppendBulkInt(b []byte, v int64) []byte {
 func AppendCommand(b []byte, args ...string) []byte {
 	b = AppendArrayLen(b, len(args))
 	for _, a := range args {
-		b = AppendBulkString(b, a)
+		b = AppendBulk(b, a)
 	}
 	return b
 }

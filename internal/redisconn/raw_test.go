@@ -115,25 +115,12 @@ func TestRawFollowsMoved(t *testing.T) {
 	r := NewRaw(cc)
 	defer r.Close()
 	key := "pgrelay:{rawmoved}:k"
-	slot := int(cc.ClusterKeySlot(ctx, key).Val())
-	owner, _ := rc.MasterOf(key)
-	ids := map[*testenv.Redis]string{}
-	var others []*testenv.Redis
-	for _, n := range rc.Nodes {
-		ids[n] = n.Client().ClusterMyID(ctx).Val()
-		if n != owner {
-			others = append(others, n)
-		}
-	}
+	_, others := slotOwners(rc, key)
 	if got, err := rawSetGet(ctx, r, key, "a"); err != nil || got != "a" {
 		t.Fatalf("first: %q %v", got, err)
 	}
 	cc.Del(ctx, key)
-	for _, n := range rc.Nodes {
-		if err := n.Client().Do(ctx, "cluster", "setslot", slot, "node", ids[others[0]]).Err(); err != nil {
-			t.Fatalf("setslot on %s: %v", n.Addr(), err)
-		}
-	}
+	moveSlot(t, rc, key, others[0])
 	if got, err := rawSetGet(ctx, r, key, "b"); err != nil || got != "b" {
 		t.Fatalf("after MOVED: %q %v", got, err)
 	}
@@ -142,12 +129,7 @@ func TestRawFollowsMoved(t *testing.T) {
 	}
 
 	cc.Del(ctx, key)
-	if err := others[1].Client().Do(ctx, "cluster", "setslot", slot, "importing", ids[others[0]]).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := others[0].Client().Do(ctx, "cluster", "setslot", slot, "migrating", ids[others[1]]).Err(); err != nil {
-		t.Fatal(err)
-	}
+	migrateSlot(t, key, others[0], others[1])
 	if _, err := rawSetGet(ctx, r, key, "c"); !redis.HasErrorPrefix(err, "ASK") {
 		t.Fatalf("migrating slot: %v, want an ASK answer", err)
 	}
