@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -75,10 +76,17 @@ func checkQueue(t *testing.T, rdb redis.Cmdable, l Layout, q string, batches ...
 // evalCalls is how many script calls (EVAL, EVALSHA) the server has run.
 func evalCalls(t *testing.T, rdb *redis.Client) int {
 	t.Helper()
+	return cmdCalls(t, rdb, "cmdstat_eval")
+}
+
+// cmdCalls is how many calls of the commands whose commandstats line starts with prefix the
+// server has run.
+func cmdCalls(t *testing.T, rdb *redis.Client, prefix string) int {
+	t.Helper()
 	info := rdb.Info(context.Background(), "commandstats").Val()
 	calls := 0
 	for _, line := range strings.Split(info, "\n") {
-		if strings.HasPrefix(line, "cmdstat_eval") {
+		if strings.HasPrefix(line, prefix) {
 			f := strings.SplitN(strings.SplitN(line, "calls=", 2)[1], ",", 2)
 			n, _ := strconv.Atoi(f[0])
 			calls += n
@@ -156,7 +164,7 @@ func TestWriteTxRaces(t *testing.T) {
 					c.race(q, leaseKey, ptrKey)
 				}
 			}
-			evals := evalCalls(t, rdb)
+			evals, execs := evalCalls(t, rdb), cmdCalls(t, rdb, "cmdstat_exec:")
 			res, err := w.Write(ctx, second, cover("0003"))
 			switch {
 			case c.code != "":
@@ -188,6 +196,9 @@ func TestWriteTxRaces(t *testing.T) {
 			}
 			if scripted := evalCalls(t, rdb) > evals; scripted != c.script {
 				t.Fatalf("written by the script: %v, want %v", scripted, c.script)
+			}
+			if n := cmdCalls(t, rdb, "cmdstat_exec:") - execs; c.script && n != maxTxConflicts {
+				t.Fatalf("%d EXECs before the script, want %d", n, maxTxConflicts)
 			}
 		})
 	}
@@ -390,4 +401,54 @@ func TestWriteTxTwoProducers(t *testing.T) {
 		}
 	}
 	t.Logf("%d aborted EXECs in %d batches", conflicts.Load(), 2*batches)
+}
+
+// TestWriteTxLeastPrivilege writes as a Redis user holding exactly the ACL commands of a queue
+// write (redisconn.UseWrite, with UseServer): a batch goes through the transaction (EXEC, no
+// script), one that keeps conflicting through the script, and Redis refused nothing (ACL LOG
+// empty): every command either path sends is in the documented line.
+func TestWriteTxLeastPrivilege(t *testing.T) {
+	r := testenv.StartRedis(t)
+	admin := r.Client()
+	ctx := context.Background()
+	r.ACL(redisconn.ACLLine("w", "pw", "pgrelay", redisconn.UseServer, redisconn.UseLease, redisconn.UseWrite))
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), Username: "w", Password: "pw", DisableIdentity: true})
+	defer rdb.Close()
+	const q = "lp"
+	leaseKey, ptrKey := "pgrelay:{"+q+"}:src:s:lease", "pgrelay:{"+q+"}:src:s:ptr"
+	l := lease.New(rdb, leaseKey, 10*time.Second, "me")
+	if ok, err := l.TryAcquire(ctx); !ok || err != nil {
+		t.Fatalf("acquire %v %v", ok, err)
+	}
+	cover := func(pos string) *Cover {
+		return &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey, Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
+	}
+	w := NewWriter(rdb, WriterConfig{Shards: 4})
+	defer w.Close()
+	first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
+	evals, execs := evalCalls(t, admin), cmdCalls(t, admin, "cmdstat_exec:")
+	if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultOK {
+		t.Fatalf("first batch: %v %v", res, err)
+	}
+	if evalCalls(t, admin) != evals || cmdCalls(t, admin, "cmdstat_exec:") == execs {
+		t.Fatal("the first batch was not written by a transaction")
+	}
+	if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultDuplicate {
+		t.Fatalf("first batch again: %v %v", res, err)
+	}
+	w.beforeExec = func() { admin.PExpire(ctx, leaseKey, time.Minute) } // every EXEC aborts
+	if res, err := w.Write(ctx, second, cover("0002")); err != nil || res != ResultOK {
+		t.Fatalf("second batch: %v %v", res, err)
+	}
+	if evalCalls(t, admin) == evals {
+		t.Fatal("the second batch was not written by the script")
+	}
+	w.beforeExec = func() { admin.Set(ctx, leaseKey, "other|1", 0) } // fenced: DISCARD, UNWATCH
+	if _, err := w.Write(ctx, batchOf(q, "third", 5, 2), cover("0003")); !errcode.Is(err, errcode.Fenced) {
+		t.Fatalf("third batch: %v, want fenced", err)
+	}
+	checkQueue(t, admin, w.Layout(), q, first, second)
+	if log := admin.Do(ctx, "ACL", "LOG").Val(); len(log.([]any)) > 0 {
+		t.Fatalf("Redis refused the writer: %v", log)
+	}
 }

@@ -32,7 +32,9 @@ const (
 	UseLease
 	// UseSource: pg_cdc's pointer, status hash and resync request.
 	UseSource
-	// UseWrite: queue_write.lua and the queue's meta (the redis_queue output; pg_cdc's first pointer).
+	// UseWrite: a queue write (the redis_queue output; pg_cdc's first pointer): the optimistic
+	// transaction (WATCH, the reads, MULTI … EXEC, or DISCARD and UNWATCH), queue_write.lua when
+	// it keeps conflicting, and the queue's meta.
 	UseWrite
 	// UseAOF: the `durability: aof` check (CONFIG GET appendonly, appendfsync).
 	UseAOF
@@ -69,7 +71,7 @@ var aclCommands = map[Use][]string{
 	UseCluster:   {"cluster|slots", "command", "asking"},
 	UseLease:     {"evalsha", "eval", "get", "set", "incr", "pexpire", "del"},
 	UseSource:    {"get", "exists", "del", "hset", "pexpire"},
-	UseWrite:     {"evalsha", "eval", "get", "set", "hget", "hmget", "hset", "xadd"},
+	UseWrite:     {"evalsha", "eval", "get", "set", "hget", "hmget", "hset", "xadd", "watch", "unwatch", "type", "multi", "exec", "discard"},
 	UseAOF:       {"config|get"},
 	UseReplicas:  {"wait"},
 	UseRetention: {"hget", "xrevrange", "xtrim", "xinfo|groups", "xpending"},
@@ -89,8 +91,10 @@ var aclCommands = map[Use][]string{
 var checkCommands = []string{"multi", "discard"}
 
 // aloneCommands are checked each on its own before MULTI: inside it EXEC would run the queue and
-// DISCARD end it. Either alone, when allowed, only answers that no MULTI is open.
-var aloneCommands = []string{"discard", "exec"}
+// DISCARD end it, and WATCH is refused there. EXEC or DISCARD alone, when allowed, only answers
+// that no MULTI is open; WATCH alone watches the placeholder key, which the DISCARD after the
+// probes unwatches.
+var aloneCommands = []string{"discard", "exec", "watch"}
 
 // The ACL users of docs/operations.md (Least privilege), one per role, with the uses of each.
 var (
@@ -139,6 +143,7 @@ var probeArgs = map[string][]string{
 	"ping": {}, "info": {"memory"}, "cluster|slots": {}, "command": {}, "asking": {}, "time": {}, "config|get": {"appendonly"}, "wait": {"0", "0"},
 	"evalsha": {"0000000000000000000000000000000000000000", "1", "K"}, "eval": {"return 0", "1", "K"},
 	"get": {"K"}, "set": {"K", "v"}, "incr": {"K"}, "pexpire": {"K", "1"}, "del": {"K"}, "exists": {"K"}, "pttl": {"K"},
+	"watch": {"K"}, "unwatch": {}, "type": {"K"},
 	"hget": {"K", "f"}, "hmget": {"K", "f"}, "hset": {"K", "f", "v"}, "hgetall": {"K"}, "hdel": {"K", "f"}, "hincrby": {"K", "f", "1"},
 	"xadd": {"K", "*", "f", "v"}, "xrange": {"K", "-", "+"}, "xrevrange": {"K", "+", "-"}, "xlen": {"K"}, "xdel": {"K", "0-1"},
 	"xtrim": {"K", "MINID", "0"}, "xack": {"K", "g", "0-1"}, "xpending": {"K", "g"},
@@ -171,8 +176,11 @@ func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue s
 		if cmd != "discard" && !slices.Contains(names, cmd) {
 			continue
 		}
-		err := conn.Do(ctx, cmd).Err()
-		if isNoPerm(err) {
+		err := conn.Do(ctx, probe(cmd, key)...).Err()
+		switch {
+		case isKeyDenial(err) && queue != "":
+			return c.aclError(err, nil, true)
+		case isNoPerm(err) && !isKeyDenial(err):
 			return c.aclError(err, []string{cmd}, false)
 		}
 		// Any reply (DISCARD without MULTI) passes; no reply at all (Redis unreachable) ends the check.
@@ -192,18 +200,7 @@ func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue s
 			if slices.Contains(checkCommands, name) || slices.Contains(aloneCommands, name) {
 				continue
 			}
-			args := []any{}
-			for _, part := range strings.Split(name, "|") {
-				args = append(args, part)
-			}
-			for _, a := range probeArgs[name] {
-				if a == "K" {
-					args = append(args, key)
-				} else {
-					args = append(args, a)
-				}
-			}
-			p.Do(ctx, args...)
+			p.Do(ctx, probe(name, key)...)
 		}
 		p.Do(ctx, "discard")
 		return nil
@@ -238,6 +235,22 @@ func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue s
 		}
 	}
 	return nil
+}
+
+// probe is the command name (split at |) with its probe arguments, key in place of K.
+func probe(name, key string) []any {
+	args := []any{}
+	for _, part := range strings.Split(name, "|") {
+		args = append(args, part)
+	}
+	for _, a := range probeArgs[name] {
+		if a == "K" {
+			args = append(args, key)
+		} else {
+			args = append(args, a)
+		}
+	}
+	return args
 }
 
 // argStrings is the command's name and, for a command with subcommands (config get, xgroup
