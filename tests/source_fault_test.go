@@ -198,3 +198,74 @@ func TestSourceResumesAfterPostgresAndRedisRestarts(t *testing.T) {
 	res := e.converge("public.w", "id")
 	t.Logf("%d transactions, %d events", committed, res.Events)
 }
+
+// TestSourceSIGKILLWithTransactionInFlight kills pgrelay three times while one of its queue
+// writes (an optimistic transaction) is open on Redis: Redis's writes are paused (CLIENT PAUSE
+// WRITE), so the transaction stops among its queued commands (CLIENT LIST shows a client inside
+// MULTI, blocked); then SIGKILL, then the pause is lifted. Whether Redis dropped the transaction
+// with the connection or ran its EXEC first, the restarted process writes each change exactly
+// once: the queue replays to the table. Redis ran the writes as transactions (EXEC calls).
+func TestSourceSIGKILLWithTransactionInFlight(t *testing.T) {
+	e := newCDCEnv(t, "txkill", `[{table: w, queue: q}]`, "max_bundle_messages: 7")
+	e.pg.Exec(writerTable)
+	p := e.start()
+	e.waitPointer()
+	rc := e.rd.Client()
+	stopWriter := make(chan struct{})
+	wait := e.randomWriter(11, stopWriter)
+	inMulti := func() (bool, string) {
+		list := rc.ClientList(e.ctx).Val()
+		for _, line := range strings.Split(list, "\n") {
+			for _, f := range strings.Fields(line) {
+				if flags, ok := strings.CutPrefix(f, "flags="); ok && strings.Contains(flags, "x") && strings.Contains(flags, "b") {
+					return true, line
+				}
+			}
+		}
+		return false, list
+	}
+	for i := 0; i < 3; i++ {
+		time.Sleep(500 * time.Millisecond)
+		if err := rc.Do(e.ctx, "CLIENT", "PAUSE", 20000, "WRITE").Err(); err != nil {
+			t.Fatal(err)
+		}
+		var ok bool
+		var seen string
+		for deadline := time.Now().Add(15 * time.Second); !ok && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			ok, seen = inMulti()
+		}
+		p.Kill()
+		if err := rc.Do(e.ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			t.Fatalf("kill %d: no transaction open on Redis: %s", i+1, seen)
+		}
+		t.Logf("kill %d with %s", i+1, seen)
+		held := rc.Get(e.ctx, e.leaseKey()).Val()
+		p = e.start()
+		// the new process streams once it holds the lease (the killed one's expires first)
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if v := rc.Get(e.ctx, e.leaseKey()).Val(); v != "" && v != held {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("kill %d: the restarted process never took the lease", i+1)
+			}
+		}
+	}
+	time.Sleep(time.Second)
+	close(stopWriter)
+	committed := wait()
+	res := e.converge("public.w", "id")
+	execs := 0
+	for _, line := range strings.Split(rc.Info(e.ctx, "commandstats").Val(), "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_exec:calls="); ok {
+			execs, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		}
+	}
+	if execs < 10 {
+		t.Errorf("Redis ran %d EXECs: the writes were not transactions", execs)
+	}
+	t.Logf("%d transactions, %d events, %d EXECs", committed, res.Events, execs)
+}
