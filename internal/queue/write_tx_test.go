@@ -443,11 +443,25 @@ func TestWriteTxLeastPrivilege(t *testing.T) {
 	if evalCalls(t, admin) == evals {
 		t.Fatal("the second batch was not written by the script")
 	}
+	w.beforeExec = nil
+	// XADD taken away: refused inside the transaction, which writes nothing; redis_acl with the rule
+	r.ACL("ACL SETUSER w -xadd")
+	_, err := w.Write(ctx, batchOf(q, "refused", 5, 2), cover("0003"))
+	conf := redisconn.Config{Username: "w", Prefix: "pgrelay"}
+	if err := conf.Explain(err); !errcode.Is(err, errcode.RedisACL) || !strings.HasSuffix(err.Error(), "Fix: ACL SETUSER w +xadd") {
+		t.Fatalf("without XADD: %v, want redis_acl with +xadd", err)
+	}
+	checkQueue(t, admin, w.Layout(), q, first, second)
+	r.ACL("ACL SETUSER w +xadd")
+	admin.Do(ctx, "ACL", "LOG", "RESET")
 	w.beforeExec = func() { admin.Set(ctx, leaseKey, "other|1", 0) } // fenced: DISCARD, UNWATCH
 	if _, err := w.Write(ctx, batchOf(q, "third", 5, 2), cover("0003")); !errcode.Is(err, errcode.Fenced) {
 		t.Fatalf("third batch: %v, want fenced", err)
 	}
 	checkQueue(t, admin, w.Layout(), q, first, second)
+	if got := admin.Get(ctx, ptrKey).Val(); got != `{"pos":"0002"}` {
+		t.Fatalf("pointer %s", got)
+	}
 	if log := admin.Do(ctx, "ACL", "LOG").Val(); len(log.([]any)) > 0 {
 		t.Fatalf("Redis refused the writer: %v", log)
 	}
