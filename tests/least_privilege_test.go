@@ -316,7 +316,7 @@ func TestLeastPrivilegeEndToEnd(t *testing.T) {
 	for _, c := range []struct {
 		p    *testenv.Process
 		rule string
-	}{{src, "ACL SETUSER lp-source +evalsha"}, {snk, "ACL SETUSER lp-consumer +xack"}} {
+	}{{src, "ACL SETUSER lp-source +xadd"}, {snk, "ACL SETUSER lp-consumer +xack"}} {
 		e.rd.ACL(strings.Replace(c.rule, " +", " -", 1))
 		e.pg.Exec(`INSERT INTO rt SELECT max(id) + 1, 'while refused' FROM rt WHERE id < 1000`)
 		waitLine(t, c.p, "redis_acl", "Fix: "+c.rule)
