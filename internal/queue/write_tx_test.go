@@ -95,6 +95,20 @@ func cmdCalls(t *testing.T, rdb *redis.Client, prefix string) int {
 	return calls
 }
 
+// leasedSource takes the lease of source s of queue q and returns its lease and pointer keys and
+// the cover of a position under that lease.
+func leasedSource(t *testing.T, rdb redis.UniversalClient, q string) (leaseKey, ptrKey string, cover func(pos string) *Cover) {
+	t.Helper()
+	leaseKey, ptrKey = "pgrelay:{"+q+"}:src:s:lease", "pgrelay:{"+q+"}:src:s:ptr"
+	l := lease.New(rdb, leaseKey, 10*time.Second, "me")
+	if ok, err := l.TryAcquire(context.Background()); !ok || err != nil {
+		t.Fatalf("acquire %v %v", ok, err)
+	}
+	return leaseKey, ptrKey, func(pos string) *Cover {
+		return &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey, Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
+	}
+}
+
 // TestWriteTxRaces changes a watched key between a transaction's reads and its EXEC, as another
 // replica, the lease renewal, another producer or a re-created queue would: the EXEC aborts, and
 // the write is read and checked again, so it ends fenced, duplicate or written exactly once. A
@@ -144,14 +158,7 @@ func TestWriteTxRaces(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			q := "race" + strconv.Itoa(i)
-			leaseKey, ptrKey := "pgrelay:{"+q+"}:src:s:lease", "pgrelay:{"+q+"}:src:s:ptr"
-			l := lease.New(rdb, leaseKey, 10*time.Second, "me")
-			if ok, err := l.TryAcquire(ctx); !ok || err != nil {
-				t.Fatalf("acquire %v %v", ok, err)
-			}
-			cover := func(pos string) *Cover {
-				return &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey, Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
-			}
+			leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
 			w := NewWriter(rdb, WriterConfig{Shards: 4})
 			defer w.Close()
 			first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
@@ -415,14 +422,7 @@ func TestWriteTxLeastPrivilege(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), Username: "w", Password: "pw", DisableIdentity: true})
 	defer rdb.Close()
 	const q = "lp"
-	leaseKey, ptrKey := "pgrelay:{"+q+"}:src:s:lease", "pgrelay:{"+q+"}:src:s:ptr"
-	l := lease.New(rdb, leaseKey, 10*time.Second, "me")
-	if ok, err := l.TryAcquire(ctx); !ok || err != nil {
-		t.Fatalf("acquire %v %v", ok, err)
-	}
-	cover := func(pos string) *Cover {
-		return &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey, Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
-	}
+	leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
 	w := NewWriter(rdb, WriterConfig{Shards: 4})
 	defer w.Close()
 	first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
