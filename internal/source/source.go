@@ -309,7 +309,7 @@ func (s *Source) renew(ctx context.Context, stop context.CancelFunc) {
 			stop()
 			return
 		case time.Since(lastOK) > s.cfg.LeaseTTL:
-			s.log.Warnf("pg_cdc %s: could not renew the lease for %s: %v", s.cfg.Name, s.cfg.LeaseTTL, err)
+			s.log.Warnf("pg_cdc %s: could not renew the lease for %s: %v", s.cfg.Name, s.cfg.LeaseTTL, s.cfg.Redis.Explain(err))
 			stop()
 			return
 		}
