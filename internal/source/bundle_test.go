@@ -2,6 +2,8 @@ package source
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -86,6 +88,50 @@ func TestBundleCoversAndCuts(t *testing.T) {
 				t.Errorf("%s: batch %d: %s (%d events), want %s (%d)", c.name, i, got[i], sizes[i], c.wantPos[i], c.wantSizes[i])
 			}
 		}
+	}
+}
+
+// TestBundleMeasuresOnWhereItStopped: the bundler looks at the queue after every push and goes
+// on measuring from where it stopped until it pops; its batches are those of a bundler that
+// measures the whole queue again at every look.
+func TestBundleMeasuresOnWhereItStopped(t *testing.T) {
+	start := pointer.New(1, "e", "s", "x", 100)
+	items := []item{change(200, 0, 1), change(200, 1, 2), change(200, 2, 1), positionItem(150), change(200, 3, 1), commitItem(200),
+		positionItem(250), change(300, 0, 1), commitItem(300), positionItem(350), change(400, 0, 1), change(400, 1, 1),
+		change(400, 2, 1), commitItem(400), change(500, 0, 1), commitItem(500), positionItem(600)}
+	run := func(afresh bool) []string {
+		ss := testSession(2, start)
+		var got []string
+		look := func(ahead bool) bool {
+			if afresh {
+				ss.scan = scan{}
+			}
+			b, _, err := ss.build(context.Background(), ahead)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b != nil {
+				got = append(got, fmt.Sprintf("%s:%d", b.Cover.Position(), len(b.Events)))
+			}
+			return b != nil
+		}
+		for i, it := range items {
+			ss.q.tryPush(it)
+			look(true)
+			if i%3 == 2 {
+				look(false)
+			}
+		}
+		for look(false) {
+		}
+		return got
+	}
+	want, got := run(true), run(false)
+	if len(want) < 4 {
+		t.Fatalf("batches %v: the case should cut several", want)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("batches measured on from the last look %v, want %v (measured afresh)", got, want)
 	}
 }
 

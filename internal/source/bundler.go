@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
@@ -31,50 +33,54 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	if ss.ctx.Err() != nil {
 		return nil, idle, nil
 	}
-	// The cover is built once at the end: per-change pointer values would cost an allocation each.
-	complete, inTxn, txCommit, txDone := ss.plan.LSNValue(), ss.plan.InTxn != nil, ss.plan.CommitValue(), uint64(0)
-	var txParts map[string]uint64 // envelope parts of the transaction in the queue
-	if inTxn {
-		txDone, txParts = ss.plan.InTxn.Done, ss.plan.InTxn.Parts
+	// The items are only measured here; their events are copied once a batch is due. The bundler
+	// looks again on every queued change while a transaction arrives, so the measure goes on from
+	// where the last look stopped (ss.scan, until the next pop): measured from the first item each
+	// time, a transaction of n changes cost n²/2 item visits.
+	st := &ss.scan
+	if !st.valid {
+		// The cover is built once at the end: per-change pointer values would cost an allocation each.
+		*st = scan{valid: true, complete: ss.plan.LSNValue(), inTxn: ss.plan.InTxn != nil, txCommit: ss.plan.CommitValue()}
+		if st.inTxn {
+			st.txDone, st.txParts = ss.plan.InTxn.Done, ss.plan.InTxn.Parts
+		}
 	}
-	// The items are only measured here; their events are copied once a batch is due (the bundler
-	// looks again on every queued change while a transaction arrives).
-	var cursor json.RawMessage
-	nev, size, n, full, txns, chunks := 0, 0, 0, false, 0, uint64(0)
-	for ; n < len(items); n++ {
-		it := &items[n]
+	for ; !st.full && st.n < len(items); st.n++ {
+		it := &items[st.n]
 		if it.kind == itemChange || it.kind == itemChunk {
-			if nev > 0 && (nev+len(it.events) > cfg.MaxBundleMessages || size+it.size > cfg.MaxBundleBytes) {
-				full = true // it starts the next batch
+			if st.nev > 0 && (st.nev+len(it.events) > cfg.MaxBundleMessages || st.size+it.size > cfg.MaxBundleBytes) {
+				st.full = true // it starts the next batch
 				break
 			}
-			nev += len(it.events)
-			size += it.size
+			st.nev += len(it.events)
+			st.size += it.size
 		}
 		switch it.kind {
 		case itemChange:
-			if it.commit != txCommit {
-				txParts = nil
+			if it.commit != st.txCommit {
+				st.txParts = nil
 			}
 			if it.parts != nil {
-				txParts = it.parts
+				st.txParts = it.parts
 			}
-			inTxn, txCommit, txDone = true, it.commit, it.seq+1
+			st.inTxn, st.txCommit, st.txDone = true, it.commit, it.seq+1
 		case itemCommit:
-			complete, inTxn = it.commit, false
-			txns++
+			st.complete, st.inTxn = it.commit, false
+			st.txns++
 		case itemChunk:
-			if it.commit-1 > complete { // every commit before the high watermark is in
-				complete = it.commit - 1
+			if it.commit-1 > st.complete { // every commit before the high watermark is in
+				st.complete = it.commit - 1
 			}
-			cursor = it.chunk.cursor
-			chunks++
+			st.cursor = it.chunk.cursor
+			st.chunks++
 		case itemPosition:
-			if !inTxn && it.lsn > complete {
-				complete = it.lsn
+			if !st.inTxn && it.lsn > st.complete {
+				st.complete = it.lsn
 			}
 		}
 	}
+	n, nev, size, full, txns, chunks := st.n, st.nev, st.size, st.full, st.txns, st.chunks
+	complete, inTxn, txCommit, txDone, txParts, cursor := st.complete, st.inTxn, st.txCommit, st.txDone, st.txParts, st.cursor
 	partial := nev > 0 && !full && nev < cfg.MaxBundleMessages && size < cfg.MaxBundleBytes
 	if partial && (ahead || inTxn) { // ahead: only a full batch; in a transaction: the rest is on its way
 		return nil, idle, nil
@@ -91,7 +97,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			return nil, idle, nil
 		}
 		if n == 0 || !ss.plan.Less(cover) {
-			ss.q.pop(n)
+			ss.pop(n)
 			return nil, idle, nil
 		}
 		if chunks > 0 { // an empty chunk moves the cursor at once
@@ -114,11 +120,32 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	for i := range items[:n] {
 		events = append(events, items[i].events...)
 	}
-	ss.q.pop(n)
+	ss.pop(n)
 	ss.plan = cover
 	ss.firstSeen = time.Time{}
 	return &Batch{Events: events, Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease,
 		Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss, txns: txns}, idle, nil
+}
+
+// scan is build's measure of the queued items, items[:n]: what a batch of them would hold and
+// cover. It stays valid while the queue's head does (pushes only append).
+type scan struct {
+	valid              bool
+	n, nev, size, txns int
+	chunks             uint64
+	full, inTxn        bool
+	complete, txCommit pglogrepl.LSN
+	txDone             uint64
+	txParts            map[string]uint64 // envelope parts of the transaction in the queue
+	cursor             json.RawMessage
+}
+
+// pop removes the first n queued items; build measures the rest from the start again.
+func (ss *session) pop(n int) {
+	ss.q.pop(n)
+	if n > 0 {
+		ss.scan = scan{}
+	}
 }
 
 // idleAdvance moves the pointer over items without events (idle WAL, empty transactions).
@@ -132,7 +159,7 @@ func (ss *session) idleAdvance(ctx context.Context, cover pointer.Pointer, n int
 		ss.src.log.Warnf("pg_cdc %s: idle pointer advance: %v", ss.src.cfg.Name, err)
 		return nil
 	}
-	ss.q.pop(n)
+	ss.pop(n)
 	ss.plan = cover
 	ss.acked(b)
 	return nil

@@ -30,6 +30,7 @@ type session struct {
 
 	// bundler state (used by Next/Ack, one batch at a time)
 	plan          pointer.Pointer // the cover of everything handed out so far
+	scan          scan            // how far build measured the queued items (bundler only)
 	firstSeen     time.Time
 	lastIdleWrite time.Time
 
