@@ -487,6 +487,22 @@ func rawCommitLatency(b *testing.B, e *env, slot string, n int, ready chan<- str
 		return nil
 	}
 	defer conn.Close(e.ctx)
+	// the walsender of the previous run's reader may not have exited yet
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var active bool
+		if err := e.pg.Pool().QueryRow(e.ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active); err != nil {
+			b.Error(err)
+			return nil
+		}
+		if !active {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Errorf("slot %s still in use after 30 s", slot)
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	var end string
 	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
 		b.Error(err)
