@@ -7,8 +7,9 @@ package jsonscan
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
+	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -76,11 +77,91 @@ func Text(q []byte) ([]byte, error) {
 	if bytes.IndexByte(q, '\\') < 0 {
 		return q[1 : len(q)-1], nil
 	}
-	var s string
-	if err := json.Unmarshal(q, &s); err != nil {
-		return nil, err
+	out, ok := AppendUnquoted(nil, string(q[1:len(q)-1]))
+	if !ok {
+		return nil, fmt.Errorf("bad escape in %.20q", q)
 	}
-	return []byte(s), nil
+	return out, nil
+}
+
+// AppendUnquoted appends the text of a JSON string's contents s to dst, decoding its escapes as
+// encoding/json does (a surrogate escape that does not pair up becomes U+FFFD); ok is false at an
+// escape JSON does not allow.
+func AppendUnquoted(dst []byte, s string) ([]byte, bool) {
+	for i := 0; i < len(s); {
+		if s[i] != '\\' {
+			j := strings.IndexByte(s[i:], '\\')
+			if j < 0 {
+				return append(dst, s[i:]...), true
+			}
+			dst = append(dst, s[i:i+j]...)
+			i += j
+			continue
+		}
+		if i+1 >= len(s) {
+			return dst, false
+		}
+		switch c := s[i+1]; c {
+		case '"', '\\', '/':
+			dst = append(dst, c)
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r := hex4(s[i+2:])
+			if r < 0 {
+				return dst, false
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				r2 := rune(-1)
+				if i+1 < len(s) && s[i] == '\\' && s[i+1] == 'u' {
+					r2 = hex4(s[i+2:])
+				}
+				if pair := utf16.DecodeRune(r, r2); pair != utf8.RuneError {
+					r = pair
+					i += 6
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		default:
+			return dst, false
+		}
+		i += 2
+	}
+	return dst, true
+}
+
+// hex4 is the value of the 4 hex digits s starts with, or -1.
+func hex4(s string) rune {
+	if len(s) < 4 {
+		return -1
+	}
+	var r rune
+	for _, c := range []byte(s[:4]) {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return -1
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 type scanner struct {

@@ -61,3 +61,23 @@ func TestMembersAndText(t *testing.T) {
 		}
 	}
 }
+
+// TestTextAgreesWithEncodingJSON: escapes are decoded exactly as encoding/json decodes them, lone
+// and mismatched surrogates included, and an escape JSON does not allow is refused.
+func TestTextAgreesWithEncodingJSON(t *testing.T) {
+	for _, q := range []string{`"a\"b\\c\/d"`, `"\b\f\n\r\t"`, `"caf\u00e9 \u20AC"`, `"\ud83d\ude00!"`, `"x\ud83dy"`,
+		`"\ude00"`, `"\ud83d\u0041"`, `"\ud83d"`, `"\ud83d\ud83d\ude00"`, `"{\"color\": \"c5\"}"`, `"plain"`, `""`, `"\u0000"`} {
+		var want string
+		if err := json.Unmarshal([]byte(q), &want); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		if got, err := Text([]byte(q)); err != nil || string(got) != want {
+			t.Errorf("Text(%s) = %q, %v; want %q", q, got, err, want)
+		}
+	}
+	for _, q := range []string{`"\x"`, `"\u12"`, `"\u12g4"`, `"a\"`} {
+		if _, ok := AppendUnquoted(nil, q[1:len(q)-1]); ok {
+			t.Errorf("AppendUnquoted(%s) accepted", q)
+		}
+	}
+}

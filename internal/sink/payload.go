@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"unicode/utf16"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgrelay/pgrelay/internal/jsonscan"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 )
@@ -107,90 +107,10 @@ func stringText(s string, buf *rowBuf) (pgtype.Text, error) {
 		buf = &rowBuf{}
 	}
 	var ok bool
-	if buf.scratch, ok = appendUnquoted(buf.scratch[:0], s[1:len(s)-1]); !ok {
+	if buf.scratch, ok = jsonscan.AppendUnquoted(buf.scratch[:0], s[1:len(s)-1]); !ok {
 		return pgtype.Text{}, fmt.Errorf("bad escape in %s", excerpt([]byte(s)))
 	}
 	return pgtype.Text{String: buf.keep(buf.scratch), Valid: true}, nil
-}
-
-// appendUnquoted appends the text of a JSON string's contents s to dst, decoding its escapes as
-// encoding/json does (a surrogate escape that does not pair up becomes U+FFFD); ok is false at an
-// escape JSON does not allow.
-func appendUnquoted(dst []byte, s string) ([]byte, bool) {
-	for i := 0; i < len(s); {
-		if s[i] != '\\' {
-			j := strings.IndexByte(s[i:], '\\')
-			if j < 0 {
-				return append(dst, s[i:]...), true
-			}
-			dst = append(dst, s[i:i+j]...)
-			i += j
-			continue
-		}
-		if i+1 >= len(s) {
-			return dst, false
-		}
-		switch c := s[i+1]; c {
-		case '"', '\\', '/':
-			dst = append(dst, c)
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := hex4(s[i+2:])
-			if r < 0 {
-				return dst, false
-			}
-			i += 6
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if i+1 < len(s) && s[i] == '\\' && s[i+1] == 'u' {
-					r2 = hex4(s[i+2:])
-				}
-				if pair := utf16.DecodeRune(r, r2); pair != utf8.RuneError {
-					r = pair
-					i += 6
-				} else {
-					r = utf8.RuneError
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-			continue
-		default:
-			return dst, false
-		}
-		i += 2
-	}
-	return dst, true
-}
-
-// hex4 is the value of the 4 hex digits s starts with, or -1.
-func hex4(s string) rune {
-	if len(s) < 4 {
-		return -1
-	}
-	var r rune
-	for _, c := range []byte(s[:4]) {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return -1
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
 }
 
 // valueFor converts a payload value for column c (see valueKind).
