@@ -109,7 +109,25 @@ func (p Pointer) Position() string {
 	if p.InTxn != nil {
 		l, i = uint64(p.CommitValue()), p.InTxn.Done
 	}
-	return fmt.Sprintf("%08x/%016x/%016x/%016x", p.Gen, l, i, p.SnapshotChunks)
+	b := make([]byte, 0, 8+3*17)
+	b = appendHex(b, uint64(p.Gen), 8)
+	b = appendHex(append(b, '/'), l, 16)
+	b = appendHex(append(b, '/'), i, 16)
+	b = appendHex(append(b, '/'), p.SnapshotChunks, 16)
+	return string(b)
+}
+
+// appendHex appends v as width lower-case hex digits (zero-padded; v must fit), what
+// fmt's %0<width>x prints, without fmt: Position runs several times per batch.
+func appendHex(b []byte, v uint64, width int) []byte {
+	const digits = "0123456789abcdef"
+	n := len(b)
+	b = append(b, make([]byte, width)...)
+	for i := len(b) - 1; i >= n; i-- {
+		b[i] = digits[v&0xf]
+		v >>= 4
+	}
+	return b
 }
 
 // Covered reports whether change seq of the transaction committing at commit is already in.

@@ -1,6 +1,7 @@
 package pointer
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 	"testing"
@@ -138,5 +139,23 @@ func TestEnvelopePartsRoundTrip(t *testing.T) {
 	}
 	if id := EnvelopeID("pg:0a1b2c3d:0000000001570EA0", 2); id != "pg:0a1b2c3d:0000000001570EA0:t2" {
 		t.Error(id)
+	}
+}
+
+// TestPositionText: pos is gen, LSN (or the commit LSN inside a transaction), changes done and
+// snapshot chunks as zero-padded lower-case hex, the text fmt's %08x/%016x/%016x/%016x prints.
+func TestPositionText(t *testing.T) {
+	for _, p := range []Pointer{
+		{Gen: 1, LSN: "0/0"},
+		{Gen: 0xffffffff, LSN: "FFFFFFFF/FFFFFFFF", SnapshotChunks: ^uint64(0)},
+		{Gen: 7, LSN: "16/B374D848", InTxn: &InTxn{CommitLSN: "16/B3750000", Done: 12}, SnapshotChunks: 0xabc},
+	} {
+		l, i := uint64(p.LSNValue()), Complete
+		if p.InTxn != nil {
+			l, i = uint64(p.CommitValue()), p.InTxn.Done
+		}
+		if got, want := p.Position(), fmt.Sprintf("%08x/%016x/%016x/%016x", p.Gen, l, i, p.SnapshotChunks); got != want {
+			t.Errorf("Position() = %s, want %s", got, want)
+		}
 	}
 }
