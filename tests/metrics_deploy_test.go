@@ -215,6 +215,12 @@ output:
 
 	e.start()
 	e.waitPointer()
+	// The snapshot ends first: a chunk read after the insert would carry the poison row again (a
+	// second dead letter).
+	cdctest.Wait(t, 60*time.Second, "the snapshot done", func() (bool, string) {
+		c, ok := e.snapshotCursor()
+		return ok && c == nil, fmt.Sprintf("cursor %+v", c)
+	})
 	e.pg.Exec(`BEGIN; INSERT INTO w (id, v) VALUES (100, 'poison'), (101, 'a'), (102, 'b'); COMMIT`)
 	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "a dead letter", func() (bool, string) {
 		n, _ := e.rd.Client().XLen(e.ctx, "pgrelay:{q}:dlq").Result()
