@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/retry"
 	"github.com/pgrelay/pgrelay/resources"
 )
 
@@ -32,7 +33,7 @@ func (c *Consumer) readShard(ctx context.Context, r *shardRun) {
 			}
 			c.conf.Logger.Warnf("queue %s: read shard %d: %v", c.conf.Queue, r.n, err)
 			pending = true // entries a failed read took may now be pending: read them first
-			sleep(ctx, time.Second)
+			retry.Sleep(ctx, time.Second)
 			continue
 		}
 		if d == nil {
@@ -59,7 +60,7 @@ func (c *Consumer) readShard(ctx context.Context, r *shardRun) {
 		}
 		if res.nacked {
 			pending = true
-			sleep(ctx, backoff)
+			retry.Sleep(ctx, backoff)
 			backoff = min(2*backoff, c.conf.MaxBackoff)
 			continue
 		}
@@ -77,15 +78,6 @@ func (c *Consumer) dropRun(r *shardRun) {
 		delete(c.runs, r.n)
 	}
 	c.mu.Unlock()
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
 
 // readScript is resources/queue_read.lua: a read of a shard fenced by the shard lease.
@@ -252,7 +244,7 @@ func (c *Consumer) Ack(ctx context.Context, d *Delivery) error {
 		if err == nil || ctx.Err() != nil {
 			break
 		}
-		sleep(ctx, 100*time.Millisecond)
+		retry.Sleep(ctx, 100*time.Millisecond)
 	}
 	c.finish(d, err != nil)
 	if err != nil {

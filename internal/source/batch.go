@@ -7,6 +7,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/queue"
+	"github.com/pgrelay/pgrelay/internal/retry"
 )
 
 // Event is one change event on its way to the queue, with the metadata of docs/batch-contract.md.
@@ -188,7 +189,7 @@ func (s *Source) takeRetry(ctx context.Context) *Batch {
 	if !ok {
 		return nil
 	}
-	sleep(ctx, min(100*time.Millisecond<<min(n, 8), 10*time.Second))
+	retry.Sleep(ctx, min(100*time.Millisecond<<min(n, 8), 10*time.Second))
 	return b
 }
 
@@ -234,7 +235,7 @@ func (s *Source) waitAcked(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		sleep(ctx, 20*time.Millisecond)
+		retry.Sleep(ctx, 20*time.Millisecond)
 	}
 	return nil
 }

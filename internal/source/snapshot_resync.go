@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pointer"
+	"github.com/pgrelay/pgrelay/internal/retry"
 )
 
 // errResyncRequested ends a streaming session when the resync key appears.
@@ -33,7 +34,7 @@ func (s *Source) resyncRequested(ctx context.Context) (bool, error) {
 func (s *Source) sleepUnlessResync(ctx context.Context, d time.Duration) {
 	end := time.Now().Add(d)
 	for ctx.Err() == nil && time.Now().Before(end) {
-		sleep(ctx, min(time.Until(end), 500*time.Millisecond))
+		retry.Sleep(ctx, min(time.Until(end), 500*time.Millisecond))
 		if ok, _ := s.resyncRequested(ctx); ok {
 			return
 		}
@@ -107,7 +108,7 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, slot string, pid int) err
 		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 			return fmt.Errorf("stop the walsender of slot %s: %w", slot, err)
 		}
-		sleep(ctx, 200*time.Millisecond)
+		retry.Sleep(ctx, 200*time.Millisecond)
 		st, err := ReadSlot(ctx, pool, slot)
 		if err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
+	"github.com/pgrelay/pgrelay/internal/retry"
 )
 
 // Phases a source reports (DESIGN §8).
@@ -224,7 +225,7 @@ func (s *Source) run(ctx context.Context) {
 			if errcode.Of(err) != "" {
 				s.setPhase(PhaseError, err)
 				s.log.Errorf("pg_cdc %s: %v", s.cfg.Name, err)
-				sleep(ctx, jitter(5*time.Second))
+				retry.Sleep(ctx, retry.Jitter(5*time.Second))
 				continue
 			}
 			aclChecked = err == nil // else Redis is unreachable: the lease attempt says so, and the check runs again
@@ -232,7 +233,7 @@ func (s *Source) run(ctx context.Context) {
 		ok, err := s.lease.TryAcquire(ctx)
 		if err != nil {
 			s.setPhase(PhaseConnecting, s.cfg.Redis.Explain(err))
-			sleep(ctx, time.Second)
+			retry.Sleep(ctx, time.Second)
 			continue
 		}
 		if !ok {
@@ -240,7 +241,7 @@ func (s *Source) run(ctx context.Context) {
 			if s.hooks.Owner != nil {
 				s.hooks.Owner(false)
 			}
-			sleep(ctx, jitter(s.cfg.LeaseTTL/2))
+			retry.Sleep(ctx, retry.Jitter(s.cfg.LeaseTTL/2))
 			continue
 		}
 		if s.hooks.Owner != nil {
@@ -253,7 +254,7 @@ func (s *Source) run(ctx context.Context) {
 			if s.hooks.Owner != nil {
 				s.hooks.Owner(false)
 			}
-			sleep(ctx, jitter(time.Second))
+			retry.Sleep(ctx, retry.Jitter(time.Second))
 		}
 	}
 }
@@ -284,7 +285,7 @@ func (s *Source) own(ctx context.Context) {
 		}
 		s.setPhase(phase, err)
 		s.log.Errorf("pg_cdc %s: %v (retrying in %s)", s.cfg.Name, err, backoff)
-		s.sleepUnlessResync(ownCtx, jitter(backoff))
+		s.sleepUnlessResync(ownCtx, retry.Jitter(backoff))
 		backoff = min(backoff*2, 30*time.Second)
 	}
 }
@@ -314,19 +315,6 @@ func (s *Source) renew(ctx context.Context, stop context.CancelFunc) {
 			return
 		}
 	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d*8/10 + time.Duration(rand.Int64N(int64(d)*4/10+1))
 }
 
 // setSession publishes the streaming session to the bundler (nil when none).

@@ -18,6 +18,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
+	"github.com/pgrelay/pgrelay/internal/retry"
 )
 
 // session connects, runs the start checks, and streams until an error; nil only when ctx ends.
@@ -216,7 +217,7 @@ func (s *Source) startPointer(ctx context.Context, pool *pgxpool.Pool, sys pglog
 			return *ptr, nil
 		}
 		s.setPhase(PhaseWaitingForSlot, fmt.Errorf("slot %s is in use by process %d", s.cfg.Slot, st.ActivePID))
-		sleep(ctx, 2*time.Second)
+		retry.Sleep(ctx, 2*time.Second)
 		if ctx.Err() != nil {
 			return pointer.Pointer{}, ctx.Err()
 		}
