@@ -8,7 +8,7 @@ import (
 )
 
 // TestBuildAhead checks what the bundler may do while a batch is in flight: only a full bundle
-// is built, and nothing writes the pointer (this session has no writer: a write would panic).
+// is built, and nothing writes the pointer (the replication session under test has no writer: a write would panic).
 func TestBuildAhead(t *testing.T) {
 	start := pointer.New(1, "e", "s", "x", 100)
 	ctx := context.Background()

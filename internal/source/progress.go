@@ -40,10 +40,10 @@ func newProgress(cur snapshot.Cursor, estimate int64, now time.Time) *tableProgr
 	return p
 }
 
-// tableProgress follows the snapshot of one table in this session.
+// tableProgress follows the snapshot of one table in the current replication session.
 type tableProgress struct {
 	SnapshotProgress
-	startRows int64 // rows done when this session began the table
+	startRows int64 // rows done when the replication session began the table
 	started   time.Time
 	logged    time.Time
 }

@@ -57,7 +57,7 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row event.
 // xactStatusSQL is the status of a 32-bit xid widened to the full xid nearest to the current
 // snapshot's xmax (as snapshot.Widen does: a decoded transaction is never 2^31 xids away from it,
 // and one whose commit a synchronous standby holds can be above it), read without assigning an xid
-// to this session.
+// to the reading connection.
 const xactStatusSQL = `SELECT pg_xact_status((CASE WHEN w - m > 2147483648 THEN w - 4294967296
 	WHEN m - w > 2147483648 THEN w + 4294967296 ELSE w END)::text::xid8)
 FROM (SELECT m, ((m >> 32) << 32) + $1::bigint AS w

@@ -85,7 +85,7 @@ type Source struct {
 	lastErr  error
 	sess     *session
 	sessCh   chan struct{}     // closed and replaced when sess changes
-	streamed []string          // the tables this session streams ("schema.name"), set at its start
+	streamed []string          // the tables the replication session streams ("schema.name"), set at its start
 	refused  []Refusal         // the tables its start checks refused (skipped with on_refused_table: skip)
 	snapProg *SnapshotProgress // the running snapshot's last progress report
 	retry    *Batch
