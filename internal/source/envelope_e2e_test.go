@@ -137,14 +137,7 @@ chunk_rows: 3`)
 // every transaction's parts come once each, in order, up to the last.
 func TestEnvelopeSnapshotWhileRandomWriter(t *testing.T) {
 	e := newEnv(t)
-	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text, n int);
-		CREATE TABLE b (k1 text, k2 text, v text, PRIMARY KEY (k1, k2));
-		INSERT INTO a SELECT i, md5(i::text), i FROM generate_series(0, 1499) i;`)
-	for i := 0; i < 1000; i++ {
-		e.pg.Exec(`INSERT INTO b VALUES ($1, 'k', md5($1))`, bKey(i))
-	}
-	w := startRandomWriter(t, e.pg.Pool(), 1500)
-	time.Sleep(300 * time.Millisecond)
+	w := e.seedSnapshotTables(t)
 	e.run("snapenv", `[{table: a, queue: q}, {table: b, queue: q}]`, `
 snapshot: initial
 chunk_rows: 100

@@ -170,14 +170,7 @@ func countOps(t *testing.T, res []oracle.Entry) map[string]int {
 // \): the replay of the queue equals both tables, every id once.
 func TestSnapshotWhileRandomWriter(t *testing.T) {
 	e := newEnv(t)
-	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text, n int);
-		CREATE TABLE b (k1 text, k2 text, v text, PRIMARY KEY (k1, k2));
-		INSERT INTO a SELECT i, md5(i::text), i FROM generate_series(0, 1499) i;`)
-	for i := 0; i < 1000; i++ {
-		e.pg.Exec(`INSERT INTO b VALUES ($1, 'k', md5($1))`, bKey(i))
-	}
-	w := startRandomWriter(t, e.pg.Pool(), 1500)
-	time.Sleep(300 * time.Millisecond)
+	w := e.seedSnapshotTables(t)
 	e.run("snap", `[{table: a, queue: q}, {table: b, queue: q}]`, "snapshot: initial\nchunk_rows: 100\nmax_bundle_messages: 40")
 	e.waitPointer("snap", "q")
 	e.waitSnapshotDone("snap", "q", 90*time.Second)
@@ -452,4 +445,18 @@ func (e *env) cursorAfter(name, queue string) int {
 	}
 	n, _ := strconv.Atoi(c.After[0])
 	return n
+}
+
+// seedSnapshotTables creates the snapshot tests' tables (a: 1,500 rows keyed by int; b: 1,000 rows
+// with a composite text key holding | and \) and starts a random writer on them.
+func (e *env) seedSnapshotTables(t *testing.T) *randomWriter {
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text, n int);
+		CREATE TABLE b (k1 text, k2 text, v text, PRIMARY KEY (k1, k2));
+		INSERT INTO a SELECT i, md5(i::text), i FROM generate_series(0, 1499) i;`)
+	for i := 0; i < 1000; i++ {
+		e.pg.Exec(`INSERT INTO b VALUES ($1, 'k', md5($1))`, bKey(i))
+	}
+	w := startRandomWriter(t, e.pg.Pool(), 1500)
+	time.Sleep(300 * time.Millisecond)
+	return w
 }
