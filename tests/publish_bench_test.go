@@ -320,6 +320,7 @@ func (e *pubEnv) latency(m *benchenv.Metrics, side string, tps int, d time.Durat
 	time.Sleep(50 * time.Millisecond) // the reader has issued its first XREAD
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	commits := make([]time.Duration, total) // each statement's own time: the machine's load, on both sides alike
 	start := time.Now()
 	for c := 0; c < 4; c++ {
 		wg.Add(1)
@@ -327,7 +328,9 @@ func (e *pubEnv) latency(m *benchenv.Metrics, side string, tps int, d time.Durat
 			defer wg.Done()
 			for k := next.Add(1) - 1; k < int64(total); k = next.Add(1) - 1 {
 				time.Sleep(time.Until(start.Add(time.Duration(k) * time.Second / time.Duration(tps))))
+				t0 := time.Now()
 				e.commit(ctx, sql)
+				commits[k] = time.Since(t0)
 			}
 		}()
 	}
@@ -348,6 +351,7 @@ func (e *pubEnv) latency(m *benchenv.Metrics, side string, tps int, d time.Durat
 	defer mu.Unlock()
 	m.Add(side+"_p50_ms", ms(percentile(lat, 0.50)))
 	m.Add(side+"_p99_ms", ms(percentile(lat, 0.99)))
+	m.Add(side+"_commit_p50_ms", ms(percentile(commits, 0.50)))
 }
 
 // throughput runs 4 writers flat out for d on one side and adds events/s (start → the last event

@@ -112,7 +112,8 @@ func latencyMet(r results) (bool, bool) {
 }
 
 // calm judges a latency goal only when the same run's baseline p50 (raw pgoutput, commit → queue,
-// the outbox) is at most 2 ms: above it the machine could not keep up and the run says nothing.
+// the writers' own statement time) is at most 2 ms: above it the machine could not keep up and the
+// run says nothing. (An outbox's p50 is its poll cycle, not a sign of load: it is not a baseline here.)
 func calm(bench, baseP50 string, goal func(results) (bool, bool)) func(results) (bool, bool) {
 	return func(r results) (bool, bool) {
 		if v, ok := r.get(bench, baseP50); !ok || v > 2 {
@@ -215,7 +216,7 @@ var figures = []figure{
 		baseName: "outbox + poller, p50", baseUnit: "outbox_p50_ms", lowerBetter: true, goal: "—"},
 	{section: pubSection, name: "pgrelay.publish() commit → queue entry p99, ms", bench: pub, unit: "pub_p99_ms",
 		baseName: "outbox + poller, p99", baseUnit: "outbox_p99_ms", lowerBetter: true, goal: "≤ 10 ms",
-		met: calm(pub, "outbox_p50_ms", atMost(pub, "pub_p99_ms", 10)), chart: true},
+		met: calm(pub, "pub_commit_p50_ms", atMost(pub, "pub_p99_ms", 10)), chart: true},
 	{section: pubSection, name: "pgrelay.publish() events/s, 4 writers flat out", bench: pub, unit: "pub_events/s",
 		baseName: "outbox + poller, events/s", baseUnit: "outbox_events/s", ratioUnit: "ratio", goal: "≥ 1", met: atLeast(pub, "ratio", 1), chart: true, chartGoal: 1},
 	{section: pubSection, name: "PostgreSQL CPU per event, µs", bench: pub, unit: "pub_cpu_postgres_us/entry",

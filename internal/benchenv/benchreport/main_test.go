@@ -59,3 +59,36 @@ func TestReportPlacesFiguresBesideBaselinesAndKeepsHandWrittenText(t *testing.T)
 		t.Errorf("the generated part was not replaced exactly once:\n%s", got)
 	}
 }
+
+// The publish p99 is judged against the writers' own statement time, not the outbox's p50 (a
+// poller's p50 is its poll cycle, high on a calm machine).
+func TestPublishLatencyValidity(t *testing.T) {
+	for _, tc := range []struct {
+		name, line, want string
+	}{
+		{"calm writers, slow outbox poll", "2.3 pub_p99_ms 5.1 outbox_p50_ms 0.4 pub_commit_p50_ms", "| ≤ 10 ms | yes |"},
+		{"calm writers, p99 over the goal", "12 pub_p99_ms 5.1 outbox_p50_ms 0.4 pub_commit_p50_ms", "| ≤ 10 ms | **no** |"},
+		{"starved writers", "2.3 pub_p99_ms 0.9 outbox_p50_ms 3.5 pub_commit_p50_ms", "| ≤ 10 ms | not valid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "bench.txt")
+			if err := os.WriteFile(out, []byte("BenchmarkPublishOutbox-2 1 1 ns/op "+tc.line+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r, err := parse([]string{out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := generate(r, nil, "")
+			var row string
+			for _, l := range strings.Split(got, "\n") {
+				if strings.Contains(l, "commit → queue entry p99") {
+					row = l
+				}
+			}
+			if !strings.Contains(row, tc.want) {
+				t.Fatalf("publish p99 row %q lacks %q", row, tc.want)
+			}
+		})
+	}
+}
