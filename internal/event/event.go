@@ -120,6 +120,13 @@ type Change struct {
 // AppendChange appends the event of c. Unchanged values are left out of every object and, for
 // `after`, listed in `unchanged`.
 func (t *Table) AppendChange(dst []byte, c *Change) []byte {
+	return AppendTail(t.AppendChangeBody(dst, c), &c.Position)
+}
+
+// AppendChangeBody appends the event of c up to its tail (lsn, xid, ts, seq), which AppendTail
+// appends: a snapshot renders its rows as they arrive, before it knows the chunk's high watermark.
+// c.Position is not read.
+func (t *Table) AppendChangeBody(dst []byte, c *Change) []byte {
 	b := appendHead(dst, c.Op, t.nameJSON)
 	b = append(b, `,"key":`...)
 	if len(t.Key) == 0 { // a table without a key (append-only): no key columns, so no key object
@@ -147,7 +154,7 @@ func (t *Table) AppendChange(dst []byte, c *Change) []byte {
 	if after {
 		b = t.appendUnchanged(b, c.Row)
 	}
-	return appendTail(b, &c.Position)
+	return b
 }
 
 // AppendKey appends the `key` object of r: the form in which a snapshot chunk matches the stream's
@@ -158,7 +165,7 @@ func (t *Table) AppendKey(dst []byte, r Row) []byte { return t.appendObject(dst,
 func (t *Table) AppendTruncate(dst []byte, pos *Position) []byte {
 	b := appendHead(dst, OpTruncate, t.nameJSON)
 	b = append(b, `,"key":null,"after":null,"before":null`...)
-	return appendTail(b, pos)
+	return AppendTail(b, pos)
 }
 
 // AppendMessage appends the `m` event of a published message: `after` is its payload, JSON as is.
@@ -167,7 +174,7 @@ func AppendMessage(dst []byte, payload []byte, pos *Position) []byte {
 	b = append(b, `,"key":null,"after":`...)
 	b = append(b, payload...)
 	b = append(b, `,"before":null`...)
-	return appendTail(b, pos)
+	return AppendTail(b, pos)
 }
 
 // Envelope is the head of an envelope (§2): one message holding, in order, the change events of one
@@ -242,7 +249,8 @@ func appendHead(b []byte, op string, table []byte) []byte {
 	return append(b, table...)
 }
 
-func appendTail(b []byte, p *Position) []byte {
+// AppendTail appends the tail of an event, its position, and closes the event.
+func AppendTail(b []byte, p *Position) []byte {
 	b = append(b, `,"lsn":"`...)
 	b = append(b, p.LSN...)
 	b = append(b, '"')

@@ -84,7 +84,7 @@ type Stmt struct {
 // transaction's snapshot. conn must use the converter's session settings (DESIGN §2) so values
 // print the same as pgoutput's.
 func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, limit int) (*Chunk, error) {
-	chunk, _, err := s.ReadBetween(ctx, conn, after, limit, nil, nil)
+	chunk, _, err := s.ReadBetween(ctx, conn, after, limit, nil, nil, nil)
 	return chunk, err
 }
 
@@ -93,8 +93,10 @@ func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, lim
 // COMMIT), then the statements of high, each of the three groups its own transaction, run by the
 // server in that order. It returns the first value of each high statement's first row (nil where
 // there is none): a snapshot's watermarks go before and after its read this way at the cost of
-// one round trip instead of six.
-func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []string, limit int, low, high []Stmt) (*Chunk, [][]byte, error) {
+// one round trip instead of six. each, when not nil, is given every row as it arrives (its values
+// are the chunk's, kept), so the caller works on the rows while the server still sends the next
+// ones; after an error the rows it was given are not a chunk.
+func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []string, limit int, low, high []Stmt, each func(row [][]byte)) (*Chunk, [][]byte, error) {
 	query, args, err := s.Query(after, limit)
 	if err != nil {
 		return nil, nil, err
@@ -140,7 +142,7 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 		}
 	}
 	groups := [][]func(*pgconn.ResultReader){make([]func(*pgconn.ResultReader), len(low)),
-		{nil, first(&snapText), func(rr *pgconn.ResultReader) { s.readRows(rr, chunk, limit) }, nil}, nil}
+		{nil, first(&snapText), func(rr *pgconn.ResultReader) { s.readRows(rr, chunk, limit, each) }, nil}, nil}
 	for i := range high {
 		groups[2] = append(groups[2], first(&marks[i]))
 	}
@@ -202,9 +204,10 @@ func readPipeline(pl *pgconn.Pipeline, groups [][]func(*pgconn.ResultReader)) er
 	return first
 }
 
-// readRows copies the rows of rr into chunk: every value of the chunk in a few large blocks and
-// the rows' value slices in one array, instead of an allocation per value.
-func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int) {
+// readRows copies the rows of rr into chunk, handing each to each (when not nil): every value of
+// the chunk in a few large blocks and the rows' value slices in one array, instead of an allocation
+// per value.
+func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each func([][]byte)) {
 	n := len(s.Columns)
 	vals := make([][]byte, 0, n*min(limit, 4096))
 	var block []byte
@@ -231,6 +234,9 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int) {
 			vals = append(vals, block[at:len(block):len(block)])
 		}
 		chunk.Rows = append(chunk.Rows, vals[start:len(vals):len(vals)])
+		if each != nil {
+			each(chunk.Rows[len(chunk.Rows)-1])
+		}
 	}
 }
 

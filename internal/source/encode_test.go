@@ -3,6 +3,7 @@ package source
 import (
 	"context"
 	"encoding/json"
+	"reflect"
 	"regexp"
 	"slices"
 	"testing"
@@ -45,9 +46,12 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pg.Exec(`CREATE TABLE t (id int8, k character(4), i2 int2, i4 int4, n numeric, nnan numeric, f8 float8, finf float8, f4 real,
+	pg.Exec(`CREATE DOMAIN posnum AS numeric CHECK (VALUE > 0);
+		CREATE TYPE mood AS ENUM ('ok', 'so "so"', 'é\');
+		CREATE TABLE t (id int8, k character(4), i2 int2, i4 int4, n numeric, nnan numeric, f8 float8, finf float8, f4 real,
 			bo bool, js json, jb jsonb, arr int[], tarr text[], nested numeric[], bparr character(3)[], ts timestamptz,
-			tsn timestamp, d date, iv interval, by bytea, u uuid, e text, empty text, nul text, nularr int[], toast text,
+			tsn timestamp, d date, iv interval, by bytea, u uuid, e text, empty text, nul text, nularr int[], dom posnum,
+			en mood, enarr mood[], toast text,
 			PRIMARY KEY (id, k));
 		ALTER TABLE t ALTER COLUMN toast SET STORAGE EXTERNAL;
 		CREATE PUBLICATION p FOR TABLE t`)
@@ -56,7 +60,7 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 			0.1, '-Infinity', 3.14, true, '{"a": [1, 2.50, "x"],  "b" : null}', '{"big": 12345678901234567890, "s": "é\n"}',
 			'{1,NULL,3}', '{"a\"b","c,d",NULL,"NULL",""}', '{{1.5,2},{3,4}}', '{a,bc}', '2026-10-03 06:14:39.365472+02',
 			'2026-10-03 06:14:39', '2026-10-03', '1 day 02:03:04.5', '\x00ff', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
-			E'x|y\\z "q"\t\u2028é', '', NULL, NULL, (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 100) i))`)
+			E'x|y\\z "q"\t\u2028é', '', NULL, NULL, 12.50, 'so "so"', '{ok,"so \"so\"","é\\"}', (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 100) i))`)
 	pg.Exec(`UPDATE t SET i4 = i4`)
 
 	pgc := pgconnect.Config{DSN: pg.DSN()}
@@ -105,6 +109,19 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The chunk read as the snapshotter reads it, its rows rendered while they arrive: the same
+	// events as rendering the chunk after its read.
+	rows := &rowRender{}
+	rows.reset(tab)
+	sch, hw, err := sn.readBetween(ctx, tab, cur, "test:1", rows)
+	if err != nil || len(sch.Rows) != 1 {
+		t.Fatalf("chunk between watermarks: %v, %v", sch, err)
+	}
+	streamed, _ := rows.finish(sn.tx(hw), sn.position(hw, sch), sch.ReadAt.UnixMilli())
+	rendered, _ := sn.render(&pendingChunk{table: tab, chunk: sch}, hw)
+	if !reflect.DeepEqual(streamed, rendered) {
+		t.Fatalf("rendered while read:\n%+v\nrendered after:\n%+v", streamed, rendered)
+	}
 	restore := slices.DeleteFunc(slices.Clone(tab.nonKey), func(c string) bool { return c == "toast" })
 	win := snapshot.NewWindow()
 	win.LowWatermark()
@@ -124,7 +141,7 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 	for _, pair := range []struct {
 		what           string
 		stream, snaped Event
-	}{{"c and r", stream[0], read}, {"stream u and fill", stream[1], fill}} {
+	}{{"c and r", stream[0], read}, {"c and r rendered while read", stream[0], streamed[0]}, {"stream u and fill", stream[1], fill}} {
 		s, r := withoutPosition(t, pair.stream.Payload), withoutPosition(t, pair.snaped.Payload)
 		if s != r {
 			i := 0

@@ -55,6 +55,7 @@ type pendingChunk struct {
 	// Set before ready is closed: the chunk's rows rendered as `r` events for the high watermark
 	// at hwAt (what emitting it returned), so the reader only sorts them out at the watermark.
 	ready    chan struct{}
+	rows     *rowRender // the rows rendered up to their tails while they arrived (nil: render them all)
 	hwAt     pglogrepl.LSN
 	events   []Event
 	size     int // bytes of events (Event.size)
@@ -88,6 +89,8 @@ type snapshotter struct {
 	over    atomic.Bool       // the snapshot is done: the reader has nothing to collect
 
 	arena arena // fills and the rows' keys (build runs on the reader goroutine)
+
+	renders sync.Pool // *rowRender, reused chunk after chunk
 
 	progress *tableProgress // the table being read (run's goroutine only)
 }
@@ -337,7 +340,14 @@ func (sn *snapshotter) waitHanded(ctx context.Context) error {
 // goroutine. The WAL reader hands the chunk over at its high watermark.
 func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cursor) (*pendingChunk, error) {
 	p := sn.open(t, cur)
-	chunk, hw, err := sn.readBetween(ctx, t, cur, p.id)
+	if t != nil {
+		p.rows, _ = sn.renders.Get().(*rowRender)
+		if p.rows == nil {
+			p.rows = &rowRender{}
+		}
+		p.rows.reset(t)
+	}
+	chunk, hw, err := sn.readBetween(ctx, t, cur, p.id, p.rows)
 	if err != nil {
 		return nil, err
 	}
@@ -375,7 +385,15 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 	sn.share.read(p.readSize)
 	sn.mu.Unlock()
 	go func() {
-		p.events, p.size = sn.render(p, hw)
+		if r := p.rows; r != nil && len(r.ends) == len(chunk.Rows) {
+			p.events, p.size = r.finish(sn.tx(hw), sn.position(hw, chunk), chunk.ReadAt.UnixMilli())
+		} else {
+			p.events, p.size = sn.render(p, hw)
+		}
+		if p.rows != nil {
+			sn.renders.Put(p.rows)
+			p.rows = nil
+		}
 		sn.mu.Lock()
 		sn.share.rendered(p.size)
 		sn.mu.Unlock()
@@ -383,10 +401,10 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 	}()
 }
 
-// readBetween reads one chunk between its watermarks and returns the high watermark's LSN. A
-// table no longer configured (nil) reads as an empty chunk, which moves the cursor to the next
-// table.
-func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string) (*snapshot.Chunk, pglogrepl.LSN, error) {
+// readBetween reads one chunk between its watermarks and returns the high watermark's LSN; rows
+// (when not nil) renders the rows as they arrive. A table no longer configured (nil) reads as an
+// empty chunk, which moves the cursor to the next table.
+func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string, rows *rowRender) (*snapshot.Chunk, pglogrepl.LSN, error) {
 	if t == nil {
 		if err := sn.watermark(ctx, id+":lw"); err != nil {
 			return nil, 0, err
@@ -401,7 +419,11 @@ func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapsh
 	defer conn.Release()
 	low := []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: []string{WatermarkPrefix, id + ":lw"}}}
 	high, at := sn.highStatements(id + ":hw")
-	ch, marks, err := t.spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high)
+	var each func([][]byte)
+	if rows != nil {
+		each = rows.add
+	}
+	ch, marks, err := t.spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high, each)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -665,9 +687,7 @@ func (sn *snapshotter) render(p *pendingChunk, hw pglogrepl.LSN) ([]Event, int) 
 	if t == nil || len(ch.Rows) == 0 {
 		return nil, 0
 	}
-	tx := fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
-	pos := event.Position{LSN: hw.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
-	ms := ch.ReadAt.UnixMilli()
+	tx, pos, ms := sn.tx(hw), sn.position(hw, ch), ch.ReadAt.UnixMilli()
 	events := make([]Event, len(ch.Rows))
 	var a arena
 	var buf []byte
@@ -677,6 +697,71 @@ func (sn *snapshotter) render(p *pendingChunk, hw pglogrepl.LSN) ([]Event, int) 
 		row = event.TextRow(row, r)
 		pos.Seq = uint64(i)
 		events[i] = t.readEvent(&a, &buf, row, &pos, tx, ms)
+		size += events[i].size()
+	}
+	return events, size
+}
+
+// tx is the transaction id of a chunk's events (§3): the chunk's high watermark.
+func (sn *snapshotter) tx(hw pglogrepl.LSN) string {
+	return fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
+}
+
+// position is the tail of a chunk's events but their seq: the high watermark and the read time.
+func (sn *snapshotter) position(hw pglogrepl.LSN, ch *snapshot.Chunk) event.Position {
+	return event.Position{LSN: hw.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
+}
+
+// rowRender renders a chunk's rows as `r` events while the round trip receives them, each up to
+// its tail: the tail holds the high watermark's LSN and the read time, known once the round trip
+// ends, when finish completes the events. The server prints the next rows meanwhile.
+type rowRender struct {
+	t        *snapTable
+	bodies   []byte // the rows' events up to their tails, back to back
+	ends     []int  // per row, the end of its body in bodies
+	parts    []byte // the rows' partition names, back to back (a table partitioned by columns)
+	partEnds []int
+	row      event.Row
+	change   event.Change
+}
+
+// reset prepares r for a chunk of t, keeping its buffers.
+func (r *rowRender) reset(t *snapTable) {
+	r.t, r.bodies, r.ends, r.parts, r.partEnds = t, r.bodies[:0], r.ends[:0], r.parts[:0], r.partEnds[:0]
+	r.change = event.Change{Op: event.OpRead}
+}
+
+// add renders the next row of the chunk (output-function text, nil = NULL) up to its tail.
+func (r *rowRender) add(vals [][]byte) {
+	r.row = event.TextRow(r.row, vals)
+	r.change.Row = r.row
+	r.bodies = r.t.enc.AppendChangeBody(r.bodies, &r.change)
+	r.ends = append(r.ends, len(r.bodies))
+	if r.t.enc.Part != nil {
+		r.parts = r.t.enc.AppendPartition(r.parts, r.row)
+		r.partEnds = append(r.partEnds, len(r.parts))
+	}
+}
+
+// finish completes the rendered rows as the events render would make for the same tail, into an
+// arena of their own, and returns them with their size.
+func (r *rowRender) finish(tx string, pos event.Position, ms int64) ([]Event, int) {
+	t := r.t
+	events := make([]Event, len(r.ends))
+	var a arena
+	var buf []byte
+	size, from, partFrom := 0, 0, 0
+	for i, end := range r.ends {
+		pos.Seq = uint64(i)
+		b := append(buf[:0], r.bodies[from:end]...)
+		from = end
+		b = event.AppendTail(b, &pos)
+		var part []byte
+		if t.enc.Part != nil {
+			part = r.parts[partFrom:r.partEnds[i]]
+			partFrom = r.partEnds[i]
+		}
+		events[i] = t.pack(&a, &buf, b, nil, part, event.OpRead, pos.LSN, pos.Seq, tx, "", ms)
 		size += events[i].size()
 	}
 	return events, size
@@ -719,9 +804,7 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 			kind[i], fillCols[i] = 'f', f.Columns
 		}
 	}
-	tx := fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
-	pos := event.Position{LSN: hw.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
-	ms := ch.ReadAt.UnixMilli()
+	tx, pos, ms := sn.tx(hw), sn.position(hw, ch), ch.ReadAt.UnixMilli()
 	var buf []byte
 	var row event.Row
 	cfg := &sn.ss.src.cfg
@@ -811,24 +894,33 @@ func (t *snapTable) fillEvent(a *arena, buf *[]byte, row event.Row, restore []st
 
 // event renders c; its payload, id and partition name are one copy into a.
 func (t *snapTable) event(a *arena, buf *[]byte, c *event.Change, tx, idTag string, ms int64) Event {
-	b := t.enc.AppendChange((*buf)[:0], c)
+	return t.pack(a, buf, t.enc.AppendChange((*buf)[:0], c), c.Row, nil, c.Op, c.LSN, c.Seq, tx, idTag, ms)
+}
+
+// pack makes the event whose payload is b (in *buf, which it may grow): the payload, the id and the
+// partition name (t's of row; when row is nil, part, already rendered) are one copy into a.
+func (t *snapTable) pack(a *arena, buf *[]byte, b []byte, row event.Row, part []byte, op, lsn string, seq uint64, tx, idTag string, ms int64) Event {
 	n := len(b)
 	b = append(b, tx...)
 	b = append(b, ':')
 	b = append(b, idTag...)
-	b = strconv.AppendUint(b, c.Seq, 10)
+	b = strconv.AppendUint(b, seq, 10)
 	idEnd := len(b)
-	part := partition.Single
 	if t.enc.Part != nil {
-		b = t.enc.AppendPartition(b, c.Row)
+		if row != nil {
+			b = t.enc.AppendPartition(b, row)
+		} else {
+			b = append(b, part...)
+		}
 	}
 	*buf = b
 	out := a.bytes(b)
+	name := partition.Single
 	if t.enc.Part != nil {
-		part = arenaString(out[idEnd:])
+		name = arenaString(out[idEnd:])
 	}
-	return Event{Queue: t.info.Queue, Partition: part, ID: arenaString(out[n:idEnd]), Tx: tx,
-		Op: c.Op, Table: t.full, LSN: c.LSN, CreatedMs: ms, Payload: out[:n:n]}
+	return Event{Queue: t.info.Queue, Partition: name, ID: arenaString(out[n:idEnd]), Tx: tx,
+		Op: op, Table: t.full, LSN: lsn, CreatedMs: ms, Payload: out[:n:n]}
 }
 
 // watermarkID splits a watermark's content "<life>:<n>:<lw|hw>".
