@@ -68,6 +68,8 @@ func TestPgCDCLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "lease_ttl not a duration", Set: "lease_ttl: 10", Refused: "lease_ttl", Lint: "lease_ttl must be a duration between"},
 		{Name: "linger negative", Set: "linger: -1ms", Refused: "linger:", Lint: "linger must be a duration between 0s and 5s"},
 		{Name: "linger high", Set: "linger: 6s", Refused: "linger:", Lint: "linger must be a duration between"},
+		{Name: "load_linger negative", Set: "load_linger: -1ms", Refused: "load_linger:", Lint: "load_linger must be a duration between 0s and 5s"},
+		{Name: "load_linger high", Set: "load_linger: 6s", Refused: "load_linger:", Lint: "load_linger must be a duration between"},
 		{Name: "heartbeat low", Set: "heartbeat: 500ms", Refused: "heartbeat:", Lint: "heartbeat must be a duration between 1s and 1h0m0s"},
 		{Name: "heartbeat high", Set: "heartbeat: 2h", Refused: "heartbeat:", Lint: "heartbeat must be a duration between"},
 		{Name: "max_bundle_messages low", Set: "max_bundle_messages: 0", Refused: "max_bundle_messages:", Lint: "max_bundle_messages must be between 1 and 50000"},

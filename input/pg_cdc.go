@@ -40,6 +40,7 @@ const (
 	pcFieldMaxBundleMessages = "max_bundle_messages"
 	pcFieldMaxBundleBytes    = "max_bundle_bytes"
 	pcFieldLinger            = "linger"
+	pcFieldLoadLinger        = "load_linger"
 	pcFieldHeartbeat         = "heartbeat"
 	pcFieldTruncate          = "truncate"
 	pcFieldSnapshot          = "snapshot"
@@ -145,8 +146,10 @@ Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_i
 				LintRule(speclint.Int(pcFieldMaxBundleMessages, source.MinBundleMessages, source.MaxBundleMsgs)),
 			service.NewIntField(pcFieldMaxBundleBytes).Description(fmt.Sprintf("Most payload bytes per batch (%d-%d).", source.MinBundleBytes, source.MaxBundleBytesLim)).Default(pcDefaultBundleBytes).
 				LintRule(speclint.Int(pcFieldMaxBundleBytes, source.MinBundleBytes, source.MaxBundleBytesLim)),
-			service.NewDurationField(pcFieldLinger).Description(fmt.Sprintf("How long a batch may wait for more transactions before it goes (0s-%s); 0 sends as soon as nothing more is buffered.", source.MaxLinger)).Default("0s").
+			service.NewDurationField(pcFieldLinger).Description(fmt.Sprintf("How long a batch may wait for more transactions before it goes, whatever the load (0s-%s); 0 sends as soon as nothing more is buffered (unless `%s` holds it under load).", source.MaxLinger, pcFieldLoadLinger)).Default("0s").
 				LintRule(speclint.Duration(pcFieldLinger, 0, source.MaxLinger)),
+			service.NewDurationField(pcFieldLoadLinger).Description(fmt.Sprintf("Under sustained load, how long after the previous batch's acknowledgement a batch that is not full waits to fill (0s-%s; 0s: never). It waits only while events arrive fast enough that the wait is expected to bring at least %d more (the rate averaged over the last batches), so a trickle goes at once; under load batches grow, and each event costs less CPU in pgrelay and Redis, for up to this much more latency.", source.MaxLinger, source.FillMinEvents)).Default(source.DefaultLoadLinger.String()).
+				LintRule(speclint.Duration(pcFieldLoadLinger, 0, source.MaxLinger)),
 			service.NewDurationField(pcFieldHeartbeat).Description(fmt.Sprintf("With no WAL data for this long, emit a heartbeat message so an idle source still advances (%s-%s).", source.MinHeartbeat, source.MaxHeartbeat)).Default("10s").
 				LintRule(speclint.Duration(pcFieldHeartbeat, source.MinHeartbeat, source.MaxHeartbeat)),
 			service.NewStringEnumField(pcFieldTruncate, pcTruncateSkip, pcTruncateEmit).Description("`skip` (counted, logged) or `emit` a `t` event to partition `all` (needs partition_by: single on every table).").Default(pcTruncateSkip),
@@ -293,6 +296,7 @@ func PgCDCConfigFromParsed(conf *service.ParsedConfig) (source.Config, error) {
 	integer(&c.MaxBundleMessages, pcFieldMaxBundleMessages)
 	integer(&c.MaxBundleBytes, pcFieldMaxBundleBytes)
 	dur(&c.Linger, pcFieldLinger)
+	dur(&c.LoadLinger, pcFieldLoadLinger)
 	dur(&c.Heartbeat, pcFieldHeartbeat)
 	integer(&c.ChunkRows, pcFieldChunkRows)
 	var truncate, snapshot, refused string

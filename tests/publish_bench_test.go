@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -376,6 +377,7 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 			go e.profileSource(d)
 		}
 	}
+	x0 := e.redisExecs()
 	pg0, r0, c0, t0 := cpu(benchenv.TreeCPU, e.pm), cpu(benchenv.CPU, e.rpid), benchenv.SelfCPU(), time.Now()
 	var s0 time.Duration
 	if srcPid != 0 {
@@ -407,10 +409,24 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 	m.Add(side+"_cpu_postgres_us/entry", benchenv.PerChange(cpu(benchenv.TreeCPU, e.pm)-pg0, events))
 	m.Add(side+"_cpu_redis_us/entry", benchenv.PerChange(cpu(benchenv.CPU, e.rpid)-r0, events))
 	m.Add(side+"_cpu_client_us/entry", benchenv.PerChange(benchenv.SelfCPU()-c0, events))
+	m.Add(side+"_events/write", float64(events)/float64(max(e.redisExecs()-x0, 1)))
 	if side == "pub" {
 		m.Add(side+"_cpu_pgcdc_us/entry", benchenv.PerChange(cpu(benchenv.CPU, srcPid)-s0, events))
 	}
 	return rate
+}
+
+// redisExecs is the number of EXECs Redis ran so far: one per queue write of either side.
+func (e *pubEnv) redisExecs() int {
+	rdb := e.rd.Client()
+	defer rdb.Close()
+	for _, line := range strings.Split(rdb.Info(context.Background(), "commandstats").Val(), "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_exec:calls="); ok {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			return n
+		}
+	}
+	return 0
 }
 
 // profileSource saves a CPU profile of pg_cdc over d to <PGRELAY_BENCH_PROFILE>/publish_pgcdc.pprof.

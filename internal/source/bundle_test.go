@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -224,5 +225,123 @@ func TestDecoderRowChanges(t *testing.T) {
 		case len(got) != 1 || !strings.HasPrefix(string(got[0].Payload), c.want+`,"lsn"`):
 			t.Errorf("%s: events %+v, want one starting %s", c.name, got, c.want)
 		}
+	}
+}
+
+// txnItems is a one-change transaction committing at commit whose event's payload is payload.
+func txnItems(commit pglogrepl.LSN, payload string) []item {
+	ev := Event{Payload: []byte(payload)}
+	return []item{{kind: itemChange, commit: commit, events: []Event{ev}, size: ev.size()}, commitItem(commit)}
+}
+
+func payloads(b *Batch) []string {
+	var out []string
+	for _, e := range b.Events {
+		out = append(out, string(e.Payload))
+	}
+	return out
+}
+
+// Under sustained load a batch that is not full waits until load_linger after the previous ack and
+// then takes everything that arrived; a trickle, load_linger 0 or a full batch goes at once.
+func TestBundleWaitsToFillUnderLoad(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		loadLinger time.Duration
+		every      time.Duration // the arrival gap the rate was measured with: one event per gap
+		want       [][]string    // the batches while the wait runs (one: it went at once)
+	}{
+		{"a trickle goes at once", 2 * time.Millisecond, 10 * time.Millisecond, [][]string{{"e0"}}},
+		{"under load it waits", 2 * time.Millisecond, 50 * time.Microsecond, nil},
+		{"load_linger 0 never waits", 0, 50 * time.Microsecond, [][]string{{"e0"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
+			ss.src.cfg.LoadLinger = c.loadLinger
+			ss.q = newItemQueue(10, 1<<20) // as the source makes it: "full" is the batch limit
+			start := time.Now().Add(-50 * c.every)
+			for i := range 50 { // the arrival rate, from batches of one event up to now
+				ss.measure(1, start.Add(time.Duration(i)*c.every))
+			}
+			// The previous batch was acknowledged "now": a wait would last long on any machine.
+			ss.lastAck.Store(time.Now().Add(time.Hour).UnixNano())
+			push := func(from, to int) {
+				for i := from; i < to; i++ {
+					for _, it := range txnItems(pglogrepl.LSN(200+10*i), fmt.Sprintf("e%d", i)) {
+						if ok, _ := ss.q.tryPush(it); !ok {
+							t.Fatal("queue full")
+						}
+					}
+				}
+			}
+			push(0, 1)
+			var got [][]string
+			b, wait, err := ss.bundle(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b != nil {
+				got = append(got, payloads(b))
+			}
+			if !slices.EqualFunc(got, c.want, slices.Equal) {
+				t.Fatalf("batches %v, want %v", got, c.want)
+			}
+			if b != nil {
+				return
+			}
+			if wait.after < 30*time.Minute {
+				t.Fatalf("waits %s, want until load_linger after the previous ack", wait.after)
+			}
+			push(1, 4) // more arrive during the wait: still waiting
+			if b, _, _ := ss.bundle(context.Background()); b != nil {
+				t.Fatalf("a batch %v before the wait is over", payloads(b))
+			}
+			ss.lastAck.Store(time.Now().Add(-time.Hour).UnixNano()) // the wait is over
+			b, _, _ = ss.bundle(context.Background())
+			if b == nil || !slices.Equal(payloads(b), []string{"e0", "e1", "e2", "e3"}) {
+				t.Fatalf("after the wait: %+v, want one batch of e0-e3", b)
+			}
+
+			// A full batch ends a wait at once: its channel closes and the batch goes.
+			ss.lastAck.Store(time.Now().Add(time.Hour).UnixNano())
+			push(4, 6)
+			b, wait, _ = ss.bundle(context.Background())
+			if b != nil {
+				t.Fatalf("a batch %v before the wait is over", payloads(b))
+			}
+			push(6, 16)
+			select {
+			case <-wait.ch:
+			default:
+				t.Fatal("the wait's channel is still open with a full batch queued")
+			}
+			b, _, _ = ss.bundle(context.Background())
+			if b == nil || len(b.Events) != 10 || string(b.Events[0].Payload) != "e4" || string(b.Events[9].Payload) != "e13" {
+				t.Fatalf("with a full batch queued: %+v, want e4-e13", b)
+			}
+		})
+	}
+}
+
+// The arrival rate is a ratio of averages: one batch right after another does not make a trickle
+// look like a flood, and an idle spell does not hide a flood for long.
+func TestArrivalRate(t *testing.T) {
+	rate := func(ss *session) float64 { return ss.evAvg / ss.gapAvg }
+	ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
+	now := time.Now()
+	at := func(d time.Duration) time.Time { now = now.Add(d); return now }
+	for range 40 {
+		ss.measure(1, at(time.Millisecond)) // 1,000 events/s
+	}
+	ss.measure(1, at(10*time.Microsecond)) // two close together
+	if r := rate(ss); r < 500 || r > 2000 {
+		t.Fatalf("rate %.0f/s after one close pair in a trickle of 1,000/s", r)
+	}
+	ss.measure(1, at(time.Hour)) // idle
+	for range 24 {
+		ss.measure(20, at(time.Millisecond)) // 20,000 events/s
+	}
+	if r := rate(ss); r < 10000 {
+		t.Fatalf("rate %.0f/s after 24 batches at 20,000/s following an idle hour", r)
 	}
 }

@@ -112,8 +112,14 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 		if ss.firstSeen.IsZero() {
 			ss.firstSeen = time.Now()
 		}
-		if wait := time.Until(ss.firstSeen.Add(cfg.Linger)); wait > 0 {
-			return nil, waitFor{ch: changed, after: wait}, nil
+		until := ss.firstSeen.Add(cfg.Linger)
+		if fill := ss.fillUntil(); fill.After(until) {
+			until = fill
+		}
+		if wait := time.Until(until); wait > 0 {
+			// Only a full batch ends the wait early: waking on every queued change would cost a
+			// wake-up per change.
+			return nil, waitFor{ch: ss.q.whenFull(), after: wait}, nil
 		}
 	}
 	events := make([]Event, 0, nev)
@@ -123,8 +129,47 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	ss.pop(n)
 	ss.plan = cover
 	ss.firstSeen = time.Time{}
+	ss.measure(nev, time.Now())
 	return &Batch{Events: events, Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease,
 		Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss, txns: txns}, idle, nil
+}
+
+// Under sustained load a batch that is not full waits a little to fill (load_linger): with one
+// batch in flight it would otherwise hold only what arrived during the previous write, and every
+// batch costs the same fixed work whatever its size (the output's write, with durability aof an
+// fsync; the pipeline's hand-overs; the ack).
+const (
+	// FillMinEvents: a batch waits only when the wait is expected to bring at least this many
+	// events (the arrival rate times load_linger), so a slow trickle never waits.
+	FillMinEvents = 4
+	// rateWeight is the weight of the newest batch in the arrival rate's averages.
+	rateWeight = 1.0 / 8
+	// maxRateGap bounds one gap between batches in the average, so the rate recovers within a few
+	// batches after an idle spell.
+	maxRateGap = 100 * time.Millisecond
+)
+
+// fillUntil is when a batch that is not full may go under sustained load: load_linger after the
+// previous batch's ack, if events arrive fast enough that the wait brings at least FillMinEvents
+// more; otherwise the zero time (no wait).
+func (ss *session) fillUntil() time.Time {
+	wait := ss.src.cfg.LoadLinger
+	if wait <= 0 || ss.gapAvg <= 0 || ss.evAvg/ss.gapAvg*wait.Seconds() < FillMinEvents {
+		return time.Time{}
+	}
+	return time.Unix(0, ss.lastAck.Load()).Add(wait)
+}
+
+// measure adds a batch of nev events built now to the arrival rate: the average events per
+// batch over the average time between batches (a ratio of averages, so one batch after a
+// short gap does not make a trickle look like a flood).
+func (ss *session) measure(nev int, now time.Time) {
+	if !ss.lastCut.IsZero() {
+		gap := max(min(now.Sub(ss.lastCut), maxRateGap), 0).Seconds()
+		ss.evAvg += (float64(nev) - ss.evAvg) * rateWeight
+		ss.gapAvg += (gap - ss.gapAvg) * rateWeight
+	}
+	ss.lastCut = now
 }
 
 // scan is build's measure of the queued items, items[:n]: what a batch of them would hold and
@@ -179,6 +224,7 @@ func (ss *session) acked(b *Batch) {
 		h.Transactions(int64(b.txns))
 	}
 	if len(b.Events) > 0 {
+		ss.lastAck.Store(time.Now().UnixNano())
 		if h.Messages != nil {
 			h.Messages(int64(len(b.Events)))
 		}

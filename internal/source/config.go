@@ -63,6 +63,7 @@ type Config struct {
 	MaxBundleMessages  int
 	MaxBundleBytes     int
 	Linger             time.Duration
+	LoadLinger         time.Duration // under sustained load, how long after an ack the next batch waits to fill
 	Heartbeat          time.Duration
 	TruncateEmit       bool
 	SnapshotInitial    bool
@@ -89,6 +90,7 @@ const (
 	MinBundleMessages, MaxBundleMsgs  = 1, 50000
 	MinBundleBytes, MaxBundleBytesLim = 64 << 10, 64 << 20
 	MaxLinger                         = 5 * time.Second
+	DefaultLoadLinger                 = 2 * time.Millisecond // load_linger's default
 	MinHeartbeat, MaxHeartbeat        = 1 * time.Second, time.Hour
 	MaxTables                         = 256
 	MinChunkRows, MaxChunkRows        = 1, 100000
@@ -235,6 +237,8 @@ func (c *Config) validateLimits() error {
 		return fieldErr("max_bundle_bytes", "%d is not in %d-%d", c.MaxBundleBytes, MinBundleBytes, MaxBundleBytesLim)
 	case c.Linger < 0 || c.Linger > MaxLinger:
 		return fieldErr("linger", "%s is not in 0s-%s", c.Linger, MaxLinger)
+	case c.LoadLinger < 0 || c.LoadLinger > MaxLinger:
+		return fieldErr("load_linger", "%s is not in 0s-%s", c.LoadLinger, MaxLinger)
 	case c.Heartbeat < MinHeartbeat || c.Heartbeat > MaxHeartbeat:
 		return fieldErr("heartbeat", "%s is not in %s-%s", c.Heartbeat, MinHeartbeat, MaxHeartbeat)
 	case c.ChunkRows < MinChunkRows || c.ChunkRows > MaxChunkRows:

@@ -33,6 +33,11 @@ type session struct {
 	scan          scan            // how far build measured the queued items (bundler only)
 	firstSeen     time.Time
 	lastIdleWrite time.Time
+	// the arrival rate (evAvg events per gapAvg seconds, averaged over the last batches) and the
+	// last batch's build time, for load_linger (bundler only)
+	evAvg, gapAvg float64
+	lastCut       time.Time
+	lastAck       atomic.Int64 // unix ns of the last ack of a batch with events (set by acked)
 
 	dataMsgs atomic.Uint64 // WAL data messages received, for the heartbeat (counted: a clock read per message costs)
 
