@@ -311,13 +311,29 @@ func (s *batchState) applied(i int, m *Message) {
 // attempt runs the batch's transaction once. With isolate, each message runs under its own
 // savepoint so a data error is charged to its message only.
 //
-// A batch whose payloads all decode takes the fast path first (one round trip, see fast); the
-// others, and batches the fast path's guard refuses, lock and read their progress rows first (one
+// An append batch first tries the streamed COPY (see streamed), which decodes its payloads while
+// they are sent. A batch whose payloads all decode takes the fast path first (one round trip, see
+// fast); the others, and batches the fast path's guard refuses, lock and read their progress rows first (one
 // round trip with BEGIN), then send the statements, the progress update and COMMIT (another).
 func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*Result, error) {
 	h, err := a.current(ctx)
 	if err != nil {
 		return nil, err
+	}
+	c, err := a.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer release(c)
+	conn := c.Conn()
+	useTextArrayCodec(conn)
+	tryFast := !isolate
+	if am, ok := h.(appendMode); ok && tryFast && am.w.stream.open() {
+		res, next, err := a.streamed(ctx, conn, am.w, msgs)
+		if next == streamDone {
+			return res, err
+		}
+		tryFast = next == streamRegular
 	}
 	ops := make([]op, len(msgs))
 	decodeErr := make([]error, len(msgs))
@@ -335,14 +351,7 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*
 			shards = append(shards, m.shardKey())
 		}
 	}
-	c, err := a.pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
-	}
-	defer release(c)
-	conn := c.Conn()
-	useTextArrayCodec(conn)
-	if readable && !isolate {
+	if readable && tryFast {
 		res, moved, err := a.fast(ctx, conn, h, msgs, ops)
 		if !moved {
 			return res, err
@@ -387,26 +396,13 @@ func newBatchState(n int) *batchState {
 func (a *Applier) fast(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op) (res *Result, moved bool, err error) {
 	st := newBatchState(len(msgs))
 	pending := a.sortOut(msgs, make([]error, len(msgs)), nil, st)
-	first := map[ShardKey]int64{}
 	batch := pendingOps(ops, pending)
-	for _, i := range pending {
-		m := msgs[i]
-		st.applied(i, m)
-		if _, ok := first[m.shardKey()]; m.HasPosition && !ok {
-			first[m.shardKey()] = m.Offset // pending offsets of a shard ascend: the first is its lowest
-		}
-	}
+	stmts, guard, shards := a.fastHead(msgs, pending, st)
 	var copies []copyJob
 	if am, ok := h.(appendMode); ok {
 		if jobs, ok := am.copyPlan(batch); ok {
 			copies, batch = jobs, nil
 		}
-	}
-	stmts := []stmt{{sql: "BEGIN"}}
-	guard := -1
-	if len(first) > 0 {
-		stmts = append(stmts, a.progress.guardStmts(first)...)
-		guard = len(stmts) - 1
 	}
 	data, err := h.plan(batch)
 	if err != nil {
@@ -427,9 +423,78 @@ func (a *Applier) fast(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs 
 			return nil, false, err
 		}
 	}
-	a.progress.markKnown(slices.Collect(maps.Keys(first)))
+	a.progress.markKnown(shards)
 	st.res.count()
 	return st.res, false, nil
+}
+
+// fastHead marks the pending messages applied and returns the fast path's first statements: BEGIN
+// and the guard (with the missing progress rows inserted before it), the guard's position in them
+// (-1: no message has a position) and the shards it covers.
+func (a *Applier) fastHead(msgs []*Message, pending []int, st *batchState) (stmts []stmt, guard int, shards []ShardKey) {
+	first := map[ShardKey]int64{}
+	for _, i := range pending {
+		m := msgs[i]
+		st.applied(i, m)
+		if _, ok := first[m.shardKey()]; m.HasPosition && !ok {
+			first[m.shardKey()] = m.Offset // pending offsets of a shard ascend: the first is its lowest
+		}
+	}
+	stmts = []stmt{{sql: "BEGIN"}}
+	guard = -1
+	if len(first) > 0 {
+		stmts = append(stmts, a.progress.guardStmts(first)...)
+		guard = len(stmts) - 1
+	}
+	return stmts, guard, slices.Collect(maps.Keys(first))
+}
+
+// streamNext is what attempt does after streamed.
+type streamNext int
+
+const (
+	streamDone    streamNext = iota // the batch is written, or failed with the returned error
+	streamRegular                   // the batch did not fit the stream: take the fast path
+	streamMoved                     // the guard refused: read the progress rows first
+)
+
+// streamed is the fast path of an append batch that goes by one COPY: BEGIN, the guard and the
+// progress update in one round trip, then "COPY ...; COMMIT" with the rows decoded and encoded
+// while they are sent (copyStream). The COPY's column set and format are those of the first row;
+// when a later row does not fit, the transaction is rolled back and nothing was written.
+func (a *Applier) streamed(ctx context.Context, conn *pgx.Conn, w *writer, msgs []*Message) (*Result, streamNext, error) {
+	st := newBatchState(len(msgs))
+	pending := a.sortOut(msgs, make([]error, len(msgs)), nil, st)
+	s, ok := w.newCopyStream(msgs, pending)
+	if !ok {
+		return nil, streamRegular, nil
+	}
+	stmts, guard, shards := a.fastHead(msgs, pending, st)
+	if adv, ok := a.progress.advanceStmt(st.advanced); ok {
+		stmts = append(stmts, adv)
+	}
+	if at, err := sendAt(ctx, conn, stmts); err != nil {
+		if at != guard || !isGuardMoved(err) {
+			return nil, streamDone, err
+		}
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+			return nil, streamDone, err
+		}
+		return nil, streamMoved, nil
+	}
+	if _, err := conn.PgConn().CopyFrom(ctx, s, s.sql+"; COMMIT"); err != nil {
+		if !s.stopped.Load() {
+			return nil, streamDone, err
+		}
+		w.stream.pause()
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+			return nil, streamDone, err
+		}
+		return nil, streamRegular, nil
+	}
+	a.progress.markKnown(shards)
+	st.res.count()
+	return st.res, streamDone, nil
 }
 
 // pendingOps is the ops at the pending positions (ascending): ops itself when every message is

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/benchenv"
@@ -225,13 +226,13 @@ func BenchmarkAppend(b *testing.B) {
 // benchTarget is benchDDL's table as Inspect reads it, for benchmarks without a server.
 func benchTarget() *Target {
 	cols := []Column{
-		{Name: "id", Num: 1, CastType: "bigint", Kind: kindText},
-		{Name: "name", Num: 2, CastType: "text", Kind: kindText},
-		{Name: "qty", Num: 3, CastType: "integer", Kind: kindText},
-		{Name: "version", Num: 4, CastType: "integer", Kind: kindText},
-		{Name: "price", Num: 5, CastType: "double precision", Kind: kindText},
-		{Name: "status", Num: 6, CastType: "text", Kind: kindText},
-		{Name: "attrs", Num: 7, CastType: "jsonb", Kind: kindJSON},
+		{Name: "id", Num: 1, CastType: "bigint", BaseType: pgtype.Int8OID, Kind: kindText},
+		{Name: "name", Num: 2, CastType: "text", BaseType: pgtype.TextOID, Kind: kindText},
+		{Name: "qty", Num: 3, CastType: "integer", BaseType: pgtype.Int4OID, Kind: kindText},
+		{Name: "version", Num: 4, CastType: "integer", BaseType: pgtype.Int4OID, Kind: kindText},
+		{Name: "price", Num: 5, CastType: "double precision", BaseType: pgtype.Float8OID, Kind: kindText},
+		{Name: "status", Num: 6, CastType: "text", BaseType: pgtype.TextOID, Kind: kindText},
+		{Name: "attrs", Num: 7, CastType: "jsonb", BaseType: pgtype.JSONBOID, Kind: kindJSON},
 	}
 	t := &Target{Schema: "public", Name: "bench", Columns: cols, byName: map[string]int{}, Key: []string{"id"}}
 	for i, c := range cols {

@@ -28,12 +28,13 @@ const (
 type Column struct {
 	Name           string    // exact attname
 	Num            int       // attnum
-	CastType       string    // format_type(atttypid, NULL): the type to cast text to (typmod applied by assignment)
+	CastType       string    // the type to cast text to, without a typmod (applied by assignment): format_type(atttypid, NULL), but "bpchar" and "bit" for character(n) and bit(n), whose plain names mean a length of 1
 	Type           string    // format_type(atttypid, atttypmod), for messages
 	Kind           valueKind // how values are converted
 	Generated      bool      // attgenerated <> '': never written
 	IdentityAlways bool      // attidentity = 'a': written with OVERRIDING SYSTEM VALUE, never updated
 	Datetime       bool      // base type is in the datetime category (metadata created_at as a timestamp)
+	BaseType       uint32    // OID of the type, or of a domain's base type (picks the COPY binary encoder)
 }
 
 // Target is the sink's table as read from pg_catalog at start and after schema errors.
@@ -72,9 +73,11 @@ WITH RECURSIVE base(attnum, typ, depth) AS (
   UNION ALL
     SELECT b.attnum, t.typbasetype, b.depth + 1 FROM base b JOIN pg_type t ON t.oid = b.typ WHERE t.typtype = 'd'
 )
-SELECT a.attname, a.attnum, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod),
+SELECT a.attname, a.attnum,
+       CASE a.atttypid WHEN 'bpchar'::regtype THEN 'bpchar' WHEN 'bit'::regtype THEN '"bit"' ELSE format_type(a.atttypid, NULL) END,
+       format_type(a.atttypid, a.atttypmod),
        a.attgenerated <> '', a.attidentity = 'a',
-       bt.typname IN ('json', 'jsonb'), bt.typcategory = 'A' OR bt.typtype = 'c', bt.typcategory = 'D'
+       bt.typname IN ('json', 'jsonb'), bt.typcategory = 'A' OR bt.typtype = 'c', bt.typcategory = 'D', bt.oid
 FROM pg_attribute a
 JOIN LATERAL (SELECT typ FROM base WHERE base.attnum = a.attnum ORDER BY depth DESC LIMIT 1) b ON true
 JOIN pg_type bt ON bt.oid = b.typ
@@ -148,7 +151,7 @@ func (t *Target) readColumns(ctx context.Context, q Querier, oid uint32) error {
 		var c Column
 		var isJSON, isPopulate bool
 		if err := rows.Scan(&c.Name, &c.Num, &c.CastType, &c.Type, &c.Generated, &c.IdentityAlways,
-			&isJSON, &isPopulate, &c.Datetime); err != nil {
+			&isJSON, &isPopulate, &c.Datetime, &c.BaseType); err != nil {
 			return fmt.Errorf("read columns of %s: %w", t.Ident(), err)
 		}
 		switch {

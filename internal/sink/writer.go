@@ -20,9 +20,11 @@ import (
 // per column set; pgx prepares each distinct SQL text once per connection (statement cache).
 type writer struct {
 	t       *Target
-	meta    []string // per column index: the metadata field it is filled from (partition, shard, ...), or ""
-	keyIdx  []int    // column indexes of t.Key
-	colSig  []string // "i," per column, the pieces of a column-set signature
+	meta    []string   // per column index: the metadata field it is filled from (partition, shard, ...), or ""
+	keyIdx  []int      // column indexes of t.Key
+	colSig  []string   // "i," per column, the pieces of a column-set signature
+	bin     []binField // per column index: its COPY binary encoder, or nil (see copy.go)
+	stream  *streamGate
 	mu      sync.Mutex
 	sqlByID map[string]string
 }
@@ -53,7 +55,9 @@ func newWriter(t *Target, mc MetadataColumns) *writer {
 	}
 	for i := range t.Columns {
 		w.colSig = append(w.colSig, strconv.Itoa(i)+",")
+		w.bin = append(w.bin, binFieldFor(t.Columns[i].BaseType))
 	}
+	w.stream = &streamGate{}
 	return w
 }
 
