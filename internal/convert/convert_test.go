@@ -2,6 +2,7 @@ package convert
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -188,5 +189,40 @@ func TestAppendRejectsMalformedInput(t *testing.T) {
 		if got := string(Append(nil, c.typ, []byte(c.text))); got != c.want {
 			t.Errorf("%q: got %s, want %s", c.text, got, c.want)
 		}
+	}
+}
+
+// TestPlainRunMatchesByteByByte: the run of bytes AppendString copies as they are ends exactly
+// where a byte-by-byte test says, for every byte value at every position of a word and across the
+// word boundary.
+func TestPlainRunMatchesByteByByte(t *testing.T) {
+	naive := func(s []byte) int {
+		i := 0
+		for i < len(s) && s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\' {
+			i++
+		}
+		return i
+	}
+	for n := 0; n <= 19; n++ {
+		for at := 0; at < n; at++ {
+			for c := 0; c < 256; c++ {
+				s := []byte(strings.Repeat("a~ Z09!}", 3)[:n])
+				s[at] = byte(c)
+				if got, want := plainRun(s), naive(s); got != want {
+					t.Fatalf("plainRun(%q) = %d, want %d", s, got, want)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkAppendString converts a 96-character ASCII text, the value of the snapshot benchmark's
+// text column.
+func BenchmarkAppendString(b *testing.B) {
+	s := []byte(strings.Repeat("c4ca4238a0b923820dcc509a6f75849b", 3))
+	var dst []byte
+	b.SetBytes(int64(len(s)))
+	for b.Loop() {
+		dst = AppendString(dst[:0], s)
 	}
 }
