@@ -2,7 +2,10 @@ package source
 
 import (
 	"context"
+	"os"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +28,8 @@ import (
 //   - after: the chunk received whole, then its rows rendered (the fallback path).
 //
 // It reports, per row, the CPU time of this process (the read and the rendering) and of the
-// PostgreSQL server (the chunk reads), and the rows/s of each.
+// PostgreSQL server (the chunk reads), the read system calls of this process and what it
+// allocated, and the rows/s of each.
 func BenchmarkSnapshotChunks(b *testing.B) {
 	total := benchenv.Size("PGRELAY_BENCH_SNAPSHOT_ROWS", 300000, 20000)
 	runs := benchenv.Runs()
@@ -102,12 +106,18 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 				name   string
 				stream bool
 			}{{"after", false}, {"stream", true}} {
-				self, server := benchenv.SelfCPU(), cpuTree(b, pm)
+				self, server, reads := benchenv.SelfCPU(), cpuTree(b, pm), readCalls(b)
+				var mem0, mem1 runtime.MemStats
+				runtime.ReadMemStats(&mem0)
 				start := time.Now()
 				if n := pass(mode.stream); n != total {
 					b.Fatalf("%s: read %d rows of %d", mode.name, n, total)
 				}
 				elapsed := time.Since(start)
+				runtime.ReadMemStats(&mem1)
+				m.Add(mode.name+"_reads/row", float64(readCalls(b)-reads)/float64(total))
+				m.Add(mode.name+"_alloc_bytes/row", float64(mem1.TotalAlloc-mem0.TotalAlloc)/float64(total))
+				m.Add(mode.name+"_allocs/row", float64(mem1.Mallocs-mem0.Mallocs)/float64(total))
 				m.Add(mode.name+"_rows/s", float64(total)/elapsed.Seconds())
 				m.Add(mode.name+"_cpu_pgrelay_us/row", benchenv.PerChange(benchenv.SelfCPU()-self, total))
 				m.Add(mode.name+"_cpu_postgres_us/row", benchenv.PerChange(cpuTree(b, pm)-server, total))
@@ -115,6 +125,25 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 		}
 		m.Report(b)
 	}
+}
+
+// readCalls is the number of read system calls this process made so far.
+func readCalls(b *testing.B) int {
+	data, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscr: "); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	b.Fatal("no syscr in /proc/self/io")
+	return 0
 }
 
 func cpuTree(b *testing.B, pid int) time.Duration {
