@@ -29,8 +29,12 @@ func eventPayload(n int) []byte {
 		n, n, n, n, n, n)
 }
 
-func redisCPUMsgs(q string, from int) []Message {
-	out := make([]Message, redisCPUBatch)
+// redisCPUSmall is the batch size of the small-batch variants: pg_cdc under many small
+// transactions (a few events per batch, each batch its own write).
+const redisCPUSmall = 5
+
+func redisCPUMsgs(q string, from, size int) []Message {
+	out := make([]Message, size)
 	for i := range out {
 		n := from + i
 		out[i] = Message{Queue: q, Partition: `{"id":` + strconv.Itoa(n) + `}`, ID: "pg:00000001:" + strconv.Itoa(n),
@@ -56,6 +60,7 @@ return 'ok'`)
 type redisVariant struct {
 	name, about string
 	batches     int // batches per call of write
+	size        int // entries per batch: redisCPUBatch when 0
 	fsync       string
 	write       func(ctx context.Context, rdb *redis.Client, w *benchWriters, msgs [][]Message, seq int) error
 }
@@ -116,6 +121,26 @@ var redisVariants = []redisVariant{
 			go func() { _, err := w.second.Write(ctx, msgs[1], benchCoverOf(msgs[1][0].Queue, "t", seq)); errs <- err }()
 			return errors.Join(<-errs, <-errs)
 		}},
+	{name: "tx_small", about: "tx with batches of redisCPUSmall entries (what a write costs per batch)", batches: 1, size: redisCPUSmall,
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.tx.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
+	{name: "script_small", about: "script with batches of redisCPUSmall entries", batches: 1, size: redisCPUSmall,
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.script.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
+	{name: "tx_small_nofsync", about: "tx_small with appendfsync no (what a small batch costs besides the fsync)", batches: 1, size: redisCPUSmall, fsync: "no",
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.tx.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
+	{name: "script_small_nofsync", about: "script_small with appendfsync no", batches: 1, size: redisCPUSmall, fsync: "no",
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.script.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
 	{name: "script", about: "the write script (Writer.Write with every piece through resources/queue_write.lua), one call per batch", batches: 1,
 		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
 			_, err := w.script.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
@@ -169,11 +194,12 @@ var redisVariants = []redisVariant{
 // BenchmarkRedisCPU measures what one queue entry costs the redis-server process (CPU time per
 // entry from /proc) with appendonly yes and appendfsync always, written in several ways that
 // alternate round by round: the writer as pgrelay runs it (optimistic transactions), the write
-// script, several of its calls pipelined
+// script, both with small batches too (per batch: the fixed cost of a write), several of its calls pipelined
 // per fsync, bare Lua loops with seven and with two fields, plain XADDs in MULTI/EXEC and in a
 // pipeline, and the script without fsync. PGRELAY_BENCH_REDIS_ENTRIES entries per variant and
-// round (100,000; 10,000 in quick mode), PGRELAY_BENCH_RUNS rounds, medians reported. With
-// PGRELAY_BENCH_PERF set to a directory, perf records redis-server in the first round
+// round (100,000; 10,000 in quick mode; a tenth of that with small batches), PGRELAY_BENCH_RUNS
+// rounds, medians reported. PGRELAY_BENCH_REDIS_VARIANTS names a subset of the variants
+// (comma-separated). With PGRELAY_BENCH_PERF set to a directory, perf records redis-server in the first round
 // (perf record -e cpu-clock) into <dir>/redis_<variant>.data.
 func BenchmarkRedisCPU(b *testing.B) {
 	r := testenv.StartRedis(b, "--auto-aof-rewrite-percentage", "0")
@@ -192,17 +218,32 @@ func BenchmarkRedisCPU(b *testing.B) {
 		rdb.Set(ctx, "pgrelay:{"+v.name+"}:src:t:lease", "me|1", 0)
 	}
 	seq := map[string]int{}
+	only := map[string]bool{} // PGRELAY_BENCH_REDIS_VARIANTS: a comma-separated subset of the variants
+	for _, name := range strings.Split(os.Getenv("PGRELAY_BENCH_REDIS_VARIANTS"), ",") {
+		if name != "" {
+			only[name] = true
+		}
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		var m benchenv.Metrics
 		for round := 0; round < benchenv.Runs(); round++ {
 			for _, v := range redisVariants {
+				if !only[v.name] && len(only) > 0 {
+					continue
+				}
 				// the batches, built before the window (the client's work is not what is measured)
+				size, total := v.size, entries
+				if size == 0 {
+					size = redisCPUBatch
+				} else {
+					total = max(entries/10, size) // small batches: a tenth of the entries, as many writes as 100 big ones
+				}
 				var calls [][][]Message
-				for n := 0; n < entries; n += redisCPUBatch * v.batches {
+				for n := 0; n < total; n += size * v.batches {
 					var call [][]Message
 					for k := 0; k < v.batches; k++ {
-						call = append(call, redisCPUMsgs(v.name, n+k*redisCPUBatch))
+						call = append(call, redisCPUMsgs(v.name, n+k*size, size))
 					}
 					calls = append(calls, call)
 				}
@@ -222,10 +263,13 @@ func BenchmarkRedisCPU(b *testing.B) {
 				if v.fsync != "" {
 					rdb.ConfigSet(ctx, "appendfsync", "always")
 				}
-				n := len(calls) * v.batches * redisCPUBatch
+				n := len(calls) * v.batches * size
 				m.Add(v.name+"_entries/s", float64(n)/elapsed.Seconds())
 				m.Add(v.name+"_cpu_redis_us/entry", benchenv.PerChange(rd, n))
 				m.Add(v.name+"_cpu_client_us/entry", benchenv.PerChange(cl, n))
+				if size < redisCPUBatch {
+					m.Add(v.name+"_cpu_redis_us/batch", benchenv.PerChange(rd, len(calls)*v.batches))
+				}
 				if v.name == "tx2" {
 					m.Add(v.name+"_aborted_exec/batch", float64(w.tx.conflicts.Load()+w.second.conflicts.Load()-a0)/float64(len(calls)*v.batches))
 				}
