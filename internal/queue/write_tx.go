@@ -29,9 +29,76 @@ import (
 // piece is read and checked again; after maxTxConflicts aborts the script writes it, as it
 // cannot conflict. The commands are encoded straight into one buffer on a connection of
 // redisconn.Raw: go-redis would build, box and parse an object per command.
+//
+// The first round trip of the next write travels with this one's EXEC: after EXEC the connection
+// WATCHes the same keys again, reads them (every shard of the queues, as the next write's
+// shards are not known yet) and opens MULTI, and goes back to the pool so (primed). The next
+// write of the same source and queues that takes it checks against those reads and sends only
+// its writes and EXEC: one round trip per write. The reads stay valid as in the two-round-trip
+// write, because the WATCH came first: a change of a watched key since (a lease renewal, another
+// writer) aborts the EXEC, and the piece is read and checked again. After a primed EXEC aborted,
+// the writer does not prime for the next primeBackoff writes (another writer of the queue would
+// abort every one).
 
 // maxTxConflicts is how many aborted EXECs one piece tolerates before it is written by the script.
 const maxTxConflicts = 3
+
+// maxPrimedStreams: a write primes the next one only when its queues have at most this many
+// shards in all (each costs a TYPE and a field of the meta read per write).
+const maxPrimedStreams = 64
+
+// primeBackoff is how many writes do not use or send a priming after a primed EXEC aborted.
+const primeBackoff = 64
+
+// primed is what a write left open on its connection for the next one (conn.State): the keys it
+// WATCHes, what it read after the WATCH, over every shard of the queues, and an open MULTI.
+type primed struct {
+	leaseKey, fence, pointerKey string
+	plan                        *plan // queues, counts and every shard of each (streams in queue, shard order)
+	st                          *txState
+}
+
+// stateFor is the state of piece p with cover c from the primed reads, or nil when they do not
+// cover it (another source, fence or queue, or another shard count).
+func (pr *primed) stateFor(p *plan, c *Cover) *txState {
+	if c.LeaseKey != pr.leaseKey || c.Fence != pr.fence || c.PointerKey != pr.pointerKey ||
+		!slices.Equal(p.queues, pr.plan.queues) || !slices.Equal(p.counts, pr.plan.counts) {
+		return nil
+	}
+	base := make([]int, len(p.counts)) // index of shard 0 of each queue in pr.plan.streams
+	for i := 1; i < len(base); i++ {
+		base[i] = base[i-1] + p.counts[i-1]
+	}
+	st := &txState{fenced: pr.st.fenced, stored: pr.st.stored, create: pr.st.create, layout: pr.st.queueErr,
+		offs: make([]int64, len(p.streams))}
+	for j, s := range p.streams {
+		k := base[s.queue] + s.shard
+		st.offs[j] = pr.st.offs[k]
+		if st.layout == nil {
+			st.layout = pr.st.streamErr[k]
+		}
+	}
+	return st
+}
+
+// primePlan is the plan of the reads that prime the next write after p: every shard of p's
+// queues; nil when they are too many or priming is backing off.
+func (w *Writer) primePlan(p *plan) *plan {
+	total := 0
+	for _, n := range p.counts {
+		total += n
+	}
+	if total > maxPrimedStreams || w.primeWait.Load() > 0 {
+		return nil
+	}
+	pp := &plan{queues: p.queues, counts: p.counts, streams: make([]streamRef, 0, total)}
+	for i, n := range p.counts {
+		for s := range n {
+			pp.streams = append(pp.streams, streamRef{i, s})
+		}
+	}
+	return pp
+}
 
 // errTxConflict: a watched key changed between the WATCH and EXEC; nothing was written.
 var errTxConflict = errors.New("a watched key changed before EXEC")
@@ -123,19 +190,43 @@ func (w *Writer) writeTx(ctx context.Context, msgs []Message, c *Cover, last boo
 
 // txState is what the first round trip read.
 type txState struct {
-	fenced bool
-	stored string // the stored pointer ("" when there is none)
-	create []bool // per queue: meta missing, create it
-	offs   []int64
-	layout error // the first way the queue's keys do not follow the layout (checked after the fence and the cover)
+	fenced    bool
+	stored    string // the stored pointer ("" when there is none)
+	create    []bool // per queue: meta missing, create it
+	offs      []int64
+	layout    error   // the first way the queue's keys do not follow the layout (checked after the fence and the cover)
+	queueErr  error   // the first way a queue's meta does not (shards, version; also in layout)
+	streamErr []error // per stream: its key or its meta offset does not (also in layout)
 }
 
-// txAttempt is one WATCH … EXEC on conn.
+// txAttempt is one WATCH … EXEC on conn; the WATCH and reads are those a previous write left
+// on conn when they cover this piece.
 func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan, msgs []Message, c *Cover, last bool) (string, error) {
-	st, err := w.txRead(ctx, conn, p, c)
-	if err != nil {
-		return "", w.discard(ctx, conn, err)
+	pr, _ := conn.State.(*primed)
+	conn.State = nil
+	if w.primeWait.Load() > 0 {
+		w.primeWait.Add(-1)
 	}
+	var st *txState
+	if pr != nil && w.primeWait.Load() == 0 {
+		st = pr.stateFor(p, c)
+	}
+	fromPrimed := st != nil
+	if st == nil {
+		var err error
+		if st, err = w.txRead(ctx, conn, p, c, pr != nil); err != nil {
+			return "", w.discard(ctx, conn, err)
+		}
+	}
+	reply, err := w.txWrite(ctx, conn, st, p, msgs, c, last)
+	if fromPrimed && errors.Is(err, errTxConflict) {
+		w.primeWait.Store(primeBackoff)
+	}
+	return reply, err
+}
+
+// txWrite makes the checks of st and sends the writes and EXEC (or DISCARD).
+func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txState, p *plan, msgs []Message, c *Cover, last bool) (string, error) {
 	// the checks, in the script's order: fence, cover, each queue's layout
 	if st.fenced {
 		return "fenced", w.discard(ctx, conn, nil)
@@ -155,7 +246,7 @@ func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan
 			}
 			// rewrite the pointer unchanged: a write of this connection for WAIT to wait for
 			b := redisconn.AppendCommand(conn.Buf[:0], "SET", c.PointerKey, st.stored, "KEEPTTL")
-			return "duplicate", w.exec(ctx, conn, b, 1)
+			return "duplicate", w.exec(ctx, conn, b, 1, nil, c)
 		}
 	}
 	if st.layout != nil {
@@ -201,13 +292,32 @@ func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan
 		b = redisconn.AppendBulk(b, c.Pointer)
 		queued++
 	}
-	return "ok", w.exec(ctx, conn, b, queued)
+	return "ok", w.exec(ctx, conn, b, queued, w.primePlan(p), c)
 }
 
 // txRead sends the WATCH and the reads and reads their replies (all of them, so the connection
-// stays in step, whatever they are).
-func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c *Cover) (*txState, error) {
+// stays in step, whatever they are). reset: conn was left in MULTI by a priming this piece does
+// not use; DISCARD it (and its WATCH) first.
+func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c *Cover, reset bool) (*txState, error) {
 	b := conn.Buf[:0]
+	if reset {
+		b = redisconn.AppendCommand(b, "DISCARD")
+	}
+	b = w.appendReads(b, p, c)
+	conn.Buf = b
+	if err := conn.Send(ctx, b, 0); err != nil {
+		return nil, err
+	}
+	if reset {
+		if _, err := conn.Read(); err != nil { // DISCARD: +OK
+			return nil, err
+		}
+	}
+	return w.readReads(conn, p, c)
+}
+
+// appendReads appends WATCH, the reads of the keys of p's queues and streams and c, and MULTI.
+func (w *Writer) appendReads(b []byte, p *plan, c *Cover) []byte {
 	nkeys := len(p.queues)
 	if c.LeaseKey != "" {
 		nkeys++
@@ -251,13 +361,12 @@ func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c
 	for _, s := range p.streams {
 		b = redisconn.AppendCommand(b, "TYPE", w.layout.Stream(p.queues[s.queue], s.shard))
 	}
-	b = redisconn.AppendCommand(b, "MULTI")
-	conn.Buf = b
-	if err := conn.Send(ctx, b, 0); err != nil {
-		return nil, err
-	}
+	return redisconn.AppendCommand(b, "MULTI")
+}
 
-	st := &txState{create: make([]bool, len(p.queues)), offs: make([]int64, len(p.streams))}
+// readReads reads the replies of appendReads: the state, and the first error reply.
+func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState, error) {
+	st := &txState{create: make([]bool, len(p.queues)), offs: make([]int64, len(p.streams)), streamErr: make([]error, len(p.streams))}
 	var first error // the first error reply
 	keep := func(err error) {
 		if first == nil {
@@ -265,8 +374,8 @@ func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c
 		}
 	}
 	layout := func(err error) {
-		if st.layout == nil {
-			st.layout = err
+		if st.queueErr == nil {
+			st.queueErr = err
 		}
 	}
 	rep, err := conn.Read() // WATCH
@@ -322,23 +431,29 @@ func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c
 				}
 				n, ok := redisconn.ParseInt(el.Str)
 				if !ok || n < 0 {
-					layout(errcode.New(errcode.LayoutVersion,
+					st.streamErr[j] = errcode.New(errcode.LayoutVersion,
 						fmt.Sprintf("queue %q: meta field off:%d is %q, not an offset", q, p.streams[j].shard, el.Str),
-						"the queue's keys were written by something other than pgrelay: use a new queue name"))
+						"the queue's keys were written by something other than pgrelay: use a new queue name")
 				}
 				st.offs[j] = n
 			}
 		}
 	}
-	for _, s := range p.streams {
+	for j, s := range p.streams {
 		if rep, err = conn.Read(); err != nil {
 			return nil, err
 		}
 		keep(rep.Err())
-		if t := string(rep.Str); rep.Kind == '+' && t != "stream" && t != "none" {
-			layout(errcode.New(errcode.LayoutVersion,
+		if t := string(rep.Str); rep.Kind == '+' && t != "stream" && t != "none" && st.streamErr[j] == nil {
+			st.streamErr[j] = errcode.New(errcode.LayoutVersion,
 				fmt.Sprintf("queue %q: key %s is a %s, not a stream", p.queues[s.queue], w.layout.Stream(p.queues[s.queue], s.shard), t),
-				"the queue's keys were written by something other than pgrelay: delete that key, or use a new queue name"))
+				"the queue's keys were written by something other than pgrelay: delete that key, or use a new queue name")
+		}
+	}
+	st.layout = st.queueErr
+	for _, err := range st.streamErr {
+		if st.layout == nil {
+			st.layout = err
 		}
 	}
 	if rep, err = conn.Read(); err != nil { // MULTI
@@ -402,12 +517,16 @@ const (
 )
 
 // exec sends b (the commands to queue after MULTI) with EXEC (and WAIT with durability replicas)
-// and reads the replies: errTxConflict when EXEC aborted because a watched key changed.
-func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, queued int) error {
+// and reads the replies: errTxConflict when EXEC aborted because a watched key changed. With pp
+// it primes conn for the next write: the reads of pp (appendReads) follow in the same round trip.
+func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, queued int, pp *plan, c *Cover) error {
 	b = redisconn.AppendCommand(b, "EXEC")
 	replicas := w.conf.Durability.Replicas
 	if replicas > 0 {
 		b = redisconn.AppendCommand(b, "WAIT", strconv.Itoa(replicas), strconv.FormatInt(w.conf.Durability.WaitTimeout.Milliseconds(), 10))
+	}
+	if pp != nil {
+		b = w.appendReads(b, pp, c)
 	}
 	conn.Buf = b
 	var wait time.Duration
@@ -417,12 +536,32 @@ func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, qu
 	if err := conn.Send(ctx, b, wait); err != nil {
 		return err
 	}
+	res, ioErr := w.execReplies(conn, queued)
+	if ioErr != nil {
+		return ioErr
+	}
+	if pp != nil {
+		// the write's outcome is res whatever these replies are: a connection whose priming
+		// failed is closed instead of kept
+		if st, err := w.readReads(conn, pp, c); err != nil {
+			conn.Drop()
+		} else {
+			conn.State = &primed{leaseKey: c.LeaseKey, fence: c.Fence, pointerKey: c.PointerKey, plan: pp, st: st}
+		}
+	}
+	return res
+}
+
+// execReplies reads the replies of the queued commands, EXEC and WAIT: the write's outcome, or
+// an I/O error that left the connection out of step.
+func (w *Writer) execReplies(conn *redisconn.RawConn, queued int) (res, ioErr error) {
+	replicas := w.conf.Durability.Replicas
 	var first error
 	var rep redisconn.Reply
 	var err error
 	for range queued { // +QUEUED, or why the command was refused (READONLY, MOVED, OOM, ...)
 		if rep, err = conn.Read(); err != nil {
-			return err
+			return nil, err
 		}
 		if first == nil {
 			first = rep.Err()
@@ -430,7 +569,7 @@ func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, qu
 	}
 	rep, err = conn.Read() // EXEC
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var aborted bool
 	switch {
@@ -440,6 +579,10 @@ func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, qu
 		var failed error // a command that failed while EXEC ran it; the others did run
 		for range rep.Int {
 			if err := conn.Skip(); err != nil {
+				var re redisconn.ReplyError
+				if !errors.As(err, &re) {
+					return nil, err
+				}
 				if failed == nil {
 					failed = err
 				}
@@ -454,22 +597,22 @@ func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, qu
 	if replicas > 0 {
 		rep, err := conn.Read()
 		if err != nil {
-			return fmt.Errorf("WAIT %d replicas: %w", replicas, err)
+			return nil, fmt.Errorf("WAIT %d replicas: %w", replicas, err)
 		}
 		if first == nil && !aborted {
 			if err := rep.Err(); err != nil {
-				return fmt.Errorf("WAIT %d replicas: %w", replicas, err)
+				return fmt.Errorf("WAIT %d replicas: %w", replicas, err), nil
 			}
-			return w.shortfall(rep.Int)
+			return w.shortfall(rep.Int), nil
 		}
 	}
 	if first != nil {
-		return first
+		return first, nil
 	}
 	if aborted {
-		return errTxConflict
+		return errTxConflict, nil
 	}
-	return nil
+	return nil, nil
 }
 
 // discard ends the transaction and the watch on conn, which goes back to the pool, and returns

@@ -109,41 +109,37 @@ func leasedSource(t *testing.T, rdb redis.UniversalClient, q string) (leaseKey, 
 	}
 }
 
-// TestWriteTxRaces changes a watched key between a transaction's reads and its EXEC, as another
-// replica, the lease renewal, another producer or a re-created queue would: the EXEC aborts, and
-// the write is read and checked again, so it ends fenced, duplicate or written exactly once. A
-// writer that keeps conflicting falls back to the script. Without the WATCH the stale checks would
-// let each of these writes through.
-func TestWriteTxRaces(t *testing.T) {
-	r := testenv.StartRedis(t)
-	rdb := r.Client()
+// keyChange is a change of a writer's watched keys by someone else (another replica, the lease
+// renewal, another producer, a re-created queue) while the writer writes its second batch (cover
+// 0003, after a first one at 0001), and what that write must end with.
+type keyChange struct {
+	name   string
+	change func(q, leaseKey, ptrKey string)
+	want   Result
+	code   errcode.Code
+	second bool   // the second batch is in the queue afterwards
+	ptr    string // pos stored afterwards
+	other  bool   // the other producer's batch is in the queue
+	shards int    // shard count afterwards
+}
+
+func keyChanges(t *testing.T, rdb *redis.Client) []keyChange {
 	ctx := context.Background()
-	cases := []struct {
-		name   string
-		race   func(q, leaseKey, ptrKey string) // runs between the reads and EXEC
-		always bool                             // on every attempt, not the first only
-		want   Result
-		code   errcode.Code
-		second bool   // the batch is in the queue afterwards
-		ptr    string // pos stored afterwards
-		other  bool   // the other producer's batch is in the queue
-		shards int    // shard count afterwards
-		script bool   // written by the script
-	}{
-		{name: "a new owner took the lease", race: func(_, lk, _ string) { rdb.Set(ctx, lk, "other|9", 0) },
+	return []keyChange{
+		{name: "a new owner took the lease", change: func(_, lk, _ string) { rdb.Set(ctx, lk, "other|9", 0) },
 			code: errcode.Fenced, ptr: "0001", shards: 4},
-		{name: "the lease was renewed", race: func(_, lk, _ string) { rdb.PExpire(ctx, lk, time.Minute) },
+		{name: "the lease was renewed", change: func(_, lk, _ string) { rdb.PExpire(ctx, lk, time.Minute) },
 			want: ResultOK, second: true, ptr: "0003", shards: 4},
-		{name: "the pointer moved past the cover", race: func(_, _, pk string) { rdb.Set(ctx, pk, `{"pos":"0005"}`, 0) },
+		{name: "the pointer moved past the cover", change: func(_, _, pk string) { rdb.Set(ctx, pk, `{"pos":"0005"}`, 0) },
 			want: ResultDuplicate, ptr: "0005", shards: 4},
-		{name: "the pointer moved, still below the cover", race: func(_, _, pk string) { rdb.Set(ctx, pk, `{"pos":"0002"}`, 0) },
+		{name: "the pointer moved, still below the cover", change: func(_, _, pk string) { rdb.Set(ctx, pk, `{"pos":"0002"}`, 0) },
 			want: ResultOK, second: true, ptr: "0003", shards: 4},
-		{name: "another producer wrote the queue", race: func(q, _, _ string) {
+		{name: "another producer wrote the queue", change: func(q, _, _ string) {
 			if _, err := NewWriter(rdb, WriterConfig{}).Write(ctx, batchOf(q, "other", 7, 7), nil); err != nil {
 				t.Errorf("other producer: %v", err)
 			}
 		}, want: ResultOK, second: true, ptr: "0003", other: true, shards: 4},
-		{name: "the queue was created again with 2 shards", race: func(q, _, _ string) {
+		{name: "the queue was created again with 2 shards", change: func(q, _, _ string) {
 			l := NewLayout("")
 			keys := []string{l.Meta(q)}
 			for n := 0; n < 4; n++ {
@@ -152,62 +148,96 @@ func TestWriteTxRaces(t *testing.T) {
 			rdb.Del(ctx, keys...)
 			rdb.HSet(ctx, l.Meta(q), "shards", 2, "version", 1)
 		}, want: ResultOK, second: true, ptr: "0003", shards: 2},
-		{name: "conflicts every time: the script writes", always: true, race: func(_, lk, _ string) { rdb.PExpire(ctx, lk, time.Minute) },
-			want: ResultOK, second: true, ptr: "0003", shards: 4, script: true},
 	}
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			q := "race" + strconv.Itoa(i)
-			leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
-			w := NewWriter(rdb, WriterConfig{Shards: 4})
-			defer w.Close()
-			first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
-			if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultOK {
-				t.Fatalf("first batch: %v %v", res, err)
-			}
-			var races atomic.Int32
-			w.beforeExec = func() {
-				if races.Add(1) == 1 || c.always {
-					c.race(q, leaseKey, ptrKey)
+}
+
+// check checks the outcome of the second write (res, err) and reads the queue and the pointer back.
+func (c keyChange) check(t *testing.T, rdb *redis.Client, w *Writer, q, ptrKey string, first, second []Message, res Result, err error) {
+	t.Helper()
+	switch {
+	case c.code != "":
+		if !errcode.Is(err, c.code) {
+			t.Fatalf("err %v, want code %s", err, c.code)
+		}
+	case err != nil || res != c.want:
+		t.Fatalf("%v %v, want %v", res, err, c.want)
+	}
+	var batches [][]Message
+	if c.shards == 4 {
+		batches = append(batches, first)
+	}
+	if c.second {
+		batches = append(batches, second)
+	}
+	if c.other {
+		batches = append(batches, batchOf(q, "other", 7, 7))
+	}
+	checkQueue(t, rdb, w.Layout(), q, batches...)
+	ctx := context.Background()
+	if got := rdb.HGet(ctx, w.Layout().Meta(q), "shards").Val(); got != strconv.Itoa(c.shards) {
+		t.Fatalf("shards %s, want %d", got, c.shards)
+	}
+	if got := rdb.Get(ctx, ptrKey).Val(); got != `{"pos":"`+c.ptr+`"}` {
+		t.Fatalf("pointer %s, want pos %s", got, c.ptr)
+	}
+}
+
+// TestWriteTxRaces changes a watched key between a transaction's reads and its EXEC (keyChanges):
+// the EXEC aborts, and the write is read and checked again, so it ends fenced, duplicate or
+// written exactly once. A writer that keeps conflicting falls back to the script. Without the
+// WATCH the stale checks would let each of these writes through. Each case runs with the second
+// write's reads primed by the first write (the reads travel with its EXEC) and with the second
+// write reading for itself.
+func TestWriteTxRaces(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	type raceCase struct {
+		keyChange
+		always bool // the change runs on every attempt, not the first only
+		script bool // written by the script
+	}
+	var cases []raceCase
+	for _, c := range keyChanges(t, rdb) {
+		cases = append(cases, raceCase{keyChange: c})
+	}
+	cases = append(cases, raceCase{keyChange: keyChange{name: "conflicts every time: the script writes",
+		change: func(_, lk, _ string) { rdb.PExpire(ctx, lk, time.Minute) }, want: ResultOK, second: true, ptr: "0003", shards: 4},
+		always: true, script: true})
+	for k, c := range cases {
+		for _, primed := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/primed=%v", c.name, primed), func(t *testing.T) {
+				q := fmt.Sprintf("race%d-%v", k, primed)
+				leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
+				w := NewWriter(rdb, WriterConfig{Shards: 4})
+				defer w.Close()
+				if !primed {
+					w.primeWait.Store(1 << 40)
 				}
-			}
-			evals, execs := evalCalls(t, rdb), cmdCalls(t, rdb, "cmdstat_exec:")
-			res, err := w.Write(ctx, second, cover("0003"))
-			switch {
-			case c.code != "":
-				if !errcode.Is(err, c.code) {
-					t.Fatalf("err %v, want code %s", err, c.code)
+				first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
+				if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultOK {
+					t.Fatalf("first batch: %v %v", res, err)
 				}
-			case err != nil || res != c.want:
-				t.Fatalf("%v %v, want %v", res, err, c.want)
-			}
-			if races.Load() == 0 {
-				t.Fatal("the race never ran")
-			}
-			var batches [][]Message
-			if c.shards == 4 {
-				batches = append(batches, first)
-			}
-			if c.second {
-				batches = append(batches, second)
-			}
-			if c.other {
-				batches = append(batches, batchOf(q, "other", 7, 7))
-			}
-			checkQueue(t, rdb, w.Layout(), q, batches...)
-			if got := rdb.HGet(ctx, w.Layout().Meta(q), "shards").Val(); got != strconv.Itoa(c.shards) {
-				t.Fatalf("shards %s, want %d", got, c.shards)
-			}
-			if got := rdb.Get(ctx, ptrKey).Val(); got != `{"pos":"`+c.ptr+`"}` {
-				t.Fatalf("pointer %s, want pos %s", got, c.ptr)
-			}
-			if scripted := evalCalls(t, rdb) > evals; scripted != c.script {
-				t.Fatalf("written by the script: %v, want %v", scripted, c.script)
-			}
-			if n := cmdCalls(t, rdb, "cmdstat_exec:") - execs; c.script && n != maxTxConflicts {
-				t.Fatalf("%d EXECs before the script, want %d", n, maxTxConflicts)
-			}
-		})
+				var races atomic.Int32
+				w.beforeExec = func() {
+					if races.Add(1) == 1 || c.always {
+						c.change(q, leaseKey, ptrKey)
+					}
+				}
+				evals, execs := evalCalls(t, rdb), cmdCalls(t, rdb, "cmdstat_exec:")
+				res, err := w.Write(ctx, second, cover("0003"))
+				if races.Load() == 0 {
+					t.Fatal("the race never ran")
+				}
+				c.check(t, rdb, w, q, ptrKey, first, second, res, err)
+				if scripted := evalCalls(t, rdb) > evals; scripted != c.script {
+					t.Fatalf("written by the script: %v, want %v", scripted, c.script)
+				}
+				if n := cmdCalls(t, rdb, "cmdstat_exec:") - execs; c.script && n != maxTxConflicts {
+					t.Fatalf("%d EXECs before the script, want %d", n, maxTxConflicts)
+				}
+			})
+		}
 	}
 }
 
@@ -465,4 +495,70 @@ func TestWriteTxLeastPrivilege(t *testing.T) {
 	if log := admin.Do(ctx, "ACL", "LOG").Val(); len(log.([]any)) > 0 {
 		t.Fatalf("Redis refused the writer: %v", log)
 	}
+}
+
+// TestWritePrimed makes each change of keyChanges between two writes of one writer, while its
+// connection holds the next write's WATCH, reads and MULTI (primed by the first write's round
+// trip): the second write checks against those reads and sends only its writes and EXEC, which the
+// changed watched key aborts (the EXEC count shows it ran: reading for itself, the write would see
+// the change and never abort); it is then read and checked again and ends fenced, duplicate or
+// written exactly once, as the queue and the pointer read back show. A run of unchanged writes
+// shows they make no reads of their own.
+func TestWritePrimed(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	for i, c := range keyChanges(t, rdb) {
+		t.Run(c.name, func(t *testing.T) {
+			q := "primed" + strconv.Itoa(i)
+			leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
+			w := NewWriter(rdb, WriterConfig{Shards: 4})
+			defer w.Close()
+			first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
+			if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultOK {
+				t.Fatalf("first batch: %v %v", res, err)
+			}
+			c.change(q, leaseKey, ptrKey)
+			execs := cmdCalls(t, rdb, "cmdstat_exec:")
+			res, err := w.Write(ctx, second, cover("0003"))
+			c.check(t, rdb, w, q, ptrKey, first, second, res, err)
+			// the primed EXEC, aborted; then the EXEC of the write read again, unless it ended
+			// fenced or duplicate
+			want := 2
+			if c.code != "" || c.want == ResultDuplicate {
+				want = 1
+			}
+			if n := cmdCalls(t, rdb, "cmdstat_exec:") - execs; n != want {
+				t.Fatalf("%d EXECs for the second write, want %d", n, want)
+			}
+		})
+	}
+
+	t.Run("no reads of its own", func(t *testing.T) {
+		q := "primedrun"
+		_, _, cover := leasedSource(t, rdb, q)
+		w := NewWriter(rdb, WriterConfig{Shards: 4})
+		defer w.Close()
+		var all [][]Message
+		for i := 1; i <= 6; i++ {
+			if i == 2 {
+				// each later write sends one WATCH and the TYPE of the 4 shards, both for the write
+				// after it: reading for itself would add a WATCH and TYPEs
+				defer func(watches, types int) {
+					if n := cmdCalls(t, rdb, "cmdstat_watch:") - watches; n != 5 {
+						t.Errorf("%d WATCHes for 5 writes after the first, want 5", n)
+					}
+					if n := cmdCalls(t, rdb, "cmdstat_type:") - types; n != 5*4 {
+						t.Errorf("%d TYPEs for 5 writes after the first, want %d", n, 5*4)
+					}
+				}(cmdCalls(t, rdb, "cmdstat_watch:"), cmdCalls(t, rdb, "cmdstat_type:"))
+			}
+			b := batchOf(q, "b"+strconv.Itoa(i), 10, 3)
+			if res, err := w.Write(ctx, b, cover(fmt.Sprintf("%04d", i))); err != nil || res != ResultOK {
+				t.Fatalf("batch %d: %v %v", i, res, err)
+			}
+			all = append(all, b)
+		}
+		checkQueue(t, rdb, w.Layout(), q, all...)
+	})
 }

@@ -173,6 +173,8 @@ type Writer struct {
 	scriptOnly bool
 	beforeExec func()
 	conflicts  atomic.Int64 // aborted EXECs
+
+	primeWait atomic.Int64 // writes left before priming again (write_tx.go)
 }
 
 // NewWriter returns a Writer over rdb; nothing is sent until Connect or Write.

@@ -158,7 +158,15 @@ type RawConn struct {
 
 	// Buf is the caller's buffer for commands, kept with the connection so its capacity is reused.
 	Buf []byte
+	// State is the caller's note of what it left open on the connection (a WATCH, a MULTI), kept
+	// with it in the pool; nil on a new connection. A connection closed for its age or because it
+	// broke takes its state with it.
+	State any
 }
+
+// Drop marks the connection broken: it is closed instead of going back to the pool (for a caller
+// that lost track of the connection's state).
+func (c *RawConn) Drop() { c.broken = true }
 
 // dialRaw connects with opt's dialer and authenticates, selects the database and names the client
 // as go-redis would (RESP2: no HELLO).
