@@ -458,6 +458,10 @@ const (
 	streamMoved                     // the guard refused: read the progress rows first
 )
 
+// streamPrefill is how many chunks of rows a streamed COPY encodes while the round trip before it
+// runs.
+const streamPrefill = 2
+
 // streamed is the fast path of an append batch that goes by one COPY: BEGIN, the guard and the
 // progress update in one round trip, then "COPY ...; COMMIT" with the rows decoded and encoded
 // while they are sent (copyStream). The COPY's column set and format are those of the first row;
@@ -473,7 +477,8 @@ func (a *Applier) streamed(ctx context.Context, conn *pgx.Conn, w *writer, msgs 
 	if adv, ok := a.progress.advanceStmt(st.advanced); ok {
 		stmts = append(stmts, adv)
 	}
-	if at, err := sendAt(ctx, conn, stmts); err != nil {
+	// the first rows are decoded while PostgreSQL runs the guard
+	if at, err := sendAtMeanwhile(ctx, conn, stmts, func() { s.prefill(streamPrefill) }); err != nil {
 		if at != guard || !isGuardMoved(err) {
 			return nil, streamDone, err
 		}
@@ -482,15 +487,19 @@ func (a *Applier) streamed(ctx context.Context, conn *pgx.Conn, w *writer, msgs 
 		}
 		return nil, streamMoved, nil
 	}
-	if _, err := conn.PgConn().CopyFrom(ctx, s, s.sql+"; COMMIT"); err != nil {
-		if !s.stopped.Load() {
-			return nil, streamDone, err
-		}
+	var err error
+	if !s.stopped.Load() {
+		_, err = conn.PgConn().CopyFrom(ctx, s, s.sql+"; COMMIT")
+	}
+	if s.stopped.Load() {
 		w.stream.pause()
 		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
 			return nil, streamDone, err
 		}
 		return nil, streamRegular, nil
+	}
+	if err != nil {
+		return nil, streamDone, err
 	}
 	a.progress.markKnown(shards)
 	st.res.count()

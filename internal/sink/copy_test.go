@@ -240,11 +240,12 @@ func TestCopyStream(t *testing.T) {
 		msgs[i] = &Message{Queue: "q", Offset: int64(i + 1), HasPosition: true, Payload: r.payload}
 		pending[i] = i
 	}
-	read := func(msgs []*Message) (*copyStream, []byte, error) {
+	read := func(msgs []*Message, prefill int) (*copyStream, []byte, error) {
 		s, ok := w.newCopyStream(msgs, pending[:len(msgs)])
 		if !ok {
 			t.Fatal("the first row does not stream")
 		}
+		s.prefill(prefill)
 		var out []byte
 		p := make([]byte, 1000)
 		for {
@@ -255,9 +256,14 @@ func TestCopyStream(t *testing.T) {
 			}
 		}
 	}
-	s, data, err := read(msgs)
+	s, data, err := read(msgs, 0)
 	if !errors.Is(err, io.EOF) || !s.binary || s.stopped.Load() {
 		t.Fatalf("stream of canonical rows: err %v, binary %v, stopped %v", err, s.binary, s.stopped.Load())
+	}
+	for _, chunks := range []int{1, 2, 100} {
+		if _, pre, err := read(msgs, chunks); !errors.Is(err, io.EOF) || string(pre) != string(data) {
+			t.Fatalf("with %d chunks encoded before the first read: err %v, the data differs: %v", chunks, err, string(pre) != string(data))
+		}
 	}
 	ops := make([]op, len(msgs))
 	for i, m := range msgs {
@@ -276,9 +282,11 @@ func TestCopyStream(t *testing.T) {
 	} {
 		bad := append([]*Message(nil), msgs...)
 		bad[150] = &Message{Queue: "q", Offset: 151, HasPosition: true, Payload: []byte(payload)}
-		s, _, err := read(bad)
-		if !errors.Is(err, errStreamStopped) || !s.stopped.Load() {
-			t.Errorf("%s: err %v, stopped %v", name, err, s.stopped.Load())
+		for _, chunks := range []int{0, 100} {
+			s, _, err := read(bad, chunks)
+			if !errors.Is(err, errStreamStopped) || !s.stopped.Load() {
+				t.Errorf("%s, %d chunks before the first read: err %v, stopped %v", name, chunks, err, s.stopped.Load())
+			}
 		}
 	}
 	g := &streamGate{}

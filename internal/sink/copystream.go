@@ -60,12 +60,14 @@ func (w *writer) newCopyStream(msgs []*Message, pending []int) (*copyStream, boo
 
 // Read implements io.Reader for pgconn's CopyFrom.
 func (s *copyStream) Read(p []byte) (int, error) {
+	if s.stopped.Load() {
+		return 0, errStreamStopped
+	}
 	for len(s.out) == 0 {
 		if s.done {
 			return 0, io.EOF
 		}
 		if !s.fill() {
-			s.stopped.Store(true)
 			return 0, errStreamStopped
 		}
 	}
@@ -74,9 +76,27 @@ func (s *copyStream) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// fill encodes the next chunk of rows into out; false when a row does not fit the stream.
+// prefill encodes the first chunks before the COPY starts (while the round trip before it runs).
+func (s *copyStream) prefill(chunks int) {
+	for ; chunks > 0 && !s.done && s.fill(); chunks-- {
+	}
+}
+
+// fill encodes the next chunk of rows after out; false (and stopped) when a row does not fit the
+// stream.
 func (s *copyStream) fill() bool {
-	out := s.buf[:0]
+	if !s.fillChunk() {
+		s.stopped.Store(true)
+		return false
+	}
+	return true
+}
+
+func (s *copyStream) fillChunk() bool {
+	out := s.out
+	if len(out) == 0 {
+		out = s.buf[:0]
+	}
 	if s.next == 0 && s.binary {
 		out = append(out, copyBinaryHeader...)
 	}

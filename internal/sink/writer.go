@@ -502,6 +502,12 @@ func send(ctx context.Context, conn *pgx.Conn, stmts []stmt) error {
 
 // sendAt is send that also returns the index of the statement that failed.
 func sendAt(ctx context.Context, conn *pgx.Conn, stmts []stmt) (int, error) {
+	return sendAtMeanwhile(ctx, conn, stmts, nil)
+}
+
+// sendAtMeanwhile is sendAt that runs meanwhile (if not nil) after the statements are sent and
+// before their results are read, while PostgreSQL runs them.
+func sendAtMeanwhile(ctx context.Context, conn *pgx.Conn, stmts []stmt, meanwhile func()) (int, error) {
 	if len(stmts) == 0 {
 		return -1, nil
 	}
@@ -510,6 +516,9 @@ func sendAt(ctx context.Context, conn *pgx.Conn, stmts []stmt) (int, error) {
 		b.Queue(s.sql, s.args...)
 	}
 	br := conn.SendBatch(ctx, b)
+	if meanwhile != nil {
+		meanwhile()
+	}
 	for i, s := range stmts {
 		if _, err := br.Exec(); err != nil {
 			br.Close()
