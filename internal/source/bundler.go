@@ -115,6 +115,9 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 		until := ss.firstSeen.Add(cfg.Linger)
 		if fill := ss.fillUntil(); fill.After(until) {
 			until = fill
+			// The reader may leave the WAL unread until shortly before: what arrives meanwhile is
+			// then read in a few large reads instead of one read per message as it comes.
+			ss.readPause.Store(fill.Add(-cfg.LoadLinger / readHeadStart).UnixNano())
 		}
 		if wait := time.Until(until); wait > 0 {
 			// Only a full batch ends the wait early: waking on every queued change would cost a
@@ -142,6 +145,9 @@ const (
 	// FillMinEvents: a batch waits only when the wait is expected to bring at least this many
 	// events (the arrival rate times load_linger), so a slow trickle never waits.
 	FillMinEvents = 4
+	// readHeadStart: during a wait to fill, the reader resumes reading this fraction of
+	// load_linger before the batch goes, to have read and queued what arrived meanwhile.
+	readHeadStart = 4
 	// rateWeight is the weight of the newest batch in the arrival rate's averages.
 	rateWeight = 1.0 / 8
 	// maxRateGap bounds one gap between batches in the average, so the rate recovers within a few

@@ -38,6 +38,7 @@ type session struct {
 	evAvg, gapAvg float64
 	lastCut       time.Time
 	lastAck       atomic.Int64 // unix ns of the last ack of a batch with events (set by acked)
+	readPause     atomic.Int64 // unix ns: the reader may leave the WAL unread until then (a wait to fill)
 
 	dataMsgs atomic.Uint64 // WAL data messages received, for the heartbeat (counted: a clock read per message costs)
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -562,4 +563,52 @@ func TestPointerOfAnotherSystemOrSlotIsRefused(t *testing.T) {
 		e.waitStatus("q", "sys", `"code":"`+c.code+`"`)
 		stop()
 	}
+}
+
+// TestLoadLingerKeepsEveryChangeOnce streams from 4 writers flat out with a long load_linger (the
+// batches wait to fill and the reader leaves the WAL unread meanwhile), stopping and restarting
+// the pipeline in the middle: the queue replays to exactly the table.
+func TestLoadLingerKeepsEveryChangeOnce(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY, v int NOT NULL)`)
+	stop := e.run("fill", `[{table: s, queue: q}]`, "load_linger: 40ms")
+	e.waitPointer("fill", "q")
+	const writers, each = 4, 300
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	progress := 0
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := e.conn()
+			for i := 0; i < each; i++ {
+				id := w*each + i
+				if _, err := c.Exec(e.ctx, `INSERT INTO s VALUES ($1, 0)`, id); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%2 == 1 {
+					if _, err := c.Exec(e.ctx, `UPDATE s SET v = v + 1 WHERE id = $1`, id-1); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				mu.Lock()
+				progress++
+				mu.Unlock()
+			}
+		}()
+	}
+	cdctest.Wait(t, 60*time.Second, "the writers halfway", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return progress >= writers*each/2, fmt.Sprint(progress)
+	})
+	stop() // mid-stream, batches waiting to fill
+	e.run("fill", `[{table: s, queue: q}]`, "load_linger: 40ms")
+	wg.Wait()
+	e.waitEntries("q", writers*each*3/2)
+	time.Sleep(300 * time.Millisecond) // anything beyond would be a duplicate
+	e.checkOracle("q", "public.s", "id")
 }

@@ -77,6 +77,7 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 		}
 		return ss.push(it, sendStatus, nextStatus)
 	}
+	var paused int64           // the last readPause slept for
 	var deadline time.Time     // the connection's read deadline: the next status report
 	deadlineFlush := sentFlush // the flush position deadline was set for
 	for {
@@ -94,6 +95,10 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 			if ss.ctx.Err() != nil { // ended before the deadline was set: the AfterFunc's may be overwritten
 				return nil
 			}
+		}
+		if p := ss.readPause.Load(); p != paused {
+			paused = p
+			ss.pauseReading(p)
 		}
 		raw, err := repl.ReceiveMessage(context.Background())
 		if err != nil {
@@ -120,6 +125,24 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 				deadline = time.Time{}
 			}
 		}
+	}
+}
+
+// pauseReading sleeps until the unix ns until, at most while the session runs. The bundler asks
+// for it while it waits to fill a batch: the WAL that arrives meanwhile waits in the socket and is
+// then read in a few large reads, where reading it as it came cost a read (and a wake-up) per
+// message. The pause ends before the batch goes, and it is at most a share of load_linger, well
+// within any status report's or keepalive's time.
+func (ss *session) pauseReading(until int64) {
+	d := time.Until(time.Unix(0, until))
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+	case <-ss.ctx.Done():
+		t.Stop()
 	}
 }
 
