@@ -395,9 +395,8 @@ func newBatchState(n int) *batchState {
 // a second round trip, "COPY ...; COMMIT" in one query.
 func (a *Applier) fast(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op) (res *Result, moved bool, err error) {
 	st := newBatchState(len(msgs))
-	pending := a.sortOut(msgs, make([]error, len(msgs)), nil, st)
+	pending, stmts, guard, shards := a.fastHead(msgs, st)
 	batch := pendingOps(ops, pending)
-	stmts, guard, shards := a.fastHead(msgs, pending, st)
 	var copies []copyJob
 	if am, ok := h.(appendMode); ok {
 		if jobs, ok := am.copyPlan(batch); ok {
@@ -428,16 +427,48 @@ func (a *Applier) fast(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs 
 	return st.res, false, nil
 }
 
-// fastHead marks the pending messages applied and returns the fast path's first statements: BEGIN
-// and the guard (with the missing progress rows inserted before it), the guard's position in them
-// (-1: no message has a position) and the shards it covers.
-func (a *Applier) fastHead(msgs []*Message, pending []int, st *batchState) (stmts []stmt, guard int, shards []ShardKey) {
-	first := map[ShardKey]int64{}
-	for _, i := range pending {
-		m := msgs[i]
-		st.applied(i, m)
-		if _, ok := first[m.shardKey()]; m.HasPosition && !ok {
-			first[m.shardKey()] = m.Offset // pending offsets of a shard ascend: the first is its lowest
+// fastHead sorts out a batch for the fast paths (no progress read yet, every payload decoded): it
+// skips repeats inside the batch (an offset at or below an earlier one of its shard, as sortOut
+// would), marks the rest applied, and returns them with the fast path's first statements: BEGIN and
+// the guard (with the missing progress rows inserted before it), the guard's position in them (-1:
+// no message has a position) and the shards it covers. One map lookup per run of messages of one
+// shard, not several per message.
+func (a *Applier) fastHead(msgs []*Message, st *batchState) (pending []int, stmts []stmt, guard int, shards []ShardKey) {
+	type shard struct{ first, high int64 } // first: -1 until a message of the shard is pending
+	at := map[ShardKey]*shard{}
+	var cur *shard
+	var curKey ShardKey
+	pending = make([]int, 0, len(msgs))
+	for i, m := range msgs {
+		if !m.HasPosition {
+			st.set(i, Applied, nil)
+			pending = append(pending, i)
+			continue
+		}
+		if k := m.shardKey(); cur == nil || k != curKey {
+			if cur = at[k]; cur == nil {
+				cur = &shard{first: -1}
+				at[k] = cur
+				shards = append(shards, k)
+			}
+			curKey = k
+		}
+		if m.Offset <= cur.high {
+			st.set(i, Skipped, nil)
+			continue
+		}
+		if cur.first < 0 {
+			cur.first = m.Offset
+		}
+		cur.high = m.Offset
+		st.set(i, Applied, nil)
+		pending = append(pending, i)
+	}
+	first := make(map[ShardKey]int64, len(at))
+	for k, sh := range at {
+		if sh.first >= 0 {
+			first[k] = sh.first
+			st.advanced[k] = sh.high
 		}
 	}
 	stmts = []stmt{{sql: "BEGIN"}}
@@ -446,7 +477,7 @@ func (a *Applier) fastHead(msgs []*Message, pending []int, st *batchState) (stmt
 		stmts = append(stmts, a.progress.guardStmts(first)...)
 		guard = len(stmts) - 1
 	}
-	return stmts, guard, slices.Collect(maps.Keys(first))
+	return pending, stmts, guard, slices.Collect(maps.Keys(first))
 }
 
 // streamNext is what attempt does after streamed.
@@ -468,12 +499,11 @@ const streamPrefill = 2
 // when a later row does not fit, the transaction is rolled back and nothing was written.
 func (a *Applier) streamed(ctx context.Context, conn *pgx.Conn, w *writer, msgs []*Message) (*Result, streamNext, error) {
 	st := newBatchState(len(msgs))
-	pending := a.sortOut(msgs, make([]error, len(msgs)), nil, st)
+	pending, stmts, guard, shards := a.fastHead(msgs, st)
 	s, ok := w.newCopyStream(msgs, pending)
 	if !ok {
 		return nil, streamRegular, nil
 	}
-	stmts, guard, shards := a.fastHead(msgs, pending, st)
 	if adv, ok := a.progress.advanceStmt(st.advanced); ok {
 		stmts = append(stmts, adv)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -323,6 +324,54 @@ func TestFixedLengthTypes(t *testing.T) {
 		}
 		if got := f.one(t, fmt.Sprintf(`SELECT c::text || '/' || b::text FROM %s WHERE id = %d`, table, id)); got != "ab/101" {
 			t.Errorf("%s: stored %q, want ab/101", mode, got)
+		}
+	}
+}
+
+// TestFastHeadAgreesWithSortOut: the fast paths' one-pass bookkeeping decides every message as
+// sortOut does for a batch with no progress read and no decode errors (repeats and offsets going
+// back inside a shard skipped, messages without a position applied), and the guard covers each
+// shard's first pending offset and the update its last.
+func TestFastHeadAgreesWithSortOut(t *testing.T) {
+	prog, err := NewProgress("s", DefaultProgressTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Applier{progress: prog}
+	rng := rand.New(rand.NewPCG(3, 5))
+	for round := 0; round < 500; round++ {
+		msgs := make([]*Message, 1+rng.IntN(40))
+		for i := range msgs {
+			msgs[i] = &Message{Queue: []string{"a", "b"}[rng.IntN(2)], Shard: int32(rng.IntN(3)), Offset: int64(rng.IntN(12)), HasPosition: rng.IntN(8) > 0}
+		}
+		want := newBatchState(len(msgs))
+		wantPending := a.sortOut(msgs, make([]error, len(msgs)), nil, want)
+		wantFirst := map[ShardKey]int64{}
+		for _, i := range wantPending {
+			want.applied(i, msgs[i])
+			if _, ok := wantFirst[msgs[i].shardKey()]; msgs[i].HasPosition && !ok {
+				wantFirst[msgs[i].shardKey()] = msgs[i].Offset
+			}
+		}
+		got := newBatchState(len(msgs))
+		pending, stmts, guard, shards := a.fastHead(msgs, got)
+		if fmt.Sprint(pending) != fmt.Sprint(wantPending) || fmt.Sprint(got.res.Outcomes) != fmt.Sprint(want.res.Outcomes) ||
+			fmt.Sprint(got.advanced) != fmt.Sprint(want.advanced) || len(shards) != len(wantFirst) {
+			t.Fatalf("round %d: pending %v outcomes %v advanced %v shards %v; sortOut: %v %v %v %v",
+				round, pending, got.res.Outcomes, got.advanced, shards, wantPending, want.res.Outcomes, want.advanced, wantFirst)
+		}
+		if len(wantFirst) == 0 {
+			if guard != -1 {
+				t.Fatalf("round %d: a guard without shards", round)
+			}
+			continue
+		}
+		queues, nums, _ := prog.sorted(shards)
+		offs := stmts[guard].args[3].([]int64)
+		for j := range queues {
+			if k := (ShardKey{Queue: queues[j], Shard: nums[j]}); offs[j] != wantFirst[k] {
+				t.Fatalf("round %d: guard offset of %v is %d, want %d", round, k, offs[j], wantFirst[k])
+			}
 		}
 	}
 }
