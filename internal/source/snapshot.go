@@ -90,7 +90,7 @@ type snapshotter struct {
 
 	arena arena // fills and the rows' keys (build runs on the reader goroutine)
 
-	renders sync.Pool // *rowRender, reused chunk after chunk
+	renders chan *rowRender // renderers free for the next chunk, kept with their buffers
 
 	progress *tableProgress // the table being read (run's goroutine only)
 }
@@ -109,7 +109,7 @@ func (ss *session) newSnapshotter(pool *pgxpool.Pool, tables []TableInfo, versio
 	_, _ = rand.Read(b[:])
 	sn := &snapshotter{ss: ss, pool: pool, flushArg: version >= 170000, life: hex.EncodeToString(b[:]), epoch: ss.plan.Epoch,
 		tables: map[string]*snapTable{}, reg: convert.NewRegistry(), startS: ss.plan.SnapshotChunks,
-		ackSignal: make(chan struct{}, 1), turn: make(chan struct{}, 1)}
+		ackSignal: make(chan struct{}, 1), turn: make(chan struct{}, 1), renders: make(chan *rowRender, 4)}
 	sn.acked.Store(ss.plan.SnapshotChunks)
 	for i := range tables {
 		sn.tables[tables[i].Full()] = &snapTable{info: &tables[i], full: tables[i].Full()}
@@ -341,8 +341,9 @@ func (sn *snapshotter) waitHanded(ctx context.Context) error {
 func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cursor) (*pendingChunk, error) {
 	p := sn.open(t, cur)
 	if t != nil {
-		p.rows, _ = sn.renders.Get().(*rowRender)
-		if p.rows == nil {
+		select {
+		case p.rows = <-sn.renders:
+		default:
 			p.rows = &rowRender{}
 		}
 		p.rows.reset(t)
@@ -391,7 +392,10 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 			p.events, p.size = sn.render(p, hw)
 		}
 		if p.rows != nil {
-			sn.renders.Put(p.rows)
+			select {
+			case sn.renders <- p.rows:
+			default:
+			}
 			p.rows = nil
 		}
 		sn.mu.Lock()
@@ -723,6 +727,7 @@ type rowRender struct {
 	partEnds []int
 	row      event.Row
 	change   event.Change
+	buf      []byte // finish's
 }
 
 // reset prepares r for a chunk of t, keeping its buffers.
@@ -749,11 +754,10 @@ func (r *rowRender) finish(tx string, pos event.Position, ms int64) ([]Event, in
 	t := r.t
 	events := make([]Event, len(r.ends))
 	var a arena
-	var buf []byte
 	size, from, partFrom := 0, 0, 0
 	for i, end := range r.ends {
 		pos.Seq = uint64(i)
-		b := append(buf[:0], r.bodies[from:end]...)
+		b := append(r.buf[:0], r.bodies[from:end]...)
 		from = end
 		b = event.AppendTail(b, &pos)
 		var part []byte
@@ -761,7 +765,7 @@ func (r *rowRender) finish(tx string, pos event.Position, ms int64) ([]Event, in
 			part = r.parts[partFrom:r.partEnds[i]]
 			partFrom = r.partEnds[i]
 		}
-		events[i] = t.pack(&a, &buf, b, nil, part, event.OpRead, pos.LSN, pos.Seq, tx, "", ms)
+		events[i] = t.pack(&a, &r.buf, b, nil, part, event.OpRead, pos.LSN, pos.Seq, tx, "", ms)
 		size += events[i].size()
 	}
 	return events, size
