@@ -96,20 +96,6 @@ func (q *itemQueue) tryPush(it item) (bool, <-chan struct{}) {
 	return true, nil
 }
 
-// any reports whether a queued item satisfies pred, plus the channel signalling a change. Other
-// goroutines than the bundler use it: the items are only read under the lock, since pushes reuse
-// the array's slots once the bundler popped them.
-func (q *itemQueue) any(pred func(*item) bool) (bool, <-chan struct{}) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for i := q.head; i < len(q.items); i++ {
-		if pred(&q.items[i]) {
-			return true, q.waitChanged()
-		}
-	}
-	return false, q.waitChanged()
-}
-
 // snapshot returns the queued items without removing them, plus the channel signalling a change.
 // Only the bundler may call it (the items stay valid until its own next pop).
 func (q *itemQueue) snapshot() ([]item, <-chan struct{}) {

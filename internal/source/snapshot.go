@@ -111,6 +111,7 @@ func (ss *session) newSnapshotter(pool *pgxpool.Pool, tables []TableInfo, versio
 		tables: map[string]*snapTable{}, reg: convert.NewRegistry(), startS: ss.plan.SnapshotChunks,
 		ackSignal: make(chan struct{}, 1), turn: make(chan struct{}, 1), renders: make(chan *rowRender, 4)}
 	sn.acked.Store(ss.plan.SnapshotChunks)
+	sn.share.acked = ss.plan.SnapshotChunks
 	for i := range tables {
 		sn.tables[tables[i].Full()] = &snapTable{info: &tables[i], full: tables[i].Full()}
 	}
@@ -279,32 +280,27 @@ func (sn *snapshotter) waitEarlierTransactions(ctx context.Context) error {
 
 // waitTurn waits until the next chunk, of table, may be read (see mayRead).
 func (sn *snapshotter) waitTurn(ctx context.Context, table string) error {
-	for {
-		ok, changed := sn.mayRead(table)
-		if ok {
-			return nil
-		}
+	for !sn.mayRead(table) {
 		select {
-		case <-changed:
 		case <-sn.turn:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+	return nil
 }
 
 // mayRead reports whether the next chunk, of table, may be read now: the share allows it and,
 // when the table changes, the reader reached every chunk of the previous table (the stream's
-// effects are collected for one table at a time). Otherwise changed is closed when the item
-// queue changes (the turn channel signals the reader's progress).
-func (sn *snapshotter) mayRead(table string) (ok bool, changed <-chan struct{}) {
-	view, changed := sn.ss.q.view()
+// effects are collected for one table at a time). The turn channel signals every change that
+// may allow it.
+func (sn *snapshotter) mayRead(table string) bool {
 	sn.mu.Lock()
 	defer sn.mu.Unlock()
 	if table != sn.active && sn.share.inFlight == 0 {
 		sn.setActiveLocked(table)
 	}
-	return table == sn.active && sn.share.mayStart(view), changed
+	return table == sn.active && sn.share.mayStart()
 }
 
 // setActive makes table the one whose stream effects are collected ("" none).
@@ -506,7 +502,8 @@ func (sn *snapshotter) waitAcked(ctx context.Context, target uint64) error {
 	return nil
 }
 
-// ackedCover records an acknowledged cover (called by session.acked).
+// ackedCover records an acknowledged cover (called by session.acked): the snapshot's chunks it
+// writes leave the share's pipeline.
 func (sn *snapshotter) ackedCover(chunks uint64) {
 	if chunks > sn.acked.Load() {
 		sn.acked.Store(chunks)
@@ -514,6 +511,12 @@ func (sn *snapshotter) ackedCover(chunks uint64) {
 		case sn.ackSignal <- struct{}{}:
 		default:
 		}
+	}
+	sn.mu.Lock()
+	written := sn.share.written(chunks)
+	sn.mu.Unlock()
+	if written {
+		sn.signalTurn()
 	}
 }
 
@@ -527,7 +530,9 @@ func (sn *snapshotter) observe(it item) {
 	defer sn.mu.Unlock()
 	switch it.kind {
 	case itemChange:
-		sn.share.streamed(it.size)
+		if sn.share.streamed(it.size) {
+			sn.signalTurn()
+		}
 		for i := range it.events {
 			e := &it.events[i]
 			if e.Op == event.OpEnvelope {
@@ -665,7 +670,7 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 // handOver records that the reader pushed p's parts: the share may let the next chunk go.
 func (sn *snapshotter) handOver(p *pendingChunk) {
 	sn.mu.Lock()
-	sn.share.handed(p.readSize)
+	sn.share.handed(p.readSize+p.size, sn.startS+sn.pushed.Load())
 	sn.mu.Unlock()
 	sn.signalTurn()
 	src := sn.ss.src

@@ -15,20 +15,20 @@ func TestShareRule(t *testing.T) {
 	cases := []struct {
 		name  string
 		share share
-		view  queueView
 		want  bool
 	}{
-		{"nothing in flight", share{}, queueView{}, true},
-		{"stream keeping up: the previous chunk not handed over yet", share{inFlight: 1, unhanded: 1}, queueView{}, false},
-		{"stream keeping up: the previous chunk's parts still queued", share{}, queueView{chunkQueued: true}, false},
-		{"stream behind: reads ahead", share{inFlight: 3, unhanded: 3, moved: 10, owed: 10}, queueView{behind: true}, true},
-		{"stream behind: owed its share", share{inFlight: 1, unhanded: 1, moved: 9, owed: 10}, queueView{behind: true}, false},
-		{"stream behind: at most chunksInFlight", share{inFlight: chunksInFlight, unhanded: chunksInFlight}, queueView{behind: true}, false},
-		{"stream behind: a chunk part queued does not matter", share{inFlight: 1, unhanded: 1}, queueView{behind: true, chunkQueued: true}, true},
-		{"bytes in flight", share{inFlight: 1, unhanded: 1, inFlightBytes: chunkBytesInFlight}, queueView{behind: true}, false},
+		{"nothing in flight", share{}, true},
+		{"pipeline: the next chunk while the previous one is read ahead", share{inFlight: 1, unhanded: 1, owed: 10}, true},
+		{"pipeline: the next chunk while the output writes the previous one", share{unwritten: []uint64{3}, owed: 10}, true},
+		{"pipeline full: a quiet stream earns nothing", share{inFlight: 1, unhanded: 1, unwritten: []uint64{3}, owed: 10}, false},
+		{"pipeline full: the stream moved half the last chunk", share{inFlight: 3, unhanded: 3, moved: 5, owed: 10}, true},
+		{"pipeline full: the stream moved less than half", share{inFlight: 3, unhanded: 3, moved: 4, owed: 10}, false},
+		{"at most chunksInFlight", share{inFlight: chunksInFlight, unhanded: chunksInFlight, moved: 100, owed: 10}, false},
+		{"bytes in flight", share{inFlight: 1, unhanded: 1, inFlightBytes: chunkBytesInFlight}, false},
+		{"bytes in flight, none past its watermark", share{unwritten: []uint64{3}, inFlightBytes: chunkBytesInFlight}, true},
 	}
 	for _, c := range cases {
-		if got := c.share.mayStart(c.view); got != c.want {
+		if got := c.share.mayStart(); got != c.want {
 			t.Errorf("%s: mayStart = %v, want %v", c.name, got, c.want)
 		}
 	}
@@ -76,9 +76,10 @@ func pushStream(t *testing.T, ss *session, lsn *pglogrepl.LSN, n int) {
 
 // TestChunksGoWhileTheStreamIsNeverQuiet drives the snapshot's share with an item queue that
 // always holds stream changes, and no clock: a chunk never waits for a quiet stream (which never
-// comes here). While the stream keeps up, the next chunk goes once the bundler took the previous
-// one's parts; while it is behind (a full bundle of changes queued), chunks are read ahead, each
-// once the stream moved as many bytes as the last chunk had.
+// comes here). Two chunks go at once (the second is read while the first waits for its high
+// watermark and the output); a third once the first is written (its part acknowledged). Then a
+// backlog: the reader passes stream changes and reaches no high watermark, and each further chunk
+// goes as soon as the stream moved half the last chunk's bytes, up to chunksInFlight chunks.
 func TestChunksGoWhileTheStreamIsNeverQuiet(t *testing.T) {
 	ss, sn := shareSession(t, 10)
 	table := testTable()
@@ -90,70 +91,81 @@ func TestChunksGoWhileTheStreamIsNeverQuiet(t *testing.T) {
 		}
 		return nil
 	}
-	mayRead := func() bool { ok, _ := sn.mayRead("public.t"); return ok }
+	mayRead := func() bool { return sn.mayRead("public.t") }
+	start := func() *pendingChunk {
+		t.Helper()
+		if !mayRead() {
+			t.Fatalf("chunk %d may not be read", sn.n+1)
+		}
+		p := sn.open(table, cur)
+		lsn++
+		readFake(sn, p, lsn)
+		cur = p.next
+		return p
+	}
+	signalled := func() bool {
+		select {
+		case <-sn.turn:
+			return true
+		default:
+			return false
+		}
+	}
 
-	// Keeping up: a few stream changes are always queued.
-	pushStream(t, ss, &lsn, 3)
-	if !mayRead() {
-		t.Fatal("the first chunk waits while stream changes are queued")
-	}
-	p := sn.open(table, cur)
-	readFake(sn, p, lsn+1)
+	pushStream(t, ss, &lsn, 3) // stream changes are always queued from here on
+	first, second := start(), start()
 	if mayRead() {
-		t.Fatal("a second chunk may be read before the first reached the queue")
+		t.Fatal("a third chunk may be read before the first is written, the stream having moved nothing")
 	}
-	pushStream(t, ss, &lsn, 2) // committed before the high watermark
-	sn.lowWatermark(p.id)
-	if handled, err := sn.highWatermark(p.id, lsn+1, emit); !handled || err != nil {
+	for _, p := range []*pendingChunk{first, second} {
+		sn.lowWatermark(p.id)
+	}
+	if handled, err := sn.highWatermark(first.id, first.hwAt, emit); !handled || err != nil {
 		t.Fatalf("high watermark: %v %v", handled, err)
 	}
-	pushStream(t, ss, &lsn, 1) // after it
+	pushStream(t, ss, &lsn, 1)
 	if mayRead() {
-		t.Fatal("the next chunk may be read while the previous one's parts wait in the queue")
+		t.Fatal("a third chunk may be read before the first is written")
 	}
-	last := -1
-	for i, it := range mustItems(ss) { // the bundler takes everything up to the chunk's last part
-		if it.kind == itemChunk {
-			last = i
-		}
+	signalled()
+	ss.q.pop(len(mustItems(ss))) // the bundler takes it all, the output writes it
+	pushStream(t, ss, &lsn, 3)
+	sn.ackedCover(sn.pushed.Load())
+	if !signalled() {
+		t.Error("the written chunk does not wake the snapshot")
 	}
-	ss.q.pop(last + 1)
-	if ok, _ := ss.q.any(func(it *item) bool { return it.kind == itemChange }); !ok {
-		t.Fatal("the test lost its stream changes")
-	}
-	if !mayRead() {
-		t.Fatal("with the previous chunk taken, the next waits for a quiet stream")
-	}
+	start()
 
-	// Behind: a full bundle of stream changes stays queued throughout.
-	ss.q.pop(len(mustItems(ss)))
-	pushStream(t, ss, &lsn, 10)
-	cur = p.next
-	for i := range chunksInFlight {
-		if i > 0 {
-			if mayRead() {
-				t.Fatalf("chunk %d goes before the stream moved its share", i+1)
+	// A backlog: the reader passes stream changes only; the queue never empties.
+	for sn.share.inFlight < chunksInFlight {
+		owed, moved := sn.share.owed, 0
+		if owed == 0 {
+			t.Fatal("the stream owes nothing for the last chunk")
+		}
+		for !mayRead() {
+			if moved*snapshotWeight >= owed {
+				t.Fatalf("chunk %d waits although the stream moved %d of the %d bytes owed at %d:1", sn.n+1, moved, owed, snapshotWeight)
 			}
-			for sn.share.moved < sn.share.owed { // the reader passes stream changes; the queue stays full
-				ss.q.pop(2)
-				pushStream(t, ss, &lsn, 1)
+			signalled()
+			ss.q.pop(2)
+			before := sn.share.moved
+			pushStream(t, ss, &lsn, 1)
+			moved += sn.share.moved - before
+			if mayRead() && !signalled() {
+				t.Fatal("the stream bytes that earned a chunk do not wake the snapshot")
 			}
 		}
-		if !mayRead() {
-			t.Fatalf("chunk %d of %d ahead of the stream may not be read", i+1, chunksInFlight)
+		if moved*snapshotWeight < owed {
+			t.Fatalf("chunk %d goes after the stream moved %d bytes, under 1/%d of the %d owed", sn.n+1, moved, snapshotWeight, owed)
 		}
-		q := sn.open(table, cur)
-		readFake(sn, q, 0) // rendered again at the real high watermark
-		cur = q.next
+		start()
+	}
+	for range 5 {
+		ss.q.pop(2)
+		pushStream(t, ss, &lsn, 1)
 	}
 	if mayRead() {
-		t.Fatalf("more than %d chunks read ahead of the stream", chunksInFlight)
-	}
-	if got := sn.share.inFlight; got != chunksInFlight {
-		t.Fatalf("%d chunks in flight, want %d", got, chunksInFlight)
-	}
-	if sn.share.owed == 0 {
-		t.Error("the stream is owed nothing for the last chunk")
+		t.Fatalf("more than %d chunks read ahead of the reader", chunksInFlight)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,32 +196,34 @@ func TestSnapshotFillsToastedValues(t *testing.T) {
 		INSERT INTO t SELECT i, 0, repeat(md5(i::text), 625 + (i * 7919) % 2500) FROM generate_series(1, 400) i`)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	updates := 0
-	go func() {
-		defer wg.Done()
-		r := rand.New(rand.NewPCG(3, 4))
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+	var updates atomic.Int64
+	for w := range 2 { // two writers: the chunk being read is hit more often
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(3+uint64(w), 4))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := 1 + r.IntN(400)
+				if after := e.cursorAfter("toast", "q"); after > 0 && r.IntN(4) > 0 {
+					// The chunk being read: the snapshot reads the next chunk while the one the
+					// pointer is in (20 rows each) waits to be written.
+					id = (after/20+1)*20 + 1 + r.IntN(20)
+				}
+				sql := fmt.Sprintf(`UPDATE t SET n = n + 1 WHERE id = %d`, id)
+				if n := updates.Add(1); n%10 == 5 { // a key change of a TOASTed row (d + c with the value read back)
+					sql = fmt.Sprintf(`UPDATE t SET id = id + 1000 WHERE id = %d`, id)
+				}
+				if _, err := e.pg.Pool().Exec(context.Background(), sql); err != nil && !strings.Contains(err.Error(), "duplicate") {
+					t.Logf("writer: %v", err)
+				}
 			}
-			id := 1 + r.IntN(400)
-			if after := e.cursorAfter("toast", "q"); after > 0 && r.IntN(4) > 0 { // the chunk being read
-				id = after + 1 + r.IntN(20)
-			}
-			sql := fmt.Sprintf(`UPDATE t SET n = n + 1 WHERE id = %d`, id)
-			if updates%10 == 5 { // a key change of a TOASTed row (d + c with the value read back)
-				sql = fmt.Sprintf(`UPDATE t SET id = id + 1000 WHERE id = %d`, id)
-			}
-			if _, err := e.pg.Pool().Exec(context.Background(), sql); err != nil && !strings.Contains(err.Error(), "duplicate") {
-				t.Logf("writer: %v", err)
-			}
-			updates++
-			time.Sleep(time.Millisecond)
-		}
-	}()
+		}()
+	}
 	e.run("toast", `[{table: t, queue: q}]`, "snapshot: initial\nchunk_rows: 20\nmax_bundle_bytes: 1048576")
 	e.waitPointer("toast", "q")
 	e.waitSnapshotDone("toast", "q", 90*time.Second)
@@ -253,7 +256,7 @@ func TestSnapshotFillsToastedValues(t *testing.T) {
 	}
 	entries, _ := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
 	ops := countOps(t, entries)
-	t.Logf("writer: %d updates; queue: %v", updates, ops)
+	t.Logf("writer: %d updates; queue: %v", updates.Load(), ops)
 	if ops["snap-u"] == 0 || ops["c"] == 0 {
 		t.Errorf("no fill event or no key change: the test did not exercise them")
 	}
