@@ -144,7 +144,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 const (
 	// FillMinEvents: a batch waits only when the wait is expected to bring at least this many
 	// events (the arrival rate times load_linger), so a slow trickle never waits.
-	FillMinEvents = 4
+	FillMinEvents = 8
 	// readHeadStart: during a wait to fill, the reader resumes reading this fraction of
 	// load_linger before the batch goes, to have read and queued what arrived meanwhile.
 	readHeadStart = 4
