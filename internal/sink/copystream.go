@@ -42,6 +42,7 @@ func (w *writer) newCopyStream(msgs []*Message, pending []int) (*copyStream, boo
 		return nil, false
 	}
 	s := &copyStream{w: w, msgs: msgs, pending: pending, rows: newRowBuf(msgs)}
+	s.rows.rows = min(len(pending), streamChunkRows) // the column and value slabs hold one chunk (see fillChunk)
 	m := msgs[pending[0]]
 	if checkSize(m) != nil {
 		return nil, false
@@ -99,6 +100,9 @@ func (s *copyStream) fillChunk() bool {
 	}
 	if s.next == 0 && s.binary {
 		out = append(out, copyBinaryHeader...)
+	}
+	if s.next > 0 { // the rows before are encoded: their column and value slabs are reused
+		s.rows.cols, s.rows.vals, s.rows.hasLast = s.rows.cols[:0], s.rows.vals[:0], false
 	}
 	text := bytes.NewBuffer(out)
 	for end := min(s.next+streamChunkRows, len(s.pending)); s.next < end; s.next++ {
