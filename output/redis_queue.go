@@ -288,6 +288,8 @@ type queueOutput struct {
 	queues map[string]struct{} // queues written, for retention
 	stop   chan struct{}
 	done   chan struct{}
+
+	msgBufs sync.Pool // *[]queue.Message: a batch's messages, reused from batch to batch
 }
 
 func newQueueOutput(c RedisQueueConfig, mgr *service.Resources) *queueOutput {
@@ -341,7 +343,15 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 	if w == nil {
 		return service.ErrNotConnected
 	}
-	msgs, cover, sb, err := o.toMessages(batch)
+	buf, _ := o.msgBufs.Get().(*[]queue.Message)
+	if buf == nil {
+		buf = new([]queue.Message)
+	}
+	defer func() {
+		clear(*buf) // no references to the batch's strings and payloads are kept
+		o.msgBufs.Put(buf)
+	}()
+	msgs, cover, sb, err := o.toMessages(batch, buf)
 	if err != nil {
 		return err
 	}
@@ -378,11 +388,15 @@ func (o *queueOutput) remember(msgs []queue.Message) {
 // toMessages converts a batch. The cover comes from the source batch in the messages' context
 // (pg_cdc), the same value on every message, or else from the pgrelay_* metadata, parsed once and
 // only compared on the other messages.
-func (o *queueOutput) toMessages(batch service.MessageBatch) ([]queue.Message, *queue.Cover, *queue.SourceBatch, error) {
+func (o *queueOutput) toMessages(batch service.MessageBatch, buf *[]queue.Message) ([]queue.Message, *queue.Cover, *queue.SourceBatch, error) {
 	qf := o.conf.queueField.reader(batch)
 	pf := o.conf.partitionField.reader(batch)
 	idf := o.conf.idField.reader(batch)
-	msgs := make([]queue.Message, len(batch))
+	if cap(*buf) < len(batch) {
+		*buf = make([]queue.Message, len(batch))
+	}
+	msgs := (*buf)[:len(batch)]
+	*buf = msgs
 	var cover *queue.Cover
 	var sb *queue.SourceBatch
 	if len(batch) > 0 {

@@ -89,7 +89,7 @@ func TestQueueOutputMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := &queueOutput{conf: conf}
-		msgs, cv, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("7", cover)})
+		msgs, cv, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("7", cover)}, new([]queue.Message))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +99,7 @@ func TestQueueOutputMessages(t *testing.T) {
 		if cv == nil || cv.Pos != "00000001/00000000000000c8" || cv.LeaseKey != "lk" || cv.Fence != "f" || cv.PointerKey != "pk" || string(cv.Pointer) != cover {
 			t.Fatalf("%s: cover %+v", c.yaml, cv)
 		}
-		if _, _, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("8", `{"pos":"x"}`)}); err == nil {
+		if _, _, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("8", `{"pos":"x"}`)}, new([]queue.Message)); err == nil {
 			t.Fatalf("%s: two covers in one batch accepted", c.yaml)
 		}
 	}
@@ -134,7 +134,7 @@ func TestQueueOutputSourceBatch(t *testing.T) {
 	}
 	o := &queueOutput{conf: conf}
 	a, b := sb("01"), sb("02")
-	_, cv, got, err := o.toMessages(service.MessageBatch{msg(a), msg(a)})
+	_, cv, got, err := o.toMessages(service.MessageBatch{msg(a), msg(a)}, new([]queue.Message))
 	if err != nil || got != a || cv != &a.Cover {
 		t.Fatalf("source batch: %v, cover %+v, %v", got, cv, err)
 	}
@@ -143,7 +143,7 @@ func TestQueueOutputSourceBatch(t *testing.T) {
 		"first without":      {msg(nil), msg(a)},
 		"second without":     {msg(a), msg(nil)},
 	} {
-		if _, _, _, err := o.toMessages(batch); err == nil {
+		if _, _, _, err := o.toMessages(batch, new([]queue.Message)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

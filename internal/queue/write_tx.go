@@ -121,29 +121,37 @@ type streamRef struct {
 	shard int
 }
 
-// plan groups msgs by queue and shard; the shard count of each queue is looked up once.
+// plan groups msgs by queue and shard; the shard count of each queue is looked up once. A batch
+// usually has one queue, so the previous message's queue is tried first, and each queue's
+// streams are found by shard number in a slice, with no hashing per message.
 func (w *Writer) plan(ctx context.Context, msgs []Message) (*plan, error) {
 	p := &plan{msgStream: make([]int, len(msgs))}
-	queueIdx := map[string]int{}
-	streamIdx := map[streamRef]int{}
+	var streamOf [][]int32 // per queue, per shard: index into p.streams + 1 (0: not touched yet)
+	var queueIdx map[string]int
+	qi := -1
 	for i := range msgs {
-		q := msgs[i].Queue
-		qi, ok := queueIdx[q]
-		if !ok {
-			n, err := w.shardCount(ctx, q)
-			if err != nil {
-				return nil, err
+		if q := msgs[i].Queue; qi < 0 || q != p.queues[qi] {
+			var ok bool
+			if qi, ok = queueIdx[q]; !ok {
+				n, err := w.shardCount(ctx, q)
+				if err != nil {
+					return nil, err
+				}
+				qi = len(p.queues)
+				p.queues, p.counts = append(p.queues, q), append(p.counts, n)
+				streamOf = append(streamOf, make([]int32, n))
+				if queueIdx == nil {
+					queueIdx = map[string]int{}
+				}
+				queueIdx[q] = qi
 			}
-			qi = len(p.queues)
-			p.queues, p.counts = append(p.queues, q), append(p.counts, n)
-			queueIdx[q] = qi
 		}
-		ref := streamRef{qi, Shard(msgs[i].Partition, p.counts[qi])}
-		j, ok := streamIdx[ref]
-		if !ok {
+		shard := Shard(msgs[i].Partition, p.counts[qi])
+		j := int(streamOf[qi][shard]) - 1
+		if j < 0 {
 			j = len(p.streams)
-			p.streams = append(p.streams, ref)
-			streamIdx[ref] = j
+			p.streams = append(p.streams, streamRef{qi, shard})
+			streamOf[qi][shard] = int32(j + 1)
 		}
 		p.msgStream[i] = j
 	}
@@ -475,6 +483,11 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []
 		size += len(keys[p.msgStream[i]]) + len(m.Partition) + len(m.ID) + len(m.Tx) + len(m.Header) + len(m.Payload) + xaddOverhead
 	}
 	b = slices.Grow(b, size)
+	// tx and created-at usually repeat from message to message: each value's encoding (with its
+	// field name) is kept and copied while it does
+	var txTs []byte
+	var lastTx string
+	var lastTs int64
 	for i := range msgs {
 		m := &msgs[i]
 		j := p.msgStream[i]
@@ -487,12 +500,20 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []
 		b = redisconn.AppendBulk(b, m.Partition)
 		b = append(b, fieldID...)
 		b = redisconn.AppendBulk(b, m.ID)
-		b = append(b, fieldTx...)
-		b = redisconn.AppendBulk(b, m.Tx)
-		b = append(b, fieldTs...)
-		b = redisconn.AppendBulkInt(b, m.CreatedMs)
-		b = append(b, fieldH...)
-		b = redisconn.AppendBulk(b, m.Header)
+		if i == 0 || m.Tx != lastTx || m.CreatedMs != lastTs {
+			lastTx, lastTs = m.Tx, m.CreatedMs
+			txTs = append(txTs[:0], fieldTx...)
+			txTs = redisconn.AppendBulk(txTs, m.Tx)
+			txTs = append(txTs, fieldTs...)
+			txTs = redisconn.AppendBulkInt(txTs, m.CreatedMs)
+		}
+		b = append(b, txTs...)
+		if len(m.Header) == 0 {
+			b = append(b, fieldNoH...)
+		} else {
+			b = append(b, fieldH...)
+			b = redisconn.AppendBulk(b, m.Header)
+		}
 		b = append(b, fieldD...)
 		b = redisconn.AppendBulk(b, m.Payload)
 	}
@@ -509,6 +530,7 @@ const (
 	fieldTx  = "$2\r\ntx\r\n"
 	fieldTs  = "$2\r\nts\r\n"
 	fieldH   = "$1\r\nh\r\n"
+	fieldNoH = fieldH + "$0\r\n\r\n" // h with an empty header
 	fieldD   = "$1\r\nd\r\n"
 	// the bytes of one XADD besides the key and the values: the constants above, six value
 	// headers and two numbers of up to 20 digits

@@ -299,14 +299,15 @@ func TestWriteSeveralQueues(t *testing.T) {
 	rdb := r.Client()
 	ctx := context.Background()
 	w := NewWriter(rdb, WriterConfig{Shards: 2})
-	batch := append(msgs("a", 3, 2), msgs("b", 4, 2)...)
+	// a, then b, then a again: each queue's shards get contiguous offsets
+	late := batchOf("a", "late", 3, 3)
+	batch := append(append(msgs("a", 3, 2), msgs("b", 4, 2)...), late...)
 	cov := &Cover{PointerKey: "pgrelay:{a}:src:x:ptr", Pointer: []byte(`{"pos":"1"}`), Pos: "1"}
 	if _, err := w.Write(ctx, batch, cov); err != nil {
 		t.Fatal(err)
 	}
-	if a, b := count(readAll(t, rdb, w.Layout(), "a", 2)), count(readAll(t, rdb, w.Layout(), "b", 2)); a != 3 || b != 4 {
-		t.Fatalf("a %d b %d", a, b)
-	}
+	checkQueue(t, rdb, w.Layout(), "a", msgs("a", 3, 2), late)
+	checkQueue(t, rdb, w.Layout(), "b", msgs("b", 4, 2))
 	if _, err := w.Write(ctx, []Message{{Queue: "bad{x}"}}, nil); !errcode.Is(err, errcode.BadQueue) {
 		t.Fatalf("bad queue: %v", err)
 	}
