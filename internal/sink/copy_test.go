@@ -89,13 +89,19 @@ func TestBinaryFields(t *testing.T) {
 	}
 }
 
-// TestCopyFormatsAgree writes values of every type with a binary encoder through append mode and
+// TestWriteFormats runs its subtests on one server.
+func TestWriteFormats(t *testing.T) {
+	f := startPG(t)
+	t.Run("copy formats agree", func(t *testing.T) { copyFormatsAgree(t, f) })
+	t.Run("fixed-length types", func(t *testing.T) { fixedLengthTypes(t, f) })
+}
+
+// copyFormatsAgree writes values of every type with a binary encoder through append mode and
 // compares each stored value with PostgreSQL's own conversion of the text the sink reads from the
 // payload (what the text format and INSERT store): canonical values (the streamed binary COPY),
 // values only PostgreSQL's input functions read (the batch goes as text), NULLs, and bad values,
 // each of which fails alone with PostgreSQL's SQLSTATE while the other shard's message commits.
-func TestCopyFormatsAgree(t *testing.T) {
-	f := startPG(t)
+func copyFormatsAgree(t *testing.T, f *pgFixture) {
 	ctx := context.Background()
 	f.exec(t, `CREATE DOMAIN posint AS int CHECK (VALUE > 0)`)
 	type column struct {
@@ -302,11 +308,10 @@ func TestCopyStream(t *testing.T) {
 	}
 }
 
-// TestFixedLengthTypes: character(n) and bit(n) values keep their length through every write path
+// fixedLengthTypes: character(n) and bit(n) values keep their length through every write path
 // (the plain type names character and bit mean a length of 1 in a cast), and a value too long is
 // refused with 22001.
-func TestFixedLengthTypes(t *testing.T) {
-	f := startPG(t)
+func fixedLengthTypes(t *testing.T, f *pgFixture) {
 	table := f.name("fixed")
 	f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, c char(3), b bit(3))`)
 	for i, mode := range []Mode{ModeUpsert, ModeAppend, ModeCDC} {
