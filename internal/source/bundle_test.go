@@ -259,10 +259,16 @@ func TestBundleWaitsToFillUnderLoad(t *testing.T) {
 			ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
 			ss.src.cfg.LoadLinger = c.loadLinger
 			ss.q = newItemQueue(10, 1<<20) // as the source makes it: "full" is the batch limit
-			start := time.Now().Add(-50 * c.every)
-			for i := range 50 { // the arrival rate, from batches of one event up to now
-				ss.measure(1, start.Add(time.Duration(i)*c.every))
+			// The arrival rate, from batches of one event up to now; set again before each look,
+			// since a batch built measures the real time since the last one.
+			seed := func() {
+				ss.lastCut = time.Time{}
+				start := time.Now().Add(-50 * c.every)
+				for i := range 50 {
+					ss.measure(1, start.Add(time.Duration(i)*c.every))
+				}
 			}
+			seed()
 			// The previous batch was acknowledged "now": a wait would last long on any machine.
 			ss.lastAck.Store(time.Now().Add(time.Hour).UnixNano())
 			push := func(from, to int) {
@@ -293,6 +299,7 @@ func TestBundleWaitsToFillUnderLoad(t *testing.T) {
 				t.Fatalf("waits %s, want until load_linger after the previous ack", wait.after)
 			}
 			push(1, 4) // more arrive during the wait: still waiting
+			seed()
 			if b, _, _ := ss.bundle(context.Background()); b != nil {
 				t.Fatalf("a batch %v before the wait is over", payloads(b))
 			}
@@ -305,6 +312,7 @@ func TestBundleWaitsToFillUnderLoad(t *testing.T) {
 			// A full batch ends a wait at once: its channel closes and the batch goes.
 			ss.lastAck.Store(time.Now().Add(time.Hour).UnixNano())
 			push(4, 6)
+			seed()
 			b, wait, _ = ss.bundle(context.Background())
 			if b != nil {
 				t.Fatalf("a batch %v before the wait is over", payloads(b))
