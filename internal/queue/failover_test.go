@@ -74,6 +74,17 @@ func TestSentinelFailoverDurability(t *testing.T) {
 				t.Fatalf("first batch: %v", err)
 			}
 			rs.WaitReplicated(master, 10*time.Second)
+			// The link being up is not enough: wait until the replica holds the first batch.
+			deadline := time.Now().Add(10 * time.Second)
+			for n := int64(0); n != 3; {
+				if time.Now().After(deadline) {
+					t.Fatalf("the replica holds %d of the first batch's 3 entries", n)
+				}
+				n, _ = replica.Client().XLen(ctx, w.Layout().Stream("q", 0)).Result()
+				if n != 3 {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
 
 			// The replica stops, and the master drops its link (so nothing more reaches the
 			// replica's socket): from now on the replica receives nothing.
