@@ -226,6 +226,7 @@ func TestSnapshotFillsToastedValues(t *testing.T) {
 	}
 	e.run("toast", `[{table: t, queue: q}]`, "snapshot: initial\nchunk_rows: 20\nmax_bundle_bytes: 1048576")
 	e.waitPointer("toast", "q")
+	e.updateInsideAChunkWindow(t)
 	e.waitSnapshotDone("toast", "q", 90*time.Second)
 	close(stop)
 	wg.Wait()
@@ -259,6 +260,37 @@ func TestSnapshotFillsToastedValues(t *testing.T) {
 	t.Logf("writer: %d updates; queue: %v", updates.Load(), ops)
 	if ops["snap-u"] == 0 || ops["c"] == 0 {
 		t.Errorf("no fill event or no key change: the test did not exercise them")
+	}
+}
+
+// updateInsideAChunkWindow makes sure a chunk of t has updates of its rows that leave the TOASTed
+// value out of the WAL between its watermarks, whatever the timing: it locks t, waits until a
+// chunk's read (after its low watermark) waits for the lock, updates every row in the locking
+// transaction and commits. The chunk's read then runs, and its high watermark follows the updates.
+func (e *env) updateInsideAChunkWindow(t *testing.T) {
+	t.Helper()
+	cdctest.Wait(t, 60*time.Second, "a chunk written (the snapshot under way)", func() (bool, string) {
+		return e.cursorAfter("toast", "q") > 0, ""
+	})
+	tx, err := e.pg.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(e.ctx)
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE t IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	cdctest.Wait(t, 30*time.Second, "a chunk's read waiting for the lock", func() (bool, string) {
+		var n int
+		err := e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT %FROM "public"."t"%'`).Scan(&n)
+		return err == nil && n > 0, fmt.Sprint(err)
+	})
+	if _, err := tx.Exec(e.ctx, `UPDATE t SET n = n + 1`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
