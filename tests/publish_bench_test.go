@@ -53,7 +53,8 @@ const (
 //   - throughput: 4 writers as fast as they go for the same time: events / (start → the last one
 //     in the queue);
 //
-// with the CPU time per event of PostgreSQL, redis-server, pg_cdc and the benchmark process (the
+// with the CPU time per event of PostgreSQL (and of its walsender alone, included in it),
+// redis-server, pg_cdc and the benchmark process (the
 // writers, and on the outbox side the poller: the difference is the poller's), and the dead outbox
 // rows left for VACUUM (pgrelay.publish() leaves none). pg_cdc runs during the publish side's runs
 // only, so no walsender decodes the outbox side's WAL.
@@ -370,18 +371,23 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 		}
 		return v
 	}
-	var srcPid int
+	var srcPid, walsender int
 	if side == "pub" {
 		srcPid = e.source.Pid()
+		if err := e.pool.QueryRow(ctx, `SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE active_pid IS NOT NULL`).Scan(&walsender); err != nil {
+			b.Fatal(err)
+		}
 		if e.profileDir != "" {
 			go e.profileSource(d)
 		}
 	}
 	x0 := e.redisExecs()
 	pg0, r0, c0, t0 := cpu(benchenv.TreeCPU, e.pm), cpu(benchenv.CPU, e.rpid), benchenv.SelfCPU(), time.Now()
-	var s0 time.Duration
+	var s0, w0 time.Duration
+	var sio0, wio0 syscalls
 	if srcPid != 0 {
-		s0 = cpu(benchenv.CPU, srcPid)
+		s0, w0 = cpu(benchenv.CPU, srcPid), cpu(benchenv.CPU, walsender)
+		sio0, wio0 = readSyscalls(srcPid), readSyscalls(walsender)
 	}
 	var n atomic.Int64
 	var wg sync.WaitGroup
@@ -412,6 +418,11 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 	m.Add(side+"_events/write", float64(events)/float64(max(e.redisExecs()-x0, 1)))
 	if side == "pub" {
 		m.Add(side+"_cpu_pgcdc_us/entry", benchenv.PerChange(cpu(benchenv.CPU, srcPid)-s0, events))
+		m.Add(side+"_cpu_walsender_us/entry", benchenv.PerChange(cpu(benchenv.CPU, walsender)-w0, events))
+		sio, wio := readSyscalls(srcPid), readSyscalls(walsender)
+		m.Add(side+"_pgcdc_reads/entry", float64(sio.reads-sio0.reads)/float64(events))
+		m.Add(side+"_walsender_reads/entry", float64(wio.reads-wio0.reads)/float64(events))
+		m.Add(side+"_walsender_waits/entry", float64(wio.waits-wio0.waits)/float64(events))
 	}
 	return rate
 }
@@ -442,4 +453,31 @@ func (e *pubEnv) profileSource(d time.Duration) {
 	if err != nil {
 		e.b.Logf("no profile of pg_cdc: %v", err)
 	}
+}
+
+// syscalls is a process' read system calls (/proc/<pid>/io: syscr, socket reads included) and
+// voluntary context switches (/proc/<pid>/status: each a wait that ended in a wake-up) so far:
+// pg_cdc's reads show how its reader takes the WAL, the walsender's waits how often it sleeps
+// and is woken per event. (Its sends to the socket are not counted in syscw.)
+type syscalls struct{ reads, waits int64 }
+
+func readSyscalls(pid int) syscalls {
+	var s syscalls
+	for _, f := range []string{"io", "status"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			switch k {
+			case "syscr":
+				s.reads = n
+			case "voluntary_ctxt_switches":
+				s.waits = n
+			}
+		}
+	}
+	return s
 }

@@ -11,6 +11,7 @@ package event
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/partition"
@@ -33,6 +34,39 @@ const (
 
 // TimeFormat is the layout of `ts` (the time in UTC, with microseconds).
 const TimeFormat = "2006-01-02T15:04:05.000000Z"
+
+// FormatTime is t in UTC in TimeFormat, written by hand: the stream formats one per transaction,
+// and time.Format interprets its layout each time. Years outside 0-9999 go through time.Format.
+func FormatTime(t time.Time) string {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.Format(TimeFormat)
+	}
+	hour, minute, sec := t.Clock()
+	var b [len(TimeFormat)]byte
+	put := func(i, v, n int) {
+		for k := i + n - 1; k >= i; k-- {
+			b[k] = byte('0' + v%10)
+			v /= 10
+		}
+	}
+	put(0, year, 4)
+	b[4] = '-'
+	put(5, int(month), 2)
+	b[7] = '-'
+	put(8, day, 2)
+	b[10] = 'T'
+	put(11, hour, 2)
+	b[13] = ':'
+	put(14, minute, 2)
+	b[16] = ':'
+	put(17, sec, 2)
+	b[19] = '.'
+	put(20, t.Nanosecond()/1000, 6)
+	b[26] = 'Z'
+	return string(b[:])
+}
 
 // Kind says what a Value holds, as pgoutput's tuple data does.
 type Kind uint8

@@ -3,6 +3,7 @@ package event
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 )
@@ -134,6 +135,22 @@ func TestAppendEnvelope(t *testing.T) {
 		}
 		if !json.Valid(got[len("prefix:"):]) {
 			t.Errorf("%s: not JSON: %s", c.name, got)
+		}
+	}
+}
+
+// TestFormatTime: FormatTime writes what time.Format writes with TimeFormat, in UTC, for times
+// in and outside years 0-9999 and in other zones.
+func TestFormatTime(t *testing.T) {
+	zone := time.FixedZone("x", -7*3600-30*60)
+	for _, tm := range []time.Time{
+		time.Date(2026, 10, 3, 6, 15, 3, 583036999, time.UTC), time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(1999, 12, 31, 23, 59, 59, 999999999, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 1000, time.UTC),
+		time.Date(2026, 3, 1, 20, 0, 0, 5000, zone), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(1, 2, 3, 4, 5, 6, 7000, time.UTC), time.UnixMicro(946684800000000 + 1<<40),
+	} {
+		if got, want := FormatTime(tm), tm.UTC().Format(TimeFormat); got != want {
+			t.Errorf("%v: %s, want %s", tm, got, want)
 		}
 	}
 }

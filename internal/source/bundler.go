@@ -132,7 +132,18 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	ss.pop(n)
 	ss.plan = cover
 	ss.firstSeen = time.Time{}
-	ss.measure(nev, time.Now())
+	now := time.Now()
+	ss.measure(nev, now)
+	if !ahead && ss.underLoad() {
+		// The next batch cannot go before this one's ack and then waits load_linger to fill: the
+		// reader may leave the WAL unread until the ack (at most maxFlightPause), and then until
+		// the fill wait's pause.
+		select {
+		case <-ss.acks: // an earlier batch's
+		default:
+		}
+		ss.readPause.Store(-now.Add(maxFlightPause).UnixNano())
+	}
 	return &Batch{Events: events, Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease,
 		Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss, txns: txns}, idle, nil
 }
@@ -153,17 +164,26 @@ const (
 	// maxRateGap bounds one gap between batches in the average, so the rate recovers within a few
 	// batches after an idle spell.
 	maxRateGap = 100 * time.Millisecond
+	// maxFlightPause bounds the reader's pause while a batch is in flight under load: a slow
+	// write's ack does not hold the WAL unread for longer.
+	maxFlightPause = 100 * time.Millisecond
 )
 
 // fillUntil is when a batch that is not full may go under sustained load: load_linger after the
 // previous batch's ack, if events arrive fast enough that the wait brings at least FillMinEvents
 // more; otherwise the zero time (no wait).
 func (ss *session) fillUntil() time.Time {
-	wait := ss.src.cfg.LoadLinger
-	if wait <= 0 || ss.gapAvg <= 0 || ss.evAvg/ss.gapAvg*wait.Seconds() < FillMinEvents {
+	if !ss.underLoad() {
 		return time.Time{}
 	}
-	return time.Unix(0, ss.lastAck.Load()).Add(wait)
+	return time.Unix(0, ss.lastAck.Load()).Add(ss.src.cfg.LoadLinger)
+}
+
+// underLoad reports whether events arrive fast enough that a batch waits to fill: the wait of
+// load_linger is expected to bring at least FillMinEvents.
+func (ss *session) underLoad() bool {
+	wait := ss.src.cfg.LoadLinger
+	return wait > 0 && ss.gapAvg > 0 && ss.evAvg/ss.gapAvg*wait.Seconds() >= FillMinEvents
 }
 
 // measure adds a batch of nev events built now to the arrival rate: the average events per
@@ -231,6 +251,10 @@ func (ss *session) acked(b *Batch) {
 	}
 	if len(b.Events) > 0 {
 		ss.lastAck.Store(time.Now().UnixNano())
+		select {
+		case ss.acks <- struct{}{}: // ends the reader's pause while the batch was in flight
+		default:
+		}
 		if h.Messages != nil {
 			h.Messages(int64(len(b.Events)))
 		}

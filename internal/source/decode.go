@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -62,10 +63,32 @@ type decoder struct {
 	maxMessages, maxBytes int                  // the bundle limits, which a segment stays within
 }
 
-// decode decodes one pgoutput message; emit receives the items (and may block).
+// decode decodes one pgoutput message; emit receives the items (and may block). Row changes,
+// Begin, Commit and transactional logical messages are read in place; with one-change
+// transactions the latter three are most of the stream, and pglogrepl's parse allocates a
+// message (and a prefix string) for each.
 func (d *decoder) decode(ctx context.Context, data []byte, emit func(item) error) error {
-	if len(data) > 0 && (data[0] == 'I' || data[0] == 'U' || data[0] == 'D') {
-		return d.rowChange(ctx, data, emit)
+	if len(data) > 0 {
+		switch data[0] {
+		case 'I', 'U', 'D':
+			return d.rowChange(ctx, data, emit)
+		case 'B':
+			if len(data) == 21 { // final LSN, commit time, xid
+				d.begin(pglogrepl.LSN(binary.BigEndian.Uint64(data[1:])), pgTime(int64(binary.BigEndian.Uint64(data[9:]))), binary.BigEndian.Uint32(data[17:]))
+				return nil
+			}
+		case 'C':
+			if len(data) == 26 { // flags, commit LSN, end LSN, commit time
+				return d.commitTx(pglogrepl.LSN(binary.BigEndian.Uint64(data[2:])), emit)
+			}
+		case 'M':
+			if m, ok := parseMessage(data); ok && m.transactional {
+				if d.inTxn && string(m.prefix) == PublishPrefix {
+					return d.published(m.content, emit)
+				}
+				return nil
+			}
+		}
 	}
 	msg, err := pglogrepl.Parse(data)
 	if err != nil {
@@ -80,33 +103,78 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 	case *pglogrepl.RelationMessage:
 		return d.relation(ctx, m)
 	case *pglogrepl.BeginMessage:
-		d.inTxn, d.commit, d.seq = true, m.FinalLSN, 0
-		d.pos = event.Position{LSN: pointer.FormatLSN(m.FinalLSN), Xid: m.Xid, TS: m.CommitTime.UTC().Format(event.TimeFormat)}
-		d.tsMs = m.CommitTime.UnixMilli()
-		d.txID = pointer.TxID(d.epoch, m.FinalLSN)
-		if d.envs != nil {
-			d.beginEnvelopes()
-		}
+		d.begin(m.FinalLSN, m.CommitTime, m.Xid)
 		return nil
 	case *pglogrepl.CommitMessage:
-		d.inTxn = false
-		if m.CommitLSN <= d.start.LSNValue() {
-			return nil
-		}
-		if len(d.seg.envs) > 0 {
-			if err := d.finishEnvelopes(emit); err != nil {
-				return err
-			}
-		}
-		return emit(item{kind: itemCommit, commit: m.CommitLSN})
+		return d.commitTx(m.CommitLSN, emit)
 	case *pglogrepl.TruncateMessage:
 		return d.truncate(m, emit)
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Transactional && d.inTxn && m.Prefix == PublishPrefix {
-			return d.published(m, emit)
+			return d.published(m.Content, emit)
 		}
 	}
 	return nil
+}
+
+// begin starts the transaction committing at final.
+func (d *decoder) begin(final pglogrepl.LSN, commitTime time.Time, xid uint32) {
+	d.inTxn, d.commit, d.seq = true, final, 0
+	d.pos = event.Position{LSN: pointer.FormatLSN(final), Xid: xid, TS: event.FormatTime(commitTime)}
+	d.tsMs = commitTime.UnixMilli()
+	d.txID = pointer.TxID(d.epoch, final)
+	if d.envs != nil {
+		d.beginEnvelopes()
+	}
+}
+
+// commitTx ends the transaction committing at commit.
+func (d *decoder) commitTx(commit pglogrepl.LSN, emit func(item) error) error {
+	d.inTxn = false
+	if commit <= d.start.LSNValue() {
+		return nil
+	}
+	if len(d.seg.envs) > 0 {
+		if err := d.finishEnvelopes(emit); err != nil {
+			return err
+		}
+	}
+	return emit(item{kind: itemCommit, commit: commit})
+}
+
+// pgEpoch is PostgreSQL's timestamp epoch (2000-01-01 UTC) in unix µs.
+const pgEpoch = 946_684_800_000_000
+
+// pgTime is the time of a PostgreSQL timestamp (µs since 2000-01-01 UTC).
+func pgTime(us int64) time.Time { return time.UnixMicro(pgEpoch + us) }
+
+// logicalMessage is a pgoutput logical decoding message ('M'), its prefix and content aliasing
+// the message's bytes.
+type logicalMessage struct {
+	transactional   bool
+	lsn             pglogrepl.LSN
+	prefix, content []byte
+}
+
+// parseMessage reads an 'M' message of protocol version 1: flags, LSN, prefix (NUL-terminated),
+// content length and content. ok is false when it does not have that form.
+func parseMessage(b []byte) (m logicalMessage, ok bool) {
+	if len(b) < 10 || b[0] != 'M' {
+		return m, false
+	}
+	m.transactional, m.lsn = b[1] == 1, pglogrepl.LSN(binary.BigEndian.Uint64(b[2:]))
+	rest := b[10:]
+	end := bytes.IndexByte(rest, 0)
+	if end < 0 || len(rest) < end+5 {
+		return m, false
+	}
+	m.prefix, rest = rest[:end], rest[end+1:]
+	n := binary.BigEndian.Uint32(rest)
+	if uint64(len(rest)-4) != uint64(n) {
+		return m, false
+	}
+	m.content = rest[4:]
+	return m, true
 }
 
 // PublishPrefix is the logical message prefix of pgrelay.publish() (resources/source_publish.sql).
@@ -114,13 +182,13 @@ const PublishPrefix = "pgrelay"
 
 // published turns a pgrelay.publish() message into an `m` event: `after` holds the payload.
 // It counts as a change in seq, like a row change of the same transaction.
-func (d *decoder) published(m *pglogrepl.LogicalDecodingMessage, emit func(item) error) error {
+func (d *decoder) published(content []byte, emit func(item) error) error {
 	seq := d.seq
 	d.seq++
 	if d.start.Covered(d.commit, seq) {
 		return nil
 	}
-	msg, ok := parsePublished(m.Content)
+	msg, ok := parsePublished(content)
 	if !ok {
 		d.badMessages++
 		return d.emitChange(seq, nil, emit) // counted in seq, nothing to send

@@ -2,7 +2,10 @@ package source
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,5 +143,141 @@ func BenchmarkDecodePublished(b *testing.B) {
 	}
 	if e.d.badMessages != 0 {
 		b.Fatalf("%d bad messages", e.d.badMessages)
+	}
+}
+
+// pgoutput's bytes of a Begin, a Commit and a logical message (protocol version 1).
+func beginBytes(final pglogrepl.LSN, ts time.Time, xid uint32) []byte {
+	b := binary.BigEndian.AppendUint64([]byte{'B'}, uint64(final))
+	b = binary.BigEndian.AppendUint64(b, uint64(ts.UnixMicro()-pgEpoch))
+	return binary.BigEndian.AppendUint32(b, xid)
+}
+
+func commitBytes(commit pglogrepl.LSN, ts time.Time) []byte {
+	b := binary.BigEndian.AppendUint64([]byte{'C', 0}, uint64(commit))
+	b = binary.BigEndian.AppendUint64(b, uint64(commit)+16)
+	return binary.BigEndian.AppendUint64(b, uint64(ts.UnixMicro()-pgEpoch))
+}
+
+func messageBytes(transactional bool, lsn pglogrepl.LSN, prefix, content string) []byte {
+	flags := byte(0)
+	if transactional {
+		flags = 1
+	}
+	b := binary.BigEndian.AppendUint64([]byte{'M', flags}, uint64(lsn))
+	b = append(append(b, prefix...), 0)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(content)))
+	return append(b, content...)
+}
+
+// TestDecodeInPlaceAgreesWithPglogrepl: Begin, Commit and transactional logical messages read in
+// place give the same items and event bytes as pglogrepl's parse of the same bytes, and
+// parseMessage reads what pglogrepl reads (a message it cannot read goes to pglogrepl).
+func TestDecodeInPlaceAgreesWithPglogrepl(t *testing.T) {
+	ts := time.Date(2026, 10, 3, 6, 15, 3, 583036000, time.UTC)
+	var stream [][]byte
+	for i := range 3 {
+		commit := pglogrepl.LSN(0x16B3748 + 0x100*i)
+		stream = append(stream, beginBytes(commit, ts.Add(time.Duration(i)*time.Second), uint32(40+i)),
+			messageBytes(true, commit-0x40, PublishPrefix, fmt.Sprintf(`{"queue": "pub", "payload": {"n": %d}, "partition": "p%d"}`, i, i)),
+			messageBytes(true, commit-0x30, "other", `{"queue": "pub", "payload": 1}`),
+			messageBytes(true, commit-0x20, PublishPrefix, `{"queue": "pub", "payload": [1, 2], "partition": null}`),
+			commitBytes(commit, ts))
+	}
+	decodeAll := func(inPlace bool) []item {
+		e := newEnvTest(t, pointer.Pointer{}, 1000)
+		for _, b := range stream {
+			var err error
+			if inPlace {
+				err = e.d.decode(context.Background(), b, e.emit)
+			} else {
+				var m pglogrepl.Message
+				if m, err = pglogrepl.Parse(b); err == nil {
+					err = e.d.handle(context.Background(), m, e.emit)
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return e.items
+	}
+	got, want := decodeAll(true), decodeAll(false)
+	if len(got) != 9 || len(got) != len(want) {
+		t.Fatalf("%d items in place, %d through pglogrepl (want 9)", len(got), len(want))
+	}
+	for i := range got {
+		g, w := got[i], want[i]
+		if g.kind != w.kind || g.commit != w.commit || g.seq != w.seq || len(g.events) != len(w.events) {
+			t.Fatalf("item %d: %+v, through pglogrepl %+v", i, g, w)
+		}
+		for k := range g.events {
+			ge, we := g.events[k], w.events[k]
+			if ge.ID != we.ID || ge.Tx != we.Tx || ge.Partition != we.Partition || ge.CreatedMs != we.CreatedMs || string(ge.Payload) != string(we.Payload) {
+				t.Errorf("item %d event %d: %+v %s, through pglogrepl %+v %s", i, k, ge, ge.Payload, we, we.Payload)
+			}
+		}
+	}
+	if !strings.Contains(string(got[0].events[0].Payload), `"ts":"2026-10-03T06:15:03.583036Z"`) {
+		t.Errorf("event %s: commit time", got[0].events[0].Payload)
+	}
+
+	for _, b := range [][]byte{
+		messageBytes(true, 0x1234, PublishPrefix, `{"x": 1}`), messageBytes(false, 0x10, "pgrelay_heartbeat", "e"),
+		messageBytes(true, 0x10, "", ""), messageBytes(true, 0x10, "p", "c\x00d"),
+	} {
+		m, ok := parseMessage(b)
+		p, err := pglogrepl.Parse(b)
+		lm, _ := p.(*pglogrepl.LogicalDecodingMessage)
+		if !ok || err != nil || lm == nil || m.transactional != lm.Transactional || m.lsn != lm.LSN || string(m.prefix) != lm.Prefix ||
+			string(m.content) != string(lm.Content) {
+			t.Errorf("%q: parseMessage %+v %v, pglogrepl %+v %v", b, m, ok, p, err)
+		}
+	}
+	for _, b := range [][]byte{[]byte("M"), []byte("M\x01\x00\x00\x00\x00\x00\x00\x00\x10pfx"), append(messageBytes(true, 0x10, "p", "abc"), 'x'),
+		messageBytes(true, 0x10, "p", "abc")[:15]} {
+		if m, ok := parseMessage(b); ok {
+			t.Errorf("%q: parseMessage read %+v", b, m)
+		}
+	}
+}
+
+// BenchmarkDecodePublishTx: one one-message transaction (Begin, a pgrelay.publish() message with
+// a ~200-byte payload, Commit) from pgoutput's bytes to its queued items, read in place (what the
+// stream does) and through pglogrepl's parse. One op is one transaction.
+func BenchmarkDecodePublishTx(b *testing.B) {
+	content := `{"queue": "pub", "payload": {"lines": [{"qty": 2, "sku": "SKU-17"}, {"qty": 1, "sku": "SKU-5"}], "total": "417.17", "order_id": 1234417, "customer": "customer-163", "placed_by": "web"}, "partition": "1234417"}`
+	for _, inPlace := range []bool{true, false} {
+		name := "in_place"
+		if !inPlace {
+			name = "pglogrepl"
+		}
+		b.Run(name, func(b *testing.B) {
+			e := newEnvTest(b, pointer.Pointer{LSN: "0/1"}, 1000)
+			sink := func(item) error { return nil }
+			ctx := context.Background()
+			now := time.Now()
+			msgs := make([][]byte, 0, 3)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				commit := pglogrepl.LSN(0x1000000 + 0x100*i)
+				msgs = append(msgs[:0], beginBytes(commit, now, uint32(i)), messageBytes(true, commit-0x40, PublishPrefix, content), commitBytes(commit, now))
+				for _, m := range msgs {
+					var err error
+					if inPlace {
+						err = e.d.decode(ctx, m, sink)
+					} else {
+						var pm pglogrepl.Message
+						if pm, err = pglogrepl.Parse(m); err == nil {
+							err = e.d.handle(ctx, pm, sink)
+						}
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
 	}
 }
