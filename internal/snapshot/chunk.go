@@ -33,6 +33,47 @@ type Chunk struct {
 	LastKey  []string   // key values (text) of the last row read; nil when the chunk is empty
 	Snapshot Snapshot   // pg_current_snapshot() of the reading transaction
 	ReadAt   time.Time
+	Buffers  *Buffers // the memory Rows are in: give it to the next read once Rows is no longer used
+}
+
+// Buffers is the memory a chunk's rows are copied into: blocks of values and arrays of the rows'
+// value slices, most of what reading a chunk allocates. A read given the Buffers of an earlier
+// chunk reuses that memory (that chunk's Rows must no longer be used) instead of allocating and
+// zeroing it again, and leaves the collector less to mark and sweep.
+type Buffers struct {
+	rows   [][][]byte
+	vals   [][][]byte // arrays of value slices, whole, used in order
+	blocks [][]byte   // blocks of values, whole, used in order
+	nv, nb int        // how many of vals and blocks this read took
+}
+
+// take returns the next array of value slices, empty, with room for at least n.
+func (b *Buffers) take(n int) [][]byte {
+	if b.nv < len(b.vals) && cap(b.vals[b.nv]) >= n {
+		b.nv++
+		return b.vals[b.nv-1][:0]
+	}
+	v := make([][]byte, 0, n)
+	if b.nv < len(b.vals) {
+		b.vals[b.nv] = v
+	} else {
+		b.vals = append(b.vals, v)
+	}
+	b.nv++
+	return v
+}
+
+// block returns the next block of values, empty, with room for at least n bytes. A value larger
+// than a block gets one of its own, not kept.
+func (b *Buffers) block(n int) []byte {
+	if n > valueBlock {
+		return make([]byte, 0, n)
+	}
+	if b.nb == len(b.blocks) {
+		b.blocks = append(b.blocks, make([]byte, 0, valueBlock))
+	}
+	b.nb++
+	return b.blocks[b.nb-1][:0]
 }
 
 // Query builds the chunk statement: the columns as text, rows after the cursor in key order.
@@ -84,7 +125,7 @@ type Stmt struct {
 // transaction's snapshot. conn must use the converter's session settings (DESIGN §2) so values
 // print the same as pgoutput's.
 func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, limit int) (*Chunk, error) {
-	chunk, _, err := s.ReadBetween(ctx, conn, after, limit, nil, nil, nil)
+	chunk, _, err := s.ReadBetween(ctx, conn, after, limit, nil, nil, nil, nil)
 	return chunk, err
 }
 
@@ -95,8 +136,9 @@ func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, lim
 // there is none): a snapshot's watermarks go before and after its read this way at the cost of
 // one round trip instead of six. each, when not nil, is given every row as it arrives (its values
 // are the chunk's, kept), so the caller works on the rows while the server still sends the next
-// ones; after an error the rows it was given are not a chunk.
-func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []string, limit int, low, high []Stmt, each func(row [][]byte)) (*Chunk, [][]byte, error) {
+// ones; after an error the rows it was given are not a chunk. The rows are copied into buf (nil:
+// new Buffers), which the chunk keeps as its Buffers.
+func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []string, limit int, low, high []Stmt, each func(row [][]byte), buf *Buffers) (*Chunk, [][]byte, error) {
 	query, args, err := s.Query(after, limit)
 	if err != nil {
 		return nil, nil, err
@@ -132,7 +174,14 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 		return nil, nil, fmt.Errorf("snapshot %s.%s: send chunk statements: %w", s.Schema, s.Name, err)
 	}
 	var snapText []byte
-	chunk := &Chunk{Columns: s.Columns, Rows: make([][][]byte, 0, min(limit, 1<<16))}
+	if buf == nil {
+		buf = &Buffers{}
+	}
+	buf.nv, buf.nb = 0, 0
+	if cap(buf.rows) < min(limit, 1<<16) {
+		buf.rows = make([][][]byte, 0, min(limit, 1<<16))
+	}
+	chunk := &Chunk{Columns: s.Columns, Rows: buf.rows[:0], Buffers: buf}
 	marks := make([][]byte, len(high))
 	first := func(dst *[]byte) func(*pgconn.ResultReader) {
 		return func(rr *pgconn.ResultReader) {
@@ -205,16 +254,17 @@ func readPipeline(pl *pgconn.Pipeline, groups [][]func(*pgconn.ResultReader)) er
 }
 
 // readRows copies the rows of rr into chunk, handing each to each (when not nil): every value of
-// the chunk in a few large blocks and the rows' value slices in one array, instead of an allocation
-// per value.
+// the chunk in a few large blocks and the rows' value slices in one array (taken from the chunk's
+// Buffers), instead of an allocation per value.
 func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each func([][]byte)) {
 	n := len(s.Columns)
-	vals := make([][]byte, 0, n*min(limit, 4096))
+	buf := chunk.Buffers
+	vals := buf.take(n * min(limit, 4096))
 	var block []byte
 	for rr.NextRow() {
 		row := rr.Values()
 		if cap(vals)-len(vals) < len(row) {
-			vals = make([][]byte, 0, n*min(limit, 4096))
+			vals = buf.take(max(n*min(limit, 4096), len(row)))
 		}
 		start := len(vals)
 		for _, v := range row {
@@ -227,7 +277,7 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each fu
 				continue
 			}
 			if cap(block)-len(block) < len(v) {
-				block = make([]byte, 0, max(valueBlock, len(v)))
+				block = buf.block(len(v))
 			}
 			at := len(block)
 			block = append(block, v...)
@@ -238,6 +288,7 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each fu
 			each(chunk.Rows[len(chunk.Rows)-1])
 		}
 	}
+	buf.rows = chunk.Rows // grown past limit's capacity: kept as grown
 }
 
 // valueBlock is the size of the blocks a chunk's values are copied into.

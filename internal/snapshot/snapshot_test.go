@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -267,5 +268,78 @@ func TestQueryRefusesBadSpecs(t *testing.T) {
 	q, args, err := Spec{Schema: "we\"ird", Name: "T", Key: []string{"K"}, Columns: []Column{{Name: "K", SQLType: "character(3)"}}}.Query([]string{"a  "}, 5)
 	if err != nil || q != `SELECT "K" FROM "we""ird"."T" WHERE ("K") > ($1::character(3)) ORDER BY "K" LIMIT 5` || args[0] != "a  " {
 		t.Fatalf("query %q %v %v", q, args, err)
+	}
+}
+
+// TestReadBetweenReusesBuffers reads a table chunk after chunk, each read given the Buffers of the
+// one before, and checks every chunk holds the same values as a read into new memory (NULL stays
+// nil, an empty value empty, a value larger than a block whole) while the memory is the earlier
+// chunk's.
+func TestReadBetweenReusesBuffers(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	pg.Exec(`CREATE TABLE r (id int PRIMARY KEY, v text)`)
+	pg.Exec(`INSERT INTO r SELECT i, CASE WHEN i % 5 = 0 THEN NULL WHEN i % 5 = 1 THEN '' WHEN i = 13 THEN repeat('x', 300000)
+	         ELSE repeat(md5(i::text), i % 4) END FROM generate_series(1, 40) i`)
+	ctx := context.Background()
+	conn, err := pgconn.Connect(ctx, pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	spec := Spec{Schema: "public", Name: "r", Key: []string{"id"}, Columns: []Column{{Name: "id", SQLType: "integer"}, {Name: "v", SQLType: "text"}}}
+	text := func(ch *Chunk) []string {
+		var out []string
+		for _, r := range ch.Rows {
+			for _, v := range r {
+				switch {
+				case v == nil:
+					out = append(out, "NULL")
+				case len(v) == 0:
+					out = append(out, "''")
+				default:
+					out = append(out, string(v))
+				}
+			}
+		}
+		return out
+	}
+	for _, limit := range []int{1, 7, 40, 100} {
+		t.Run(fmt.Sprint(limit), func(t *testing.T) {
+			var buf *Buffers
+			var after []string
+			var first *byte // the first block's memory, once a chunk had a value
+			rows := 0
+			for {
+				ch, _, err := spec.ReadBetween(ctx, conn, after, limit, nil, nil, nil, buf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if buf != nil && ch.Buffers != buf {
+					t.Fatal("the chunk does not keep the Buffers it was read into")
+				}
+				if first != nil && len(ch.Rows) > 0 && unsafe.SliceData(ch.Rows[0][0]) != first {
+					t.Fatal("the chunk's first value is not in the first block of the earlier chunk's memory")
+				}
+				got := text(ch)
+				want, err := spec.Read(ctx, conn, after, limit) // new memory
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Join(got, "|") != strings.Join(text(want), "|") {
+					t.Fatalf("after %v: got %.200q, want %.200q", after, got, text(want))
+				}
+				if first == nil {
+					first = unsafe.SliceData(ch.Buffers.blocks[0])
+				}
+				rows += len(ch.Rows)
+				if len(ch.Rows) < limit {
+					break
+				}
+				buf, after = ch.Buffers, ch.LastKey
+			}
+			if rows != 40 {
+				t.Fatalf("read %d rows, want 40", rows)
+			}
+		})
 	}
 }

@@ -409,3 +409,25 @@ func TestReaderPausesWhileABatchIsInFlightUnderLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestSoleEvents checks that a batch takes the events of its one item with events as they are
+// (no copy), and copies them whenever more than one item has events.
+func TestSoleEvents(t *testing.T) {
+	a, b := []Event{{ID: "a0"}, {ID: "a1"}}, []Event{{ID: "b0"}}
+	cases := []struct {
+		name  string
+		items []item
+		want  []Event // nil: the events are copied
+	}{
+		{"none", []item{{kind: itemCommit}, {kind: itemPosition}}, nil},
+		{"one", []item{{kind: itemChunk, events: a}}, a},
+		{"one among items without events", []item{{kind: itemPosition}, {kind: itemChunk, events: a}, {kind: itemCommit}}, a},
+		{"two", []item{{kind: itemChange, events: a}, {kind: itemCommit}, {kind: itemChange, events: b}}, nil},
+	}
+	for _, c := range cases {
+		got := soleEvents(c.items)
+		if (got == nil) != (c.want == nil) || (got != nil && &got[0] != &c.want[0]) || len(got) != len(c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -125,9 +125,12 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			return nil, waitFor{ch: ss.q.whenFull(), after: wait}, nil
 		}
 	}
-	events := make([]Event, 0, nev)
-	for i := range items[:n] {
-		events = append(events, items[i].events...)
+	events := soleEvents(items[:n])
+	if events == nil {
+		events = make([]Event, 0, nev)
+		for i := range items[:n] {
+			events = append(events, items[i].events...)
+		}
 	}
 	ss.pop(n)
 	ss.plan = cover
@@ -209,6 +212,22 @@ type scan struct {
 	txDone             uint64
 	txParts            map[string]uint64 // envelope parts of the transaction in the queue
 	cursor             json.RawMessage
+}
+
+// soleEvents is the events of the one item of items that has any (a snapshot chunk's part is a
+// whole batch): the batch takes them as they are instead of a copy. nil when more than one item,
+// or none, has events.
+func soleEvents(items []item) []Event {
+	var out []Event
+	for i := range items {
+		if len(items[i].events) > 0 {
+			if out != nil {
+				return nil
+			}
+			out = items[i].events
+		}
+	}
+	return out
 }
 
 // pop removes the first n queued items; build measures the rest from the start again.

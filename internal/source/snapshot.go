@@ -90,7 +90,8 @@ type snapshotter struct {
 
 	arena arena // fills and the rows' keys (build runs on the reader goroutine)
 
-	renders chan *rowRender // renderers free for the next chunk, kept with their buffers
+	renders chan *rowRender        // renderers free for the next chunk, kept with their buffers
+	bufs    chan *snapshot.Buffers // memory of chunks handed over, free for the next reads
 
 	progress *tableProgress // the table being read (run's goroutine only)
 }
@@ -109,7 +110,8 @@ func (ss *session) newSnapshotter(pool *pgxpool.Pool, tables []TableInfo, versio
 	_, _ = rand.Read(b[:])
 	sn := &snapshotter{ss: ss, pool: pool, flushArg: version >= 170000, life: hex.EncodeToString(b[:]), epoch: ss.plan.Epoch,
 		tables: map[string]*snapTable{}, reg: convert.NewRegistry(), startS: ss.plan.SnapshotChunks,
-		ackSignal: make(chan struct{}, 1), turn: make(chan struct{}, 1), renders: make(chan *rowRender, 4)}
+		ackSignal: make(chan struct{}, 1), turn: make(chan struct{}, 1), renders: make(chan *rowRender, 4),
+		bufs: make(chan *snapshot.Buffers, 4)}
 	sn.acked.Store(ss.plan.SnapshotChunks)
 	sn.share.acked = ss.plan.SnapshotChunks
 	for i := range tables {
@@ -423,7 +425,12 @@ func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapsh
 	if rows != nil {
 		each = rows.add
 	}
-	ch, marks, err := t.spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high, each)
+	var buf *snapshot.Buffers
+	select {
+	case buf = <-sn.bufs:
+	default:
+	}
+	ch, marks, err := t.spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high, each, buf)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -664,6 +671,14 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 	sn.pushed.Add(uint64(len(items)))
 	close(p.done)
 	sn.handOver(p)
+	// The chunk's values are no longer used (its events, keys and cursors are copies): the next
+	// read may reuse their memory.
+	if b := p.chunk.Buffers; b != nil {
+		select {
+		case sn.bufs <- b:
+		default:
+		}
+	}
 	return true, nil
 }
 
@@ -759,21 +774,37 @@ func (r *rowRender) finish(tx string, pos event.Position, ms int64) ([]Event, in
 	t := r.t
 	events := make([]Event, len(r.ends))
 	var a arena
+	pos.Seq = 0
+	tail := len(event.AppendTail(r.buf[:0], &pos)) - 1 // the tail's length but its seq's digits
 	size, from, partFrom := 0, 0, 0
 	for i, end := range r.ends {
 		pos.Seq = uint64(i)
-		b := append(r.buf[:0], r.bodies[from:end]...)
-		from = end
-		b = event.AppendTail(b, &pos)
 		var part []byte
 		if t.enc.Part != nil {
 			part = r.parts[partFrom:r.partEnds[i]]
 			partFrom = r.partEnds[i]
 		}
-		events[i] = t.pack(&a, &r.buf, b, nil, part, event.OpRead, pos.LSN, pos.Seq, tx, "", ms)
+		// Completed in place in the arena (its exact size is known): payload, id, partition.
+		digits := decimalDigits(pos.Seq)
+		b := a.room(end - from + tail + digits + len(tx) + 1 + digits + len(part))
+		b = append(b, r.bodies[from:end]...)
+		from = end
+		b = event.AppendTail(b, &pos)
+		n := len(b)
+		b, idEnd := t.appendID(b, nil, part, pos.Seq, tx, "")
+		events[i] = t.eventOf(b, n, idEnd, event.OpRead, pos.LSN, tx, ms)
 		size += events[i].size()
 	}
 	return events, size
+}
+
+// decimalDigits is the number of digits of v in decimal.
+func decimalDigits(v uint64) int {
+	n := 1
+	for ; v >= 10; v /= 10 {
+		n++
+	}
+	return n
 }
 
 // build applies the DBLog rule to the chunk and gives its survivors (r) and fills (u) in row
@@ -910,6 +941,14 @@ func (t *snapTable) event(a *arena, buf *[]byte, c *event.Change, tx, idTag stri
 // partition name (t's of row; when row is nil, part, already rendered) are one copy into a.
 func (t *snapTable) pack(a *arena, buf *[]byte, b []byte, row event.Row, part []byte, op, lsn string, seq uint64, tx, idTag string, ms int64) Event {
 	n := len(b)
+	b, idEnd := t.appendID(b, row, part, seq, tx, idTag)
+	*buf = b
+	return t.eventOf(a.bytes(b), n, idEnd, op, lsn, tx, ms)
+}
+
+// appendID appends an event's id and partition name (t's of row; when row is nil, part, already
+// rendered) to its payload b, and returns the end of the id.
+func (t *snapTable) appendID(b []byte, row event.Row, part []byte, seq uint64, tx, idTag string) ([]byte, int) {
 	b = append(b, tx...)
 	b = append(b, ':')
 	b = append(b, idTag...)
@@ -922,8 +961,12 @@ func (t *snapTable) pack(a *arena, buf *[]byte, b []byte, row event.Row, part []
 			b = append(b, part...)
 		}
 	}
-	*buf = b
-	out := a.bytes(b)
+	return b, idEnd
+}
+
+// eventOf makes the event of out, bytes an arena handed out: the payload (up to n), the id (up to
+// idEnd) and the partition name.
+func (t *snapTable) eventOf(out []byte, n, idEnd int, op, lsn, tx string, ms int64) Event {
 	name := partition.Single
 	if t.enc.Part != nil {
 		name = arenaString(out[idEnd:])

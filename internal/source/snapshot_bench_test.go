@@ -26,6 +26,8 @@ import (
 //   - xadd: the snapshot's entries XADDed again in plain pipelines of 1,000 (the Redis ceiling);
 //   - multi: the same in MULTI/EXEC pipelines of 1,000 (see rawXAdd).
 //
+// PGRELAY_BENCH_SNAPSHOT_ONLY=drop runs copy and drop alone (profiling the source).
+//
 // It reports the medians of the rates, the ratios (drop and queue to COPY, queue to xadd) and
 // the CPU time per row of pgrelay (this process), redis-server, the COPY's backend, the walsender
 // and the PostgreSQL backends reading the chunks (the whole server but the walsender).
@@ -46,6 +48,7 @@ func BenchmarkSnapshot(b *testing.B) {
 	}
 	defer conn.Close(e.ctx)
 	copyPid := int(conn.PID())
+	dropOnly := os.Getenv("PGRELAY_BENCH_SNAPSHOT_ONLY") == "drop"
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		var m benchenv.Metrics
@@ -57,17 +60,21 @@ func BenchmarkSnapshot(b *testing.B) {
 			}
 			cp := mt.end()
 			cp.postgres = cpuOf(b, copyPid) - c0
-			name := fmt.Sprintf("sq%d_%d", i, r)
-			queue := snapshotRun(b, e, pids, name, false)
-			drop := snapshotRun(b, e, pids, fmt.Sprintf("sd%d_%d", i, r), true)
-			xadd := rawXAdd(b, e, pids, name, false)
-			multi := rawXAdd(b, e, pids, name, true)
 			m.Add("copy_rows/s", cp.rate(total))
 			m.Add("copy_cpu_backend_us/row", benchenv.PerChange(cp.postgres, total))
+			name := fmt.Sprintf("sq%d_%d", i, r)
+			var queue phase
+			if !dropOnly {
+				queue = snapshotRun(b, e, pids, name, false)
+			}
+			drop := snapshotRun(b, e, pids, fmt.Sprintf("sd%d_%d", i, r), true)
 			for _, p := range []struct {
 				name string
 				ph   phase
 			}{{"queue", queue}, {"drop", drop}} {
+				if dropOnly && p.name == "queue" {
+					continue
+				}
 				m.Add(p.name+"_rows/s", p.ph.rate(total))
 				m.Add(p.name+"_ratio", p.ph.rate(total)/cp.rate(total))
 				m.Add(p.name+"_cpu_pgrelay_us/row", benchenv.PerChange(p.ph.pgrelay, total))
@@ -79,6 +86,11 @@ func BenchmarkSnapshot(b *testing.B) {
 				m.Add(p.name+"_cpu_walsender_us/row", benchenv.PerChange(p.ph.walsender, total))
 				addAlloc(&m, p.name, "row", p.ph, total)
 			}
+			if dropOnly {
+				continue
+			}
+			xadd := rawXAdd(b, e, pids, name, false)
+			multi := rawXAdd(b, e, pids, name, true)
 			m.Add("xadd_rows/s", xadd.rate(total))
 			m.Add("xadd_cpu_redis_us/row", benchenv.PerChange(xadd.redis, total))
 			m.Add("queue_xadd_ratio", queue.rate(total)/xadd.rate(total))
