@@ -25,3 +25,28 @@ func BenchmarkBuild(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTxEncode plans and encodes the XADDs of a transaction (write_tx.go) for batches of
+// 1,000 change events over 16 shards; one op is one message.
+func BenchmarkTxEncode(b *testing.B) {
+	w := NewWriter(nil, WriterConfig{Shards: 16})
+	w.shards["q"] = 16
+	msgs := make([]Message, 1000)
+	for i := range msgs {
+		msgs[i] = Message{Queue: "q", Partition: "public.bench:" + strconv.Itoa(100000+i), ID: "pg:e:0000000010000000:" + strconv.Itoa(i),
+			Tx: "pg:e:0000000010000000", CreatedMs: 1790000000000, Payload: make([]byte, 220)}
+	}
+	var buf []byte
+	b.ReportAllocs()
+	b.ResetTimer()
+	for done := 0; done < b.N; done += len(msgs) {
+		if err := validate(msgs, &Cover{}); err != nil {
+			b.Fatal(err)
+		}
+		p, err := w.plan(context.Background(), msgs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf = w.appendXAdds(buf[:0], p, msgs, make([]int64, len(p.streams)))
+	}
+}

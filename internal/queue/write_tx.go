@@ -581,7 +581,10 @@ func (w *Writer) execReplies(conn *redisconn.RawConn, queued int) (res, ioErr er
 	var first error
 	var rep redisconn.Reply
 	var err error
-	for range queued { // +QUEUED, or why the command was refused (READONLY, MOVED, OOM, ...)
+	for left := queued; left > 0; left-- { // +QUEUED, or why the command was refused (READONLY, MOVED, OOM, ...)
+		if left -= conn.SkipStatus("QUEUED", left); left == 0 {
+			break // every +QUEUED received so far, compared in one pass
+		}
 		if rep, err = conn.Read(); err != nil {
 			return nil, err
 		}

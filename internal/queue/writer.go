@@ -253,6 +253,9 @@ func (w *Writer) Write(ctx context.Context, msgs []Message, cover *Cover) (Resul
 
 func validate(msgs []Message, c *Cover) error {
 	for i := range msgs {
+		if i > 0 && msgs[i].Queue == msgs[i-1].Queue {
+			continue // checked already: a batch's messages usually share their queue
+		}
 		if err := ValidQueueName(msgs[i].Queue); err != nil {
 			return fmt.Errorf("message %d (id %q): %w", i, msgs[i].ID, err)
 		}

@@ -289,7 +289,10 @@ func (e ReplyError) Error() string { return string(e) }
 func (ReplyError) RedisError() {}
 
 // Read reads one reply; for an array, only its length: its elements are the next replies.
-func (c *RawConn) Read() (Reply, error) {
+func (c *RawConn) Read() (Reply, error) { return c.read(true) }
+
+// read reads one reply; with keep false a bulk string is skipped, not copied (Str is nil).
+func (c *RawConn) read(keep bool) (Reply, error) {
 	line, err := c.br.ReadSlice('\n')
 	if err != nil {
 		c.broken = true
@@ -315,6 +318,13 @@ func (c *RawConn) Read() (Reply, error) {
 		if rep.Kind != '$' || n < 0 {
 			return rep, nil
 		}
+		if !keep {
+			if _, err := c.br.Discard(int(n) + 2); err != nil {
+				c.broken = true
+				return Reply{}, err
+			}
+			return rep, nil
+		}
 		if cap(c.bulk) < int(n)+2 {
 			c.bulk = make([]byte, n+2)
 		}
@@ -333,7 +343,7 @@ func (c *RawConn) Read() (Reply, error) {
 // Skip reads one reply whole (an array with all its elements) and returns the first error reply
 // in it as an error.
 func (c *RawConn) Skip() error {
-	rep, err := c.Read()
+	rep, err := c.read(false)
 	if err != nil {
 		return err
 	}
@@ -352,6 +362,28 @@ func (c *RawConn) Skip() error {
 		return first
 	}
 	return rep.Err()
+}
+
+// SkipStatus reads the replies that are the status s (such as "QUEUED") from what the connection
+// has already received, up to max of them, and returns how many it read. It stops at any other
+// reply and never waits for data: read the next reply with Read. A long pipeline answers
+// thousands of equal statuses, compared here as bytes instead of parsed one by one.
+func (c *RawConn) SkipStatus(s string, max int) int {
+	size := len(s) + 3 // +<s>\r\n
+	n := min(c.br.Buffered()/size, max)
+	if n == 0 {
+		return 0
+	}
+	b, _ := c.br.Peek(n * size) // buffered already: no read
+	i := 0
+	for ; i < n; i++ {
+		r := b[i*size : (i+1)*size]
+		if r[0] != '+' || string(r[1:1+len(s)]) != s || r[size-2] != '\r' || r[size-1] != '\n' {
+			break
+		}
+	}
+	_, _ = c.br.Discard(i * size)
+	return i
 }
 
 // ParseInt parses a decimal integer without allocating.

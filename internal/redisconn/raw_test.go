@@ -1,8 +1,11 @@
 package redisconn
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -132,5 +135,140 @@ func TestRawFollowsMoved(t *testing.T) {
 	migrateSlot(t, key, others[0], others[1])
 	if _, err := rawSetGet(ctx, r, key, "c"); !redis.HasErrorPrefix(err, "ASK") {
 		t.Fatalf("migrating slot: %v, want an ASK answer", err)
+	}
+}
+
+// TestSkipStatus: SkipStatus reads the buffered run of one status, and stops at another reply,
+// at another status, at a reply not received whole, and at max.
+func TestSkipStatus(t *testing.T) {
+	q := "+QUEUED\r\n"
+	cases := []struct {
+		in   string
+		max  int
+		want int
+		next string // what Read returns after
+	}{
+		{strings.Repeat(q, 5) + "+OK\r\n", 10, 5, "OK"},
+		{strings.Repeat(q, 5) + "+OK\r\n", 3, 3, "QUEUED"},
+		{q + "-ERR wrong number of arguments\r\n" + q, 10, 1, "ERR wrong number of arguments"},
+		{"+QUEUEDX\r\n" + q, 10, 0, "QUEUEDX"},
+		{"+OK\r\n" + q, 10, 0, "OK"},
+		{q + q + "+QUE", 10, 2, ""}, // the third is not whole yet: left to Read
+	}
+	for _, c := range cases {
+		conn := &RawConn{br: bufio.NewReader(strings.NewReader(c.in)), addr: "test"}
+		if _, err := conn.br.Peek(1); err != nil { // receive the bytes, as a first Read would
+			t.Fatal(err)
+		}
+		if got := conn.SkipStatus("QUEUED", c.max); got != c.want {
+			t.Errorf("%q max %d: read %d, want %d", c.in, c.max, got, c.want)
+		}
+		rep, err := conn.Read()
+		if c.next == "" {
+			if err == nil {
+				t.Errorf("%q: read %q after, want the end of the input", c.in, rep.Str)
+			}
+			continue
+		}
+		if err != nil || string(rep.Str) != c.next {
+			t.Errorf("%q: read %q %v after, want %q", c.in, rep.Str, err, c.next)
+		}
+	}
+}
+
+// TestRawReadsLongPipelines reads the replies of long pipelines the way the queue's transaction
+// does: runs of +QUEUED compared in bulk (SkipStatus) with any other reply read in between, bulk
+// strings skipped whole (Skip), and the connection still in step afterwards. Redis sends the
+// replies in pieces, so SkipStatus sees any split of them; the count must come out exact.
+func TestRawReadsLongPipelines(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := testenv.StartRedis(t)
+	raw := NewRaw(r.Client())
+	defer raw.Close()
+	big := strings.Repeat("v", 70<<10) // a bulk reply longer than the connection's buffer
+	if err := r.Client().Set(ctx, "big", big, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		n      int   // SETs queued in MULTI
+		badAt  []int // positions of a command refused at queue time (wrong arity)
+		gets   int   // GETs of the big value pipelined after EXEC, skipped
+		errors int   // error replies expected among the queued
+	}{
+		{"all queued", 5000, nil, 0, 0},
+		{"refusals in the run", 3000, []int{0, 1, 1500, 2999}, 0, 4},
+		{"big bulk replies skipped", 10, nil, 3, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := raw.Run(ctx, "k", func(conn *RawConn) error {
+				b := AppendCommand(conn.Buf[:0], "MULTI")
+				bad := map[int]bool{}
+				for _, i := range c.badAt {
+					bad[i] = true
+				}
+				for i := range c.n {
+					if bad[i] {
+						b = AppendCommand(b, "SET", "k")
+					} else {
+						b = AppendCommand(b, "SET", "k"+strconv.Itoa(i), "v")
+					}
+				}
+				b = AppendCommand(b, "DISCARD")
+				for range c.gets {
+					b = AppendCommand(b, "GET", "big")
+				}
+				b = AppendCommand(b, "PING")
+				conn.Buf = b
+				if err := conn.Send(ctx, b, 0); err != nil {
+					return err
+				}
+				if rep, err := conn.Read(); err != nil || string(rep.Str) != "OK" {
+					return fmt.Errorf("MULTI: %q %v", rep.Str, err)
+				}
+				queued, errs := 0, 0
+				for left := c.n; left > 0; left-- {
+					k := conn.SkipStatus("QUEUED", left)
+					queued += k
+					if left -= k; left == 0 {
+						break
+					}
+					rep, err := conn.Read() // an error, or a +QUEUED not yet received whole
+					switch {
+					case err != nil:
+						return err
+					case rep.Err() != nil:
+						errs++
+					case rep.Kind == '+' && string(rep.Str) == "QUEUED":
+						queued++
+					default:
+						return fmt.Errorf("unexpected reply %c%s", rep.Kind, rep.Str)
+					}
+				}
+				if queued != c.n-c.errors || errs != c.errors {
+					return fmt.Errorf("%d queued and %d errors, want %d and %d", queued, errs, c.n-c.errors, c.errors)
+				}
+				if rep, err := conn.Read(); err != nil || string(rep.Str) != "OK" { // DISCARD
+					return fmt.Errorf("DISCARD: %q %v", rep.Str, err)
+				}
+				for range c.gets {
+					if err := conn.Skip(); err != nil {
+						return err
+					}
+				}
+				if n := conn.SkipStatus("QUEUED", 1); n != 0 {
+					return fmt.Errorf("SkipStatus read %d replies of another status", n)
+				}
+				if rep, err := conn.Read(); err != nil || string(rep.Str) != "PONG" {
+					return fmt.Errorf("PING: %c%q %v", rep.Kind, rep.Str, err)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
