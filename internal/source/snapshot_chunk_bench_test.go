@@ -58,7 +58,8 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 		b.Fatal(err)
 	}
 	sn := &snapshotter{ss: testSession(1000, pointer.Pointer{}), pool: pool, epoch: "e", reg: convert.NewRegistry(), life: "bench",
-		flushArg: pg.Version >= 17, tables: map[string]*snapTable{"public.snap": {info: &tables[0], full: "public.snap"}}}
+		flushArg: pg.Version >= 17, tables: map[string]*snapTable{"public.snap": {info: &tables[0], full: "public.snap"}},
+		bufs: make(chan *snapshot.Buffers, 1)}
 	sn.ss.src.cfg.ChunkRows = 2000
 	tab, err := sn.load(ctx, "public.snap")
 	if err != nil {
@@ -92,6 +93,7 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 			}
 			rows += len(ch.Rows)
 			next, over := cur.Advance(len(ch.Rows), ch.LastKey, sn.ss.src.cfg.ChunkRows)
+			sn.bufs <- ch.Buffers // the chunk's memory to the next read, as the snapshotter's hand-over does
 			if over || next.Table != cur.Table {
 				return rows
 			}
