@@ -1,0 +1,499 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// Fault tests of the primed write (write_tx.go): the connection that holds the next write's
+// WATCH, reads and MULTI is killed between batches or with a batch's EXEC in flight, Redis
+// restarts under it, and the write goes through Redis Sentinel with least-privilege ACL users
+// and a failover. Each reads the queue back (checkQueue) and the pointer.
+
+// multiClient is a connection of CLIENT LIST inside MULTI (flags has x).
+type multiClient struct {
+	id, flags, cmd string
+}
+
+// inMulti lists the connections inside MULTI.
+func inMulti(t *testing.T, rdb redis.Cmdable) []multiClient {
+	t.Helper()
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("CLIENT LIST: %v", err)
+	}
+	var out []multiClient
+	for _, line := range strings.Split(list, "\n") {
+		var c multiClient
+		for _, f := range strings.Fields(line) {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "id":
+				c.id = v
+			case "flags":
+				c.flags = v
+			case "cmd":
+				c.cmd = v
+			}
+		}
+		if strings.Contains(c.flags, "x") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// killClient closes connection id on the server.
+func killClient(t *testing.T, rdb redis.Cmdable, id string) bool {
+	t.Helper()
+	n, err := rdb.ClientKillByFilter(context.Background(), "ID", id).Result()
+	if err != nil {
+		t.Errorf("CLIENT KILL ID %s: %v", id, err)
+	}
+	return n == 1
+}
+
+// longLease takes the lease of source s of queue q with a TTL no test here outlives, and returns
+// the pointer key and the cover of a position under it.
+func longLease(t *testing.T, rdb redis.UniversalClient, q string) (ptrKey string, cover func(pos string) *Cover) {
+	t.Helper()
+	leaseKey, ptrKey := "pgrelay:{"+q+"}:src:s:lease", "pgrelay:{"+q+"}:src:s:ptr"
+	l := lease.New(rdb, leaseKey, 5*time.Minute, "me")
+	if ok, err := l.TryAcquire(context.Background()); !ok || err != nil {
+		t.Fatalf("acquire %v %v", ok, err)
+	}
+	return ptrKey, func(pos string) *Cover {
+		return &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey, Pointer: []byte(`{"pos":"` + pos + `"}`), Pos: pos}
+	}
+}
+
+func pos(i int) string { return fmt.Sprintf("%06d", i) }
+
+// checkPointer fails unless the pointer stored at key has pos want.
+func checkPointer(t *testing.T, rdb redis.Cmdable, key, want string) {
+	t.Helper()
+	if got := rdb.Get(context.Background(), key).Val(); got != `{"pos":"`+want+`"}` {
+		t.Fatalf("pointer %s, want pos %s", got, want)
+	}
+}
+
+// TestPrimedConnectionKilledBetweenBatches kills the connection a write left primed (the only
+// one inside MULTI, by its id) before each of three batches: the next batch finds it closed,
+// writes on a new connection, reading for itself (its own WATCH), and primes that one (a second
+// WATCH, a new id inside MULTI); every batch is in the queue once and the pointer at the last.
+func TestPrimedConnectionKilledBetweenBatches(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	const q = "primedkill"
+	ptrKey, cover := longLease(t, rdb, q)
+	w := NewWriter(rdb, WriterConfig{Shards: 4, Durability: Durability{AOF: true}, RetryFor: 10 * time.Second})
+	defer w.Close()
+	var all [][]Message
+	write := func(i int) {
+		t.Helper()
+		b := batchOf(q, "b"+strconv.Itoa(i), 50, 5)
+		if res, err := w.Write(ctx, b, cover(pos(i))); err != nil || res != ResultOK {
+			t.Fatalf("batch %d: %v %v", i, res, err)
+		}
+		all = append(all, b)
+	}
+	write(1)
+	for i := 2; i <= 4; i++ {
+		before := inMulti(t, rdb)
+		if len(before) != 1 || before[0].cmd != "multi" {
+			t.Fatalf("before batch %d: connections inside MULTI %+v, want the primed one", i, before)
+		}
+		if !killClient(t, rdb, before[0].id) {
+			t.Fatalf("the primed connection %s was not killed", before[0].id)
+		}
+		watches := cmdCalls(t, rdb, "cmdstat_watch:")
+		write(i)
+		after := inMulti(t, rdb)
+		if len(after) != 1 || after[0].id == before[0].id {
+			t.Fatalf("after batch %d: connections inside MULTI %+v, want a new primed one", i, after)
+		}
+		if n := cmdCalls(t, rdb, "cmdstat_watch:") - watches; n != 2 {
+			t.Fatalf("batch %d: %d WATCHes, want 2 (its own reads, the next write's)", i, n)
+		}
+	}
+	write(5) // primed again: no reads of its own
+	checkQueue(t, rdb, w.Layout(), q, all...)
+	checkPointer(t, rdb, ptrKey, pos(5))
+}
+
+// TestPrimedExecOutcomeUnknown kills the primed connection after a batch's writes and EXEC were
+// sent on it, so the writer cannot know whether they ran:
+//   - not applied: Redis holds the writes (CLIENT PAUSE WRITE: the client is blocked inside
+//     MULTI), the connection is killed and the pause lifted. Redis dropped the transaction; the
+//     retry reads the pointer below the cover and writes the batch (ok).
+//   - applied, reply lost: Redis runs the EXEC and closes the connection before replying (the
+//     reply is over a client-output-buffer-limit set for that one write). The retry reads the
+//     pointer at the cover: duplicate, nothing written again.
+//
+// Either way the batch is in the queue once and the pointer at its cover.
+func TestPrimedExecOutcomeUnknown(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		want Result
+		size int
+		// cut runs before the second write's EXEC is sent on the primed connection; done after
+		// the write returned
+		cut  func(t *testing.T)
+		done func(t *testing.T)
+	}{
+		{name: "not applied", want: ResultOK, size: 300,
+			cut: func(t *testing.T) {
+				if err := rdb.Do(ctx, "CLIENT", "PAUSE", 20000, "WRITE").Err(); err != nil {
+					t.Errorf("pause: %v", err)
+					return
+				}
+				go func() {
+					defer rdb.Do(ctx, "CLIENT", "UNPAUSE")
+					for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+						for _, m := range inMulti(t, rdb) {
+							if strings.Contains(m.flags, "b") {
+								killClient(t, rdb, m.id)
+								return
+							}
+						}
+					}
+					t.Errorf("the write never blocked inside MULTI")
+				}()
+			}},
+		{name: "applied, reply lost", want: ResultDuplicate, size: 1000,
+			cut: func(t *testing.T) {
+				// the EXEC reply (an id per XADD) outgrows the 16 KiB reply buffer
+				if err := rdb.ConfigSet(ctx, "client-output-buffer-limit", "normal 1024 0 0").Err(); err != nil {
+					t.Errorf("config set: %v", err)
+				}
+			},
+			done: func(t *testing.T) {
+				if err := rdb.ConfigSet(ctx, "client-output-buffer-limit", "normal 0 0 0").Err(); err != nil {
+					t.Errorf("config set: %v", err)
+				}
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := "unknown" + strconv.Itoa(len(c.name))
+			ptrKey, cover := longLease(t, rdb, q)
+			w := NewWriter(rdb, WriterConfig{Shards: 4, Durability: Durability{AOF: true}, RetryFor: 10 * time.Second})
+			defer w.Close()
+			first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", c.size, 7)
+			if res, err := w.Write(ctx, first, cover(pos(1))); err != nil || res != ResultOK {
+				t.Fatalf("first batch: %v %v", res, err)
+			}
+			primed := inMulti(t, rdb)
+			if len(primed) != 1 {
+				t.Fatalf("connections inside MULTI %+v, want the primed one", primed)
+			}
+			var cuts atomic.Int32
+			w.beforeExec = func() {
+				if cuts.Add(1) == 1 {
+					if inMulti(t, rdb)[0].id != primed[0].id {
+						t.Errorf("the second write is not on the primed connection")
+					}
+					c.cut(t)
+				} else if c.done != nil {
+					c.done(t) // the retry of a write taken as lost must not be cut again
+				}
+			}
+			res, err := w.Write(ctx, second, cover(pos(2)))
+			if c.done != nil {
+				c.done(t)
+			}
+			if err != nil || res != c.want {
+				t.Fatalf("second batch: %v %v, want %v", res, err, c.want)
+			}
+			if cuts.Load() == 0 {
+				t.Fatal("the cut never ran")
+			}
+			if m := inMulti(t, rdb); len(m) == 1 && m[0].id == primed[0].id {
+				t.Fatal("the primed connection survived")
+			}
+			checkQueue(t, rdb, w.Layout(), q, first, second)
+			checkPointer(t, rdb, ptrKey, pos(2))
+		})
+	}
+}
+
+// TestPrimedConnectionKilledInLoop streams batches while another client kills whatever
+// connection is inside MULTI, again and again (a random 0–3 ms after the pointer last moved):
+// the primed connection between batches, and a batch's transaction with its writes or EXEC in
+// flight. Every batch ends ok or duplicate (its EXEC ran but the reply was lost: settled by the
+// pointer), every message is in the queue once and the pointer at the last cover.
+// PGRELAY_PRIMED_KILL_BATCHES sets the number of batches (default 120).
+func TestPrimedConnectionKilledInLoop(t *testing.T) {
+	batches := 120
+	if n, err := strconv.Atoi(os.Getenv("PGRELAY_PRIMED_KILL_BATCHES")); err == nil && n > 0 {
+		batches = n
+	}
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	killer := r.Client()
+	ctx := context.Background()
+	const q = "killloop"
+	ptrKey, cover := longLease(t, rdb, q)
+	w := NewWriter(rdb, WriterConfig{Shards: 4, Durability: Durability{AOF: true}, RetryFor: 20 * time.Second})
+	defer w.Close()
+
+	stop := make(chan struct{})
+	var kills atomic.Int32
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		rng := rand.New(rand.NewPCG(13, 13))
+		last := ""
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// one kill per move of the pointer, so every batch gets through
+			if p := killer.Get(ctx, ptrKey).Val(); p == last {
+				time.Sleep(time.Millisecond)
+				continue
+			} else {
+				last = p
+			}
+			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+			for _, m := range inMulti(t, killer) {
+				if killClient(t, killer, m.id) {
+					kills.Add(1)
+				}
+			}
+		}
+	}()
+	var all [][]Message
+	dups := 0
+	start := time.Now()
+	for i := 1; i <= batches; i++ {
+		b := batchOf(q, "b"+strconv.Itoa(i), 20+i%7*40, 9)
+		res, err := w.Write(ctx, b, cover(pos(i)))
+		if err != nil {
+			close(stop)
+			<-killed
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		if res == ResultDuplicate {
+			dups++
+		}
+		all = append(all, b)
+	}
+	close(stop)
+	<-killed
+	checkQueue(t, rdb, w.Layout(), q, all...)
+	checkPointer(t, rdb, ptrKey, pos(batches))
+	if kills.Load() == 0 {
+		t.Fatalf("no connection killed in %d batches", batches)
+	}
+	t.Logf("%d batches in %.1fs, %d connections killed, %d batches settled as duplicate by the pointer",
+		batches, time.Since(start).Seconds(), kills.Load(), dups)
+}
+
+// TestPrimedRedisRestart restarts Redis (appendonly yes, appendfsync always; durability aof)
+// under a writer that primes: SIGKILL and SIGTERM between two batches (the primed connection is
+// gone; the next batch writes on a new one), and SIGKILL in the middle of a stream of batches,
+// whose writes retry until Redis is back. Nothing acknowledged is lost, nothing doubled: every
+// batch once in the queue, the pointer at the last cover.
+func TestPrimedRedisRestart(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	newWriter := func() *Writer {
+		w := NewWriter(rdb, WriterConfig{Shards: 4, Durability: Durability{AOF: true}, RetryFor: 20 * time.Second})
+		if err := w.Connect(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		return w
+	}
+
+	t.Run("between batches", func(t *testing.T) {
+		const q = "restartgap"
+		ptrKey, cover := longLease(t, rdb, q)
+		w := newWriter()
+		var all [][]Message
+		write := func(i int) {
+			t.Helper()
+			b := batchOf(q, "b"+strconv.Itoa(i), 40, 5)
+			if res, err := w.Write(ctx, b, cover(pos(i))); err != nil || res != ResultOK {
+				t.Fatalf("batch %d: %v %v", i, res, err)
+			}
+			all = append(all, b)
+		}
+		write(1)
+		if len(inMulti(t, rdb)) != 1 {
+			t.Fatal("no primed connection")
+		}
+		r.Kill()
+		r.Restart()
+		write(2)
+		if len(inMulti(t, rdb)) != 1 {
+			t.Fatal("no primed connection after the restart")
+		}
+		r.Restart() // SIGTERM
+		write(3)
+		write(4)
+		checkQueue(t, rdb, w.Layout(), q, all...)
+		checkPointer(t, rdb, ptrKey, pos(4))
+	})
+
+	t.Run("mid-run", func(t *testing.T) {
+		const q, batches = "restartrun", 60
+		ptrKey, cover := longLease(t, rdb, q)
+		w := newWriter()
+		var all [][]Message
+		var written atomic.Int32
+		done := make(chan error, 1)
+		go func() {
+			for i := 1; i <= batches; i++ {
+				b := batchOf(q, "b"+strconv.Itoa(i), 200, 9)
+				if _, err := w.Write(ctx, b, cover(pos(i))); err != nil {
+					done <- fmt.Errorf("batch %d: %w", i, err)
+					return
+				}
+				all = append(all, b)
+				written.Add(1)
+			}
+			done <- nil
+		}()
+		for _, at := range []int32{batches / 4, batches / 2} {
+			for written.Load() < at {
+				select {
+				case err := <-done:
+					t.Fatalf("before the kill at batch %d: %v", at, err)
+				case <-time.After(time.Millisecond):
+				}
+			}
+			r.Kill()
+			time.Sleep(200 * time.Millisecond)
+			r.Restart()
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		checkQueue(t, rdb, w.Layout(), q, all...)
+		checkPointer(t, rdb, ptrKey, pos(batches))
+	})
+}
+
+// TestWriteSentinelLeastPrivilege writes through Redis Sentinel as least-privilege users: on
+// the data nodes the documented line of a queue writer (redisconn.ACLLine: the server check, the
+// lease, the write, WAIT), on the sentinels a user with only what the failover client asks them
+// (the master's address, the other sentinels, the +switch-master messages). The master is
+// SIGKILLed in the middle of a stream of primed batches (durability replicas: 1, two replicas);
+// each batch is written again after an error until it ends ok or duplicate, as the pipeline's
+// redelivery does. Afterwards the promoted master holds every batch once, the pointer at the
+// last cover, and no node or sentinel refused a command (ACL LOG empty).
+func TestWriteSentinelLeastPrivilege(t *testing.T) {
+	rs := testenv.StartRedisSentinel(t, 2)
+	ctx := context.Background()
+	const user, pass, sentUser, sentPass = "pgrelay-source", "src-pw", "pgrelay-sentinel", "sen-pw"
+	for _, n := range rs.Nodes {
+		n.ACL(redisconn.ACLLine(user, pass, "pgrelay", redisconn.UseServer, redisconn.UseLease, redisconn.UseWrite, redisconn.UseReplicas))
+	}
+	sentinelAdmin := func(addr string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for _, s := range rs.Sentinels {
+		err := sentinelAdmin(s.Addr()).Do(ctx, "ACL", "SETUSER", sentUser, "reset", "on", ">"+sentPass, "resetchannels",
+			"&+switch-master", "&+replica-reconf-done", "-@all", "+ping", "+subscribe",
+			"+sentinel|get-master-addr-by-name", "+sentinel|sentinels").Err()
+		if err != nil {
+			t.Fatalf("sentinel %s: ACL SETUSER: %v", s.Addr(), err)
+		}
+	}
+	conf := redisconn.Config{Username: user, Password: pass,
+		Sentinel: &redisconn.Sentinel{MasterName: testenv.SentinelMaster, Addrs: rs.SentinelAddrs(), Username: sentUser, Password: sentPass}}
+	rdb, err := conf.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	const q, batches = "sentinel", 60
+	ptrKey, cover := longLease(t, rdb, q)
+	w := NewWriter(rdb, WriterConfig{Shards: 4, Durability: Durability{Replicas: 1, WaitTimeout: time.Second}, RetryFor: 5 * time.Second})
+	defer w.Close()
+
+	var written atomic.Int32
+	done := make(chan error, 1)
+	var all [][]Message
+	retries := 0
+	go func() {
+		for i := 1; i <= batches; i++ {
+			b := batchOf(q, "b"+strconv.Itoa(i), 100, 9)
+			for deadline := time.Now().Add(60 * time.Second); ; {
+				_, err := w.Write(ctx, b, cover(pos(i)))
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					done <- fmt.Errorf("batch %d: %w", i, conf.Explain(err))
+					return
+				}
+				retries++
+				time.Sleep(100 * time.Millisecond)
+			}
+			all = append(all, b)
+			written.Add(1)
+		}
+		done <- nil
+	}()
+	for written.Load() < batches/3 {
+		select {
+		case err := <-done:
+			t.Fatalf("before the failover: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	old := rs.Master()
+	old.Kill()
+	atKill := written.Load()
+	promoted := rs.WaitPromoted(old, 60*time.Second)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if atKill >= batches {
+		t.Fatalf("all %d batches were written before the master was killed", batches)
+	}
+	admin := promoted.Client()
+	checkQueue(t, admin, w.Layout(), q, all...)
+	checkPointer(t, admin, ptrKey, pos(batches))
+	if m := inMulti(t, admin); len(m) != 1 {
+		t.Fatalf("connections inside MULTI on the promoted master: %+v, want the primed one", m)
+	}
+	for _, n := range rs.Nodes {
+		if n == old {
+			continue
+		}
+		if log := n.Client().Do(ctx, "ACL", "LOG").Val(); len(log.([]any)) > 0 {
+			t.Errorf("node %s refused the writer: %v", n.Addr(), log)
+		}
+	}
+	for _, s := range rs.Sentinels {
+		if log := sentinelAdmin(s.Addr()).Do(ctx, "ACL", "LOG").Val(); len(log.([]any)) > 0 {
+			t.Errorf("sentinel %s refused the client: %v", s.Addr(), log)
+		}
+	}
+	t.Logf("master %s killed after %d of %d batches, %s promoted; %d writes retried", old.Addr(), atKill, batches, promoted.Addr(), retries)
+}
