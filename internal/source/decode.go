@@ -83,10 +83,7 @@ func (d *decoder) decode(ctx context.Context, data []byte, emit func(item) error
 			}
 		case 'M':
 			if m, ok := parseMessage(data); ok && m.transactional {
-				if d.inTxn && string(m.prefix) == PublishPrefix {
-					return d.published(m.content, emit)
-				}
-				return nil
+				return d.message(m, emit)
 			}
 		}
 	}
@@ -140,6 +137,15 @@ func (d *decoder) commitTx(commit pglogrepl.LSN, emit func(item) error) error {
 		}
 	}
 	return emit(item{kind: itemCommit, commit: commit})
+}
+
+// message decodes a transactional logical message: a pgrelay.publish() message becomes an
+// event; others are ignored.
+func (d *decoder) message(m logicalMessage, emit func(item) error) error {
+	if d.inTxn && string(m.prefix) == PublishPrefix {
+		return d.published(m.content, emit)
+	}
+	return nil
 }
 
 // pgEpoch is PostgreSQL's timestamp epoch (2000-01-01 UTC) in unix µs.

@@ -179,6 +179,9 @@ func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, po
 		if len(x.WALData) == 0 || x.WALData[0] != 'M' {
 			return dec.decode(ss.ctx, x.WALData, emit)
 		}
+		if m, ok := parseMessage(x.WALData); ok && m.transactional {
+			return dec.message(m, emit)
+		}
 		msg, err := pglogrepl.Parse(x.WALData)
 		if err != nil {
 			return fmt.Errorf("decode pgoutput: %w", err)
