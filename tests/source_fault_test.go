@@ -204,7 +204,9 @@ func TestSourceResumesAfterPostgresAndRedisRestarts(t *testing.T) {
 // WRITE), so the transaction stops among its queued commands (CLIENT LIST shows a client inside
 // MULTI, blocked); then SIGKILL, then the pause is lifted. Whether Redis dropped the transaction
 // with the connection or ran its EXEC first, the restarted process writes each change exactly
-// once: the queue replays to the table. Redis ran the writes as transactions (EXEC calls).
+// once: the queue replays to the table. Redis ran the writes as transactions (EXEC calls), most of
+// them primed (the WATCH, reads and MULTI sent behind the previous write's EXEC), so the kills
+// catch primed transactions in flight.
 func TestSourceSIGKILLWithTransactionInFlight(t *testing.T) {
 	e := newCDCEnv(t, "txkill", `[{table: w, queue: q}]`, "max_bundle_messages: 7")
 	e.pg.Exec(writerTable)
@@ -258,14 +260,22 @@ func TestSourceSIGKILLWithTransactionInFlight(t *testing.T) {
 	close(stopWriter)
 	committed := wait()
 	res := e.converge("public.w", "id")
-	execs := 0
+	calls := map[string]int{}
 	for _, line := range strings.Split(rc.Info(e.ctx, "commandstats").Val(), "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_exec:calls="); ok {
-			execs, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		if cmd, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls="); ok {
+			calls[cmd], _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
 		}
 	}
+	execs := calls["exec"]
 	if execs < 10 {
 		t.Errorf("Redis ran %d EXECs: the writes were not transactions", execs)
 	}
-	t.Logf("%d transactions, %d events, %d EXECs", committed, res.Events, execs)
+	// the writes were primed: a primed write reads the TYPE of all 16 shards for the next one, a
+	// write reading for itself that of the at most 7 shards its bundle touches (after an aborted
+	// primed EXEC, priming backs off for a while: not every write is primed)
+	types := float64(calls["type"]) / float64(execs)
+	if types <= 7 {
+		t.Errorf("%.1f TYPEs per EXEC: the writes were not primed", types)
+	}
+	t.Logf("%d transactions, %d events, %d EXECs, %.1f TYPEs per EXEC", committed, res.Events, execs, types)
 }
