@@ -30,7 +30,7 @@ func positionItem(l pglogrepl.LSN) item { return item{kind: itemPosition, lsn: l
 func testSession(maxMsgs int, start pointer.Pointer, items ...item) *session {
 	src := &Source{cfg: Config{MaxBundleMessages: maxMsgs, MaxBundleBytes: 1 << 20}}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	ss := &session{src: src, ctx: ctx, cancel: cancel, acks: make(chan struct{}, 1), q: newItemQueue(1000, 1<<20), plan: start}
+	ss := &session{src: src, ctx: ctx, cancel: cancel, q: newItemQueue(1000, 1<<20), plan: start}
 	for _, it := range items {
 		if ok, _ := ss.q.tryPush(it); !ok {
 			panic("queue full")
@@ -351,83 +351,5 @@ func TestArrivalRate(t *testing.T) {
 	}
 	if r := rate(ss); r < 10000 {
 		t.Fatalf("rate %.0f/s after 24 batches at 20,000/s following an idle hour", r)
-	}
-}
-
-// Under sustained load a batch that goes leaves the reader a pause until its ack (at most
-// maxFlightPause), which the ack ends; a trickle leaves none, and a batch built ahead none.
-func TestReaderPausesWhileABatchIsInFlightUnderLoad(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		every time.Duration // the arrival gap the rate was measured with: one event per gap
-		pause bool
-	}{
-		{"under load", 50 * time.Microsecond, true},
-		{"a trickle", 10 * time.Millisecond, false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
-			ss.src.cfg.LoadLinger = 2 * time.Millisecond
-			start := time.Now().Add(-50 * c.every)
-			for i := range 50 {
-				ss.measure(1, start.Add(time.Duration(i)*c.every))
-			}
-			ss.lastAck.Store(time.Now().Add(-time.Hour).UnixNano()) // any wait to fill is over
-			ss.acks <- struct{}{}                                   // an earlier batch's ack
-			for _, it := range txnItems(200, "e0") {
-				ss.q.tryPush(it)
-			}
-			before := time.Now()
-			b, _, err := ss.bundle(context.Background())
-			if err != nil || b == nil || !slices.Equal(payloads(b), []string{"e0"}) {
-				t.Fatalf("batch %+v, %v", b, err)
-			}
-			p := ss.readPause.Load()
-			if !c.pause {
-				if p != 0 {
-					t.Fatalf("a pause %d for a trickle", p)
-				}
-				return
-			}
-			if p >= 0 || time.Unix(0, -p).Before(before.Add(maxFlightPause)) || time.Unix(0, -p).After(time.Now().Add(maxFlightPause)) {
-				t.Fatalf("pause %d, want until the ack or maxFlightPause after the cut", p)
-			}
-			if len(ss.acks) != 0 {
-				t.Fatal("the earlier batch's ack would end the pause at once")
-			}
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				ss.pauseReading(-time.Now().Add(time.Hour).UnixNano())
-			}()
-			ss.acked(b)
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("the ack did not end the reader's pause")
-			}
-		})
-	}
-}
-
-// TestSoleEvents checks that a batch takes the events of its one item with events as they are
-// (no copy), and copies them whenever more than one item has events.
-func TestSoleEvents(t *testing.T) {
-	a, b := []Event{{ID: "a0"}, {ID: "a1"}}, []Event{{ID: "b0"}}
-	cases := []struct {
-		name  string
-		items []item
-		want  []Event // nil: the events are copied
-	}{
-		{"none", []item{{kind: itemCommit}, {kind: itemPosition}}, nil},
-		{"one", []item{{kind: itemChunk, events: a}}, a},
-		{"one among items without events", []item{{kind: itemPosition}, {kind: itemChunk, events: a}, {kind: itemCommit}}, a},
-		{"two", []item{{kind: itemChange, events: a}, {kind: itemCommit}, {kind: itemChange, events: b}}, nil},
-	}
-	for _, c := range cases {
-		got := soleEvents(c.items)
-		if (got == nil) != (c.want == nil) || (got != nil && &got[0] != &c.want[0]) || len(got) != len(c.want) {
-			t.Errorf("%s: got %v, want %v", c.name, got, c.want)
-		}
 	}
 }

@@ -135,18 +135,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	ss.pop(n)
 	ss.plan = cover
 	ss.firstSeen = time.Time{}
-	now := time.Now()
-	ss.measure(nev, now)
-	if !ahead && ss.underLoad() {
-		// The next batch cannot go before this one's ack and then waits load_linger to fill: the
-		// reader may leave the WAL unread until the ack (at most maxFlightPause), and then until
-		// the fill wait's pause.
-		select {
-		case <-ss.acks: // an earlier batch's
-		default:
-		}
-		ss.readPause.Store(-now.Add(maxFlightPause).UnixNano())
-	}
+	ss.measure(nev, time.Now())
 	return &Batch{Events: events, Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease,
 		Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss, txns: txns}, idle, nil
 }
@@ -167,9 +156,6 @@ const (
 	// maxRateGap bounds one gap between batches in the average, so the rate recovers within a few
 	// batches after an idle spell.
 	maxRateGap = 100 * time.Millisecond
-	// maxFlightPause bounds the reader's pause while a batch is in flight under load: a slow
-	// write's ack does not hold the WAL unread for longer.
-	maxFlightPause = 100 * time.Millisecond
 )
 
 // fillUntil is when a batch that is not full may go under sustained load: load_linger after the
@@ -270,10 +256,6 @@ func (ss *session) acked(b *Batch) {
 	}
 	if len(b.Events) > 0 {
 		ss.lastAck.Store(time.Now().UnixNano())
-		select {
-		case ss.acks <- struct{}{}: // ends the reader's pause while the batch was in flight
-		default:
-		}
 		if h.Messages != nil {
 			h.Messages(int64(len(b.Events)))
 		}

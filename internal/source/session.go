@@ -38,10 +38,7 @@ type session struct {
 	evAvg, gapAvg float64
 	lastCut       time.Time
 	lastAck       atomic.Int64 // unix ns of the last ack of a batch with events (set by acked)
-	// readPause is when the reader may leave the WAL unread until, in unix ns: a wait to fill; or,
-	// negated, a batch in flight under load: until then or its ack (acks), whichever comes first.
-	readPause atomic.Int64
-	acks      chan struct{} // the bundler's batch was acknowledged (capacity 1)
+	readPause     atomic.Int64 // unix ns: the reader may leave the WAL unread until then (a wait to fill)
 
 	dataMsgs atomic.Uint64 // WAL data messages received, for the heartbeat (counted: a clock read per message costs)
 
@@ -69,7 +66,7 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	ss := &session{src: s, ctx: sctx, cancel: cancel, acks: make(chan struct{}, 1), q: newItemQueue(s.cfg.MaxBundleMessages, s.cfg.MaxBundleBytes),
+	ss := &session{src: s, ctx: sctx, cancel: cancel, q: newItemQueue(s.cfg.MaxBundleMessages, s.cfg.MaxBundleBytes),
 		fence: s.lease.Token(), plan: start}
 	ss.flush.Store(uint64(start.LSNValue()))
 	ss.every = statusInterval(ctx, pool)

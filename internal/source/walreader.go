@@ -128,28 +128,21 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 	}
 }
 
-// pauseReading sleeps until the unix ns until, at most while the session runs; a negative until
-// (-the unix ns) also ends at the next ack. The bundler asks for it under load: while it waits to
-// fill a batch (until shortly before the batch goes), and while a batch is in flight (until its
-// ack, after which the next batch waits to fill). The WAL that arrives meanwhile waits in the
-// socket and is then read in a few large reads, where reading it as it came cost a read (and a
-// wake-up) per message. A pause lasts at most a share of load_linger or maxFlightPause, well
+// pauseReading sleeps until the unix ns until, at most while the session runs. The bundler asks
+// for it while it waits to fill a batch: the WAL that arrives meanwhile waits in the socket and is
+// then read in a few large reads, where reading it as it came cost a read (and a wake-up) per
+// message. The pause ends before the batch goes, and it is at most a share of load_linger, well
 // within any status report's or keepalive's time.
 func (ss *session) pauseReading(until int64) {
-	var acked <-chan struct{}
-	if until < 0 {
-		until, acked = -until, ss.acks
-	}
 	d := time.Until(time.Unix(0, until))
 	if d <= 0 {
 		return
 	}
 	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-acked:
 	case <-ss.ctx.Done():
+		t.Stop()
 	}
 }
 
