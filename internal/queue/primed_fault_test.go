@@ -399,12 +399,23 @@ func TestPrimedRedisRestart(t *testing.T) {
 // the data nodes the documented line of a queue writer (redisconn.ACLLine: the server check, the
 // lease, the write, WAIT), on the sentinels docs/operations.md's sentinel user, with only what the
 // failover client asks them (the master's address, the other sentinels, the +switch-master
-// messages). The master is
-// SIGKILLed in the middle of a stream of primed batches (durability replicas: 1, two replicas);
-// each batch is written again after an error until it ends ok or duplicate, as the pipeline's
-// redelivery does. Afterwards the promoted master holds every batch once, the pointer at the
-// last cover, and no node or sentinel refused a command (ACL LOG empty).
+// messages). In the middle of a stream of primed batches (durability replicas: 1, two replicas)
+// the master fails over:
+//   - sigkill: the master is SIGKILLed while the batches stream;
+//   - sentinel failover: the sentinels fail it over (SENTINEL FAILOVER) while the writer's
+//     connection to it waits primed, so it becomes a replica under that connection.
+//
+// Each batch is written again after an error until it ends ok or duplicate, as the pipeline's
+// redelivery does. Afterwards the new master holds every batch once, the pointer at the last
+// cover, a primed connection again, and no node or sentinel refused a command (ACL LOG empty).
 func TestWriteSentinelLeastPrivilege(t *testing.T) {
+	for _, graceful := range []bool{false, true} {
+		name := map[bool]string{false: "sigkill", true: "sentinel failover"}[graceful]
+		t.Run(name, func(t *testing.T) { sentinelLeastPrivilege(t, graceful) })
+	}
+}
+
+func sentinelLeastPrivilege(t *testing.T, graceful bool) {
 	rs := testenv.StartRedisSentinel(t, 2)
 	ctx := context.Background()
 	const user, pass, sentUser, sentPass = "pgrelay-source", "src-pw", "pgrelay-sentinel", "sen-pw"
@@ -451,8 +462,14 @@ func TestWriteSentinelLeastPrivilege(t *testing.T) {
 	done := make(chan error, 1)
 	var all [][]Message
 	retries := 0
+	const failAt = batches / 3
+	reached, gate := make(chan struct{}), make(chan struct{})
 	go func() {
 		for i := 1; i <= batches; i++ {
+			if i == failAt+1 && graceful {
+				close(reached)
+				<-gate
+			}
 			b := batchOf(q, "b"+strconv.Itoa(i), 100, 9)
 			for deadline := time.Now().Add(60 * time.Second); ; {
 				_, err := w.Write(ctx, b, cover(pos(i)))
@@ -471,7 +488,7 @@ func TestWriteSentinelLeastPrivilege(t *testing.T) {
 		}
 		done <- nil
 	}()
-	for written.Load() < batches/3 {
+	for written.Load() < failAt {
 		select {
 		case err := <-done:
 			t.Fatalf("before the failover: %v", err)
@@ -479,23 +496,48 @@ func TestWriteSentinelLeastPrivilege(t *testing.T) {
 		}
 	}
 	old := rs.Master()
-	old.Kill()
-	atKill := written.Load()
-	promoted := rs.WaitPromoted(old, 60*time.Second)
+	var promoted *testenv.Redis
+	if !graceful {
+		old.Kill()
+		if n := written.Load(); n >= batches {
+			t.Fatalf("all %d batches were written before the master was killed", n)
+		}
+		promoted = rs.WaitPromoted(old, 60*time.Second)
+	} else {
+		<-reached
+		if m := inMulti(t, old.Client()); len(m) != 1 {
+			t.Fatalf("connections inside MULTI on %s before its failover: %+v, want the primed one", old.Addr(), m)
+		}
+		if err := sentinelAdmin(rs.Sentinels[0].Addr()).Do(ctx, "SENTINEL", "FAILOVER", testenv.SentinelMaster).Err(); err != nil {
+			t.Fatalf("SENTINEL FAILOVER: %v", err)
+		}
+		promoted = rs.WaitPromoted(old, 60*time.Second)
+		// the sentinels make the old master a replica when they next look at it (up to 10 s): at once
+		host, port, _ := strings.Cut(promoted.Addr(), ":")
+		if err := old.Client().SlaveOf(ctx, host, port).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if repl, err := old.Info("replication"); err == nil && repl["role"] == "slave" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never became a replica", old.Addr())
+			}
+		}
+		close(gate)
+	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
-	}
-	if atKill >= batches {
-		t.Fatalf("all %d batches were written before the master was killed", batches)
 	}
 	admin := promoted.Client()
 	checkQueue(t, admin, w.Layout(), q, all...)
 	checkPointer(t, admin, ptrKey, pos(batches))
 	if m := inMulti(t, admin); len(m) != 1 {
-		t.Fatalf("connections inside MULTI on the promoted master: %+v, want the primed one", m)
+		t.Fatalf("connections inside MULTI on the new master: %+v, want the primed one", m)
 	}
 	for _, n := range rs.Nodes {
-		if n == old {
+		if !n.Alive() {
 			continue
 		}
 		if log := n.Client().Do(ctx, "ACL", "LOG").Val(); len(log.([]any)) > 0 {
@@ -507,5 +549,5 @@ func TestWriteSentinelLeastPrivilege(t *testing.T) {
 			t.Errorf("sentinel %s refused the client: %v", s.Addr(), log)
 		}
 	}
-	t.Logf("master %s killed after %d of %d batches, %s promoted; %d writes retried", old.Addr(), atKill, batches, promoted.Addr(), retries)
+	t.Logf("master %s failed over to %s after batch %d of %d; %d writes retried", old.Addr(), promoted.Addr(), failAt, batches, retries)
 }
