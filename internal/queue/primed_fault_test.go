@@ -403,7 +403,7 @@ func TestPrimedRedisRestart(t *testing.T) {
 // the master fails over:
 //   - sigkill: the master is SIGKILLed while the batches stream;
 //   - sentinel failover: the sentinels fail it over (SENTINEL FAILOVER) while the writer's
-//     connection to it waits primed, so it becomes a replica under that connection.
+//     connection to it waits primed; the writer drops that connection on +switch-master.
 //
 // Each batch is written again after an error until it ends ok or duplicate, as the pipeline's
 // redelivery does. Afterwards the new master holds every batch once, the pointer at the last
@@ -512,18 +512,10 @@ func sentinelLeastPrivilege(t *testing.T, graceful bool) {
 			t.Fatalf("SENTINEL FAILOVER: %v", err)
 		}
 		promoted = rs.WaitPromoted(old, 60*time.Second)
-		// the sentinels make the old master a replica when they next look at it (up to 10 s): at once
-		host, port, _ := strings.Cut(promoted.Addr(), ":")
-		if err := old.Client().SlaveOf(ctx, host, port).Err(); err != nil {
-			t.Fatal(err)
-		}
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if repl, err := old.Info("replication"); err == nil && repl["role"] == "slave" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never became a replica", old.Addr())
-			}
+		// the writer's pool closes its primed connection to the old master when a sentinel
+		// announces the switch, before the old master is made a replica
+		if !waitNoMulti(t, old, 10*time.Second) {
+			t.Fatalf("the primed connection to the old master %s is still open after the switch", old.Addr())
 		}
 		close(gate)
 	}
@@ -550,4 +542,112 @@ func sentinelLeastPrivilege(t *testing.T, graceful bool) {
 		}
 	}
 	t.Logf("master %s failed over to %s after batch %d of %d; %d writes retried", old.Addr(), promoted.Addr(), failAt, batches, retries)
+}
+
+// waitNoMulti waits up to timeout until no connection of n is inside MULTI (the writer's primed
+// connection to it closed), and reports whether that happened.
+func waitNoMulti(t *testing.T, n *testenv.Redis, timeout time.Duration) bool {
+	t.Helper()
+	c := n.Client()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		if len(inMulti(t, c)) == 0 {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// TestWriteSentinelFailoverOldMasterUp fails the master over with SENTINEL FAILOVER while the
+// writer's connection to it waits primed (inside MULTI), and keeps the old master running as a
+// master (it refuses REPLICAOF, so the sentinels cannot make it a replica). The writer's raw
+// pool hears +switch-master from the sentinels, closes the connection to the old master, and
+// the batches after the switch (durability aof) go to the new master: it holds every batch
+// once and the pointer at the last cover, and the old master has no batch after the switch.
+func TestWriteSentinelFailoverOldMasterUp(t *testing.T) {
+	rs := testenv.StartRedisSentinel(t, 1)
+	ctx := context.Background()
+	old := rs.Master()
+	oldAdmin := old.Client()
+	// the sentinels' REPLICAOF (SLAVEOF inside MULTI) is refused: the old master stays a master
+	if err := oldAdmin.Do(ctx, "ACL", "SETUSER", "default", "-replicaof", "-slaveof").Err(); err != nil {
+		t.Fatal(err)
+	}
+	conf := redisconn.Config{Sentinel: &redisconn.Sentinel{MasterName: testenv.SentinelMaster, Addrs: rs.SentinelAddrs()}}
+	rdb, err := conf.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	const q, batches, failAt = "switch", 24, 8
+	ptrKey, cover := longLease(t, rdb, q)
+	w := NewWriter(rdb, WriterConfig{Shards: 4, Durability: Durability{AOF: true}, RetryFor: 5 * time.Second})
+	defer w.Close()
+
+	done := make(chan error, 1)
+	var all [][]Message
+	reached, gate := make(chan struct{}), make(chan struct{})
+	go func() {
+		for i := 1; i <= batches; i++ {
+			if i == failAt+1 {
+				close(reached)
+				<-gate
+			}
+			b := batchOf(q, "b"+strconv.Itoa(i), 50, 5)
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				_, err := w.Write(ctx, b, cover(pos(i)))
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					done <- fmt.Errorf("batch %d: %w", i, err)
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			all = append(all, b)
+		}
+		done <- nil
+	}()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("before the failover: %v", err)
+	}
+	if m := inMulti(t, oldAdmin); len(m) != 1 {
+		t.Fatalf("connections inside MULTI on %s before its failover: %+v, want the primed one", old.Addr(), m)
+	}
+	// what was acknowledged so far is on the replica before it is promoted: a write, then WAIT on
+	// the same connection (it waits for the replica to have every write before it)
+	var acked *redis.Cmd
+	if _, err := oldAdmin.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "sync", "1", 0)
+		acked = p.Do(ctx, "WAIT", 1, 10000)
+		return nil
+	}); err != nil || acked.Val() != int64(1) {
+		t.Fatalf("WAIT for the replica: %v %v", acked.Val(), err)
+	}
+	sentinel := redis.NewSentinelClient(&redis.Options{Addr: rs.Sentinels[0].Addr(), MaxRetries: -1})
+	defer sentinel.Close()
+	if err := sentinel.Failover(ctx, testenv.SentinelMaster).Err(); err != nil {
+		t.Fatalf("SENTINEL FAILOVER: %v", err)
+	}
+	promoted := rs.WaitPromoted(old, 60*time.Second)
+	// the pool closes its connection to the old master when it hears the switch; without that,
+	// the writer would go on with it (checked below by the data)
+	if !waitNoMulti(t, old, 10*time.Second) {
+		t.Logf("the primed connection to the old master %s is still open after the switch", old.Addr())
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if repl, err := old.Info("replication"); err != nil || repl["role"] != "master" {
+		t.Fatalf("the old master %s runs as %v (%v): the test needs it to stay a master", old.Addr(), repl["role"], err)
+	}
+	admin := promoted.Client()
+	checkQueue(t, admin, w.Layout(), q, all...)
+	checkPointer(t, admin, ptrKey, pos(batches))
+	checkPointer(t, oldAdmin, ptrKey, pos(failAt))
 }

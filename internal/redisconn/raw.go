@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,12 +21,18 @@ import (
 // caller encodes its commands into a byte buffer (AppendCommand, AppendBulk, ...) and reads the
 // replies one by one. It is for a hot path that sends thousands of commands per round trip, where
 // go-redis's per-command objects, boxed arguments and parsed replies cost more than the commands.
+// On a Sentinel failover client of Config.Client it drops its connections to a master as soon
+// as a sentinel announces another one (switch.go).
 // It is safe for concurrent use; a RawConn is used by one goroutine at a time.
 type Raw struct {
-	rdb redis.UniversalClient
+	rdb      redis.UniversalClient
+	sentinel *Sentinel // the sentinels whose +switch-master the pool follows; nil: none
+	watch    switchWatch
+	gen      atomic.Uint64 // moves on with each new master a sentinel announces
 
 	mu     sync.Mutex
 	idle   map[string][]*RawConn // by node address
+	master string                // the master a sentinel last announced
 	closed bool
 }
 
@@ -40,7 +47,11 @@ var ErrRawUnavailable = errors.New("redisconn: no raw connection (a client other
 
 // NewRaw returns a pool over rdb's masters; nothing is dialed before the first Run.
 func NewRaw(rdb redis.UniversalClient) *Raw {
-	return &Raw{rdb: rdb, idle: map[string][]*RawConn{}}
+	r := &Raw{rdb: rdb, idle: map[string][]*RawConn{}}
+	if c, ok := rdb.(*redis.Client); ok {
+		r.sentinel = sentinelFor(c)
+	}
+	return r
 }
 
 // Run runs fn on a connection of the master serving key. On Redis Cluster, when fn returns a
@@ -105,17 +116,32 @@ func (r *Raw) get(ctx context.Context, node *redis.Client) (*RawConn, error) {
 		r.mu.Unlock()
 		return nil, ErrRawUnavailable
 	}
+	gen := r.gen.Load()
 	for list := r.idle[opt.Addr]; len(list) > 0; list = r.idle[opt.Addr] {
 		c := list[len(list)-1]
 		r.idle[opt.Addr] = list[:len(list)-1]
-		if time.Since(c.idleAt) < rawMaxIdleTime {
+		if c.gen == gen && time.Since(c.idleAt) < rawMaxIdleTime {
 			r.mu.Unlock()
 			return c, nil
 		}
 		c.nc.Close()
 	}
 	r.mu.Unlock()
-	return dialRaw(ctx, opt)
+	if r.sentinel != nil {
+		r.watchSwitches(r.sentinel)
+	}
+	c, err := dialRaw(ctx, opt)
+	if err != nil {
+		return nil, err
+	}
+	c.pool, c.gen = r, gen // a switch announced during the dial fails the first Send
+	if r.sentinel != nil {
+		if err := r.checkDialed(c); err != nil {
+			c.nc.Close()
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 func (r *Raw) put(c *RawConn) {
@@ -137,6 +163,7 @@ func (r *Raw) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.closed = true
+	r.stopWatch()
 	for addr, list := range r.idle {
 		for _, c := range list {
 			c.nc.Close()
@@ -152,6 +179,8 @@ type RawConn struct {
 	br     *bufio.Reader
 	addr   string
 	opt    *redis.Options
+	pool   *Raw
+	gen    uint64 // the pool's generation when it was dialed
 	broken bool
 	idleAt time.Time
 	bulk   []byte // the last bulk reply read
@@ -231,7 +260,13 @@ func positive(d, def time.Duration) time.Duration {
 
 // Send writes b, whole commands, and gives their replies the client's read timeout plus extra
 // (e.g. a WAIT's own timeout) to arrive.
+// On a pool that follows the sentinels, a connection dialed before the last announced switch of
+// master sends nothing: ErrMasterSwitched.
 func (c *RawConn) Send(ctx context.Context, b []byte, extra time.Duration) error {
+	if c.pool != nil && c.pool.gen.Load() != c.gen {
+		c.broken = true
+		return ErrMasterSwitched
+	}
 	now := time.Now()
 	if err := c.nc.SetWriteDeadline(c.deadline(ctx, now, c.opt.WriteTimeout, 0)); err != nil {
 		c.broken = true

@@ -272,3 +272,68 @@ func TestRawReadsLongPipelines(t *testing.T) {
 		})
 	}
 }
+
+// TestRawDropsConnectionsOnSwitch: when a sentinel announces another master, the pool closes
+// its idle connections, a connection in use sends nothing more (ErrMasterSwitched, closed when
+// its Run ends), and the next Run works on a new connection; the same announcement again
+// changes nothing.
+func TestRawDropsConnectionsOnSwitch(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	r := NewRaw(rdb)
+	defer r.Close()
+	clientID := func() (id int64) {
+		t.Helper()
+		if err := r.Run(ctx, "k", func(c *RawConn) error {
+			c.Buf = AppendCommand(c.Buf[:0], "CLIENT", "ID")
+			if err := c.Send(ctx, c.Buf, 0); err != nil {
+				return err
+			}
+			rep, err := c.Read()
+			id = rep.Int
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	alive := func(id int64) bool {
+		list := rdb.ClientList(ctx).Val()
+		return strings.Contains(list, "id="+strconv.FormatInt(id, 10)+" ")
+	}
+	idle := clientID()
+	if clientID() != idle || !alive(idle) {
+		t.Fatal("the idle connection was not reused")
+	}
+	r.switched("127.0.0.1:1")
+	if alive(idle) {
+		t.Fatal("the idle connection survived the switch")
+	}
+	var inUse int64
+	err := r.Run(ctx, "k", func(c *RawConn) error {
+		c.Buf = AppendCommand(c.Buf[:0], "CLIENT", "ID")
+		if err := c.Send(ctx, c.Buf, 0); err != nil {
+			return err
+		}
+		rep, err := c.Read()
+		if err != nil {
+			return err
+		}
+		inUse = rep.Int
+		r.switched("127.0.0.1:2")
+		return c.Send(ctx, AppendCommand(nil, "SET", "k", "v"), 0)
+	})
+	if !errors.Is(err, ErrMasterSwitched) {
+		t.Fatalf("Send after a switch: %v, want ErrMasterSwitched", err)
+	}
+	if alive(inUse) || rdb.Exists(ctx, "k").Val() != 0 {
+		t.Fatal("the connection in use went on after the switch")
+	}
+	next := clientID()
+	r.switched("127.0.0.1:2") // announced by another sentinel: the same switch
+	if clientID() != next {
+		t.Fatal("the same announcement again dropped the connection")
+	}
+}

@@ -264,7 +264,9 @@ func (c Config) failoverClient() *redis.Client {
 	if s.TLS != nil || c.TLS != nil {
 		o.Dialer = sentinelDialer(s.Addrs, s.TLS, c.TLS)
 	}
-	return redis.NewFailoverClient(o)
+	rdb := redis.NewFailoverClient(o)
+	registerSentinel(rdb, s)
+	return rdb
 }
 
 // dialTimeout bounds a connection attempt, as go-redis's own dialer does.
