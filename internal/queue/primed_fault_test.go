@@ -651,3 +651,72 @@ func TestWriteSentinelFailoverOldMasterUp(t *testing.T) {
 	checkPointer(t, admin, ptrKey, pos(batches))
 	checkPointer(t, oldAdmin, ptrKey, pos(failAt))
 }
+
+// TestWritePrimedThroughLeaseRenewals renews the writer's lease between its writes, each time
+// while its connection holds the next write's WATCH (the lease key among the watched keys), reads
+// and MULTI: the write after a renewal aborts its primed EXEC and is read and checked again, and
+// as the reads show only the writer's own renewal (same fence, the pointer where it left it),
+// the writes go on primed: after each, a connection waits inside MULTI, and the write after it
+// sends no reads of its own (one WATCH: the one for the write after it). A write of another
+// producer to the queue still backs priming off.
+func TestWritePrimedThroughLeaseRenewals(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	const q = "renewals"
+	leaseKey, ptrKey := "pgrelay:{"+q+"}:src:s:lease", "pgrelay:{"+q+"}:src:s:ptr"
+	l := lease.New(rdb, leaseKey, time.Minute, "me")
+	if ok, err := l.TryAcquire(ctx); !ok || err != nil {
+		t.Fatalf("acquire %v %v", ok, err)
+	}
+	w := NewWriter(rdb, WriterConfig{Shards: 4})
+	defer w.Close()
+	var all [][]Message
+	n := 0
+	write := func() {
+		t.Helper()
+		n++
+		b := batchOf(q, "b"+strconv.Itoa(n), 10, 3)
+		c := &Cover{LeaseKey: leaseKey, Fence: l.Token(), PointerKey: ptrKey, Pointer: []byte(`{"pos":"` + pos(n) + `"}`), Pos: pos(n)}
+		if res, err := w.Write(ctx, b, c); err != nil || res != ResultOK {
+			t.Fatalf("batch %d: %v %v", n, res, err)
+		}
+		all = append(all, b)
+	}
+	write()
+	for round := 1; round <= 3; round++ {
+		if ok, err := l.Renew(ctx); !ok || err != nil {
+			t.Fatalf("renew: %v %v", ok, err)
+		}
+		execs := cmdCalls(t, rdb, "cmdstat_exec:")
+		write() // its primed EXEC aborts: the renewal changed the watched lease key
+		if n := cmdCalls(t, rdb, "cmdstat_exec:") - execs; n != 2 {
+			t.Fatalf("round %d: %d EXECs for the write after the renewal, want 2 (the aborted primed one, the retry)", round, n)
+		}
+		if m := inMulti(t, rdb); len(m) != 1 {
+			t.Fatalf("round %d: connections inside MULTI after the write that followed the renewal: %+v, want the primed one", round, m)
+		}
+		watches := cmdCalls(t, rdb, "cmdstat_watch:")
+		write()
+		if n := cmdCalls(t, rdb, "cmdstat_watch:") - watches; n != 1 {
+			t.Fatalf("round %d: %d WATCHes for the next write, want 1 (the priming of the one after it)", round, n)
+		}
+		if m := inMulti(t, rdb); len(m) != 1 {
+			t.Fatalf("round %d: connections inside MULTI after the next write: %+v, want the primed one", round, m)
+		}
+	}
+	// another producer of the queue moves its shards' offsets: that abort still backs priming off
+	other := NewWriter(rdb, WriterConfig{Shards: 4})
+	ob := batchOf(q, "other", 10, 3)
+	if res, err := other.Write(ctx, ob, nil); err != nil || res != ResultOK {
+		t.Fatalf("the other producer: %v %v", res, err)
+	}
+	other.Close() // its own primed connection with it
+	all = append(all, ob)
+	write()
+	if m := inMulti(t, rdb); len(m) != 0 {
+		t.Fatalf("connections inside MULTI after a write another producer aborted: %+v, want none (backing off)", m)
+	}
+	checkQueue(t, rdb, w.Layout(), q, all...)
+	checkPointer(t, rdb, ptrKey, pos(n))
+}

@@ -36,9 +36,11 @@ import (
 // write of the same source and queues that takes it checks against those reads and sends only
 // its writes and EXEC: one round trip per write. The reads stay valid as in the two-round-trip
 // write, because the WATCH came first: a change of a watched key since (a lease renewal, another
-// writer) aborts the EXEC, and the piece is read and checked again. After a primed EXEC aborted,
-// the writer does not prime for the next primeBackoff writes (another writer of the queue would
-// abort every one).
+// writer) aborts the EXEC, and the piece is read and checked again. When those new reads show that
+// something besides this writer changed (the lease's fence, the pointer, a shard's offset or a
+// queue's meta: another owner or another writer of the queue, which would abort every primed
+// write), the writer does not prime for the next primeBackoff writes. A renewal of its own lease
+// rewrites the lease key unchanged: the reads then match the aborted write's, and priming goes on.
 
 // maxTxConflicts is how many aborted EXECs one piece tolerates before it is written by the script.
 const maxTxConflicts = 3
@@ -47,8 +49,28 @@ const maxTxConflicts = 3
 // shards in all (each costs a TYPE and a field of the meta read per write).
 const maxPrimedStreams = 64
 
-// primeBackoff is how many writes do not use or send a priming after a primed EXEC aborted.
+// primeBackoff is how many writes do not use or send a priming after a primed EXEC aborted for a
+// change by someone else.
 const primeBackoff = 64
+
+// ownView is what a primed write that aborted had read of the keys others may change, compared
+// with what the piece's next attempt reads (sameView).
+type ownView struct {
+	fenced bool
+	stored string
+	create []bool
+	offs   []int64
+}
+
+func viewOf(st *txState) *ownView {
+	return &ownView{fenced: st.fenced, stored: st.stored, create: slices.Clone(st.create), offs: slices.Clone(st.offs)}
+}
+
+// sameView reports whether st reads what v read: the abort changed nothing of another owner or
+// writer (the lease still ours with the same fence, the pointer and the queues where they were).
+func (v *ownView) sameView(st *txState) bool {
+	return !v.fenced && !st.fenced && v.stored == st.stored && slices.Equal(v.create, st.create) && slices.Equal(v.offs, st.offs)
+}
 
 // primed is what a write left open on its connection for the next one (conn.State): the keys it
 // WATCHes, what it read after the WATCH, over every shard of the queues, and an open MULTI.
@@ -170,9 +192,9 @@ func (e *errShardsChanged) Error() string {
 }
 
 // writeTx writes one piece as an optimistic transaction and replies as the script does ("ok",
-// "duplicate", "fenced"). errTxConflict: nothing was written, try again. errTxUnavailable: use
-// the script.
-func (w *Writer) writeTx(ctx context.Context, msgs []Message, c *Cover, last bool) (string, error) {
+// "duplicate", "fenced"). errTxConflict: nothing was written, try again (with the same aborted,
+// which notes what an aborted primed write had read). errTxUnavailable: use the script.
+func (w *Writer) writeTx(ctx context.Context, msgs []Message, c *Cover, last bool, aborted **ownView) (string, error) {
 	p, err := w.plan(ctx, msgs)
 	if err != nil {
 		return "", err
@@ -187,7 +209,7 @@ func (w *Writer) writeTx(ctx context.Context, msgs []Message, c *Cover, last boo
 	var reply string
 	err = w.raw.Run(ctx, key, func(conn *redisconn.RawConn) error {
 		var err error
-		reply, err = w.txAttempt(ctx, conn, p, msgs, c, last)
+		reply, err = w.txAttempt(ctx, conn, p, msgs, c, last, aborted)
 		return err
 	})
 	if errors.Is(err, redisconn.ErrRawUnavailable) || redis.HasErrorPrefix(err, "ASK") {
@@ -208,8 +230,9 @@ type txState struct {
 }
 
 // txAttempt is one WATCH … EXEC on conn; the WATCH and reads are those a previous write left
-// on conn when they cover this piece.
-func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan, msgs []Message, c *Cover, last bool) (string, error) {
+// on conn when they cover this piece. After a primed attempt of the piece aborted (*aborted), it
+// backs priming off unless this attempt's reads match that one's.
+func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan, msgs []Message, c *Cover, last bool, aborted **ownView) (string, error) {
 	pr, _ := conn.State.(*primed)
 	conn.State = nil
 	if w.primeWait.Load() > 0 {
@@ -226,9 +249,19 @@ func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan
 			return "", w.discard(ctx, conn, err)
 		}
 	}
+	if *aborted != nil {
+		if !(*aborted).sameView(st) {
+			w.primeWait.Store(primeBackoff)
+		}
+		*aborted = nil
+	}
+	var view *ownView
+	if fromPrimed {
+		view = viewOf(st) // before txWrite advances st.offs
+	}
 	reply, err := w.txWrite(ctx, conn, st, p, msgs, c, last)
 	if fromPrimed && errors.Is(err, errTxConflict) {
-		w.primeWait.Store(primeBackoff)
+		*aborted = view
 	}
 	return reply, err
 }

@@ -301,11 +301,12 @@ func (w *Writer) writePiece(ctx context.Context, msgs []Message, c *Cover, last 
 	wait := 50 * time.Millisecond
 	refreshed := false
 	conflicts := 0
+	var aborted *ownView // what a primed attempt that aborted had read
 	for {
 		var reply string
 		var err error
 		if conflicts < maxTxConflicts && !w.scriptOnly {
-			reply, err = w.writeTx(ctx, msgs, c, last)
+			reply, err = w.writeTx(ctx, msgs, c, last, &aborted)
 			switch {
 			case errors.Is(err, errTxConflict):
 				conflicts++
