@@ -30,10 +30,11 @@ type Raw struct {
 	watch    switchWatch
 	gen      atomic.Uint64 // moves on with each new master a sentinel announces
 
-	mu     sync.Mutex
-	idle   map[string][]*RawConn // by node address
-	master string                // the master a sentinel last announced
-	closed bool
+	mu       sync.Mutex
+	idle     map[string][]*RawConn // by node address
+	master   string                // the master a sentinel last announced
+	masterAt time.Time             // when
+	closed   bool
 }
 
 const (

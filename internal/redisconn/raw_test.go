@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -335,5 +337,34 @@ func TestRawDropsConnectionsOnSwitch(t *testing.T) {
 	r.switched("127.0.0.1:2") // announced by another sentinel: the same switch
 	if clientID() != next {
 		t.Fatal("the same announcement again dropped the connection")
+	}
+}
+
+// TestCheckDialed: a connection dialed soon after a sentinel announced a switch must reach the
+// announced master; an old announcement, a host name or none is not checked.
+func TestCheckDialed(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	nc, err := net.Dial("tcp", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c := &RawConn{nc: nc}
+	for _, tc := range []struct {
+		master string
+		age    time.Duration
+		want   error
+	}{
+		{"", 0, nil},
+		{srv.Addr(), 0, nil},
+		{"127.0.0.1:1", 0, ErrMasterSwitched},
+		{"127.0.0.1:1", switchSettle + time.Second, nil},
+		{"redis-b.internal:6379", 0, nil},
+	} {
+		r := &Raw{master: tc.master, masterAt: time.Now().Add(-tc.age)}
+		if err := r.checkDialed(c); !errors.Is(err, tc.want) {
+			t.Errorf("announced %q %v ago: %v, want %v", tc.master, tc.age, err, tc.want)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 	"weak"
 
 	"github.com/redis/go-redis/v9"
@@ -84,7 +85,7 @@ func (r *Raw) switched(addr string) {
 	if addr == r.master {
 		return
 	}
-	r.master = addr
+	r.master, r.masterAt = addr, time.Now()
 	r.gen.Add(1)
 	for a, list := range r.idle { // closed now, as go-redis closes its own: no MULTI left open on the old master
 		for _, c := range list {
@@ -94,15 +95,21 @@ func (r *Raw) switched(addr string) {
 	}
 }
 
-// checkDialed fails a connection dialed to another master than the last one a sentinel
-// announced: the sentinel the dialer asked may not have learnt of the switch yet. Only an
-// announced IP address is compared with the connection's peer (a host name is not resolved).
+// switchSettle is how long after an announced switch a new connection must reach the announced
+// master: the sentinels pass a new configuration on to each other within seconds (hello messages
+// every 2 s). Past that, the sentinels' answer is taken as it is, so a switch this pool did not
+// hear (every subscription down at the time) holds up writes for no longer than this.
+const switchSettle = 10 * time.Second
+
+// checkDialed fails a connection dialed to another master than the one a sentinel announced
+// within switchSettle: the sentinel the dialer asked may not have learnt of the switch yet. Only
+// an announced IP address is compared with the connection's peer (a host name is not resolved).
 func (r *Raw) checkDialed(c *RawConn) error {
 	r.mu.Lock()
-	master := r.master
+	master, at := r.master, r.masterAt
 	r.mu.Unlock()
 	host, _, err := net.SplitHostPort(master)
-	if master == "" || err != nil || net.ParseIP(host) == nil {
+	if master == "" || err != nil || net.ParseIP(host) == nil || time.Since(at) > switchSettle {
 		return nil
 	}
 	if peer := c.nc.RemoteAddr(); peer != nil && peer.String() != master {
