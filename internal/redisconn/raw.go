@@ -159,18 +159,19 @@ func (r *Raw) put(c *RawConn) {
 	c.nc.Close()
 }
 
-// Close closes the idle connections; connections in use are closed when their Run ends.
+// Close closes the idle connections and ends the subscriptions to the sentinels; connections in
+// use are closed when their Run ends.
 func (r *Raw) Close() error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.closed = true
-	r.stopWatch()
 	for addr, list := range r.idle {
 		for _, c := range list {
 			c.nc.Close()
 		}
 		delete(r.idle, addr)
 	}
+	r.mu.Unlock()
+	r.stopWatch() // not under mu: a subscription may be dialing a sentinel
 	return nil
 }
 
