@@ -142,6 +142,31 @@ type pubEnv struct {
 	source     *testenv.Process // pg_cdc, running during the publish side's runs only
 	profileDir string           // PGRELAY_BENCH_PROFILE
 	debugPort  int              // pg_cdc's http server with debug endpoints, when profiling
+	pollerStep atomic.Value     // string: what the outbox poller is doing, logged when the queue stalls
+}
+
+// logStall logs what the outbox poller was doing and PostgreSQL's sessions, when the events of a
+// run did not all reach the queue in time.
+func (e *pubEnv) logStall() {
+	e.b.Logf("queue stalled; outbox poller step: %v", e.pollerStep.Load())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := e.pool.Query(ctx, `SELECT pid, backend_type, coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, ''),
+		coalesce(now() - xact_start, '0'::interval)::text, left(coalesce(query, ''), 120) FROM pg_stat_activity`)
+	if err != nil {
+		e.b.Logf("pg_stat_activity: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pid int
+		var typ, state, wtype, wevent, age, query string
+		if err := rows.Scan(&pid, &typ, &state, &wtype, &wevent, &age, &query); err != nil {
+			e.b.Logf("pg_stat_activity: %v", err)
+			return
+		}
+		e.b.Logf("pg_stat_activity: pid %d %s state=%s wait=%s/%s xact_age=%s query=%q", pid, typ, state, wtype, wevent, age, query)
+	}
 }
 
 // startSource starts pg_cdc and waits until it has caught up: an event published now is in the
@@ -231,6 +256,7 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 	}()
 	for ctx.Err() == nil {
 		t0 := time.Now()
+		e.pollerStep.Store("begin")
 		tx, err := e.pool.Begin(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -238,6 +264,7 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 			}
 			return
 		}
+		e.pollerStep.Store("delete")
 		rows, err := tx.Query(ctx, `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
 			RETURNING id, partition, payload::text, to_char(pg_xact_commit_timestamp(xmin) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`)
 		if err != nil {
@@ -268,6 +295,7 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 			}
 			return
 		}
+		e.pollerStep.Store("queue write")
 		if len(msgs) > 0 {
 			if _, err := w.Write(ctx, msgs, nil); err != nil {
 				tx.Rollback(context.Background())
@@ -277,6 +305,7 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 				return
 			}
 		}
+		e.pollerStep.Store("commit")
 		if err := tx.Commit(ctx); err != nil {
 			if ctx.Err() == nil {
 				e.b.Errorf("outbox poller: commit: %v", err)
@@ -284,6 +313,7 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 			return
 		}
 		polls, moved, busy = polls+1, moved+len(msgs), busy+time.Since(t0)
+		e.pollerStep.Store("sleep")
 		if len(msgs) == 0 {
 			select {
 			case <-ctx.Done():
@@ -404,10 +434,13 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 	}
 	wg.Wait()
 	want := before + n.Load()
-	cdctest.WaitEvery(b, 10*time.Minute, 5*time.Millisecond, side+" events in the queue", func() (bool, string) {
+	if ok, last := cdctest.Poll(10*time.Minute, 5*time.Millisecond, func() (bool, string) {
 		got := queueLen(b, e.rd, q)
 		return got >= want, fmt.Sprintf("%d of %d", got, want)
-	})
+	}); !ok {
+		e.logStall()
+		b.Fatalf("timed out after 10m0s waiting for %s events in the queue (last state: %s)", side, last)
+	}
 	elapsed := time.Since(t0)
 	events := int(n.Load())
 	rate := float64(events) / elapsed.Seconds()
