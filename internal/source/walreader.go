@@ -169,11 +169,10 @@ func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, po
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
 		ss.dataMsgs.Add(1)
-		if len(x.WALData) == 0 || x.WALData[0] != 'M' {
+		if len(x.WALData) < 2 || x.WALData[0] != 'M' || x.WALData[1] == 1 {
+			// all but a non-transactional logical message (flags 0: watermarks, heartbeats),
+			// which moves the session's position rather than a transaction
 			return dec.decode(ss.ctx, x.WALData, emit)
-		}
-		if m, ok := parseMessage(x.WALData); ok && m.transactional {
-			return dec.message(m, emit)
 		}
 		msg, err := pglogrepl.Parse(x.WALData)
 		if err != nil {
