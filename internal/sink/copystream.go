@@ -47,7 +47,7 @@ func (w *writer) newCopyStream(msgs []*Message, pending []int) (*copyStream, boo
 	if checkSize(m) != nil {
 		return nil, false
 	}
-	first, _, err := w.rowFromPayload(m.Payload, m, s.rows)
+	first, _, _, err := w.rowFromPayload(m.Payload, m, s.rows)
 	if err != nil {
 		return nil, false
 	}
@@ -113,7 +113,7 @@ func (s *copyStream) fillChunk() bool {
 				return false
 			}
 			var err error
-			if r, _, err = s.w.rowFromPayload(m.Payload, m, s.rows); err != nil || r.sig != s.first.sig {
+			if r, _, _, err = s.w.rowFromPayload(m.Payload, m, s.rows); err != nil || r.sig != s.first.sig {
 				return false
 			}
 		}

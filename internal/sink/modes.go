@@ -61,7 +61,7 @@ func newModeHandler(cfg *Config, t *Target) (modeHandler, error) {
 type appendMode struct{ w *writer }
 
 func (a appendMode) decode(m *Message, buf *rowBuf) (op, error) {
-	vals, _, err := a.w.rowFromPayload(m.Payload, m, buf)
+	vals, _, _, err := a.w.rowFromPayload(m.Payload, m, buf)
 	return op{msg: m, kind: opWrite, vals: vals}, err
 }
 
@@ -77,11 +77,11 @@ func (a appendMode) plan(ops []op) ([]stmt, error) {
 type upsertMode struct{ w *writer }
 
 func (u upsertMode) decode(m *Message, buf *rowBuf) (op, error) {
-	vals, key, err := u.w.rowFromPayload(m.Payload, m, buf)
+	vals, key, hasKey, err := u.w.rowFromPayload(m.Payload, m, buf)
 	if err != nil {
 		return op{}, err
 	}
-	if key == "" {
+	if !hasKey {
 		return op{}, badPayload("payload has no non-null value for key column(s) %v", u.w.t.Key)
 	}
 	return op{msg: m, kind: opWrite, vals: vals, key: key, mapped: true}, nil

@@ -126,10 +126,10 @@ func (b *rowBuf) sigOf(w *writer, cols []int) string {
 // rowFromPayload is rowFrom straight from the payload bytes (append and upsert's hot path: no map
 // of the payload is built, values are substrings of buf's copy of the payload); key is the fold
 // identity of the key columns ("" if one is missing or null).
-func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv rowVals, key string, err error) {
+func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv rowVals, key string, hasKey bool, err error) {
 	t, err := objectBytes(payload)
 	if err != nil {
-		return rv, "", err
+		return rv, "", false, err
 	}
 	if buf == nil {
 		buf = &rowBuf{rows: 1}
@@ -166,7 +166,7 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 		return nil
 	})
 	if err != nil {
-		return rv, "", badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
+		return rv, "", false, badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
 	}
 	text := buf.keep(t)
 	if buf.cols == nil {
@@ -183,7 +183,7 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 			v = metaValue(field, c, m)
 		} else if sp := spans[i]; sp.v1 > 0 {
 			if v, err = valueOf(c, text[sp.v0:sp.v1], buf); err != nil {
-				return rv, "", err
+				return rv, "", false, err
 			}
 		} else {
 			continue
@@ -194,28 +194,29 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 	end := len(buf.cols)
 	rv.cols, rv.vals = buf.cols[start:end:end], buf.vals[start:end:end]
 	rv.sig = buf.sigOf(w, rv.cols)
-	return rv, w.keyFromSpans(text, spans, buf), nil
+	key, hasKey = w.keyFromSpans(text, spans, buf)
+	return rv, key, hasKey, nil
 }
 
-// keyFromSpans is keyTextOf over a scanned payload: one key column's text is the identity itself,
-// several are joined with their lengths.
-func (w *writer) keyFromSpans(text string, spans []span, buf *rowBuf) string {
+// keyFromSpans is keyTextOf over a scanned payload: one key column's text is the identity itself
+// (an empty string is a key like any other), several are joined with their lengths. ok is false
+// when a key column is absent or null.
+func (w *writer) keyFromSpans(text string, spans []span, buf *rowBuf) (key string, ok bool) {
 	if len(w.keyIdx) == 1 {
 		sp := spans[w.keyIdx[0]]
 		if sp.v1 == 0 {
-			return ""
+			return "", false
 		}
 		v, err := stringText(text[sp.v0:sp.v1], buf)
 		if err != nil || !v.Valid {
-			return ""
+			return "", false
 		}
-		return v.String
+		return v.String, true
 	}
-	key, _ := w.keyTextOf(func(i int) (json.RawMessage, bool) {
+	return w.keyTextOf(func(i int) (json.RawMessage, bool) {
 		sp := spans[i]
 		return json.RawMessage(text[sp.v0:sp.v1]), sp.v1 > 0
 	})
-	return key
 }
 
 // mapRow builds the row from get, which returns a column's payload value and whether it is named.
