@@ -59,11 +59,17 @@ func (b *Batch) cover() *queue.Cover {
 // Next blocks until the previous batch is acknowledged and a new one is due, then returns it.
 // While the previous batch is in flight, a full bundle already queued is built ahead and given
 // to prepare (the input's conversion), so it is ready the moment the ack arrives; it is still
-// handed out only after that ack (one unacknowledged batch at a time, DESIGN §5).
+// handed out only after that ack (one unacknowledged batch at a time, DESIGN §5). The pointer
+// write of an output that does not write it is not waited for (coverWriter), unless
+// maxUnwritten acknowledged batches wait for it.
 func (s *Source) Next(ctx context.Context, prepare func(*Batch)) (*Batch, error) {
 	s.nextMu.Lock()
 	defer s.nextMu.Unlock()
 	if err := s.waitTurn(ctx, prepare); err != nil {
+		return nil, err
+	}
+	if err := s.covers.waitRoom(ctx); err != nil {
+		<-s.inflight
 		return nil, err
 	}
 	b, err := s.next(ctx)
@@ -193,8 +199,9 @@ func (s *Source) takeRetry(ctx context.Context) *Batch {
 	return b
 }
 
-// Ack handles the output's verdict on b. Success: make sure the pointer reached the cover (write
-// it when the output did not), and only then let the reader tell PostgreSQL the new position.
+// Ack handles the output's verdict on b. Success: the batch goes to the cover writer, which
+// makes sure the pointer reaches the cover (writing it when the output did not) and only then
+// lets the reader tell PostgreSQL the new position; the next batch need not wait for that write.
 // Fenced: stop and start over from the pointer. Anything else: re-send the same batch.
 func (s *Source) Ack(ctx context.Context, b *Batch, err error) error {
 	defer func() {
@@ -202,34 +209,27 @@ func (s *Source) Ack(ctx context.Context, b *Batch, err error) error {
 		<-s.inflight
 	}()
 	if err == nil {
-		err = s.ensurePointer(ctx, b)
+		s.covers.add(b)
+		return nil
 	}
 	cur, _ := s.current()
 	if cur != b.sess {
 		return nil // a batch of an ended session: the next one re-reads the pointer
 	}
-	switch {
-	case err == nil:
-		s.mu.Lock()
-		s.attempts = 0
-		s.mu.Unlock()
-		b.sess.acked(b)
-		return nil
-	case errcode.Is(err, errcode.Fenced):
+	if errcode.Is(err, errcode.Fenced) {
 		b.sess.fail(err)
 		return nil
-	default:
-		s.mu.Lock()
-		s.retry = b
-		s.attempts++
-		s.mu.Unlock()
-		s.log.Warnf("pg_cdc %s: batch up to %s not delivered, re-sending: %v", s.cfg.Name, b.Cover.Position(), err)
-		return nil
 	}
+	s.mu.Lock()
+	s.retry = b
+	s.attempts++
+	s.mu.Unlock()
+	s.log.Warnf("pg_cdc %s: batch up to %s not delivered, re-sending: %v", s.cfg.Name, b.Cover.Position(), err)
+	return nil
 }
 
-// waitAcked blocks until no returned batch awaits its ack, so a new session reads a pointer that
-// no earlier batch can still move.
+// waitAcked blocks until no returned batch awaits its ack and every acknowledged cover is
+// written, so a new session reads a pointer that no earlier batch can still move.
 func (s *Source) waitAcked(ctx context.Context) error {
 	for len(s.unacked) > 0 {
 		if ctx.Err() != nil {
@@ -237,16 +237,5 @@ func (s *Source) waitAcked(ctx context.Context) error {
 		}
 		retry.Sleep(ctx, 20*time.Millisecond)
 	}
-	return nil
-}
-
-// ensurePointer makes sure the stored pointer is at or past the batch's cover. With redis_queue
-// it is (the output moved it in the same script call as the messages and marked the batch's
-// receipt); otherwise one fenced compare-and-set writes it (a duplicate when it is already there).
-func (s *Source) ensurePointer(ctx context.Context, b *Batch) error {
-	if b.receipt.Done() {
-		return nil
-	}
-	_, err := s.writer.Write(ctx, nil, b.cover())
-	return err
+	return s.covers.drain(ctx)
 }

@@ -29,6 +29,7 @@ func positionItem(l pglogrepl.LSN) item { return item{kind: itemPosition, lsn: l
 
 func testSession(maxMsgs int, start pointer.Pointer, items ...item) *session {
 	src := &Source{cfg: Config{MaxBundleMessages: maxMsgs, MaxBundleBytes: 1 << 20}}
+	src.covers = newCoverWriter(src, context.Background()) // no pointer key: its writes do nothing
 	ctx, cancel := context.WithCancelCause(context.Background())
 	ss := &session{src: src, ctx: ctx, cancel: cancel, q: newItemQueue(1000, 1<<20), plan: start}
 	for _, it := range items {

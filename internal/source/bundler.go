@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
@@ -101,12 +100,14 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			return nil, idle, nil
 		}
 		if chunks > 0 { // an empty chunk moves the cursor at once
-			return nil, idle, ss.idleAdvance(ctx, cover, n)
+			ss.idleAdvance(cover, n)
+			return nil, idle, nil
 		}
 		if wait := time.Until(ss.lastIdleWrite.Add(idleWriteEvery)); wait > 0 {
 			return nil, waitFor{ch: changed, after: wait}, nil
 		}
-		return nil, idle, ss.idleAdvance(ctx, cover, n)
+		ss.idleAdvance(cover, n)
+		return nil, idle, nil
 	}
 	if partial {
 		if ss.firstSeen.IsZero() {
@@ -224,21 +225,14 @@ func (ss *session) pop(n int) {
 	}
 }
 
-// idleAdvance moves the pointer over items without events (idle WAL, empty transactions).
-func (ss *session) idleAdvance(ctx context.Context, cover pointer.Pointer, n int) error {
+// idleAdvance moves the pointer over items without events (idle WAL, empty transactions): the
+// cover goes to the cover writer like an acknowledged batch's, behind the covers before it.
+func (ss *session) idleAdvance(cover pointer.Pointer, n int) {
 	b := &Batch{Cover: cover, CoverJSON: cover.Marshal(time.Now()), LeaseKey: ss.src.keys.Lease, Fence: ss.fence, PointerKey: ss.src.keys.Pointer, sess: ss}
 	ss.lastIdleWrite = time.Now()
-	if _, err := ss.src.writer.Write(ctx, nil, b.cover()); err != nil {
-		if errcode.Is(err, errcode.Fenced) {
-			return err
-		}
-		ss.src.log.Warnf("pg_cdc %s: idle pointer advance: %v", ss.src.cfg.Name, err)
-		return nil
-	}
 	ss.pop(n)
 	ss.plan = cover
-	ss.acked(b)
-	return nil
+	ss.src.covers.add(b)
 }
 
 // acked records that b's cover is durably the pointer: PostgreSQL may now drop the WAL before it.

@@ -75,6 +75,9 @@ type Source struct {
 	rdb    redis.UniversalClient
 	writer *queue.Writer
 	lease  *lease.Lease
+	covers *coverWriter // writes the pointer for outputs that do not, in the background
+
+	stopCovers context.CancelFunc // ends the cover writer's retries (Close, after the last write)
 
 	inflight chan struct{} // one unacknowledged batch at a time (held from Next until its Ack)
 	unacked  chan struct{} // full while a returned batch awaits its Ack
@@ -105,7 +108,7 @@ func New(cfg Config, log Logger, hooks Hooks) (*Source, error) {
 	host, _ := os.Hostname()
 	owner := fmt.Sprintf("%s:%d:%08x", host, os.Getpid(), rand.Uint32())
 	keys := KeysFor(&cfg)
-	return &Source{
+	s := &Source{
 		cfg: cfg, log: log, hooks: hooks, keys: keys, owner: owner, rdb: rdb,
 		writer:   queue.NewWriter(rdb, queue.WriterConfig{Prefix: cfg.Redis.Prefix}),
 		lease:    lease.New(rdb, keys.Lease, cfg.LeaseTTL, owner),
@@ -113,7 +116,10 @@ func New(cfg Config, log Logger, hooks Hooks) (*Source, error) {
 		unacked:  make(chan struct{}, 1),
 		phase:    PhaseConnecting,
 		sessCh:   make(chan struct{}),
-	}, nil
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s.covers, s.stopCovers = newCoverWriter(s, ctx), stop
+	return s, nil
 }
 
 // Start runs the ownership loop in the background until Close.
@@ -127,9 +133,13 @@ func (s *Source) Start() {
 	}()
 }
 
-// Close stops streaming after the batch in flight (Benthos calls it once acks are done), sends
-// PostgreSQL the last position, frees the slot and releases the lease at once.
+// Close stops streaming after the batch in flight (Benthos calls it once acks are done), writes
+// the last acknowledged cover, sends PostgreSQL the last position, frees the slot and releases
+// the lease at once.
 func (s *Source) Close(ctx context.Context) error {
+	wctx, wcancel := context.WithTimeout(ctx, closeWriteWithin)
+	defer wcancel()
+	_ = s.covers.drain(wctx) // while the session runs, so PostgreSQL learns the last position too
 	if s.cancel != nil {
 		s.cancel()
 		select {
@@ -137,6 +147,8 @@ func (s *Source) Close(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}
+	_ = s.covers.drain(wctx) // an ack that came after the first drain
+	s.stopCovers()
 	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := s.lease.Release(rctx)
@@ -145,6 +157,10 @@ func (s *Source) Close(ctx context.Context) error {
 	s.rdb.Close()
 	return err
 }
+
+// closeWriteWithin bounds how long Close waits for the last cover's write: past it the pointer
+// stays behind and the next start repeats what is past it.
+const closeWriteWithin = 5 * time.Second
 
 // Phase reports the current phase and last error.
 func (s *Source) Phase() (string, error) {
