@@ -243,18 +243,22 @@ func payloads(b *Batch) []string {
 	return out
 }
 
-// Under sustained load a batch that is not full waits until load_linger after the previous ack and
-// then takes everything that arrived; a trickle, load_linger 0 or a full batch goes at once.
+// Under sustained load, or while the stream is behind the writers, a batch that is not full waits
+// until load_linger after the previous ack and then takes everything that arrived; a trickle that
+// is caught up, load_linger 0 or a full batch goes at once.
 func TestBundleWaitsToFillUnderLoad(t *testing.T) {
 	for _, c := range []struct {
 		name       string
 		loadLinger time.Duration
 		every      time.Duration // the arrival gap the rate was measured with: one event per gap
+		behind     bool          // the transactions arrive with the stream behind the writers
 		want       [][]string    // the batches while the wait runs (one: it went at once)
 	}{
-		{"a trickle goes at once", 2 * time.Millisecond, 10 * time.Millisecond, [][]string{{"e0"}}},
-		{"under load it waits", 2 * time.Millisecond, 50 * time.Microsecond, nil},
-		{"load_linger 0 never waits", 0, 50 * time.Microsecond, [][]string{{"e0"}}},
+		{"a trickle goes at once", 2 * time.Millisecond, 10 * time.Millisecond, false, [][]string{{"e0"}}},
+		{"under load it waits", 2 * time.Millisecond, 50 * time.Microsecond, false, nil},
+		{"load_linger 0 never waits", 0, 50 * time.Microsecond, false, [][]string{{"e0"}}},
+		{"a trickle behind the writers waits", 2 * time.Millisecond, 10 * time.Millisecond, true, nil},
+		{"behind, load_linger 0 never waits", 0, 10 * time.Millisecond, true, [][]string{{"e0"}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
@@ -275,6 +279,7 @@ func TestBundleWaitsToFillUnderLoad(t *testing.T) {
 			push := func(from, to int) {
 				for i := from; i < to; i++ {
 					for _, it := range txnItems(pglogrepl.LSN(200+10*i), fmt.Sprintf("e%d", i)) {
+						it.behind = c.behind && it.kind == itemCommit
 						if ok, _ := ss.q.tryPush(it); !ok {
 							t.Fatal("queue full")
 						}
@@ -352,5 +357,131 @@ func TestArrivalRate(t *testing.T) {
 	}
 	if r := rate(ss); r < 10000 {
 		t.Fatalf("rate %.0f/s after 24 batches at 20,000/s following an idle hour", r)
+	}
+}
+
+// Whether to wait is the newest queued transaction's: once the stream has caught up, a trickle
+// goes at once again, though earlier transactions of the batch arrived behind.
+func TestBundleBehindIsTheNewestTransactions(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		behind []bool // of each transaction, in commit order
+		waits  bool
+	}{
+		{"the newest behind", []bool{false, true}, true},
+		{"caught up since", []bool{true, true, false}, false},
+		{"never behind", []bool{false, false}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
+			ss.src.cfg.LoadLinger = 2 * time.Millisecond
+			ss.q = newItemQueue(10, 1<<20)
+			ss.lastAck.Store(time.Now().Add(time.Hour).UnixNano())
+			for i, late := range c.behind {
+				for _, it := range txnItems(pglogrepl.LSN(200+10*i), fmt.Sprintf("e%d", i)) {
+					it.behind = late && it.kind == itemCommit
+					ss.q.tryPush(it)
+				}
+			}
+			b, _, err := ss.bundle(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if waits := b == nil; waits != c.waits {
+				t.Fatalf("waits %v, want %v", waits, c.waits)
+			}
+		})
+	}
+}
+
+// The meter finds the stream behind from the commit times and send times alone, whatever the
+// skew between the clocks, and follows a change of clock within two windows.
+func TestLagMeter(t *testing.T) {
+	const linger = 2 * time.Millisecond
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	type tx struct {
+		at      time.Duration // arrival, on the local clock (from t0)
+		commit  time.Duration // commit, on the server's clock
+		decoded time.Duration // the walsender sent the commit this long after it
+	}
+	for _, c := range []struct {
+		name   string
+		skew   time.Duration // server clock − local clock
+		txs    []tx
+		behind []bool
+	}{
+		{"caught up, clocks agree", 0,
+			[]tx{{1 * time.Millisecond, 0, 300 * time.Microsecond}, {3 * time.Millisecond, 2 * time.Millisecond, 500 * time.Microsecond}},
+			[]bool{false, false}},
+		{"caught up, server clock an hour ahead", time.Hour,
+			[]tx{{1 * time.Millisecond, 0, 300 * time.Microsecond}, {3 * time.Millisecond, 2 * time.Millisecond, 500 * time.Microsecond}},
+			[]bool{false, false}},
+		{"caught up, server clock a minute behind", -time.Minute,
+			[]tx{{1 * time.Millisecond, 0, 300 * time.Microsecond}, {5 * time.Millisecond, 1 * time.Millisecond, 3 * time.Millisecond}},
+			[]bool{false, false}},
+		{"the walsender decodes later and later", 30 * time.Second,
+			[]tx{{1 * time.Millisecond, 0, 500 * time.Microsecond}, {20 * time.Millisecond, 2 * time.Millisecond, 17 * time.Millisecond},
+				{40 * time.Millisecond, 3 * time.Millisecond, 36 * time.Millisecond}},
+			[]bool{false, true, true}},
+		{"behind from the first transaction (a backlog at the start)", -time.Hour,
+			[]tx{{1 * time.Millisecond, -2 * time.Second, 2 * time.Second}, {2 * time.Millisecond, -1 * time.Second, 1 * time.Second}},
+			[]bool{true, true}},
+		{"WAL waiting in the connection", time.Minute,
+			[]tx{{1 * time.Millisecond, 0, 500 * time.Microsecond}, {30 * time.Millisecond, 2 * time.Millisecond, 500 * time.Microsecond}},
+			[]bool{false, true}},
+		{"just within BehindLingers", 0,
+			[]tx{{1 * time.Millisecond, 0, 500 * time.Microsecond}, {10 * time.Millisecond, 2 * time.Millisecond, 500 * time.Microsecond}},
+			[]bool{false, false}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var m lagMeter
+			for i, x := range c.txs {
+				commit := t0.Add(c.skew + x.commit)
+				m.sent = commit.Add(x.decoded)
+				if got := behind(m.excess(t0.Add(x.at), commit), linger); got != c.behind[i] {
+					t.Fatalf("transaction %d: behind %v, want %v", i, got, c.behind[i])
+				}
+			}
+		})
+	}
+
+	// The local clock steps 5 s ahead: every delivery looks 5 s longer, so a caught-up stream
+	// looks behind until the baseline has followed, within two windows.
+	var m lagMeter
+	now := t0
+	arrive := func() bool { // a caught-up transaction: committed 1 ms ago, sent 0.5 ms after it
+		commit := now.Add(-time.Millisecond)
+		m.sent = commit.Add(500 * time.Microsecond)
+		return behind(m.excess(now, commit), linger)
+	}
+	for range 10 {
+		now = now.Add(time.Second)
+		if arrive() {
+			t.Fatal("behind while caught up")
+		}
+	}
+	skew := 5 * time.Second // the local clock jumps ahead: every delivery looks 5 s longer
+	stepped := now
+	var first, last bool
+	for i := 0; now.Sub(stepped) <= 2*lagWindow; i++ {
+		now = now.Add(500 * time.Millisecond)
+		commit := now.Add(-skew - time.Millisecond)
+		m.sent = commit.Add(500 * time.Microsecond)
+		last = behind(m.excess(now, commit), linger)
+		if i == 0 {
+			first = last
+		}
+	}
+	if !first || last {
+		t.Fatalf("behind right after the step: %v (want true), two windows later: %v (want false)", first, last)
+	}
+
+	// No send times (a server that leaves them zero): never behind.
+	m = lagMeter{}
+	for i := range 3 {
+		now := t0.Add(time.Duration(i) * time.Second)
+		if behind(m.excess(now, now.Add(-time.Hour)), linger) {
+			t.Fatal("behind with no send times")
+		}
 	}
 }

@@ -64,7 +64,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			}
 			st.inTxn, st.txCommit, st.txDone = true, it.commit, it.seq+1
 		case itemCommit:
-			st.complete, st.inTxn = it.commit, false
+			st.complete, st.inTxn, st.behind = it.commit, false, it.behind
 			st.txns++
 		case itemChunk:
 			if it.commit-1 > st.complete { // every commit before the high watermark is in
@@ -78,7 +78,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			}
 		}
 	}
-	n, nev, size, full, txns, chunks := st.n, st.nev, st.size, st.full, st.txns, st.chunks
+	n, nev, size, full, txns, chunks, behind := st.n, st.nev, st.size, st.full, st.txns, st.chunks, st.behind
 	complete, inTxn, txCommit, txDone, txParts, cursor := st.complete, st.inTxn, st.txCommit, st.txDone, st.txParts, st.cursor
 	partial := nev > 0 && !full && nev < cfg.MaxBundleMessages && size < cfg.MaxBundleBytes
 	if partial && (ahead || inTxn) { // ahead: only a full batch; in a transaction: the rest is on its way
@@ -114,7 +114,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			ss.firstSeen = time.Now()
 		}
 		until := ss.firstSeen.Add(cfg.Linger)
-		if fill := ss.fillUntil(); fill.After(until) {
+		if fill := ss.fillUntil(behind); fill.After(until) {
 			until = fill
 			// The reader may leave the WAL unread until shortly before: what arrives meanwhile is
 			// then read in a few large reads instead of one read per message as it comes.
@@ -161,9 +161,10 @@ const (
 
 // fillUntil is when a batch that is not full may go under sustained load: load_linger after the
 // previous batch's ack, if events arrive fast enough that the wait brings at least FillMinEvents
-// more; otherwise the zero time (no wait).
-func (ss *session) fillUntil() time.Time {
-	if !ss.underLoad() {
+// more, or if the newest transaction queued arrived with the stream behind the writers (behind:
+// more WAL is certainly waiting, whatever the rate it arrives at); otherwise the zero time (no wait).
+func (ss *session) fillUntil(behind bool) time.Time {
+	if ss.src.cfg.LoadLinger <= 0 || !behind && !ss.underLoad() {
 		return time.Time{}
 	}
 	return time.Unix(0, ss.lastAck.Load()).Add(ss.src.cfg.LoadLinger)
@@ -195,6 +196,7 @@ type scan struct {
 	n, nev, size, txns int
 	chunks             uint64
 	full, inTxn        bool
+	behind             bool // the newest transaction measured arrived with the stream behind
 	complete, txCommit pglogrepl.LSN
 	txDone             uint64
 	txParts            map[string]uint64 // envelope parts of the transaction in the queue

@@ -47,6 +47,7 @@ type decoder struct {
 	commit pglogrepl.LSN
 	pos    event.Position // the transaction's lsn, xid and ts (Seq is set per change)
 	tsMs   int64
+	at     time.Time // the transaction's commit time
 	seq    uint64
 	txID   string
 
@@ -118,7 +119,7 @@ func (d *decoder) handle(ctx context.Context, m pglogrepl.Message, emit func(ite
 func (d *decoder) begin(final pglogrepl.LSN, commitTime time.Time, xid uint32) {
 	d.inTxn, d.commit, d.seq = true, final, 0
 	d.pos = event.Position{LSN: pointer.FormatLSN(final), Xid: xid, TS: event.FormatTime(commitTime)}
-	d.tsMs = commitTime.UnixMilli()
+	d.tsMs, d.at = commitTime.UnixMilli(), commitTime
 	d.txID = pointer.TxID(d.epoch, final)
 	if d.envs != nil {
 		d.beginEnvelopes()

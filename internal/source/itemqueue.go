@@ -22,6 +22,7 @@ const (
 // item is the unit the WAL reader (and the snapshotter, through it) hands to the bundler.
 type item struct {
 	kind   itemKind
+	behind bool // itemCommit: the transaction arrived with the stream behind the writers (lagMeter)
 	commit pglogrepl.LSN
 	seq    uint64
 	events []Event

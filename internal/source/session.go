@@ -40,6 +40,7 @@ type session struct {
 	lastAck       atomic.Int64 // unix ns of the last ack of a batch with events (set by acked)
 	readPause     atomic.Int64 // unix ns: the reader may leave the WAL unread until then (a wait to fill)
 
+	lag      lagMeter      // how late transactions arrive after their commit (reader only)
 	dataMsgs atomic.Uint64 // WAL data messages received, for the heartbeat (counted: a clock read per message costs)
 
 	snap *snapshotter // nil when the pointer has no snapshot in progress

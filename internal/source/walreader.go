@@ -32,7 +32,8 @@ func statusInterval(ctx context.Context, pool *pgxpool.Pool) time.Duration {
 // read receives the WAL, answers keepalives and reports the flush position; it returns when the
 // session ends (after sending the final position).
 //
-// Per message it reads no clock and watches no context: the time of the next status report is the
+// Per message it reads no clock and watches no context (one clock read per transaction measures
+// whether the stream is behind: lagMeter): the time of the next status report is the
 // connection's read deadline, which ends a wait for data (and, data or not, the next read from the
 // socket once it has passed), and the end of the session moves that deadline to now.
 func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
@@ -66,8 +67,11 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 		return ss.push(item{kind: itemPosition, lsn: lsn}, sendStatus, nextStatus)
 	}
 	emit := func(it item) error {
-		if it.kind == itemCommit && it.commit > lastPos {
-			lastPos = it.commit
+		if it.kind == itemCommit {
+			if it.commit > lastPos {
+				lastPos = it.commit
+			}
+			it.behind = behind(ss.lag.excess(time.Now(), dec.at), ss.src.cfg.LoadLinger)
 		}
 		if it.kind == itemChunk && it.commit-1 > lastPos {
 			lastPos = it.commit - 1
@@ -159,6 +163,7 @@ func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, po
 		if ka.ReplyRequested {
 			*lastStatus = time.Time{}
 		}
+		ss.lag.transit(time.Now(), ka.ServerTime)
 		if ka.ServerWALEnd > 0 {
 			// Every record before ServerWALEnd was decoded and sent: commits ≤ end-1 are all here.
 			return position(ka.ServerWALEnd - 1)
@@ -169,6 +174,7 @@ func (ss *session) copyData(data []byte, dec *decoder, emit func(item) error, po
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
 		ss.dataMsgs.Add(1)
+		ss.lag.sent = x.ServerTime
 		if len(x.WALData) < 2 || x.WALData[0] != 'M' || x.WALData[1] == 1 {
 			// all but a non-transactional logical message (flags 0: watermarks, heartbeats),
 			// which moves the session's position rather than a transaction
