@@ -58,6 +58,9 @@ const (
 // writers, and on the outbox side the poller: the difference is the poller's), and the dead outbox
 // rows left for VACUUM (pgrelay.publish() leaves none). pg_cdc runs during the publish side's runs
 // only, so no walsender decodes the outbox side's WAL.
+//
+// PGRELAY_BENCH_WALSENDER_NICE (e.g. 10) lowers the walsender's priority in the throughput runs,
+// so it falls behind the writers as it does when other work shares the cores (default: unchanged).
 func BenchmarkPublishOutbox(b *testing.B) {
 	pg := testenv.StartPostgres(b, testenv.WithPGSetting("track_commit_timestamp = on"))
 	rd := testenv.StartRedis(b)
@@ -107,6 +110,11 @@ output:
 	defer pool.Close()
 	e := &pubEnv{b: b, pool: pool, rd: rd, pm: pm, rpid: rpid, config: config, profileDir: profileDir, debugPort: port}
 	e.poll = time.Duration(benchenv.Size("PGRELAY_BENCH_OUTBOX_POLL_MS", 1, 1)) * time.Millisecond
+	if v := os.Getenv("PGRELAY_BENCH_WALSENDER_NICE"); v != "" {
+		if e.walsenderNice, err = strconv.Atoi(v); err != nil {
+			b.Fatalf("PGRELAY_BENCH_WALSENDER_NICE: %v", err)
+		}
+	}
 	seconds := time.Duration(benchenv.Size("PGRELAY_BENCH_SECONDS", 5, 2)) * time.Second
 	tps := benchenv.Size("PGRELAY_BENCH_PUBLISH_TPS", 1000, 1000)
 	b.ResetTimer()
@@ -137,6 +145,9 @@ type pubEnv struct {
 	rpid int // redis-server
 	poll time.Duration
 	id   atomic.Int64
+	// walsenderNice (PGRELAY_BENCH_WALSENDER_NICE, 0: unchanged) is the nice value the throughput
+	// runs give pg_cdc's walsender: one starved of CPU on shared cores, as under other load.
+	walsenderNice int
 
 	config     string           // pg_cdc's
 	source     *testenv.Process // pg_cdc, running during the publish side's runs only
@@ -406,6 +417,11 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 		srcPid = e.source.Pid()
 		if err := e.pool.QueryRow(ctx, `SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE active_pid IS NOT NULL`).Scan(&walsender); err != nil {
 			b.Fatal(err)
+		}
+		if e.walsenderNice != 0 {
+			if err := syscall.Setpriority(syscall.PRIO_PROCESS, walsender, e.walsenderNice); err != nil {
+				b.Fatalf("nice the walsender: %v", err)
+			}
 		}
 		if e.profileDir != "" {
 			go e.profileSource(d)
