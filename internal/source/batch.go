@@ -209,6 +209,9 @@ func (s *Source) Ack(ctx context.Context, b *Batch, err error) error {
 		<-s.inflight
 	}()
 	if err == nil {
+		if b.sess.snap != nil && b.Cover.SnapshotChunks > 0 {
+			b.sess.snap.delivered(b.Cover.SnapshotChunks)
+		}
 		s.covers.add(b)
 		return nil
 	}

@@ -80,21 +80,27 @@ func recordedOf(name string) []recordedRow {
 // recordPipeline is pg_cdc on table t → pgrelay_test_record, batches of at most 5 changes, with
 // the lease's TTL (60s outlasts a paused Redis).
 func recordPipeline(e *env, name, leaseTTL string) string {
+	return recordTables(e, name, leaseTTL, "[{table: t, queue: "+name+"}]", "")
+}
+
+// recordTables is recordPipeline with the tables block and further pg_cdc fields.
+func recordTables(e *env, name, leaseTTL, tables, extra string) string {
 	return fmt.Sprintf(`input:
   pg_cdc:
     name: %s
     dsn: %s
     tls: {mode: disable}
-    tables: [{table: t, queue: %s}]
+    tables: %s
     redis: {url: %s}
     lease_ttl: %s
     heartbeat: 1s
     max_bundle_messages: 5
+%s
 output:
   pgrelay_test_record: {name: %s}
 logger:
   level: warn
-`, name, e.pg.DSN(), name, e.rd.URL(), leaseTTL, name)
+`, name, e.pg.DSN(), tables, e.rd.URL(), leaseTTL, indent(extra), name)
 }
 
 // pointerLSN is the stored pointer's lsn (0 before there is one).
@@ -274,5 +280,55 @@ func TestFencedPointerWriteStopsTheSession(t *testing.T) {
 		}
 		p := e.pointerLSN(name)
 		return p >= seen[11], fmt.Sprintf("pointer %s, last row %s", p, seen[11])
+	})
+}
+
+// The snapshot's chunks leave its pipeline (chunksAhead) once the output acknowledged them, not
+// once pg_cdc wrote their pointer: while Redis takes no writes, a table added to tables is read
+// and delivered well past two chunks (up to the batches that may wait for their pointer write).
+func TestSnapshotChunksDoNotWaitForThePointerWrite(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE t (id bigint PRIMARY KEY, v text)`)
+	e.pg.Exec(`CREATE TABLE s (id bigint PRIMARY KEY, v text)`)
+	e.pg.Exec(`INSERT INTO s SELECT g, 'x' FROM generate_series(1001, 1300) g`)
+	const name = "cwsnap"
+	stop := startStream(t, recordTables(e, name, "60s", "[{table: t, queue: "+name+"}]", ""))
+	e.waitPointer(name, name)
+	stop()
+	// A transaction open at the next start holds the added table's snapshot back (it waits for
+	// the transactions begun before it) until Redis is paused.
+	hold := e.conn()
+	if _, err := hold.Exec(e.ctx, `BEGIN; INSERT INTO t VALUES (1, 'held')`); err != nil {
+		t.Fatal(err)
+	}
+	startStream(t, recordTables(e, name, "60s", "[{table: t, queue: "+name+"}, {table: s, queue: "+name+"}]",
+		"snapshot: initial\nchunk_rows: 10"))
+	cdctest.WaitStatus(t, 30*time.Second, e.rd.Client(), name, name, `"phase":"snapshot"`)
+	unpause := e.pauseWrites()
+	if _, err := hold.Exec(e.ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	snapRows := func() int {
+		n := 0
+		for _, r := range recordedOf(name) {
+			if r.id > 1000 {
+				n++
+			}
+		}
+		return n
+	}
+	// 6 chunks of 10 rows, in parts of 5: 12 batches, within the 16 that may wait for their write;
+	// with chunks leaving the pipeline only once written, 2 chunks (20 rows) would be all.
+	cdctest.Wait(t, 15*time.Second, "60 snapshot rows delivered while Redis takes no writes", func() (bool, string) {
+		n := snapRows()
+		return n >= 60, fmt.Sprintf("%d snapshot rows delivered", n)
+	})
+	unpause()
+	cdctest.Wait(t, 30*time.Second, "the snapshot done", func() (bool, string) {
+		p, err := source.ReadPointer(e.ctx, e.rd.Client(), cdctest.SourceKey(name, name, "ptr"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p != nil && string(p.Snapshot) == "null" && snapRows() >= 300, fmt.Sprintf("%d snapshot rows", snapRows())
 	})
 }

@@ -509,8 +509,8 @@ func (sn *snapshotter) waitAcked(ctx context.Context, target uint64) error {
 	return nil
 }
 
-// ackedCover records an acknowledged cover (called by session.acked): the snapshot's chunks it
-// writes leave the share's pipeline.
+// ackedCover records an acknowledged cover (called by session.acked): the pointer counts its
+// chunk parts.
 func (sn *snapshotter) ackedCover(chunks uint64) {
 	if chunks > sn.acked.Load() {
 		sn.acked.Store(chunks)
@@ -519,6 +519,13 @@ func (sn *snapshotter) ackedCover(chunks uint64) {
 		default:
 		}
 	}
+	sn.delivered(chunks)
+}
+
+// delivered records that the output acknowledged a batch counting chunks parts: the chunks it
+// completes leave the share's pipeline (their pointer write, when pg_cdc makes it, goes on in
+// the background).
+func (sn *snapshotter) delivered(chunks uint64) {
 	sn.mu.Lock()
 	written := sn.share.written(chunks)
 	sn.mu.Unlock()
