@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // Version is the pointer format version (`v`).
@@ -185,9 +187,22 @@ func AppendEnvelopeID(dst []byte, tx string, part uint64) []byte {
 func (p Pointer) Less(q Pointer) bool { return p.Position() < q.Position() }
 
 // Marshal returns the JSON stored in Redis, with updated_at and pos filled in.
+//
+// A streaming source marshals a pointer per batch, and through encoding/json's reflection that
+// cost as much as the rest of a small batch's cover; so a pointer with no snapshot cursor and only
+// plain strings (printable ASCII that encoding/json writes as it is) is written by hand, the same
+// bytes. Any other goes through encoding/json.
 func (p Pointer) Marshal(now time.Time) []byte {
-	p.UpdatedAt = now.UTC().Format("2006-01-02T15:04:05.000000Z")
+	p.UpdatedAt = event.FormatTime(now)
 	p.Pos = p.Position()
+	if b, ok := p.appendPlain(make([]byte, 0, 384)); ok {
+		return b
+	}
+	return p.marshalReflect()
+}
+
+// marshalReflect is Marshal's encoding through encoding/json.
+func (p Pointer) marshalReflect() []byte {
 	if p.Snapshot == nil {
 		p.Snapshot = json.RawMessage("null")
 	}
@@ -197,6 +212,84 @@ func (p Pointer) Marshal(now time.Time) []byte {
 	}
 	return b
 }
+
+// appendPlain appends p's JSON as encoding/json writes it (fields in order, parts' keys sorted,
+// empty tables and parts left out); ok is false, and the JSON left to encoding/json, when p has
+// a snapshot cursor or a string that is not plain.
+func (p Pointer) appendPlain(b []byte) (_ []byte, ok bool) {
+	if p.Snapshot != nil || !plain(p.Epoch, p.SystemID, p.Slot, p.LSN, p.UpdatedAt, p.Pos) || !plain(p.Tables...) {
+		return b, false
+	}
+	var keys []string
+	if p.InTxn != nil {
+		if !plain(p.InTxn.CommitLSN) {
+			return b, false
+		}
+		for k := range p.InTxn.Parts {
+			if !plain(k) {
+				return b, false
+			}
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+	}
+	field := func(b []byte, key string) []byte { return append(append(append(b, ',', '"'), key...), '"', ':') }
+	text := func(b []byte, key, v string) []byte { return append(append(append(field(b, key), '"'), v...), '"') }
+	b = strconv.AppendInt(append(b, `{"v":`...), int64(p.V), 10)
+	b = text(text(text(text(b, "epoch", p.Epoch), "system_id", p.SystemID), "slot", p.Slot), "lsn", p.LSN)
+	b = field(b, "in_txn")
+	if p.InTxn == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(append(append(b, `{"commit_lsn":"`...), p.InTxn.CommitLSN...), '"')
+		b = strconv.AppendUint(field(b, "done"), p.InTxn.Done, 10)
+		if len(keys) > 0 {
+			b = append(field(b, "parts"), '{')
+			for i, k := range keys {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = strconv.AppendUint(append(append(append(b, '"'), k...), '"', ':'), p.InTxn.Parts[k], 10)
+			}
+			b = append(b, '}')
+		}
+		b = append(b, '}')
+	}
+	b = append(field(b, "snapshot"), "null"...)
+	if len(p.Tables) > 0 {
+		b = append(field(b, "tables"), '[')
+		for i, t := range p.Tables {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(append(append(b, '"'), t...), '"')
+		}
+		b = append(b, ']')
+	}
+	b = text(text(b, "updated_at", p.UpdatedAt), "pos", p.Pos)
+	return append(b, '}'), true
+}
+
+// plain reports whether encoding/json writes every one of ss between its quotes as it is:
+// printable ASCII but '"', '\\' and the HTML characters it escapes ('<', '>', '&').
+func plain(ss ...string) bool {
+	for _, s := range ss {
+		for i := 0; i < len(s); i++ {
+			if !plainByte[s[i]] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// plainByte says which bytes plain allows.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c <= 0x7e; c++ {
+		t[c] = !strings.ContainsRune(`"\<>&`, rune(c))
+	}
+	return t
+}()
 
 // Parse reads a stored pointer; anything unreadable is the coded error pointer_corrupt.
 func Parse(b []byte) (Pointer, error) {

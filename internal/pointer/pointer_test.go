@@ -1,6 +1,7 @@
 package pointer
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -157,5 +158,53 @@ func TestPositionText(t *testing.T) {
 		if got, want := p.Position(), fmt.Sprintf("%08x/%016x/%016x/%016x", p.Gen, l, i, p.SnapshotChunks); got != want {
 			t.Errorf("Position() = %s, want %s", got, want)
 		}
+	}
+}
+
+// Marshal writes the bytes encoding/json writes, by hand or not, for pointers of every shape.
+func TestMarshalIsEncodingJSONs(t *testing.T) {
+	base := New(3, "0a1b2c3d", "7412345678901234567", "pgrelay_pub", 0x16B3748)
+	now := time.Date(2026, 12, 1, 6, 15, 3, 583036000, time.FixedZone("x", 3600))
+	with := func(f func(p *Pointer)) Pointer { p := base; f(&p); return p }
+	for _, c := range []struct {
+		name  string
+		p     Pointer
+		plain bool // written by hand
+	}{
+		{"fresh", base, true},
+		{"tables", with(func(p *Pointer) { p.Tables = []string{"public.a", "s.b c"} }), true},
+		{"no tables (empty, left out)", with(func(p *Pointer) { p.Tables = []string{} }), true},
+		{"inside a transaction", base.InsideTxn(0x16B3800, 7), true},
+		{"with parts", base.InsideTxn(0x16B3800, 7).WithParts(map[string]uint64{"zq": 2, "aq": 1, "m": 0}), true},
+		{"empty parts (left out)", base.InsideTxn(0x16B3800, 7).WithParts(map[string]uint64{}), true},
+		{"snapshot cursor", with(func(p *Pointer) { p.Snapshot = json.RawMessage(`{"table": "public.a", "after": [1, "<x>"]}`) }), false},
+		{"a table name encoding/json escapes", with(func(p *Pointer) { p.Tables = []string{`public."we<ird>"`, "s.é"} }), false},
+		{"a queue name with an ampersand", base.InsideTxn(1, 1).WithParts(map[string]uint64{"a&b": 1}), false},
+		{"the largest values", with(func(p *Pointer) {
+			p.Gen, p.SnapshotChunks, p.V = ^uint32(0), ^uint64(0), -1
+			*p = p.InsideTxn(^pglogrepl.LSN(0), ^uint64(0)-1)
+		}), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := c.p.Marshal(now)
+			want := c.p
+			want.UpdatedAt, want.Pos = now.UTC().Format("2006-01-02T15:04:05.000000Z"), c.p.Position()
+			if w := want.marshalReflect(); string(got) != string(w) {
+				t.Fatalf("Marshal\n%s\nencoding/json\n%s", got, w)
+			}
+			if _, ok := want.appendPlain(nil); ok != c.plain {
+				t.Fatalf("written by hand: %v, want %v", ok, c.plain)
+			}
+		})
+	}
+}
+
+func BenchmarkMarshal(b *testing.B) {
+	p := New(1, "0a1b2c3d", "7412345678901234567", "pgrelay_pub", 0x16B3748)
+	p.Tables = []string{"public.orders"}
+	now := time.Now()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		_ = p.Marshal(now)
 	}
 }
