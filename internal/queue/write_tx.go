@@ -1,8 +1,8 @@
 package queue
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/jsonscan"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
 
@@ -273,15 +274,13 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 		return "fenced", w.discard(ctx, conn, nil)
 	}
 	if c.PointerKey != "" && st.stored != "" {
-		var doc struct {
-			Pos *string `json:"pos"`
-		}
-		if json.Unmarshal([]byte(st.stored), &doc) != nil || doc.Pos == nil {
+		pos, ok := storedPos(st.stored)
+		if !ok {
 			return "", w.discard(ctx, conn, errcode.New(errcode.PointerCorrupt,
 				fmt.Sprintf("the stored source pointer %s is not JSON with a pos field", c.PointerKey),
 				"run pgrelay resync for the source, or delete the pointer key if the source is being reset"))
 		}
-		if *doc.Pos >= c.Pos {
+		if pos >= c.Pos {
 			if w.conf.Durability.Replicas <= 0 {
 				return "duplicate", w.discard(ctx, conn, nil)
 			}
@@ -684,4 +683,29 @@ func (w *Writer) discard(ctx context.Context, conn *redisconn.RawConn, err error
 		_ = conn.Skip()
 	}
 	return err
+}
+
+// storedPos is the `pos` string of the stored pointer JSON doc; ok is false when doc is not a JSON
+// object with a string member pos (the key matched as encoding/json matches a field name, the
+// last one winning). Read once per batch, through jsonscan: encoding/json's reflection cost more
+// than the rest of a small batch's checks.
+func storedPos(doc string) (pos string, ok bool) {
+	b := []byte(doc)
+	err := jsonscan.Members(b, func(key []byte, _ bool, v0, v1 int) error {
+		name, err := jsonscan.Text(key)
+		if err != nil || !bytes.EqualFold(name, []byte("pos")) {
+			return err
+		}
+		switch b[v0] {
+		case '"':
+			text, err := jsonscan.Text(b[v0:v1])
+			pos, ok = string(text), err == nil
+			return err
+		case 'n': // null: no pos
+			ok = false
+			return nil
+		}
+		return errors.New("pos is not a string")
+	})
+	return pos, ok && err == nil
 }

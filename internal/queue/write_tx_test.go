@@ -3,6 +3,7 @@ package queue
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
@@ -561,4 +562,34 @@ func TestWritePrimed(t *testing.T) {
 		}
 		checkQueue(t, rdb, w.Layout(), q, all...)
 	})
+}
+
+// storedPos reads the stored pointer's pos as encoding/json read it into a *string field: the
+// same value, and "corrupt" for the same documents.
+func TestStoredPosReadsAsEncodingJSON(t *testing.T) {
+	for _, doc := range []string{
+		`{"v":1,"epoch":"0a1b2c3d","lsn":"0/16B3748","in_txn":null,"snapshot":{"pos":"inner"},"pos":"00000001/00000000016b3748/ffffffffffffffff/0000000000000000"}`,
+		`{"pos":"a"}`, ` { "pos" : "a\u002fb\"c" } `, `{"POS":"upper"}`, `{"p\u006fs":"escaped key"}`,
+		`{"pos":"first","pos":"last"}`, `{"pos":"x","pos":null}`, `{"pos":null}`, `{"pos":5}`, `{"pos":5,"pos":"x"}`,
+		`{"pos":["x"]}`, `{"other":"x"}`, `{}`, `null`, `["pos"]`, `"pos"`, `{"pos":"x"`, `{"pos":"x"} trailing`, ``, `not json`,
+	} {
+		var want struct {
+			Pos *string `json:"pos"`
+		}
+		wantOK := json.Unmarshal([]byte(doc), &want) == nil && want.Pos != nil
+		got, ok := storedPos(doc)
+		if ok != wantOK || ok && got != *want.Pos {
+			t.Errorf("%s: %q %v, encoding/json %v %v", doc, got, ok, want.Pos, wantOK)
+		}
+	}
+}
+
+func BenchmarkStoredPos(b *testing.B) {
+	doc := `{"v":1,"epoch":"0a1b2c3d","system_id":"7412345678901234567","slot":"pgrelay_pub","lsn":"0/16B3748","in_txn":null,"snapshot":null,"tables":["public.orders"],"updated_at":"2026-12-01T06:15:03.583036Z","pos":"00000001/00000000016b3748/ffffffffffffffff/0000000000000000"}`
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, ok := storedPos(doc); !ok {
+			b.Fatal("no pos")
+		}
+	}
 }
