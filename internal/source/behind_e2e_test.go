@@ -1,18 +1,13 @@
 package source_test
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 )
@@ -26,7 +21,7 @@ func TestBatchesFillWhileBehind(t *testing.T) {
 	e := newEnv(t)
 	e.pg.Exec(`CREATE TABLE s (id int PRIMARY KEY)`)
 	proxy := newDelayProxy(t, e.pg.Port)
-	rec := newBatchRecorder(t)
+	rec := fmt.Sprint("lag-", time.Now().UnixNano()) // the recording's name, new in every run
 	startStream(t, fmt.Sprintf(`
 input:
   pg_cdc:
@@ -38,9 +33,9 @@ input:
     lease_ttl: 3s
     load_linger: 100ms
 output:
-  batch_recorder: {name: %s}
+  pgrelay_test_record: {name: %s}
 logger: {level: warn}
-`, strings.Replace(e.pg.DSN(), fmt.Sprintf(":%d/", e.pg.Port), fmt.Sprintf(":%d/", proxy.port()), 1), e.rd.URL(), rec.name))
+`, strings.Replace(e.pg.DSN(), fmt.Sprintf(":%d/", e.pg.Port), fmt.Sprintf(":%d/", proxy.port()), 1), e.rd.URL(), rec))
 	e.waitPointer("lag", "q")
 
 	c := e.conn()
@@ -55,12 +50,12 @@ logger: {level: warn}
 	}
 	const caughtUp, all = 10, 70
 	commit(0, caughtUp) // the meter's baseline: transactions delivered as they commit
-	rec.wait(t, caughtUp)
+	recordedBatches(t, rec, caughtUp)
 	proxy.delay.Store(int64(time.Second))
 	commit(caughtUp, all)
-	batches := rec.wait(t, all)
+	batches := recordedBatches(t, rec, all)
 
-	var ids []int
+	var ids []int64
 	var late, lateBatches int
 	for _, b := range batches {
 		for _, id := range b {
@@ -71,7 +66,7 @@ logger: {level: warn}
 		}
 	}
 	for i, id := range ids {
-		if id != i {
+		if id != int64(i) {
 			t.Fatalf("events read back %v, want 0-%d once each, in order", ids, all-1)
 		}
 	}
@@ -145,76 +140,24 @@ func (p *delayProxy) serve(c net.Conn, port int) {
 	}
 }
 
-// batchRecorder is a Benthos output that records the ids (after.id) of each batch it receives.
-type batchRecorder struct {
-	name    string
-	mu      sync.Mutex
-	batches [][]int
-}
-
-var recorders sync.Map // name → *batchRecorder
-
-func init() {
-	service.MustRegisterBatchOutput("batch_recorder", service.NewConfigSpec().Field(service.NewStringField("name")),
-		func(conf *service.ParsedConfig, _ *service.Resources) (service.BatchOutput, service.BatchPolicy, int, error) {
-			name, err := conf.FieldString("name")
-			if err != nil {
-				return nil, service.BatchPolicy{}, 0, err
-			}
-			r, ok := recorders.Load(name)
-			if !ok {
-				return nil, service.BatchPolicy{}, 0, fmt.Errorf("no batch recorder %q", name)
-			}
-			return r.(*batchRecorder), service.BatchPolicy{}, 1, nil
-		})
-}
-
-func newBatchRecorder(t *testing.T) *batchRecorder {
-	r := &batchRecorder{name: t.Name()}
-	recorders.Store(r.name, r)
-	t.Cleanup(func() { recorders.Delete(r.name) })
-	return r
-}
-
-func (r *batchRecorder) Connect(context.Context) error { return nil }
-func (r *batchRecorder) Close(context.Context) error   { return nil }
-
-func (r *batchRecorder) WriteBatch(_ context.Context, b service.MessageBatch) error {
-	ids := make([]int, 0, len(b))
-	for _, m := range b {
-		p, err := m.AsBytes()
-		if err != nil {
-			return err
-		}
-		var ev struct {
-			After struct {
-				ID int `json:"id"`
-			} `json:"after"`
-		}
-		if err := json.Unmarshal(p, &ev); err != nil {
-			return err
-		}
-		ids = append(ids, ev.After.ID)
-	}
-	r.mu.Lock()
-	r.batches = append(r.batches, ids)
-	r.mu.Unlock()
-	return nil
-}
-
-// wait waits until n events were recorded and returns the batches.
-func (r *batchRecorder) wait(t *testing.T, n int) [][]int {
+// recordedBatches waits until the pgrelay_test_record output named name received n messages and
+// returns the row ids of each batch it received.
+func recordedBatches(t *testing.T, name string, n int) [][]int64 {
 	t.Helper()
-	var out [][]int
 	cdctest.Wait(t, 30*time.Second, fmt.Sprintf("%d events recorded", n), func() (bool, string) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		out = append(out[:0], r.batches...)
-		got := 0
-		for _, b := range out {
-			got += len(b)
-		}
+		got := len(recordedOf(name))
 		return got >= n, fmt.Sprint(got)
 	})
+	recorded.Lock()
+	defer recorded.Unlock()
+	rows := recorded.rows[name]
+	var out [][]int64
+	for _, size := range recorded.batches[name] {
+		b := make([]int64, size)
+		for i := range b {
+			b[i] = rows[i].id
+		}
+		out, rows = append(out, b), rows[size:]
+	}
 	return out
 }

@@ -17,11 +17,12 @@ import (
 )
 
 // recorded holds what the pgrelay_test_record output received, per source name: every message's
-// row id and lsn metadata, in delivery order.
+// row id and lsn metadata, in delivery order, and the number of messages in each batch.
 var recorded = struct {
 	sync.Mutex
-	rows map[string][]recordedRow
-}{rows: map[string][]recordedRow{}}
+	rows    map[string][]recordedRow
+	batches map[string][]int
+}{rows: map[string][]recordedRow{}, batches: map[string][]int{}}
 
 type recordedRow struct {
 	id  int64
@@ -67,6 +68,7 @@ func (o *recordOutput) WriteBatch(_ context.Context, b service.MessageBatch) err
 	}
 	recorded.Lock()
 	recorded.rows[o.name] = append(recorded.rows[o.name], rows...)
+	recorded.batches[o.name] = append(recorded.batches[o.name], len(rows))
 	recorded.Unlock()
 	return nil
 }
