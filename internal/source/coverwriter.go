@@ -27,6 +27,7 @@ type coverWriter struct {
 	ctx     context.Context // the source's life: cancelled by Close after the last write
 	mu      sync.Mutex
 	pending []*Batch      // acknowledged, waiting for a write at or past their covers, in order
+	writing int           // batches the write in flight covers (taken from pending)
 	busy    bool          // the write loop runs (it owns what it took from pending)
 	changed chan struct{} // closed and replaced whenever pending or busy change
 }
@@ -68,13 +69,13 @@ func (w *coverWriter) loop() {
 		w.mu.Lock()
 		batches := w.pending
 		w.pending = nil
+		w.writing = len(batches)
+		w.signal() // room for more batches, or idle
 		if len(batches) == 0 {
 			w.busy = false
-			w.signal()
 			w.mu.Unlock()
 			return
 		}
-		w.signal() // room for more batches
 		w.mu.Unlock()
 		w.write(batches)
 	}
@@ -106,11 +107,12 @@ func (w *coverWriter) write(batches []*Batch) {
 	}
 }
 
-// waitRoom blocks while maxUnwritten acknowledged batches wait for their pointer write.
+// waitRoom blocks while maxUnwritten acknowledged batches wait for their pointer write (the one
+// in flight or the next).
 func (w *coverWriter) waitRoom(ctx context.Context) error {
 	for {
 		w.mu.Lock()
-		full, ch := len(w.pending) >= maxUnwritten, w.changed
+		full, ch := w.writing+len(w.pending) >= maxUnwritten, w.changed
 		w.mu.Unlock()
 		if !full {
 			return nil

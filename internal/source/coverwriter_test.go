@@ -80,7 +80,8 @@ func recordedOf(name string) []recordedRow {
 }
 
 // recordPipeline is pg_cdc on table t → pgrelay_test_record, batches of at most 5 changes, with
-// the lease's TTL (60s outlasts a paused Redis).
+// the lease's TTL (60s outlasts a paused Redis); no heartbeat's idle advance joins the batches
+// waiting for their pointer write within a test.
 func recordPipeline(e *env, name, leaseTTL string) string {
 	return recordTables(e, name, leaseTTL, "[{table: t, queue: "+name+"}]", "")
 }
@@ -95,7 +96,7 @@ func recordTables(e *env, name, leaseTTL, tables, extra string) string {
     tables: %s
     redis: {url: %s}
     lease_ttl: %s
-    heartbeat: 1s
+    heartbeat: 30s
     max_bundle_messages: 5
 %s
 output:
@@ -319,11 +320,12 @@ func TestSnapshotChunksDoNotWaitForThePointerWrite(t *testing.T) {
 		}
 		return n
 	}
-	// 6 chunks of 10 rows, in parts of 5: 12 batches, within the 16 that may wait for their write;
-	// with chunks leaving the pipeline only once written, 2 chunks (20 rows) would be all.
-	cdctest.Wait(t, 15*time.Second, "60 snapshot rows delivered while Redis takes no writes", func() (bool, string) {
+	// 5 chunks of 10 rows, in parts of 5: 10 batches (and the held transaction's), within the 16
+	// that may wait for their write; with chunks leaving the pipeline only once written, 2 or 3
+	// chunks (20-30 rows) would be all.
+	cdctest.Wait(t, 15*time.Second, "50 snapshot rows delivered while Redis takes no writes", func() (bool, string) {
 		n := snapRows()
-		return n >= 60, fmt.Sprintf("%d snapshot rows delivered", n)
+		return n >= 50, fmt.Sprintf("%d snapshot rows delivered", n)
 	})
 	unpause()
 	cdctest.Wait(t, 30*time.Second, "the snapshot done", func() (bool, string) {
