@@ -86,8 +86,13 @@ func recordPipeline(e *env, name, leaseTTL string) string {
 	return recordTables(e, name, leaseTTL, "[{table: t, queue: "+name+"}]", "")
 }
 
-// recordTables is recordPipeline with the tables block and further pg_cdc fields.
+// recordTables is recordPipeline with the tables block and further pg_cdc fields. It forgets
+// what an earlier pipeline of the same name recorded (a test run again with -count).
 func recordTables(e *env, name, leaseTTL, tables, extra string) string {
+	recorded.Lock()
+	delete(recorded.rows, name)
+	delete(recorded.batches, name)
+	recorded.Unlock()
 	return fmt.Sprintf(`input:
   pg_cdc:
     name: %s
