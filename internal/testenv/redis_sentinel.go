@@ -170,32 +170,64 @@ func (rs *RedisSentinel) Master() *Redis {
 func (rs *RedisSentinel) WaitPromoted(old *Redis, timeout time.Duration) *Redis {
 	rs.t.Helper()
 	var promoted *Redis
-	err := waitFor(timeout, func() error {
-		promoted = nil
-		for _, s := range rs.Sentinels {
-			addr, err := s.masterAddr()
-			if err != nil {
-				return err
-			}
-			n := rs.node(addr)
-			if n == nil || n == old || (promoted != nil && n != promoted) {
-				return fmt.Errorf("sentinel %s names %s as master", s.Addr(), addr)
-			}
-			promoted = n
-		}
-		repl, err := promoted.Info("replication")
-		if err != nil {
-			return err
-		}
-		if repl["role"] != "master" {
-			return fmt.Errorf("%s runs as %s", promoted.Addr(), repl["role"])
-		}
-		return nil
+	err := waitFor(timeout, func() (err error) {
+		promoted, err = rs.agreedMaster(old)
+		return err
 	})
 	if err != nil {
 		rs.t.Fatalf("testenv: no promotion: %v", err)
 	}
 	return promoted
+}
+
+// WaitSettled waits until every sentinel names the same node as master, that node runs as master,
+// and every other live node is its replica, in sync; it returns that master. After a failover the
+// sentinels may still change their mind on a loaded machine (a new master they could not reach in
+// time is failed over again), so a test that only needs a settled pair asks for this instead of a
+// particular node.
+func (rs *RedisSentinel) WaitSettled(timeout time.Duration) *Redis {
+	rs.t.Helper()
+	var master *Redis
+	err := waitFor(timeout, func() (err error) {
+		if master, err = rs.agreedMaster(nil); err != nil {
+			return err
+		}
+		live := 0
+		for _, n := range rs.Nodes {
+			if n != master && n.Alive() {
+				live++
+			}
+		}
+		return rs.replicasInSync(master, live)
+	})
+	if err != nil {
+		rs.t.Fatalf("testenv: not settled: %v", err)
+	}
+	return master
+}
+
+// agreedMaster is the node every sentinel names as master, if it is not old and runs as master.
+func (rs *RedisSentinel) agreedMaster(old *Redis) (*Redis, error) {
+	var master *Redis
+	for _, s := range rs.Sentinels {
+		addr, err := s.masterAddr()
+		if err != nil {
+			return nil, err
+		}
+		n := rs.node(addr)
+		if n == nil || n == old || (master != nil && n != master) {
+			return nil, fmt.Errorf("sentinel %s names %s as master", s.Addr(), addr)
+		}
+		master = n
+	}
+	repl, err := master.Info("replication")
+	if err != nil {
+		return nil, err
+	}
+	if repl["role"] != "master" {
+		return nil, fmt.Errorf("%s runs as %s", master.Addr(), repl["role"])
+	}
+	return master, nil
 }
 
 // Rejoin restarts node old (a master that was failed over) as a replica of master, as the
