@@ -217,7 +217,7 @@ func (s *Source) Ack(ctx context.Context, b *Batch, err error) error {
 	}
 	cur, _ := s.current()
 	if cur != b.sess {
-		return nil // a batch of an ended session: the next one re-reads the pointer
+		return nil // a batch of an ended run: the run after it starts from the pointer it re-reads
 	}
 	if errcode.Is(err, errcode.Fenced) {
 		b.sess.fail(err)
