@@ -6,11 +6,11 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/confread"
 	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/queue"
@@ -263,47 +263,25 @@ func init() {
 func PgCDCConfigFromParsed(conf *service.ParsedConfig) (source.Config, error) {
 	var c source.Config
 	var err error
-	str := func(dst *string, path ...string) {
-		if err == nil {
-			*dst, err = conf.FieldString(path...)
-		}
-	}
-	dur := func(dst *time.Duration, path string) {
-		if err == nil {
-			*dst, err = conf.FieldDuration(path)
-		}
-	}
-	integer := func(dst *int, path string) {
-		if err == nil {
-			*dst, err = conf.FieldInt(path)
-		}
-	}
-	boolean := func(dst *bool, path ...string) {
-		if err == nil {
-			*dst, err = conf.FieldBool(path...)
-		}
-	}
-	str(&c.Name, pcFieldName)
+	c.Name, _ = conf.FieldString(pcFieldName) // a missing name is Validate's error, which names the fix
 	if c.PG, err = pgconnect.Parse(conf); err != nil {
 		return c, err
 	}
-	str(&c.Publication, pcFieldPublication, pcFieldPublicationName)
-	boolean(&c.ManagePublication, pcFieldPublication, pcFieldPublicationManage)
-	boolean(&c.PublishFunction, pcFieldPublishFunction)
-	str(&c.Slot, pcFieldSlot, pcFieldSlotName)
-	boolean(&c.SlotFailover, pcFieldSlot, pcFieldSlotFailover)
-	dur(&c.LeaseTTL, pcFieldLeaseTTL)
-	integer(&c.MaxBundleMessages, pcFieldMaxBundleMessages)
-	integer(&c.MaxBundleBytes, pcFieldMaxBundleBytes)
-	dur(&c.Linger, pcFieldLinger)
-	dur(&c.LoadLinger, pcFieldLoadLinger)
-	dur(&c.Heartbeat, pcFieldHeartbeat)
-	integer(&c.ChunkRows, pcFieldChunkRows)
-	var truncate, snapshot, refused string
-	str(&truncate, pcFieldTruncate)
-	str(&snapshot, pcFieldSnapshot)
-	str(&refused, pcFieldOnRefusedTable)
-	if err != nil {
+	r := confread.New(conf)
+	c.Publication = r.String(pcFieldPublication, pcFieldPublicationName)
+	c.ManagePublication = r.Bool(pcFieldPublication, pcFieldPublicationManage)
+	c.PublishFunction = r.Bool(pcFieldPublishFunction)
+	c.Slot = r.String(pcFieldSlot, pcFieldSlotName)
+	c.SlotFailover = r.Bool(pcFieldSlot, pcFieldSlotFailover)
+	c.LeaseTTL = r.Duration(pcFieldLeaseTTL)
+	c.MaxBundleMessages = r.Int(pcFieldMaxBundleMessages)
+	c.MaxBundleBytes = r.Int(pcFieldMaxBundleBytes)
+	c.Linger = r.Duration(pcFieldLinger)
+	c.LoadLinger = r.Duration(pcFieldLoadLinger)
+	c.Heartbeat = r.Duration(pcFieldHeartbeat)
+	c.ChunkRows = r.Int(pcFieldChunkRows)
+	truncate, snapshot, refused := r.String(pcFieldTruncate), r.String(pcFieldSnapshot), r.String(pcFieldOnRefusedTable)
+	if err := r.Err(); err != nil {
 		return c, err
 	}
 	switch refused {
@@ -327,40 +305,33 @@ func PgCDCConfigFromParsed(conf *service.ParsedConfig) (source.Config, error) {
 	if c.Redis, err = redisconn.Parse(conf.Namespace(pcFieldRedis)); err != nil {
 		return c, fmt.Errorf("%s: %w", pcFieldRedis, err)
 	}
-	if c.Tables, err = pgCDCTables(conf); err != nil {
+	if c.Tables, err = pgCDCTables(r); err != nil {
 		return c, err
 	}
-	if c.Envelopes, err = pgCDCEnvelopes(conf); err != nil {
+	if c.Envelopes, err = pgCDCEnvelopes(r); err != nil {
 		return c, err
 	}
 	return c, c.Validate()
 }
 
 // pgCDCTables reads the tables list.
-func pgCDCTables(conf *service.ParsedConfig) ([]source.Table, error) {
-	list, err := conf.FieldObjectList(pcFieldTables)
-	if err != nil {
+func pgCDCTables(r *confread.Reader) ([]source.Table, error) {
+	items := r.Objects(pcFieldTables)
+	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	out := make([]source.Table, 0, len(list))
-	for i, tc := range list {
-		path := func(f string) string { return fmt.Sprintf("%s[%d].%s", pcFieldTables, i, f) }
+	out := make([]source.Table, 0, len(items))
+	for _, tr := range items {
 		var t source.Table
-		name, err := tc.FieldString(pcFieldTable)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path(pcFieldTable), err)
+		name := tr.String(pcFieldTable)
+		t.Queue = tr.String(pcFieldQueue)
+		t.AppendOnly = tr.Bool(pcFieldAppendOnly)
+		pb := tr.Any(pcFieldPartitionBy)
+		if err := tr.Err(); err != nil {
+			return nil, err
 		}
 		t.Schema, t.Name = source.ParseTable(name)
-		if t.Queue, err = tc.FieldString(pcFieldQueue); err != nil {
-			return nil, fmt.Errorf("%s: %w", path(pcFieldQueue), err)
-		}
-		if t.AppendOnly, err = tc.FieldBool(pcFieldAppendOnly); err != nil {
-			return nil, fmt.Errorf("%s: %w", path(pcFieldAppendOnly), err)
-		}
-		pb, err := tc.FieldAny(pcFieldPartitionBy)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path(pcFieldPartitionBy), err)
-		}
+		path := tr.Path(pcFieldPartitionBy)
 		switch v := pb.(type) {
 		case string:
 			switch v {
@@ -369,19 +340,19 @@ func pgCDCTables(conf *service.ParsedConfig) ([]source.Table, error) {
 			case pcPartitionSingle:
 				t.Mode = source.PartitionBySingle
 			default:
-				return nil, fmt.Errorf("%s: %q is not %s, %s or a list of columns", path(pcFieldPartitionBy), v, pcPartitionKey, pcPartitionSingle)
+				return nil, fmt.Errorf("%s: %q is not %s, %s or a list of columns", path, v, pcPartitionKey, pcPartitionSingle)
 			}
 		case []any:
 			t.Mode = source.PartitionByColumns
 			for _, c := range v {
 				s, ok := c.(string)
 				if !ok || s == "" {
-					return nil, fmt.Errorf("%s: columns must be non-empty strings", path(pcFieldPartitionBy))
+					return nil, fmt.Errorf("%s: columns must be non-empty strings", path)
 				}
 				t.Columns = append(t.Columns, s)
 			}
 		default:
-			return nil, fmt.Errorf("%s: use %s, %s or a list of columns", path(pcFieldPartitionBy), pcPartitionKey, pcPartitionSingle)
+			return nil, fmt.Errorf("%s: use %s, %s or a list of columns", path, pcPartitionKey, pcPartitionSingle)
 		}
 		out = append(out, t)
 	}
@@ -389,26 +360,21 @@ func pgCDCTables(conf *service.ParsedConfig) ([]source.Table, error) {
 }
 
 // pgCDCEnvelopes reads the envelopes list.
-func pgCDCEnvelopes(conf *service.ParsedConfig) ([]source.EnvelopeQueue, error) {
-	list, err := conf.FieldObjectList(pcFieldEnvelopes)
-	if err != nil {
+func pgCDCEnvelopes(r *confread.Reader) ([]source.EnvelopeQueue, error) {
+	items := r.Objects(pcFieldEnvelopes)
+	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	out := make([]source.EnvelopeQueue, 0, len(list))
-	for i, ec := range list {
-		path := func(f string) string { return fmt.Sprintf("%s[%d].%s", pcFieldEnvelopes, i, f) }
-		var e source.EnvelopeQueue
-		if e.Queue, err = ec.FieldString(pcFieldEnvQueue); err != nil {
-			return nil, fmt.Errorf("%s: %w", path(pcFieldEnvQueue), err)
+	out := make([]source.EnvelopeQueue, 0, len(items))
+	for _, er := range items {
+		e := source.EnvelopeQueue{
+			Queue:     er.String(pcFieldEnvQueue),
+			Partition: er.String(pcFieldEnvPartition),
+			MaxEvents: er.Int(pcFieldEnvMaxEvents),
+			MaxBytes:  er.Int(pcFieldEnvMaxBytes),
 		}
-		if e.Partition, err = ec.FieldString(pcFieldEnvPartition); err != nil {
-			return nil, fmt.Errorf("%s: %w", path(pcFieldEnvPartition), err)
-		}
-		if e.MaxEvents, err = ec.FieldInt(pcFieldEnvMaxEvents); err != nil {
-			return nil, fmt.Errorf("%s: %w", path(pcFieldEnvMaxEvents), err)
-		}
-		if e.MaxBytes, err = ec.FieldInt(pcFieldEnvMaxBytes); err != nil {
-			return nil, fmt.Errorf("%s: %w", path(pcFieldEnvMaxBytes), err)
+		if err := er.Err(); err != nil {
+			return nil, err
 		}
 		out = append(out, e)
 	}

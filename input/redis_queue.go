@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/confread"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
@@ -132,28 +133,16 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (RedisQueueConfig, e
 	}
 	c := &rc.Consumer
 	c.Prefix = rc.Conn.Prefix
-	if c.Queue, err = conf.FieldString(rqiFieldQueue); err != nil {
-		return rc, err
-	}
-	if c.Group, err = conf.FieldString(rqiFieldGroup); err != nil {
-		return rc, err
-	}
-	if c.StartFrom, err = conf.FieldString(rqiFieldStartFrom); err != nil {
-		return rc, err
-	}
-	if c.BatchCount, err = conf.FieldInt(rqiFieldBatchCount); err != nil {
-		return rc, err
-	}
-	if c.BatchBytes, err = conf.FieldInt(rqiFieldBatchBytes); err != nil {
-		return rc, err
-	}
-	if c.Block, err = conf.FieldDuration(rqiFieldBlock); err != nil {
-		return rc, err
-	}
-	if c.MaxAttempts, err = conf.FieldInt(rqiFieldMaxAttempts); err != nil {
-		return rc, err
-	}
-	if c.LeaseTTL, err = conf.FieldDuration(rqiFieldLeaseTTL); err != nil {
+	r := confread.New(conf)
+	c.Queue = r.String(rqiFieldQueue)
+	c.Group = r.String(rqiFieldGroup)
+	c.StartFrom = r.String(rqiFieldStartFrom)
+	c.BatchCount = r.Int(rqiFieldBatchCount)
+	c.BatchBytes = r.Int(rqiFieldBatchBytes)
+	c.Block = r.Duration(rqiFieldBlock)
+	c.MaxAttempts = r.Int(rqiFieldMaxAttempts)
+	c.LeaseTTL = r.Duration(rqiFieldLeaseTTL)
+	if err := r.Err(); err != nil {
 		return rc, err
 	}
 	if conf.Contains(rqiFieldStartAfterLoad) {
@@ -169,15 +158,12 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (RedisQueueConfig, e
 
 // startAfterLoad parses the start_after_load object.
 func startAfterLoad(conf *service.ParsedConfig) (*queue.Start, error) {
-	var vals [3]string
-	for i, f := range []string{rqiFieldStartPositions, rqiFieldStartSnapshot, rqiFieldStartLSN} {
-		v, err := conf.FieldString(f)
-		if err != nil {
-			return nil, err
-		}
-		vals[i] = v
+	r := confread.New(conf)
+	positions, snapshot, lsn := r.String(rqiFieldStartPositions), r.String(rqiFieldStartSnapshot), r.String(rqiFieldStartLSN)
+	if err := r.Err(); err != nil {
+		return nil, err
 	}
-	return queue.ParseStart(vals[0], vals[1], vals[2])
+	return queue.ParseStart(positions, snapshot, lsn)
 }
 
 //------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/confread"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/sink"
@@ -195,44 +196,26 @@ type PgSinkConfig struct {
 // PgSinkConfigFromParsed reads a pg_sink section parsed with PgSinkSpec and validates it.
 func PgSinkConfigFromParsed(conf *service.ParsedConfig) (PgSinkConfig, error) {
 	var c PgSinkConfig
-	var mode string
 	var err error
-	str := func(dst *string, path ...string) {
-		if err == nil {
-			*dst, err = conf.FieldString(path...)
-		}
-	}
 	if c.Conn, err = pgconnect.Parse(conf); err != nil {
 		return c, err
 	}
-	str(&c.Sink.Name, psFieldName)
-	str(&c.Sink.Table, psFieldTable)
-	str(&mode, psFieldMode)
-	str(&c.Sink.Statement, psFieldStatement)
-	str(&c.Sink.ProgressTable, psFieldProgressTable)
+	r := confread.New(conf)
+	c.Sink.Name = r.String(psFieldName)
+	c.Sink.Table = r.String(psFieldTable)
+	c.Sink.Mode = sink.Mode(r.String(psFieldMode))
+	c.Sink.Statement = r.String(psFieldStatement)
+	c.Sink.ProgressTable = r.String(psFieldProgressTable)
 	for _, m := range psMetadataColumns {
-		str(m.col(&c.Sink.Metadata), psFieldMetadata, m.field)
+		*m.col(&c.Sink.Metadata) = r.String(psFieldMetadata, m.field)
 	}
-	if err != nil {
-		return c, err
-	}
-	c.Sink.Mode = sink.Mode(mode)
-	if c.Sink.Key, err = conf.FieldStringList(psFieldKey); err != nil {
-		return c, err
-	}
-	if c.Sink.Params, err = conf.FieldStringList(psFieldParams); err != nil {
-		return c, err
-	}
-	if c.Sink.CreateProgressTable, err = conf.FieldBool(psFieldCreateProgressTable); err != nil {
-		return c, err
-	}
-	if c.Sink.RequireProgress, err = conf.FieldBool(psFieldRequireProgress); err != nil {
-		return c, err
-	}
-	if c.MaxInFlight, err = conf.FieldInt(psFieldMaxInFlight); err != nil {
-		return c, err
-	}
-	if c.Sink.RetryMax, err = conf.FieldDuration(psFieldRetryMaxWait); err != nil {
+	c.Sink.Key = r.StringList(psFieldKey)
+	c.Sink.Params = r.StringList(psFieldParams)
+	c.Sink.CreateProgressTable = r.Bool(psFieldCreateProgressTable)
+	c.Sink.RequireProgress = r.Bool(psFieldRequireProgress)
+	c.MaxInFlight = r.Int(psFieldMaxInFlight)
+	c.Sink.RetryMax = r.Duration(psFieldRetryMaxWait)
+	if err := r.Err(); err != nil {
 		return c, err
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > psMaxInFlight {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/confread"
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/speclint"
 )
@@ -96,26 +97,20 @@ func LintChecks() []string {
 
 // Parse reads the fields added by Fields.
 func Parse(conf *service.ParsedConfig) (Config, error) {
-	var c Config
-	var err error
-	str := func(dst *string, path ...string) {
-		if err == nil {
-			*dst, err = conf.FieldString(path...)
-		}
+	r := confread.New(conf)
+	c := Config{
+		DSN:        r.String(FieldDSN),
+		Host:       r.String(FieldHost),
+		User:       r.String(FieldUser),
+		Password:   r.String(FieldPassword),
+		Database:   r.String(FieldDatabase),
+		TLSMode:    r.String(FieldTLS, FieldTLSMode),
+		RootCAFile: r.String(FieldTLS, FieldTLSRootCAFile),
+		CertFile:   r.String(FieldTLS, FieldTLSClientCert),
+		KeyFile:    r.String(FieldTLS, FieldTLSClientKey),
+		Port:       r.Int(FieldPort),
 	}
-	str(&c.DSN, FieldDSN)
-	str(&c.Host, FieldHost)
-	str(&c.User, FieldUser)
-	str(&c.Password, FieldPassword)
-	str(&c.Database, FieldDatabase)
-	str(&c.TLSMode, FieldTLS, FieldTLSMode)
-	str(&c.RootCAFile, FieldTLS, FieldTLSRootCAFile)
-	str(&c.CertFile, FieldTLS, FieldTLSClientCert)
-	str(&c.KeyFile, FieldTLS, FieldTLSClientKey)
-	if err == nil {
-		c.Port, err = conf.FieldInt(FieldPort)
-	}
-	return c, err
+	return c, r.Err()
 }
 
 // Validate checks the fields; the error starts with the field's path.

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/confread"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 )
 
@@ -116,20 +117,17 @@ func Parse(conf *service.ParsedConfig) (Config, error) {
 }
 
 func parseSentinel(conf *service.ParsedConfig) (*Sentinel, error) {
-	s := &Sentinel{}
+	r := confread.New(conf)
+	s := &Sentinel{
+		MasterName: r.String(FieldSentinelMaster),
+		Addrs:      r.StringList(FieldSentinelAddresses),
+		Username:   r.String(FieldUsername),
+		Password:   r.String(FieldPassword),
+	}
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
 	var err error
-	if s.MasterName, err = conf.FieldString(FieldSentinelMaster); err != nil {
-		return nil, err
-	}
-	if s.Addrs, err = conf.FieldStringList(FieldSentinelAddresses); err != nil {
-		return nil, err
-	}
-	if s.Username, err = conf.FieldString(FieldUsername); err != nil {
-		return nil, err
-	}
-	if s.Password, err = conf.FieldString(FieldPassword); err != nil {
-		return nil, err
-	}
 	if s.TLS, err = toggledTLS(conf); err != nil {
 		return nil, err
 	}
