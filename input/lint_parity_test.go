@@ -9,12 +9,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/speclint/linttest"
 )
 
-// Why a case's refusal has no lint twin.
-const (
-	typeError   = "the wrong YAML type: Benthos' linter skips the rules"
-	fileMissing = "the start reads the file"
-)
-
 // TestPgCDCLintRefusesWhatTheStartRefuses pairs every refusal of pg_cdc's start (its parser and
 // source.Config.Validate, with the connection checks) with the lint message that refuses the same
 // config, and checks both on the config.
@@ -74,9 +68,8 @@ func TestPgCDCLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "heartbeat high", Set: "heartbeat: 2h", Refused: "heartbeat:", Lint: "heartbeat must be a duration between"},
 		{Name: "max_bundle_messages low", Set: "max_bundle_messages: 0", Refused: "max_bundle_messages:", Lint: "max_bundle_messages must be between 1 and 50000"},
 		{Name: "max_bundle_messages high", Set: "max_bundle_messages: 50001", Refused: "max_bundle_messages:", Lint: "max_bundle_messages must be between"},
-		{Name: "max_bundle_messages text", Set: "max_bundle_messages: many", Refused: "max_bundle_messages", Unlintable: typeError},
-		{Name: "port text", Set: "port: high", Refused: "port", Unlintable: typeError},
-		{Name: "publish_function text", Set: "publish_function: maybe", Refused: "publish_function", Unlintable: typeError},
+		{Name: "max_bundle_messages text", Set: "max_bundle_messages: many", Refused: "max_bundle_messages", Unlintable: linttest.TypeError},
+		{Name: "publish_function text", Set: "publish_function: maybe", Refused: "publish_function", Unlintable: linttest.TypeError},
 		{Name: "max_bundle_bytes low", Set: "max_bundle_bytes: 65535", Refused: "max_bundle_bytes:", Lint: "max_bundle_bytes must be between 65536 and 67108864"},
 		{Name: "max_bundle_bytes high", Set: "max_bundle_bytes: 67108865", Refused: "max_bundle_bytes:", Lint: "max_bundle_bytes must be between"},
 		{Name: "envelope", Set: "envelopes: [{queue: q}, {queue: published, partition: p1, max_events: 1, max_bytes: 65536}]"},
@@ -97,22 +90,9 @@ func TestPgCDCLintRefusesWhatTheStartRefuses(t *testing.T) {
 			Refused: "cluster_slot", Lint: "cluster_slot"},
 		{Name: "cluster, two queues in one slot", Set: "{redis: {cluster_urls: ['redis://127.0.0.1:7000']}, tables: [{table: a, queue: orders}, {table: b, queue: " + sameSlot + "}]}"},
 		{Name: "two slots without cluster", Set: "tables: [{table: a, queue: orders}, {table: b, queue: " + otherSlot + "}]"},
-		{Name: "redis url scheme", Set: "redis: {url: 'http://127.0.0.1:6379'}", Refused: "redis url", Lint: "redis.url must be redis://"},
-		{Name: "redis url database", Set: "redis: {url: 'redis://127.0.0.1:6379/zero'}", Refused: "redis url", Lint: "redis.url must be redis://"},
-		{Name: "redis url port", Set: "redis: {url: 'redis://127.0.0.1:port'}", Refused: "redis url", Lint: "redis.url must be redis://"},
-		{Name: "redis cluster url", Set: "redis: {cluster_urls: ['http://127.0.0.1:7000']}", Refused: "redis url", Lint: "redis.cluster_urls must list"},
-		{Name: "redis url ignored for a cluster", Set: "redis: {url: 'http://x', cluster_urls: ['redis://127.0.0.1:7000']}"},
-		{Name: "no dsn and no host", Set: "host: ~", Refused: "dsn: set dsn or host", Lint: "dsn: set dsn or host"},
-		{Name: "dsn URL", Set: "{host: ~, dsn: 'postgres://u@127.0.0.1:5432/db?sslmode=disable'}"},
-		{Name: "dsn key=value", Set: "{host: ~, dsn: \"host=127.0.0.1 user=u password='a b' dbname=db\"}"},
-		{Name: "dsn URL port", Set: "{host: ~, dsn: 'postgres://127.0.0.1:port/db'}", Refused: "dsn:", Lint: "dsn must be a postgres:// URL or key=value pairs"},
-		{Name: "dsn key=value syntax", Set: "{host: ~, dsn: 'host=127.0.0.1 port'}", Refused: "dsn:", Lint: "dsn must be a postgres:// URL or key=value pairs"},
-		{Name: "port", Set: "port: 70000", Refused: "port:", Lint: "port must be between 0 and 65535"},
-		{Name: "tls mode", Set: "tls: {mode: maybe}", Refused: "tls.mode:", Lint: "not a valid option"},
-		{Name: "root CA without verification", Set: "tls: {mode: require, root_ca_file: /etc/ca.pem}", Refused: "tls.root_ca_file:", Lint: "tls.root_ca_file: needs tls.mode verify-ca or verify-full"},
-		{Name: "certificate without key", Set: "tls: {client_cert_file: /etc/c.pem}", Refused: "tls.client_cert_file:", Lint: "client_cert_file and client_key_file go together"},
-		{Name: "a CA file that is not there", Set: "tls: {mode: verify-full, root_ca_file: /nonexistent/ca.pem}", Refused: "dsn:", Unlintable: fileMissing},
 	}
+	cases = append(cases, linttest.PGConnCases()...)
+	cases = append(cases, linttest.RedisConnCases("redis")...)
 	linttest.Check(t, linttest.Input, "pg_cdc", "name: orders\nhost: 127.0.0.1\ntables: [{table: t, queue: orders}]\n", start, cases)
 }
 
@@ -130,11 +110,9 @@ func TestRedisQueueInputLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "start_from", Set: "start_from: now", Refused: "bad_start_from", Lint: "not a valid option"},
 		{Name: "block", Set: "block: soon", Refused: "block", Lint: "block must be a duration above 0s"},
 		{Name: "lease_ttl", Set: "lease_ttl: 10", Refused: "lease_ttl", Lint: "lease_ttl must be a duration above 0s"},
-		{Name: "batch_count text", Set: "batch_count: many", Refused: "batch_count", Unlintable: typeError},
+		{Name: "batch_count text", Set: "batch_count: many", Refused: "batch_count", Unlintable: linttest.TypeError},
 		{Name: "batch_count 0 is the default (lint asks for it)", Set: "batch_count: 0", Lint: "batch_count must be at least 1"},
-		{Name: "url", Set: "url: 'http://127.0.0.1:6379'", Refused: "redis url", Lint: "url must be redis://"},
-		{Name: "rediss url", Set: "url: 'rediss://127.0.0.1:6380/1'"},
-		{Name: "a CA file that is not there", Set: "tls: {enabled: true, root_cas_file: /nonexistent/ca.pem}", Refused: "no such file", Unlintable: fileMissing},
 	}
+	cases = append(cases, linttest.RedisConnCases("")...)
 	linttest.Check(t, linttest.Input, "redis_queue", "queue: orders\ngroup: orders_copy\n", start, cases)
 }

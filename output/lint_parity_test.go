@@ -6,10 +6,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/speclint/linttest"
 )
 
-// typeError says why a refusal has no lint twin: Benthos v4.60's linter runs no rule on a value of
-// the wrong YAML type.
-const typeError = "the wrong YAML type: Benthos' linter skips the rules"
-
 // TestPgSinkLintRefusesWhatTheStartRefuses pairs every refusal of pg_sink's start (its parser,
 // sink.Config.Validate and the connection checks) with the lint message that refuses the same
 // config, and checks both on the config.
@@ -49,14 +45,11 @@ func TestPgSinkLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "an unknown metadata name", Set: sql("'SELECT $1'", "['@lsn']"), Refused: "sql_param_unknown", Lint: "params entries must be paths"},
 		{Name: "max_in_flight low", Set: "max_in_flight: 0", Refused: "max_in_flight", Lint: "max_in_flight must be between 1 and 256"},
 		{Name: "max_in_flight high", Set: "max_in_flight: 257", Refused: "max_in_flight", Lint: "max_in_flight must be between 1 and 256"},
-		{Name: "max_in_flight text", Set: "max_in_flight: many", Refused: "max_in_flight", Unlintable: typeError},
+		{Name: "max_in_flight text", Set: "max_in_flight: many", Refused: "max_in_flight", Unlintable: linttest.TypeError},
 		{Name: "retry_max_wait", Set: "retry_max_wait: later", Refused: "retry_max_wait", Lint: "retry_max_wait must be a duration"},
 		{Name: "progress table without schema (lint only)", Set: "progress_table: progress", Lint: "progress_table must be schema.name"},
-		{Name: "no dsn and no host", Set: "host: ~", Refused: "dsn: set dsn or host", Lint: "dsn: set dsn or host"},
-		{Name: "dsn URL port", Set: "{host: ~, dsn: 'postgres://127.0.0.1:port/db'}", Refused: "dsn:", Lint: "dsn must be a postgres:// URL or key=value pairs"},
-		{Name: "root CA without verification", Set: "tls: {mode: prefer, root_ca_file: /etc/ca.pem}", Refused: "tls.root_ca_file:", Lint: "tls.root_ca_file: needs tls.mode"},
-		{Name: "port", Set: "port: -1", Refused: "port:", Lint: "port must be between 0 and 65535"},
 	}
+	cases = append(cases, linttest.PGConnCases()...)
 	linttest.Check(t, linttest.Output, "pg_sink", "host: 127.0.0.1\nname: copy\ntable: public.t\nmode: upsert\n", start, cases)
 }
 
@@ -65,8 +58,6 @@ func TestRedisQueueOutputLintRefusesWhatTheStartRefuses(t *testing.T) {
 	start := linttest.Start(RedisQueueSpec(), RedisQueueConfigFromParsed)
 	cases := []linttest.Case{
 		{Name: "valid", Set: "{}"},
-		{Name: "url", Set: "url: 'http://127.0.0.1:6379'", Refused: "redis url", Lint: "url must be redis://"},
-		{Name: "cluster url", Set: "cluster_urls: ['redis://127.0.0.1:port']", Refused: "redis url", Lint: "cluster_urls must list"},
 		{Name: "durability word", Set: "durability: fsync", Refused: "durability:", Lint: "durability must be none, aof or {replicas: N, timeout: 5s}"},
 		{Name: "durability number", Set: "durability: 2", Refused: "durability:", Lint: "durability must be none, aof or"},
 		{Name: "durability replicas 0", Set: "durability: {replicas: 0}", Refused: "durability.replicas:", Lint: "durability.replicas must be a number, at least 1"},
@@ -78,8 +69,9 @@ func TestRedisQueueOutputLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "trim_interval text", Set: "trim_interval: often", Refused: "trim_interval", Lint: "trim_interval must be a duration above 0s"},
 		{Name: "queue interpolation", Set: `queue: '${! meta("queue" }'`, Refused: "queue", Lint: "expected"},
 		{Name: "shards 0 (lint only: the writer takes its default)", Set: "shards: 0", Lint: "shards must be between 1 and 1024"},
-		{Name: "max_script_bytes text", Set: "max_script_bytes: lots", Refused: "max_script_bytes", Unlintable: typeError},
+		{Name: "max_script_bytes text", Set: "max_script_bytes: lots", Refused: "max_script_bytes", Unlintable: linttest.TypeError},
 		{Name: "metadata filter pattern", Set: "metadata: {include_patterns: ['(']}", Refused: "failed to compile regexp", Lint: "metadata.include_patterns must be regular expressions"},
 	}
+	cases = append(cases, linttest.RedisConnCases("")...)
 	linttest.Check(t, linttest.Output, "redis_queue", "queue: orders\n", start, cases)
 }

@@ -128,3 +128,49 @@ func merge(t *testing.T, base, set string) string {
 	}
 	return string(out)
 }
+
+// Why a case's refusal has no lint twin (Case.Unlintable).
+const (
+	TypeError   = "the wrong YAML type: Benthos' linter skips the rules"
+	FileMissing = "the start reads the file"
+)
+
+// PGConnCases are the refusals of the PostgreSQL connection fields (internal/pgconnect), which
+// pg_cdc and pg_sink share; the plugin's base config sets host.
+func PGConnCases() []Case {
+	return []Case{
+		{Name: "no dsn and no host", Set: "host: ~", Refused: "dsn: set dsn or host", Lint: "dsn: set dsn or host"},
+		{Name: "dsn URL", Set: "{host: ~, dsn: 'postgres://u@127.0.0.1:5432/db?sslmode=disable'}"},
+		{Name: "dsn key=value", Set: "{host: ~, dsn: \"host=127.0.0.1 user=u password='a b' dbname=db\"}"},
+		{Name: "dsn URL port", Set: "{host: ~, dsn: 'postgres://127.0.0.1:port/db'}", Refused: "dsn:", Lint: "dsn must be a postgres:// URL or key=value pairs"},
+		{Name: "dsn key=value syntax", Set: "{host: ~, dsn: 'host=127.0.0.1 port'}", Refused: "dsn:", Lint: "dsn must be a postgres:// URL or key=value pairs"},
+		{Name: "port high", Set: "port: 70000", Refused: "port:", Lint: "port must be between 0 and 65535"},
+		{Name: "port negative", Set: "port: -1", Refused: "port:", Lint: "port must be between 0 and 65535"},
+		{Name: "port text", Set: "port: high", Refused: "port", Unlintable: TypeError},
+		{Name: "tls mode", Set: "tls: {mode: maybe}", Refused: "tls.mode:", Lint: "not a valid option"},
+		{Name: "root CA without verification", Set: "tls: {mode: require, root_ca_file: /etc/ca.pem}", Refused: "tls.root_ca_file:", Lint: "tls.root_ca_file: needs tls.mode verify-ca or verify-full"},
+		{Name: "root CA with mode prefer", Set: "tls: {mode: prefer, root_ca_file: /etc/ca.pem}", Refused: "tls.root_ca_file:", Lint: "tls.root_ca_file: needs tls.mode"},
+		{Name: "certificate without key", Set: "tls: {client_cert_file: /etc/c.pem}", Refused: "tls.client_cert_file:", Lint: "client_cert_file and client_key_file go together"},
+		{Name: "a CA file that is not there", Set: "tls: {mode: verify-full, root_ca_file: /nonexistent/ca.pem}", Refused: "dsn:", Unlintable: FileMissing},
+	}
+}
+
+// RedisConnCases are the refusals of the Redis connection fields (internal/redisconn), which every
+// component shares: at the top of the section (under "") or under an object field (pg_cdc's
+// "redis"). The plugin's base config writes to the queue orders.
+func RedisConnCases(under string) []Case {
+	set, path := func(fields string) string { return fields }, ""
+	if under != "" {
+		set, path = func(fields string) string { return under + ": " + fields }, under+"."
+	}
+	return []Case{
+		{Name: "redis url scheme", Set: set("{url: 'http://127.0.0.1:6379'}"), Refused: "redis url", Lint: path + "url must be redis://"},
+		{Name: "redis url database", Set: set("{url: 'redis://127.0.0.1:6379/zero'}"), Refused: "redis url", Lint: path + "url must be redis://"},
+		{Name: "redis url port", Set: set("{url: 'redis://127.0.0.1:port'}"), Refused: "redis url", Lint: path + "url must be redis://"},
+		{Name: "rediss url", Set: set("{url: 'rediss://127.0.0.1:6380/1'}")},
+		{Name: "redis cluster url scheme", Set: set("{cluster_urls: ['http://127.0.0.1:7000']}"), Refused: "redis url", Lint: path + "cluster_urls must list"},
+		{Name: "redis cluster url port", Set: set("{cluster_urls: ['redis://127.0.0.1:port']}"), Refused: "redis url", Lint: path + "cluster_urls must list"},
+		{Name: "redis url ignored for a cluster", Set: set("{url: 'http://x', cluster_urls: ['redis://127.0.0.1:7000']}")},
+		{Name: "a redis CA file that is not there", Set: set("{tls: {enabled: true, root_cas_file: /nonexistent/ca.pem}}"), Refused: "no such file", Unlintable: FileMissing},
+	}
+}
