@@ -8,6 +8,7 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -60,12 +61,7 @@ func TestFencedAckReachesInputAsValue(t *testing.T) {
 	if err := b.AddOutputYAML(fmt.Sprintf("redis_queue:\n  url: %s\n  queue: ack\n  partition: ${! meta(\"p\") }\n  id: ${! meta(\"id\") }\n", r.URL())); err != nil {
 		t.Fatal(err)
 	}
-	s, err := b.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Run(context.Background()) }()
-	defer func() { _ = s.StopWithin(5 * time.Second) }()
+	cdctest.RunStream(t, b)
 	select {
 	case err := <-probe.acks:
 		if !errcode.Is(err, errcode.Fenced) || errcode.Of(err) != errcode.Fenced {

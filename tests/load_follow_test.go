@@ -419,7 +419,7 @@ redis_queue:
 `, e.rd.URL(), e.queue, f.group, pos.Positions, snap, lsn)); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.AddBatchConsumerFunc(func(_ context.Context, batch service.MessageBatch) error {
+	cdctest.RunConsumer(t, b, func(_ context.Context, batch service.MessageBatch) error {
 		for _, m := range batch {
 			part, _ := m.MetaGet("partition")
 			payload, err := m.AsBytes()
@@ -429,15 +429,7 @@ redis_queue:
 			f.apply(t, part, payload)
 		}
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := b.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Run(context.Background()) }()
-	defer func() { _ = s.StopWithin(10 * time.Second) }()
+	})
 
 	time.Sleep(300 * time.Millisecond)
 	e.start() // pg_cdc catches up: the commits before the load arrive after the positions

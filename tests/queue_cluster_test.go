@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
@@ -108,7 +109,7 @@ redis_queue:
 `, urls, q)); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.AddBatchConsumerFunc(func(_ context.Context, batch service.MessageBatch) error {
+		stop := cdctest.RunConsumer(t, b, func(_ context.Context, batch service.MessageBatch) error {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, m := range batch {
@@ -116,14 +117,7 @@ redis_queue:
 				got = append(got, id)
 			}
 			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		s, err := b.Build()
-		if err != nil {
-			t.Fatal(err)
-		}
-		go func() { _ = s.Run(context.Background()) }()
+		})
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			mu.Lock()
@@ -134,7 +128,7 @@ redis_queue:
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if err := s.StopWithin(10 * time.Second); err != nil {
+		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
 		seen := map[string]bool{}

@@ -102,7 +102,7 @@ func groupDone(ctx context.Context, rdb redis.UniversalClient, q, g string) (boo
 
 // inProcessConsumer runs the redis_queue input in this process; its consumer fails whole batches
 // at random (a nack), else records them into the "out" queue and acks.
-func inProcessConsumer(t *testing.T, conn string, w *queue.Writer, nackRate float64) *service.Stream {
+func inProcessConsumer(t *testing.T, conn string, w *queue.Writer, nackRate float64) {
 	t.Helper()
 	b := service.NewStreamBuilder()
 	b.SetLoggerYAML("level: warn")
@@ -120,7 +120,7 @@ redis_queue:
 	}
 	var mu sync.Mutex
 	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
-	if err := b.AddBatchConsumerFunc(func(ctx context.Context, batch service.MessageBatch) error {
+	cdctest.RunConsumer(t, b, func(ctx context.Context, batch service.MessageBatch) error {
 		mu.Lock()
 		fail := rng.Float64() < nackRate
 		mu.Unlock()
@@ -136,16 +136,7 @@ redis_queue:
 		}
 		_, err := w.Write(ctx, msgs, nil)
 		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := b.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Run(context.Background()) }()
-	t.Cleanup(func() { _ = s.StopWithin(10 * time.Second) })
-	return s
+	})
 }
 
 // binaryConsumerConfig is a pgrelay pipeline: the redis_queue input into a redis_queue output that
@@ -269,7 +260,7 @@ redis_queue:
 	}
 	// the consumer fails a poison message, holds the rest of its partition back with a "blocked"
 	// error (no attempt counted) and processes everything else, like pg_sink does
-	if err := b.AddBatchConsumerFunc(func(ctx context.Context, batch service.MessageBatch) error {
+	cdctest.RunConsumer(t, b, func(ctx context.Context, batch service.MessageBatch) error {
 		var bErr *service.BatchError
 		blocked := map[string]bool{}
 		mu.Lock()
@@ -297,15 +288,7 @@ redis_queue:
 			return bErr
 		}
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := b.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Run(context.Background()) }()
-	defer s.StopWithin(10 * time.Second)
+	})
 	cdctest.WaitEvery(t, 60*time.Second, 100*time.Millisecond, "group g done", func() (bool, string) {
 		return groupDone(ctx, rdb, "src", "g")
 	})

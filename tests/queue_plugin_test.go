@@ -35,12 +35,8 @@ func produce(t *testing.T, outputYAML string) (service.MessageBatchHandlerFunc, 
 	if err := b.AddOutputYAML(outputYAML); err != nil {
 		t.Fatal(err)
 	}
-	s, err := b.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Run(context.Background()) }()
-	return send, func() { _ = s.StopWithin(5 * time.Second) }
+	stop := cdctest.RunStream(t, b)
+	return send, func() { _ = stop() }
 }
 
 func batchOf(n, from int, meta map[string]string) service.MessageBatch {
@@ -115,26 +111,19 @@ redis_queue:
 `, r.URL())); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.AddBatchConsumerFunc(func(_ context.Context, batch service.MessageBatch) error {
+	stopConsumer := cdctest.RunConsumer(t, b, func(_ context.Context, batch service.MessageBatch) error {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, batch...)
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := b.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Run(context.Background()) }()
+	})
 	cdctest.Wait(t, 20*time.Second, "35 messages consumed", func() (bool, string) {
 		mu.Lock()
 		n := len(got)
 		mu.Unlock()
 		return n >= 35, fmt.Sprintf("consumed %d of 35", n)
 	})
-	if err := s.StopWithin(10 * time.Second); err != nil {
+	if err := stopConsumer(); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()

@@ -73,25 +73,8 @@ func (rt *roundTrip) database(db string) string {
 
 // sinkConfig is a redis_queue → pg_sink (mode cdc) pipeline copying q into table rt of dsn.
 func (rt *roundTrip) sinkConfig(dsn, sinkName, group string) string {
-	return fmt.Sprintf(`
-http: { enabled: false }
-logger: { level: warn }
-input:
-  redis_queue:
-    url: %s
-    queue: q
-    group: %s
-    start_from: earliest
-    batch_count: 64
-    lease_ttl: 3s
-output:
-  pg_sink:
-    dsn: %q
-    name: %s
-    table: public.rt
-    mode: cdc
-    max_in_flight: 4
-`, rt.rd.URL(), group, dsn, sinkName)
+	return sinkPipeline{redisURL: rt.rd.URL(), queue: "q", group: group, dsn: dsn, sink: sinkName, table: "public.rt",
+		mode: "cdc", batchCount: 64, maxAttempts: 3}.YAML()
 }
 
 // rowHashes reads md5(row_to_json(t)::text) of every row of rt, by id.

@@ -89,30 +89,8 @@ func TestSinkHostileInput(t *testing.T) {
 	for k := 1; k <= 6; k++ {
 		lists = append(lists, perPartition[fmt.Sprintf("p%d", k)])
 	}
-	all := interleave(lists)
-	send, stop := sinkQueueProducer(t, r.URL(), "items", 4)
-	sendAll(t, send, all, 20)
-	stop()
-
-	p := startSinkPipeline(t, fmt.Sprintf(`
-http: { enabled: false }
-logger: { level: warn }
-input:
-  redis_queue:
-    url: %s
-    queue: items
-    group: items_copy
-    start_from: earliest
-    batch_count: 16
-    max_attempts: 2
-    lease_ttl: 3s
-output:
-  pg_sink:
-    dsn: %q
-    name: items_copy
-    table: items
-    mode: cdc
-`, r.URL(), pg.DSN()))
+	queueMessages(t, r.URL(), "items", 4, interleave(lists), 20)
+	p := startSinkPipeline(t, itemsCopy(r.URL(), pg.DSN(), "cdc", 16, 2))
 	waitDrained(t, r, "items", len(poisons), p)
 	rss := peakRSS(t, p.Pid())
 	p.Kill()

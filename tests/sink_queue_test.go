@@ -18,9 +18,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
-// sinkQueueProducer writes batches into a queue through the redis_queue output, with the
-// partition and message id taken from the metadata keys p and id.
-func sinkQueueProducer(t *testing.T, redisURL, q string, shards int) (service.MessageBatchHandlerFunc, func()) {
+// queueMessages writes msgs into queue q (shards shards) through the redis_queue output, per
+// messages a batch, with each message's partition and id.
+func queueMessages(t *testing.T, redisURL, q string, shards int, msgs []sinkMessage, per int) {
 	t.Helper()
 	b := service.NewStreamBuilder()
 	if err := b.SetLoggerYAML("level: warn"); err != nil {
@@ -41,19 +41,8 @@ redis_queue:
 `, redisURL, q, shards)); err != nil {
 		t.Fatal(err)
 	}
-	s, err := b.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Run(context.Background()) }()
-	return send, func() { _ = s.StopWithin(10 * time.Second) }
-}
-
-// sinkMessage is one payload for a partition.
-type sinkMessage struct{ partition, id, payload string }
-
-func sendAll(t *testing.T, send service.MessageBatchHandlerFunc, msgs []sinkMessage, per int) {
-	t.Helper()
+	stop := cdctest.RunStream(t, b)
+	defer func() { _ = stop() }()
 	for i := 0; i < len(msgs); i += per {
 		var batch service.MessageBatch
 		for _, m := range msgs[i:min(i+per, len(msgs))] {
@@ -69,6 +58,47 @@ func sendAll(t *testing.T, send service.MessageBatchHandlerFunc, msgs []sinkMess
 			t.Fatalf("produce: %v", err)
 		}
 	}
+}
+
+// sinkMessage is one payload for a partition.
+type sinkMessage struct{ partition, id, payload string }
+
+// sinkPipeline is a redis_queue → pg_sink pipeline for the pgrelay binary: the group reads the
+// queue batchCount messages a batch, dead-lettering a message after maxAttempts, and the sink
+// applies it to table in mode, four batches in flight.
+type sinkPipeline struct {
+	redisURL, queue, group  string
+	dsn, sink, table, mode  string
+	batchCount, maxAttempts int
+}
+
+func (c sinkPipeline) YAML() string {
+	return fmt.Sprintf(`
+http: { enabled: false }
+logger: { level: warn }
+input:
+  redis_queue:
+    url: %s
+    queue: %s
+    group: %s
+    start_from: earliest
+    batch_count: %d
+    max_attempts: %d
+    lease_ttl: 3s
+output:
+  pg_sink:
+    dsn: %q
+    name: %s
+    table: %s
+    mode: %s
+    max_in_flight: 4
+`, c.redisURL, c.queue, c.group, c.batchCount, c.maxAttempts, c.dsn, c.sink, c.table, c.mode)
+}
+
+// itemsCopy copies queue items into table items (sink and group items_copy).
+func itemsCopy(redisURL, dsn, mode string, batchCount, maxAttempts int) string {
+	return sinkPipeline{redisURL: redisURL, queue: "items", group: "items_copy", dsn: dsn, sink: "items_copy", table: "items",
+		mode: mode, batchCount: batchCount, maxAttempts: maxAttempts}.YAML()
 }
 
 // startSinkPipeline runs the pgrelay binary with a redis_queue → pg_sink config.
@@ -241,9 +271,7 @@ output:
 // progress row per non-empty shard, no dead letters.
 func killWhileApplying(t *testing.T, pg *testenv.Postgres, r *testenv.Redis, msgs []sinkMessage, shards int, config, sink, q string) {
 	t.Helper()
-	send, stop := sinkQueueProducer(t, r.URL(), q, shards)
-	sendAll(t, send, msgs, 500)
-	stop()
+	queueMessages(t, r.URL(), q, shards, msgs, 500)
 	total := int64(len(msgs))
 	applied := func() int64 {
 		var n int64
@@ -338,29 +366,8 @@ func TestSinkPoisonMessages(t *testing.T) {
 	for id := 1; id <= ids; id++ {
 		lists[id-1] = perID[id]
 	}
-	all := interleave(lists)
-	send, stop := sinkQueueProducer(t, r.URL(), "items", 4)
-	sendAll(t, send, all, 100)
-	stop()
-
-	p := startSinkPipeline(t, fmt.Sprintf(`
-http: { enabled: false }
-logger: { level: warn }
-input:
-  redis_queue:
-    url: %s
-    queue: items
-    group: items_copy
-    batch_count: 64
-    max_attempts: 3
-    lease_ttl: 3s
-output:
-  pg_sink:
-    dsn: %q
-    name: items_copy
-    table: items
-    mode: upsert
-`, r.URL(), pg.DSN()))
+	queueMessages(t, r.URL(), "items", 4, interleave(lists), 100)
+	p := startSinkPipeline(t, itemsCopy(r.URL(), pg.DSN(), "upsert", 64, 3))
 	waitDrained(t, r, "items", 3, p)
 	p.Kill()
 	layout := queue.NewLayout("pgrelay")

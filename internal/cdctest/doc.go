@@ -10,4 +10,6 @@
 //     Redis Cluster) for the stream builder or the binary.
 //   - source.go: what tests read of a running source: SourceKey, ReadPointer, WaitCovered,
 //     WaitStatus, and Conn and CurrentLSN on the PostgreSQL side.
+//   - stream.go: RunStream and RunConsumer, a Benthos stream run in the background and stopped
+//     when the test ends.
 package cdctest
