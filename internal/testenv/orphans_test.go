@@ -63,7 +63,7 @@ func TestHelperStartsServersThenDies(t *testing.T) {
 	pg := StartPostgres(t)
 	r := StartRedis(t)
 	f := os.Getenv("PGRELAY_TESTENV_PIDS")
-	os.WriteFile(f+".tmp", []byte(fmt.Sprintf("%d\n%d\n", pg.proc.cmd.Process.Pid, r.proc.cmd.Process.Pid)), 0o644)
+	os.WriteFile(f+".tmp", []byte(fmt.Sprintf("%d\n%d\n", pg.proc.current().cmd.Process.Pid, r.proc.current().cmd.Process.Pid)), 0o644)
 	os.Rename(f+".tmp", f)
 	if mode == "panic" {
 		panic("helper panics with servers running")

@@ -31,8 +31,8 @@ type Postgres struct {
 	// StandbyName is, on a server started by StartStandby, its application_name and the name of
 	// the physical slot it streams from on the primary (empty otherwise).
 	StandbyName string
-	mu          sync.Mutex
-	proc        *proc
+	proc        procSlot
+	mu          sync.Mutex // guards pool
 	pool        *pgxpool.Pool
 }
 
@@ -165,9 +165,7 @@ func (pg *Postgres) start() {
 	if err != nil {
 		pg.t.Fatalf("testenv: start postgres: %v", err)
 	}
-	pg.mu.Lock()
-	pg.proc = p
-	pg.mu.Unlock()
+	pg.proc.set(p)
 	if err := pg.waitReady(60 * time.Second); err != nil {
 		pg.t.Fatalf("testenv: postgres %s: %v", pg.BinDir, err)
 	}
@@ -177,8 +175,8 @@ func (pg *Postgres) waitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last error
 	for time.Now().Before(deadline) {
-		if pg.proc.exited() {
-			return fmt.Errorf("exited: %s", tail(pg.proc.log))
+		if p := pg.proc.current(); p.exited() {
+			return fmt.Errorf("exited: %s", tail(p.log))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		conn, err := pgx.Connect(ctx, pg.DSN())
@@ -191,7 +189,7 @@ func (pg *Postgres) waitReady(timeout time.Duration) error {
 		last = err
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("not ready after %s: %v\n%s", timeout, last, tail(pg.proc.log))
+	return fmt.Errorf("not ready after %s: %v\n%s", timeout, last, tail(pg.proc.current().log))
 }
 
 // DSN is the connection string of the postgres database as the postgres superuser.
@@ -278,22 +276,12 @@ func (pg *Postgres) CreateDatabase(name string) string {
 }
 
 // Kill stops the server with SIGKILL (the whole process group), as a crash would.
-func (pg *Postgres) Kill() {
-	pg.mu.Lock()
-	p := pg.proc
-	pg.mu.Unlock()
-	p.signal(syscall.SIGKILL, 10*time.Second)
-}
+func (pg *Postgres) Kill() { pg.proc.signal(syscall.SIGKILL, 10*time.Second) }
 
 // Restart starts the server again on the same data directory and port (after Kill or Stop).
 func (pg *Postgres) Restart() {
 	pg.t.Helper()
-	pg.mu.Lock()
-	p := pg.proc
-	pg.mu.Unlock()
-	if p != nil && !p.exited() {
-		p.signal(syscall.SIGINT, 30*time.Second)
-	}
+	pg.proc.signal(syscall.SIGINT, 30*time.Second) // when it still runs
 	// A SIGKILLed postmaster leaves its pid file: PostgreSQL recovers from it by itself.
 	pg.start()
 	pg.mu.Lock()
@@ -306,11 +294,11 @@ func (pg *Postgres) Restart() {
 // Stop shuts the server down (fast shutdown, SIGKILL if it does not stop in time).
 func (pg *Postgres) Stop() {
 	pg.mu.Lock()
-	p, pool := pg.proc, pg.pool
+	pool := pg.pool
 	pg.pool = nil
 	pg.mu.Unlock()
 	if pool != nil {
 		pool.Close()
 	}
-	p.signal(syscall.SIGINT, 15*time.Second)
+	pg.proc.signal(syscall.SIGINT, 15*time.Second)
 }

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,8 +22,7 @@ type Redis struct {
 	Dir  string
 	TLS  *RedisTLSFiles // set by StartRedisTLS: the server speaks only TLS
 	args []string
-	mu   sync.Mutex
-	proc *proc
+	proc procSlot
 
 	tlsConf *tls.Config // the test's own connections to a TLS server
 }
@@ -70,9 +68,7 @@ func (r *Redis) start(bin string) {
 	if err != nil {
 		r.t.Fatalf("testenv: start redis: %v", err)
 	}
-	r.mu.Lock()
-	r.proc = p
-	r.mu.Unlock()
+	r.proc.set(p)
 	if err := waitTCP(p, r.Port, 30*time.Second); err != nil {
 		r.t.Fatalf("testenv: redis: %v", err)
 	}
@@ -114,32 +110,17 @@ func (r *Redis) Client() *redis.Client {
 }
 
 // Kill stops the server with SIGKILL, as a crash would.
-func (r *Redis) Kill() {
-	r.mu.Lock()
-	p := r.proc
-	r.mu.Unlock()
-	p.signal(syscall.SIGKILL, 10*time.Second)
-}
+func (r *Redis) Kill() { r.proc.signal(syscall.SIGKILL, 10*time.Second) }
 
 // Restart starts the server again on the same directory and port; it reloads its append-only file.
 func (r *Redis) Restart() {
 	r.t.Helper()
-	r.mu.Lock()
-	p := r.proc
-	r.mu.Unlock()
-	if p != nil && !p.exited() {
-		p.signal(syscall.SIGTERM, 15*time.Second)
-	}
+	r.proc.signal(syscall.SIGTERM, 15*time.Second) // when it still runs
 	r.start(redisBin(r.t))
 }
 
 // Stop shuts the server down.
-func (r *Redis) Stop() {
-	r.mu.Lock()
-	p := r.proc
-	r.mu.Unlock()
-	p.signal(syscall.SIGTERM, 10*time.Second)
-}
+func (r *Redis) Stop() { r.proc.signal(syscall.SIGTERM, 10*time.Second) }
 
 // Pause stops the server with SIGSTOP: it keeps its connections but answers nothing until Resume.
 func (r *Redis) Pause() { r.groupSignal(syscall.SIGSTOP) }
@@ -148,19 +129,15 @@ func (r *Redis) Pause() { r.groupSignal(syscall.SIGSTOP) }
 func (r *Redis) Resume() { r.groupSignal(syscall.SIGCONT) }
 
 func (r *Redis) groupSignal(sig syscall.Signal) {
-	r.mu.Lock()
-	p := r.proc
-	r.mu.Unlock()
-	if p != nil && !p.exited() {
+	if p := r.proc.current(); p != nil && !p.exited() {
 		syscall.Kill(-p.cmd.Process.Pid, sig)
 	}
 }
 
 // Alive reports whether the server process runs (it may be paused).
 func (r *Redis) Alive() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.proc != nil && !r.proc.exited()
+	p := r.proc.current()
+	return p != nil && !p.exited()
 }
 
 // Info returns one section of INFO as a map, from a new connection.

@@ -133,6 +133,28 @@ type proc struct {
 	log  string
 }
 
+// procSlot holds a server's current process, which a restart replaces while the test's other
+// goroutines may signal it.
+type procSlot struct {
+	mu sync.Mutex
+	p  *proc
+}
+
+func (s *procSlot) current() *proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p
+}
+
+func (s *procSlot) set(p *proc) {
+	s.mu.Lock()
+	s.p = p
+	s.mu.Unlock()
+}
+
+// signal signals the current process as proc.signal does (nothing when there is none or it ended).
+func (s *procSlot) signal(sig syscall.Signal, wait time.Duration) { s.current().signal(sig, wait) }
+
 func startProc(cmd *exec.Cmd, logPath string) (*proc, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
