@@ -4,7 +4,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -28,9 +27,7 @@ func TestVersionNamesPgrelayAndEngine(t *testing.T) {
 }
 
 func TestLintReportsUnknownFieldWithFileAndLine(t *testing.T) {
-	dir := t.TempDir()
-	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(bad, []byte("input:\n  generate:\n    mapping: 'root = 1'\n    cuont: 3\noutput:\n  drop: {}\n"), 0o644)
+	bad := writeConfig(t, "bad.yaml", "input:\n  generate:\n    mapping: 'root = 1'\n    cuont: 3\noutput:\n  drop: {}\n")
 	out, err := exec.Command(testenv.Binary(t), "lint", bad).CombinedOutput()
 	if err == nil {
 		t.Fatalf("lint passed a bad config: %s", out)
@@ -48,16 +45,13 @@ func TestLintPassesShippedConfigs(t *testing.T) {
 		t.Fatal("no configs in config/")
 	}
 	args := append([]string{"lint"}, files...)
-	if out, err := exec.Command(testenv.Binary(t), args...).CombinedOutput(); err != nil {
-		t.Fatalf("lint config/: %v\n%s", err, out)
-	}
+	runCLI(t, args...)
 }
 
 // TestMetricsEndpointServesPrometheus runs pgrelay and scrapes /metrics.
 func TestMetricsEndpointServesPrometheus(t *testing.T) {
 	port := testenv.FreePort(t)
-	cfg := filepath.Join(t.TempDir(), "c.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`
+	cfg := writeConfig(t, "c.yaml", fmt.Sprintf(`
 http:
   address: 127.0.0.1:%d
 input:
@@ -70,7 +64,7 @@ output:
   drop: {}
 metrics:
   prometheus: {}
-`, port)), 0o644)
+`, port))
 	testenv.StartProcess(t, nil, testenv.Binary(t), "-c", cfg)
 	re := regexp.MustCompile(`(?m)^output_sent\{label="sink",path="root.output"\} ([0-9.e+]+)$`)
 	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "Benthos counters in /metrics", func() (bool, string) {
@@ -90,8 +84,7 @@ metrics:
 // failed dial).
 func TestCLIOutputCarriesNoRedisClientLog(t *testing.T) {
 	url := fmt.Sprintf("redis://127.0.0.1:%d", testenv.FreePort(t)) // nothing listens there
-	cfg := filepath.Join(t.TempDir(), "c.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf("input:\n  redis_queue: {url: %q, queue: q, group: g}\noutput:\n  drop: {}\n", url)), 0o644)
+	cfg := writeConfig(t, "c.yaml", fmt.Sprintf("input:\n  redis_queue: {url: %q, queue: q, group: g}\noutput:\n  drop: {}\n", url))
 	for _, args := range [][]string{
 		{"queue", "info", "--url", url, "--timeout", "3s", "q"},
 		{"queue", "dlq", "-c", cfg, "--timeout", "3s"},

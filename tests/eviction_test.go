@@ -2,8 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,15 +24,12 @@ func TestEvictingRedisRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	consumer := filepath.Join(t.TempDir(), "consumer.yaml")
-	if err := os.WriteFile(consumer, []byte(fmt.Sprintf(`http: {enabled: false}
+	consumer := writeConfig(t, "consumer.yaml", fmt.Sprintf(`http: {enabled: false}
 input:
   redis_queue: {url: %s, queue: q, group: g, lease_ttl: 3s}
 output:
   drop: {}
-`, e.rd.URL())), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`, e.rd.URL()))
 	src := e.start()
 	in := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", consumer)
 

@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,15 +14,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
-
-func runCLI(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(testenv.Binary(t), args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("pgrelay %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
 
 func TestQueueCLIInfoAndDLQ(t *testing.T) {
 	r := testenv.StartRedis(t)
@@ -80,8 +69,7 @@ func TestQueueCLIInfoAndDLQ(t *testing.T) {
 		t.Fatalf("info %+v", info)
 	}
 	// the same from a pipeline config (-c): connection and queue from its redis_queue input
-	cfg := filepath.Join(t.TempDir(), "p.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf("input:\n  redis_queue:\n    url: ${PGRELAY_TEST_UNSET_URL:%s}\n    queue: cq\n    group: g\noutput:\n  drop: {}\n", r.URL())), 0o644)
+	cfg := writeConfig(t, "p.yaml", fmt.Sprintf("input:\n  redis_queue:\n    url: ${PGRELAY_TEST_UNSET_URL:%s}\n    queue: cq\n    group: g\noutput:\n  drop: {}\n", r.URL()))
 	var fromCfg queue.Info
 	if err := json.Unmarshal([]byte(runCLI(t, "queue", "info", "-c", cfg, "--json")), &fromCfg); err != nil {
 		t.Fatal(err)

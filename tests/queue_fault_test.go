@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -148,8 +147,7 @@ func binaryConsumerConfig(t *testing.T, conn string) string {
 // binaryConsumerConfigTTL is binaryConsumerConfig with a lease TTL; conn is the YAML connection
 // line (url: ... or cluster_urls: [...]).
 func binaryConsumerConfigTTL(t *testing.T, conn, ttl string) string {
-	path := filepath.Join(t.TempDir(), "consumer.yaml")
-	os.WriteFile(path, []byte(fmt.Sprintf(`
+	path := writeConfig(t, "consumer.yaml", fmt.Sprintf(`
 http:
   enabled: false
 logger:
@@ -174,7 +172,7 @@ output:
     shards: 1
     partition: ${! meta("partition") }
     id: ${! meta("message_id") }
-`, conn, ttl)), 0o644)
+`, conn, ttl))
 	return path
 }
 

@@ -3,9 +3,7 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -81,13 +79,9 @@ func TestSinkStatusThroughTheBinary(t *testing.T) {
 	}
 	rt := newRoundTrip(t, "status")
 	dsnB := rt.database("b")
-	config := filepath.Join(t.TempDir(), "sink.yaml")
 	port := testenv.FreePort(t)
-	yaml := strings.Replace(rt.sinkConfig(dsnB, "copy_b", "copy_b"), "http: { enabled: false }",
-		fmt.Sprintf("http: { address: 127.0.0.1:%d }\nmetrics: { prometheus: {} }", port), 1)
-	if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, "sink.yaml", strings.Replace(rt.sinkConfig(dsnB, "copy_b", "copy_b"), "http: { enabled: false }",
+		fmt.Sprintf("http: { address: 127.0.0.1:%d }\nmetrics: { prometheus: {} }", port), 1))
 
 	out, code := runStatus(t, config, false)
 	if code != 1 || !strings.Contains(out, "progress table pgrelay.sink_progress does not exist") {

@@ -143,15 +143,6 @@ func (l *leakCheck) check(what, text string) {
 	}
 }
 
-func writeConfig(t *testing.T, name, body string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // pgrelayOutput runs the binary to completion (bounded) and returns stdout+stderr.
 func pgrelayOutput(t *testing.T, env []string, args ...string) string {
 	t.Helper()

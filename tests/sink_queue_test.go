@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/big"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -104,11 +102,7 @@ func itemsCopy(redisURL, dsn, mode string, batchCount, maxAttempts int) string {
 // startSinkPipeline runs the pgrelay binary with a redis_queue → pg_sink config.
 func startSinkPipeline(t *testing.T, config string) *testenv.Process {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "sink.yaml")
-	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return testenv.StartProcess(t, nil, testenv.Binary(t), "-c", path)
+	return testenv.StartProcess(t, nil, testenv.Binary(t), "-c", writeConfig(t, "sink.yaml", config))
 }
 
 // sinkOffsets reads a sink's progress rows: shard → last_offset.

@@ -2,8 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,8 +20,7 @@ func TestSinkLogsTLSRefusalsWithCodes(t *testing.T) {
 			pg.TLS.OtherCAFile, pg.TLS.ClientCertFile, pg.TLS.ClientKeyFile), "pg_tls:"},
 		{"TLS off", "{mode: disable}", "pg_hba:"},
 	} {
-		config := filepath.Join(t.TempDir(), "sink.yaml")
-		yaml := fmt.Sprintf(`http:
+		config := writeConfig(t, "sink.yaml", fmt.Sprintf(`http:
   enabled: false
 input:
   generate: {interval: 100ms, mapping: 'root = {"id": 1, "name": "x"}'}
@@ -40,10 +37,7 @@ output:
     require_progress: false
 logger:
   level: info
-`, pg.Port, c.tls)
-		if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
-			t.Fatal(err)
-		}
+`, pg.Port, c.tls))
 		p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", config)
 		cdctest.WaitEvery(t, 20*time.Second, 100*time.Millisecond, c.name+": "+c.want+" in the log", func() (bool, string) {
 			out := p.Output()

@@ -30,18 +30,15 @@ func TestSourceStatusAndTeardown(t *testing.T) {
 		Lag        *int64                     `json:"slot_lag_bytes"`
 	}
 	cdctest.WaitEvery(t, 20*time.Second, 200*time.Millisecond, "the status to show a streaming owner", func() (bool, string) {
-		out, err := exec.Command(testenv.Binary(t), "status", "-c", e.config, "--json").CombinedOutput()
-		if err != nil {
-			t.Fatalf("status: %v\n%s", err, out)
-		}
-		if err := json.Unmarshal(out, &st); err != nil {
+		out := runCLI(t, "status", "-c", e.config, "--json")
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
 			t.Fatalf("status output: %v\n%s", err, out)
 		}
 		streaming := false
 		for _, v := range st.Replicas {
 			streaming = streaming || strings.Contains(string(v), `"streaming"`)
 		}
-		return st.Owner != "" && st.SlotExists && len(st.Pointer) > 0 && st.Lag != nil && streaming, string(out)
+		return st.Owner != "" && st.SlotExists && len(st.Pointer) > 0 && st.Lag != nil && streaming, out
 	})
 	if out, err := exec.Command(testenv.Binary(t), "teardown", "-c", e.config).CombinedOutput(); err == nil {
 		t.Fatalf("teardown while the source runs succeeded: %s", out)
@@ -50,9 +47,7 @@ func TestSourceStatusAndTeardown(t *testing.T) {
 	if err := p.Wait(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(testenv.Binary(t), "teardown", "-c", e.config).CombinedOutput(); err != nil {
-		t.Fatalf("teardown: %v\n%s", err, out)
-	}
+	runCLI(t, "teardown", "-c", e.config)
 	var slots, pubs int
 	e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_replication_slots`).Scan(&slots)
 	e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_publication`).Scan(&pubs)

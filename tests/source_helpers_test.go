@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -19,6 +20,27 @@ import (
 	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
+
+// writeConfig writes body to a file name in a directory of the test's and returns its path.
+func writeConfig(t testing.TB, name, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// runCLI runs the binary with args to its end and returns its output (stdout and stderr); it fails
+// the test when the binary fails.
+func runCLI(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(testenv.Binary(t), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("pgrelay %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
 
 // cdcEnv is PostgreSQL + Redis + a pg_cdc → redis_queue config for the binary.
 type cdcEnv struct {
@@ -39,12 +61,8 @@ func newCDCEnv(t testing.TB, name, tables, extra string) *cdcEnv {
 // newCDCEnvOn is newCDCEnv on a server already started, pg_cdc connecting through dsn.
 func newCDCEnvOn(t testing.TB, pg *testenv.Postgres, dsn, name, tables, extra string) *cdcEnv {
 	e := &cdcEnv{t: t, ctx: context.Background(), pg: pg, rd: testenv.StartRedis(t), name: name, queue: "q"}
-	e.config = filepath.Join(t.TempDir(), "pgrelay.yaml")
-	yaml := cdctest.Pipeline{Name: name, DSN: dsn, Tables: tables, Redis: e.rd.URL(), Source: extra, Durability: "aof",
-		LogLevel: "info", Top: "http:\n  enabled: false\nshutdown_timeout: 20s"}.YAML()
-	if err := os.WriteFile(e.config, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e.config = writeConfig(t, "pgrelay.yaml", cdctest.Pipeline{Name: name, DSN: dsn, Tables: tables, Redis: e.rd.URL(), Source: extra,
+		Durability: "aof", LogLevel: "info", Top: "http:\n  enabled: false\nshutdown_timeout: 20s"}.YAML())
 	return e
 }
 
