@@ -15,11 +15,14 @@
 --   5 K: number of stream keys
 --   6 N: number of messages
 --   7 touch: '1' = on duplicate, rewrite the stored pointer unchanged (a write for WAIT to wait for)
+--   [8 prev]: optional (the argument count says whether it is there): the pos of the batch written
+--     just before this one; unless the stored pointer's pos is at or past it, nothing is written
 --   then Q values: the shard count the caller computed shards with, per meta key
 --   then K pairs: meta index (1..Q), shard number n
 --   then N groups of 7: stream index (1..K), p, id, tx, ts, h, d
 -- Reply: 'ok', 'duplicate' (the pointer is already at or past the cover: nothing written),
--- 'fenced' (the lease key does not hold the fence: nothing written).
+-- 'fenced' (the lease key does not hold the fence: nothing written), 'behind' (prev given and the
+-- stored pointer below it: the batch before is not in, nothing written).
 -- Errors: 'pgrelay_shards_mismatch <meta key> <stored> <given>', 'pgrelay_layout_version <meta key> <v>',
 -- 'pgrelay_pointer_corrupt <pointer key>', 'pgrelay_bad_args <what>'.
 
@@ -37,7 +40,12 @@ if pos ~= '' then
   pointerKey = KEYS[k]
 end
 local metaBase, streamBase = k, k + nq
-if #KEYS ~= k + nq + nk or #ARGV ~= 7 + nq + 2 * nk + 7 * nm then
+local fixed = 7 -- ARGV before the per-queue values: 7, or 8 with prev
+if #ARGV == 8 + nq + 2 * nk + 7 * nm then
+  fixed = 8
+end
+local prev = fixed == 8 and ARGV[8] or ''
+if #KEYS ~= k + nq + nk or #ARGV ~= fixed + nq + 2 * nk + 7 * nm then
   return redis.error_reply('pgrelay_bad_args key or argument count')
 end
 
@@ -74,11 +82,16 @@ if pointerKey then
       end
       return 'duplicate'
     end
+    if prev ~= '' and less(doc.pos, prev) then
+      return 'behind'
+    end
+  elseif prev ~= '' then
+    return 'behind'
   end
 end
 
 -- 3. each queue's layout: shard count fixed at creation, layout version 1
-local a = 7
+local a = fixed
 local create = {}
 for i = 1, nq do
   local want = ARGV[a + i]

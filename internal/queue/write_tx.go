@@ -93,10 +93,11 @@ func (pr *primed) stateFor(p *plan, c *Cover) *txState {
 		base[i] = base[i-1] + p.counts[i-1]
 	}
 	st := &txState{fenced: pr.st.fenced, stored: pr.st.stored, create: pr.st.create, layout: pr.st.queueErr,
-		offs: make([]int64, len(p.streams))}
+		offs: make([]int64, len(p.streams)), all: pr.st.offs, allIdx: make([]int, len(p.streams))}
 	for j, s := range p.streams {
 		k := base[s.queue] + s.shard
 		st.offs[j] = pr.st.offs[k]
+		st.allIdx[j] = k
 		if st.layout == nil {
 			st.layout = pr.st.streamErr[k]
 		}
@@ -228,6 +229,9 @@ type txState struct {
 	layout    error   // the first way the queue's keys do not follow the layout (checked after the fence and the cover)
 	queueErr  error   // the first way a queue's meta does not (shards, version; also in layout)
 	streamErr []error // per stream: its key or its meta offset does not (also in layout)
+	// from primed reads: every shard's offset (the priming plan's order) and each stream's index in it
+	all    []int64
+	allIdx []int
 }
 
 // txAttempt is one WATCH … EXEC on conn; the WATCH and reads are those a previous write left
@@ -286,7 +290,12 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 			}
 			// rewrite the pointer unchanged: a write of this connection for WAIT to wait for
 			b := redisconn.AppendCommand(conn.Buf[:0], "SET", c.PointerKey, st.stored, "KEEPTTL")
-			return "duplicate", w.exec(ctx, conn, b, 1, nil, c)
+			return "duplicate", w.exec(ctx, conn, b, 1, nil, c, nil)
+		}
+	}
+	if c.Prev != "" && c.PointerKey != "" {
+		if pos, _ := storedPos(st.stored); st.stored == "" || pos < c.Prev {
+			return "behind", w.discard(ctx, conn, nil)
 		}
 	}
 	if st.layout != nil {
@@ -296,16 +305,30 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 		w.beforeExec()
 	}
 
-	// the writes: meta of a new queue, entries, offsets, pointer
-	b := conn.Buf[:0]
+	b, queued := w.appendWrites(conn.Buf[:0], p, msgs, st.offs, st.create, c, last)
+	pp := w.primePlan(p)
+	var open *opening
+	if st.all != nil && pp != nil && c.Chain != nil {
+		after := slices.Clone(st.all)
+		for j, k := range st.allIdx {
+			after[k] = st.offs[j]
+		}
+		open = &opening{conn: conn, leaseKey: c.LeaseKey, fence: c.Fence, pointerKey: c.PointerKey, plan: pp, offs: after}
+	}
+	return "ok", w.exec(ctx, conn, b, queued, pp, c, open)
+}
+
+// appendWrites appends a piece's writes (the meta of each queue to create, the entries from offs
+// on, advancing offs, each queue's new offsets, the pointer) and returns how many commands they are.
+func (w *Writer) appendWrites(b []byte, p *plan, msgs []Message, offs []int64, create []bool, c *Cover, last bool) ([]byte, int) {
 	queued := 0
 	for i, q := range p.queues {
-		if st.create[i] {
+		if create != nil && create[i] {
 			b = redisconn.AppendCommand(b, "HSET", w.layout.Meta(q), "shards", strconv.Itoa(p.counts[i]), "version", strconv.Itoa(LayoutVersion))
 			queued++
 		}
 	}
-	b = w.appendXAdds(b, p, msgs, st.offs)
+	b = w.appendXAdds(b, p, msgs, offs)
 	queued += len(msgs)
 	for i, q := range p.queues {
 		n := 0
@@ -320,7 +343,7 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 		for j, s := range p.streams {
 			if s.queue == i {
 				b = redisconn.AppendBulk(b, "off:"+strconv.Itoa(s.shard))
-				b = redisconn.AppendBulkInt(b, st.offs[j])
+				b = redisconn.AppendBulkInt(b, offs[j])
 			}
 		}
 		queued++
@@ -332,7 +355,7 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 		b = redisconn.AppendBulk(b, c.Pointer)
 		queued++
 	}
-	return "ok", w.exec(ctx, conn, b, queued, w.primePlan(p), c)
+	return b, queued
 }
 
 // txRead sends the WATCH and the reads and reads their replies (all of them, so the connection
@@ -573,7 +596,11 @@ const (
 // exec sends b (the commands to queue after MULTI) with EXEC (and WAIT with durability replicas)
 // and reads the replies: errTxConflict when EXEC aborted because a watched key changed. With pp
 // it primes conn for the next write: the reads of pp (appendReads) follow in the same round trip.
-func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, queued int, pp *plan, c *Cover) error {
+//
+// With open (a registered batch of a chain, its priming reads covering every shard), a batch that
+// follows may queue its writes behind these commands while their replies are read (chain.go):
+// the connection is then that batch's, and exec returns its outcome as a redisconn.Handed.
+func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, queued int, pp *plan, c *Cover, open *opening) error {
 	b = redisconn.AppendCommand(b, "EXEC")
 	replicas := w.conf.Durability.Replicas
 	if replicas > 0 {
@@ -590,7 +617,19 @@ func (w *Writer) exec(ctx context.Context, conn *redisconn.RawConn, b []byte, qu
 	if err := conn.Send(ctx, b, wait); err != nil {
 		return err
 	}
+	var l *link
+	if open != nil && pp != nil {
+		if l = c.Chain.find(c.Pos); l != nil {
+			c.Chain.opened(l, open)
+		}
+	}
 	res, ioErr := w.execReplies(conn, queued)
+	if l != nil && c.Chain.closeLink(l, ioErr == nil && res == nil) {
+		if ioErr != nil {
+			return redisconn.Handed{Err: ioErr}
+		}
+		return redisconn.Handed{Err: res}
+	}
 	if ioErr != nil {
 		return ioErr
 	}

@@ -120,6 +120,7 @@ type keyChange struct {
 	code   errcode.Code
 	second bool   // the second batch is in the queue afterwards
 	ptr    string // pos stored afterwards
+	moved  string // where the change itself sets the pointer's pos ("": it does not)
 	other  bool   // the other producer's batch is in the queue
 	shards int    // shard count afterwards
 }
@@ -132,9 +133,9 @@ func keyChanges(t *testing.T, rdb *redis.Client) []keyChange {
 		{name: "the lease was renewed", change: func(_, lk, _ string) { rdb.PExpire(ctx, lk, time.Minute) },
 			want: ResultOK, second: true, ptr: "0003", shards: 4},
 		{name: "the pointer moved past the cover", change: func(_, _, pk string) { rdb.Set(ctx, pk, `{"pos":"0005"}`, 0) },
-			want: ResultDuplicate, ptr: "0005", shards: 4},
+			want: ResultDuplicate, ptr: "0005", moved: "0005", shards: 4},
 		{name: "the pointer moved, still below the cover", change: func(_, _, pk string) { rdb.Set(ctx, pk, `{"pos":"0002"}`, 0) },
-			want: ResultOK, second: true, ptr: "0003", shards: 4},
+			want: ResultOK, second: true, ptr: "0003", moved: "0002", shards: 4},
 		{name: "another producer wrote the queue", change: func(q, _, _ string) {
 			if _, err := NewWriter(rdb, WriterConfig{}).Write(ctx, batchOf(q, "other", 7, 7), nil); err != nil {
 				t.Errorf("other producer: %v", err)

@@ -45,6 +45,11 @@ type Cover struct {
 	PointerKey string // full key of the source's pointer; "" = no pointer
 	Pointer    []byte // the new pointer JSON, SET when the batch is written
 	Pos        string // the new pointer's `pos`; the stored one must be strictly below it
+	// Prev, when set, is the pos of the batch written just before this one, perhaps still in
+	// flight: the write never applies unless the stored pointer is at or past it (errBehind),
+	// and with Chain it follows that batch's write on its connection (chain.go).
+	Prev  string
+	Chain *Chain // the source's chain of batches in flight; nil for a lone batch
 }
 
 // CoverReceipt lets a writer tell the producer of a covered batch that the batch's cover is the
@@ -74,6 +79,10 @@ func (r *CoverReceipt) String() string { return r.pos }
 
 // MarshalJSON renders the receipt as its position.
 func (r *CoverReceipt) MarshalJSON() ([]byte, error) { return json.Marshal(r.pos) }
+
+// ErrBehind is the error of a write whose Cover.Prev is not in the stored pointer yet: the batch
+// before it did not go in, so it was not written either. The source sends both again, in order.
+var ErrBehind = errors.New("queue write: the batch before this one is not in the queue; nothing was written")
 
 // Result is the outcome of a successful Write.
 type Result int
@@ -234,7 +243,22 @@ func (w *Writer) Write(ctx context.Context, msgs []Message, cover *Cover) (Resul
 	if len(msgs) == 0 && cover.PointerKey == "" {
 		return ResultOK, nil
 	}
+	if cover.Chain != nil {
+		defer cover.Chain.ended(cover.Pos)
+	}
 	pieces := w.split(msgs)
+	if cover.Chain != nil && cover.Prev != "" && len(pieces) == 1 && !w.scriptOnly && len(msgs) > 0 {
+		reply, done, err := w.follow(ctx, msgs, cover)
+		if done {
+			if err != nil {
+				return ResultOK, err
+			}
+			return w.reply(reply, cover)
+		}
+		if err != nil {
+			return ResultOK, err
+		}
+	}
 	for i, piece := range pieces {
 		last := i == len(pieces)-1
 		res, err := w.writePiece(ctx, piece, cover, last)
@@ -363,6 +387,8 @@ func (w *Writer) reply(reply string, c *Cover) (Result, error) {
 		return ResultOK, nil
 	case "duplicate":
 		return ResultDuplicate, nil
+	case "behind":
+		return ResultOK, fmt.Errorf("%w (the stored pointer is below %s)", ErrBehind, c.Prev)
 	case "fenced":
 		return ResultOK, errcode.New(errcode.Fenced,
 			fmt.Sprintf("lease %s no longer holds this writer's fence; nothing was written", c.LeaseKey),
@@ -397,8 +423,11 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	if w.conf.Durability.Replicas > 0 {
 		touch = "1"
 	}
-	args := make([]any, 0, 7+len(p.queues)+2*len(p.streams)+7*len(msgs))
+	args := make([]any, 0, 8+len(p.queues)+2*len(p.streams)+7*len(msgs))
 	args = append(args, c.Fence, c.Pos, pointer, len(p.queues), len(p.streams), len(msgs), touch)
+	if c.Prev != "" {
+		args = append(args, c.Prev)
+	}
 	for i, q := range p.queues {
 		keys = append(keys, w.layout.Meta(q))
 		args = append(args, p.counts[i])

@@ -97,6 +97,12 @@ func (r *Raw) runOn(ctx context.Context, node *redis.Client, fn func(*RawConn) e
 	// a cancelled context ends any read or write under way at once
 	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
 	err = fn(c)
+	var h Handed
+	if errors.As(err, &h) {
+		// another goroutine owns c now: it puts it back (Put) or hands it on
+		stop()
+		return h.Err
+	}
 	if !stop() {
 		c.broken = true
 	}
@@ -144,6 +150,24 @@ func (r *Raw) get(ctx context.Context, node *redis.Client) (*RawConn, error) {
 	}
 	return c, nil
 }
+
+// Handed is what a Run function returns, wrapping its own error (nil for none), when it gave its
+// connection to another goroutine: Run then neither closes it nor puts it back in the pool, and
+// returns Err. The new owner puts it back with Put (or hands it on again).
+type Handed struct{ Err error }
+
+func (h Handed) Unwrap() error { return h.Err }
+
+func (h Handed) Error() string {
+	if h.Err == nil {
+		return "redisconn: connection handed over"
+	}
+	return h.Err.Error()
+}
+
+// Put gives back a connection a Run function handed over (HandedOver): to the pool, or closed
+// when it is broken.
+func (r *Raw) Put(c *RawConn) { r.put(c) }
 
 func (r *Raw) put(c *RawConn) {
 	if !c.broken {
@@ -283,6 +307,31 @@ func (c *RawConn) Send(ctx context.Context, b []byte, extra time.Duration) error
 		return err
 	}
 	return nil
+}
+
+// SendBehind writes b, whole commands, on a connection another goroutine is reading the replies
+// of: b's replies come after theirs. It touches nothing the reader uses, so an error is only
+// returned, for the caller to Drop the connection once it owns it.
+func (c *RawConn) SendBehind(ctx context.Context, b []byte) error {
+	if c.pool != nil && c.pool.gen.Load() != c.gen {
+		return ErrMasterSwitched
+	}
+	if err := c.nc.SetWriteDeadline(c.deadline(ctx, time.Now(), c.opt.WriteTimeout, 0)); err != nil {
+		return err
+	}
+	_, err := c.nc.Write(b)
+	return err
+}
+
+// Broken reports whether the connection lost step (an I/O error, or Drop).
+func (c *RawConn) Broken() bool { return c.broken }
+
+// Watch makes a cancellation of ctx end any read or write under way on c at once, until the
+// returned stop is called (as Run does for its function): for a connection handed over. stop
+// reports false when ctx ended first: the connection is then unusable (Drop it, unless it was
+// handed on).
+func (c *RawConn) Watch(ctx context.Context) (stop func() bool) {
+	return context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
 }
 
 // deadline is now + timeout (+ extra), or the context's deadline when sooner; none when the
