@@ -152,7 +152,9 @@ func init() {
 			if err != nil {
 				return nil, pol, 0, err
 			}
-			return newQueueOutput(c, mgr), pol, mif, nil
+			o := newQueueOutput(c, mgr)
+			o.inFlight = mif
+			return o, pol, mif, nil
 		})
 }
 
@@ -290,6 +292,8 @@ type queueOutput struct {
 	done   chan struct{}
 
 	msgBufs sync.Pool // *[]queue.Message: a batch's messages, reused from batch to batch
+
+	inFlight int // max_in_flight: offered to a source's chain as its window
 }
 
 func newQueueOutput(c RedisQueueConfig, mgr *service.Resources) *queueOutput {
@@ -354,6 +358,11 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 	msgs, cover, sb, err := o.toMessages(batch, buf)
 	if err != nil {
 		return err
+	}
+	if sb != nil && sb.Chain != nil {
+		// with max_in_flight 2 the source may hand out its next batch while this one is written:
+		// the writer keeps them in order (docs/batch-contract.md "Two batches in flight")
+		sb.Chain.Offer(o.inFlight)
 	}
 	res, err := w.Write(ctx, msgs, cover)
 	if err != nil {

@@ -17,6 +17,7 @@ type Pipeline struct {
 	ClusterURLs []string
 	Source      string // further pg_cdc fields, YAML lines at the left margin
 	Durability  string // redis_queue durability; empty: the output's default
+	Output      string // further redis_queue fields, YAML lines at the left margin
 	LogLevel    string // empty: warn
 	Top         string // further top-level YAML (http:, shutdown_timeout:, metrics:)
 }
@@ -46,6 +47,7 @@ func (p Pipeline) YAML() string {
 	if p.Durability != "" {
 		fmt.Fprintf(&out, "    durability: %s\n", p.Durability)
 	}
+	out.WriteString(Indent(p.Output, "    "))
 	level := p.LogLevel
 	if level == "" {
 		level = "warn"

@@ -19,6 +19,7 @@ func TestPipelineYAML(t *testing.T) {
 	cluster.Redis, cluster.ClusterURLs = "", []string{"redis://127.0.0.1:7000", "redis://127.0.0.1:7001"}
 	full := base
 	full.Source, full.Durability, full.LogLevel = "snapshot: never\nslot:\n  failover: true", "aof", "info"
+	full.Output = "max_in_flight: 2"
 	full.Top = "http:\n  enabled: false\nshutdown_timeout: 20s"
 	cases := []struct {
 		name string
@@ -27,7 +28,7 @@ func TestPipelineYAML(t *testing.T) {
 	}{
 		{"one redis", base, []string{"redis: {url: redis://127.0.0.1:6379}", "    url: redis://127.0.0.1:6379\n", "level: warn"}},
 		{"cluster", cluster, []string{"redis: {cluster_urls: [redis://127.0.0.1:7000, redis://127.0.0.1:7001]}", "    cluster_urls: [redis://127.0.0.1:7000, redis://127.0.0.1:7001]\n"}},
-		{"extra fields", full, []string{"    snapshot: never\n    slot:\n      failover: true\n", "    durability: aof\n", "level: info", "shutdown_timeout: 20s"}},
+		{"extra fields", full, []string{"    snapshot: never\n    slot:\n      failover: true\n", "    durability: aof\n    max_in_flight: 2\n", "level: info", "shutdown_timeout: 20s"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -236,8 +236,14 @@ func (w *Writer) follow(ctx context.Context, msgs []Message, c *Cover) (reply st
 	for j := range offs {
 		offs[j] = o.offs[idx[j]]
 	}
-	b, queued := w.appendWrites(nil, p, msgs, offs, nil, c, true)
+	buf, _ := w.bufs.Get().(*[]byte)
+	if buf == nil {
+		buf = new([]byte)
+	}
+	b, queued := w.appendWrites((*buf)[:0], p, msgs, offs, nil, c, true)
 	sendErr := o.conn.SendBehind(ctx, b)
+	*buf = b
+	w.bufs.Put(buf)
 	<-l.read // the write before read its replies: the connection is this write's now
 	conn := o.conn
 	stop := conn.Watch(ctx)

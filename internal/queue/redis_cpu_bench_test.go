@@ -114,6 +114,30 @@ var redisVariants = []redisVariant{
 			_, err := w.tx.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
 			return err
 		}},
+	{name: "tx_chain", about: "tx with two batches of one source in flight (a chain, window 2): each batch queued behind the EXEC of the one before it", batches: 4,
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			ch := NewChain()
+			ch.Offer(2)
+			for i := range msgs {
+				ch.Expect(benchCover(msgs[i][0].Queue, seq+i).Pos)
+			}
+			errs := make([]chan error, len(msgs))
+			for i, batch := range msgs {
+				if i >= 2 {
+					if err := <-errs[i-2]; err != nil {
+						return err
+					}
+				}
+				c := benchCover(batch[0].Queue, seq+i)
+				c.Chain = ch
+				if i > 0 {
+					c.Prev = benchCover(batch[0].Queue, seq+i-1).Pos
+				}
+				errs[i] = make(chan error, 1)
+				go func() { _, err := w.tx.Write(ctx, batch, c); errs[i] <- err }()
+			}
+			return errors.Join(<-errs[len(msgs)-2], <-errs[len(msgs)-1])
+		}},
 	{name: "tx2", about: "two sources writing one queue at the same time, each batch a transaction (their EXECs abort each other's)", batches: 2,
 		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
 			errs := make(chan error, 2)

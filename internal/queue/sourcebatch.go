@@ -8,6 +8,9 @@ import "context"
 type SourceBatch struct {
 	Cover   Cover
 	Receipt *CoverReceipt
+	// Chain is the source's chain, on every batch (Cover.Chain only on those registered with it):
+	// the output offers it its window (Chain.Offer).
+	Chain *Chain
 }
 
 type sourceBatchKey struct{}

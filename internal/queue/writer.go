@@ -184,6 +184,7 @@ type Writer struct {
 	conflicts  atomic.Int64 // aborted EXECs
 
 	primeWait atomic.Int64 // writes left before priming again (write_tx.go)
+	bufs      sync.Pool    // *[]byte: the commands a chained write queues behind another (chain.go)
 }
 
 // NewWriter returns a Writer over rdb; nothing is sent until Connect or Write.

@@ -2,6 +2,7 @@ package source
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
@@ -35,6 +36,13 @@ type Batch struct {
 	sess    *session
 	txns    int                 // transactions completed by this batch
 	receipt *queue.CoverReceipt // marked by redis_queue once the cover is the stored pointer
+	// Prev is the cover position of the batch in flight when this one was handed out behind
+	// it ("" when nothing was); the write then never applies without that batch (queue.Cover.Prev).
+	Prev     string
+	expected bool               // registered with the source's chain (its window was open)
+	sb       *queue.SourceBatch // what ForQueue gave out
+	verdict  error              // the output's verdict, once resolved
+	resolved bool               // Ack came; settled once every batch handed out before it is
 }
 
 // Receipt is the note the redis_queue output marks once this batch's cover is the stored
@@ -47,65 +55,115 @@ func (b *Batch) Receipt() *queue.CoverReceipt {
 }
 
 // ForQueue is the batch's cover and receipt, as the redis_queue output takes them from the
-// messages' context.
+// messages' context, with the source's chain. Made once per batch: the hand-out sets its Prev.
 func (b *Batch) ForQueue() *queue.SourceBatch {
-	return &queue.SourceBatch{Cover: *b.cover(), Receipt: b.Receipt()}
+	if b.sb == nil {
+		b.sb = &queue.SourceBatch{Cover: *b.cover(), Receipt: b.Receipt()}
+		if b.sess != nil {
+			b.sb.Chain = b.sess.src.chain
+		}
+		b.chained()
+	}
+	return b.sb
+}
+
+// chained puts the batch's place in the chain (Prev, and the chain when registered) into what
+// ForQueue gave out.
+func (b *Batch) chained() {
+	if b.sb == nil {
+		return
+	}
+	b.sb.Cover.Prev, b.sb.Cover.Chain = b.Prev, nil
+	if b.expected {
+		b.sb.Cover.Chain = b.sb.Chain
+	}
 }
 
 func (b *Batch) cover() *queue.Cover {
 	return &queue.Cover{LeaseKey: b.LeaseKey, Fence: b.Fence, PointerKey: b.PointerKey, Pointer: b.CoverJSON, Pos: b.Cover.Position()}
 }
 
-// Next blocks until the previous batch is acknowledged and a new one is due, then returns it.
-// While the previous batch is in flight, a full bundle already queued is built ahead and given
-// to prepare (the input's conversion), so it is ready the moment the ack arrives; it is still
-// handed out only after that ack (one unacknowledged batch at a time, DESIGN §5). The pointer
-// write of an output that does not write it is not waited for (coverWriter), unless
-// maxUnwritten acknowledged batches wait for it.
+// Next blocks until a batch may go and one is due, then returns it. With nothing in flight that
+// is the next retry, the batch built ahead or a new bundle. While a batch is in flight, a full
+// bundle already queued is built ahead and given to prepare (the input's conversion), so it is
+// ready the moment the ack arrives; it is handed out before that ack only when the output writes
+// the source's batches in order two at a time (the chain's window, queue.Chain): it then follows
+// the batch in flight (Batch.Prev). No other batch, idle advance or pointer write goes while one
+// is in flight. The pointer write of an output that does not write it is not waited for
+// (coverWriter), unless maxUnwritten acknowledged batches wait for it.
 func (s *Source) Next(ctx context.Context, prepare func(*Batch)) (*Batch, error) {
 	s.nextMu.Lock()
 	defer s.nextMu.Unlock()
-	if err := s.waitTurn(ctx, prepare); err != nil {
-		return nil, err
+	if b, err := s.waitTurn(ctx, prepare); b != nil || err != nil {
+		return b, err
 	}
 	if err := s.covers.waitRoom(ctx); err != nil {
-		<-s.inflight
 		return nil, err
 	}
 	b, err := s.next(ctx)
 	if err != nil {
-		<-s.inflight
 		return nil, err
 	}
-	s.unacked <- struct{}{}
+	s.handOut(b, nil)
 	return b, nil
 }
 
-// waitTurn takes the in-flight slot (the previous batch is acknowledged), building the next
-// batch ahead while it waits.
-func (s *Source) waitTurn(ctx context.Context, prepare func(*Batch)) error {
+// waitTurn returns when nothing is in flight (nil: the next batch is built as usual), or with the
+// full batch built ahead, handed out behind the one in flight while the chain's window has room
+// and no batch waits for its re-send. It builds the next batch ahead while it waits.
+func (s *Source) waitTurn(ctx context.Context, prepare func(*Batch)) (*Batch, error) {
 	for {
-		select {
-		case s.inflight <- struct{}{}:
-			return nil
-		default:
+		s.mu.Lock()
+		n, changed, retrying := len(s.out), s.outCh, len(s.retry) > 0
+		var last *Batch
+		if n > 0 {
+			last = s.out[n-1]
+		}
+		s.mu.Unlock()
+		if n == 0 {
+			return nil, nil
+		}
+		if n < s.chain.Window() && !retrying && last.expected {
+			if b := s.takeAhead(); b != nil {
+				s.handOut(b, last)
+				return b, nil
+			}
 		}
 		wake := s.buildAhead(ctx, prepare)
+		if wake == nil {
+			continue // built: hand it out if the window has room
+		}
 		select {
-		case s.inflight <- struct{}{}:
-			return nil
+		case <-changed:
 		case <-wake:
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
+}
+
+// handOut records b as in flight, behind the batch behind when given (then b follows its write).
+// While the chain's window is open every batch is registered with it, so the next can follow it.
+func (s *Source) handOut(b *Batch, behind *Batch) {
+	b.Prev, b.expected = "", false
+	if s.chain.Window() > 1 && b.PointerKey != "" {
+		b.expected = true
+		s.chain.Expect(b.Cover.Position())
+		if behind != nil {
+			b.Prev = behind.Cover.Position()
+		}
+	}
+	b.chained()
+	s.mu.Lock()
+	s.out = append(s.out, b)
+	s.mu.Unlock()
 }
 
 // buildAhead builds a full batch while another is in flight, unless one is built already or a
 // nacked batch waits for its re-send; it returns what to wait on before trying again.
 func (s *Source) buildAhead(ctx context.Context, prepare func(*Batch)) <-chan struct{} {
 	s.mu.Lock()
-	sess, changed, busy := s.sess, s.sessCh, s.ahead != nil || s.retry != nil
+	sess, changed, busy := s.sess, s.sessCh, s.ahead != nil || len(s.retry) > 0
 	s.mu.Unlock()
 	if sess == nil || busy {
 		return changed
@@ -185,60 +243,96 @@ func (s *Source) next(ctx context.Context) (*Batch, error) {
 	}
 }
 
-// takeRetry returns the nacked batch of the current session, after a backoff.
+// takeRetry returns the first nacked batch of the current session, after a backoff (batches of
+// an ended session are dropped: the next session starts from the pointer).
 func (s *Source) takeRetry(ctx context.Context) *Batch {
 	s.mu.Lock()
-	b, n := s.retry, s.attempts
-	s.retry = nil
-	ok := b != nil && b.sess == s.sess
+	var b *Batch
+	for len(s.retry) > 0 && b == nil {
+		if s.retry[0].sess == s.sess {
+			b = s.retry[0]
+		}
+		s.retry = s.retry[1:]
+	}
+	n := s.attempts
 	s.mu.Unlock()
-	if !ok {
+	if b == nil {
 		return nil
 	}
 	retry.Sleep(ctx, min(100*time.Millisecond<<min(n, 8), 10*time.Second))
 	return b
 }
 
-// Ack handles the output's verdict on b. Success: the batch goes to the cover writer, which
-// makes sure the pointer reaches the cover (writing it when the output did not) and only then
-// lets the reader tell PostgreSQL the new position; the next batch need not wait for that write.
-// Fenced: stop and start over from the pointer. Anything else: re-send the same batch.
+// Ack takes the output's verdict on b. Verdicts are settled in the order the batches were handed
+// out (a batch's verdict can come before the one of the batch handed out before it): settle.
 func (s *Source) Ack(ctx context.Context, b *Batch, err error) error {
-	defer func() {
-		<-s.unacked
-		<-s.inflight
-	}()
+	s.mu.Lock()
+	b.verdict, b.resolved = err, true
+	var done []*Batch
+	for len(s.out) > 0 && s.out[0].resolved {
+		done = append(done, s.out[0])
+		s.out = slices.Delete(s.out, 0, 1)
+	}
+	if len(done) > 0 {
+		close(s.outCh)
+		s.outCh = make(chan struct{})
+	}
+	s.mu.Unlock()
+	for _, d := range done {
+		s.settle(d)
+	}
+	return nil
+}
+
+// settle handles the verdict on b. Success: the batch goes to the cover writer, which makes sure
+// the pointer reaches the cover (writing it when the output did not) and only then lets the
+// reader tell PostgreSQL the new position; the next batch need not wait for that write. Fenced:
+// stop and start over from the pointer. Anything else: send the same batch again, after every
+// batch in flight has its verdict (a batch behind it is refused without it, ErrBehind) and
+// before any new one.
+func (s *Source) settle(b *Batch) {
+	err := b.verdict
+	b.verdict, b.resolved = nil, false
+	if b.expected {
+		s.chain.Settle(b.Cover.Position())
+	}
 	if err == nil {
 		if b.sess.snap != nil && b.Cover.SnapshotChunks > 0 {
 			b.sess.snap.delivered(b.Cover.SnapshotChunks)
 		}
 		s.covers.add(b)
-		return nil
+		return
 	}
 	cur, _ := s.current()
 	if cur != b.sess {
-		return nil // a batch of an ended run: the run after it starts from the pointer it re-reads
+		return // a batch of an ended run: the run after it starts from the pointer it re-reads
 	}
 	if errcode.Is(err, errcode.Fenced) {
 		b.sess.fail(err)
-		return nil
+		return
 	}
 	s.mu.Lock()
-	s.retry = b
+	s.retry = append(s.retry, b)
 	s.attempts++
 	s.mu.Unlock()
 	s.log.Warnf("pg_cdc %s: batch up to %s not delivered, re-sending: %v", s.cfg.Name, b.Cover.Position(), err)
-	return nil
 }
 
 // waitAcked blocks until no returned batch awaits its ack and every acknowledged cover is
 // written, so a new session reads a pointer that no earlier batch can still move.
 func (s *Source) waitAcked(ctx context.Context) error {
-	for len(s.unacked) > 0 {
-		if ctx.Err() != nil {
+	for {
+		s.mu.Lock()
+		n, changed := len(s.out), s.outCh
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
 			return ctx.Err()
 		}
-		retry.Sleep(ctx, 20*time.Millisecond)
 	}
 	return s.covers.drain(ctx)
 }

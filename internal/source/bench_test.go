@@ -317,7 +317,7 @@ func catchUp(b *testing.B, e *env, pids benchProcs, name string, before pglogrep
 // runBench runs pg_cdc into redis_queue (names q*) or into drop (names d*: the source alone, with
 // the pointer written by pg_cdc after each ack); queue, pointer and slot are named after it.
 func runBench(b *testing.B, e *env, name string) func() {
-	output := fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s", e.rd.URL(), benchDurability())
+	output := fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s%s", e.rd.URL(), benchDurability(), benchInFlight())
 	if strings.HasPrefix(name, "d") {
 		output = "drop: {}"
 	}
@@ -457,6 +457,15 @@ func redisArgs() []string {
 
 // benchDurability is the throughput benchmarks' redis_queue durability: aof (what exactly-once
 // needs) when Redis fsyncs every write, else none (aof would refuse such a server).
+// benchInFlight is the redis_queue output's max_in_flight line of the benchmarks' pipelines
+// (PGRELAY_BENCH_MAX_IN_FLIGHT; "": the output's default).
+func benchInFlight() string {
+	if n := os.Getenv("PGRELAY_BENCH_MAX_IN_FLIGHT"); n != "" {
+		return "\n    max_in_flight: " + n
+	}
+	return ""
+}
+
 func benchDurability() string {
 	if f := os.Getenv("PGRELAY_BENCH_FSYNC"); f != "" && f != "always" {
 		return "none"

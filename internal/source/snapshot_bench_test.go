@@ -126,8 +126,8 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name string, drop bool) 
 		stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  drop: {}\nlogger:\n  level: warn\n",
 			name, e.pg.DSN(), name, e.rd.URL(), indent(extra)))
 	} else {
-		stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  redis_queue:\n    url: %s\n    durability: %s\nlogger:\n  level: warn\n",
-			name, e.pg.DSN(), name, e.rd.URL(), indent(extra), e.rd.URL(), benchDurability()))
+		stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  redis_queue:\n    url: %s\n    durability: %s%s\nlogger:\n  level: warn\n",
+			name, e.pg.DSN(), name, e.rd.URL(), indent(extra), e.rd.URL(), benchDurability(), benchInFlight()))
 	}
 	defer stop()
 	key := "pgrelay:{" + name + "}:src:" + name + ":ptr"

@@ -109,8 +109,8 @@ func (lr *loadRunner) config(name string, added bool) string {
 		tables = tables[:len(tables)-1] + ", {table: snap, queue: %[1]s}]"
 		snap = "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
 	}
-	return fmt.Sprintf("input:\n  pg_cdc:\n    name: %[1]s\n    dsn: %[2]s\n    tls: {mode: disable}\n    tables: %[3]s\n    redis: {url: %[4]s}\n    lease_ttl: 3s\n%[5]s\noutput:\n  redis_queue:\n    url: %[4]s\n    durability: %[6]s\nlogger:\n  level: warn\n",
-		name, lr.e.pg.DSN(), fmt.Sprintf(tables, name), lr.e.rd.URL(), indent(snap), benchDurability())
+	return fmt.Sprintf("input:\n  pg_cdc:\n    name: %[1]s\n    dsn: %[2]s\n    tls: {mode: disable}\n    tables: %[3]s\n    redis: {url: %[4]s}\n    lease_ttl: 3s\n%[5]s\noutput:\n  redis_queue:\n    url: %[4]s\n    durability: %[6]s%[7]s\nlogger:\n  level: warn\n",
+		name, lr.e.pg.DSN(), fmt.Sprintf(tables, name), lr.e.rd.URL(), indent(snap), benchDurability(), benchInFlight())
 }
 
 // run makes source name stream pgbench's tables, starts the writers when asked, restarts the

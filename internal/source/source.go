@@ -79,9 +79,8 @@ type Source struct {
 
 	stopCovers context.CancelFunc // ends the cover writer's retries (Close, after the last write)
 
-	inflight chan struct{} // one unacknowledged batch at a time (held from Next until its Ack)
-	unacked  chan struct{} // full while a returned batch awaits its Ack
-	nextMu   sync.Mutex    // one Next at a time: only Next builds batches
+	chain  *queue.Chain // the batches in flight, as the output sees them (at most its window)
+	nextMu sync.Mutex   // one Next at a time: only Next builds batches
 
 	mu       sync.Mutex
 	phase    string
@@ -91,8 +90,10 @@ type Source struct {
 	streamed []string          // the tables the replication session streams ("schema.name"), set at its start
 	refused  []Refusal         // the tables its start checks refused (skipped with on_refused_table: skip)
 	snapProg *SnapshotProgress // the running snapshot's last progress report
-	retry    *Batch
-	ahead    *Batch // built while the previous batch was in flight; handed out after its ack
+	out      []*Batch          // handed out and awaiting their verdict (Ack), in the order handed out
+	outCh    chan struct{}     // closed and replaced whenever out shrinks
+	retry    []*Batch          // nacked, to send again in order
+	ahead    *Batch            // built while a batch was in flight; handed out after its ack, or behind it
 	attempts int
 
 	cancel context.CancelFunc
@@ -110,12 +111,12 @@ func New(cfg Config, log Logger, hooks Hooks) (*Source, error) {
 	keys := KeysFor(&cfg)
 	s := &Source{
 		cfg: cfg, log: log, hooks: hooks, keys: keys, owner: owner, rdb: rdb,
-		writer:   queue.NewWriter(rdb, queue.WriterConfig{Prefix: cfg.Redis.Prefix}),
-		lease:    lease.New(rdb, keys.Lease, cfg.LeaseTTL, owner),
-		inflight: make(chan struct{}, 1),
-		unacked:  make(chan struct{}, 1),
-		phase:    PhaseConnecting,
-		sessCh:   make(chan struct{}),
+		writer: queue.NewWriter(rdb, queue.WriterConfig{Prefix: cfg.Redis.Prefix}),
+		lease:  lease.New(rdb, keys.Lease, cfg.LeaseTTL, owner),
+		chain:  queue.NewChain(),
+		outCh:  make(chan struct{}),
+		phase:  PhaseConnecting,
+		sessCh: make(chan struct{}),
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s.covers, s.stopCovers = newCoverWriter(s, ctx), stop
