@@ -11,6 +11,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 const writerTable = `CREATE TABLE w ` + cdctest.WriterColumns
@@ -278,4 +279,59 @@ func TestSourceSIGKILLWithTransactionInFlight(t *testing.T) {
 		t.Errorf("%.1f TYPEs per EXEC: the writes were not primed", types)
 	}
 	t.Logf("%d transactions, %d events, %d EXECs, %.1f TYPEs per EXEC", committed, res.Events, execs, types)
+}
+
+// TestSourceSIGKILLWithTwoBatchesInFlight runs pg_cdc into redis_queue with max_in_flight 2
+// through a proxy, and kills pgrelay three times while two of its batches are in flight on one
+// connection: the proxy holds Redis's replies until the connection has sent a batch's entries
+// behind an EXEC it has no reply to (the next batch queued behind the one being written); then
+// SIGKILL, and the replies are let go. Redis ran the first EXEC and had the second batch queued
+// inside the MULTI that follows it, which dies with the connection; the restarted process writes
+// each change exactly once: the queue replays to the table. With one batch in flight nothing is
+// ever sent behind an unanswered EXEC, and the test fails.
+func TestSourceSIGKILLWithTwoBatchesInFlight(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	var proxy *testenv.HoldProxy
+	e := newCDCEnvWith(t, pg, pg.DSN(), "winkill", `[{table: w, queue: q}]`, func(p *cdctest.Pipeline, rd *testenv.Redis) {
+		proxy = testenv.StartHoldProxy(t, rd.Addr())
+		p.Redis, p.Source, p.Output = proxy.URL(), "max_bundle_messages: 7", "max_in_flight: 2"
+	})
+	e.pg.Exec(writerTable)
+	p := e.start()
+	e.waitPointer()
+	stopWriter := make(chan struct{})
+	wait := e.randomWriter(13, stopWriter)
+	for i := 0; i < 3; i++ {
+		caught := false
+		for deadline := time.Now().Add(30 * time.Second); !caught && time.Now().Before(deadline); {
+			time.Sleep(300 * time.Millisecond)
+			before := proxy.Pipelined()
+			proxy.Hold()
+			for held := time.Now(); !caught && time.Since(held) < 500*time.Millisecond; time.Sleep(5 * time.Millisecond) {
+				caught = proxy.Pipelined() > before
+			}
+			if caught {
+				p.Kill()
+			}
+			proxy.Release()
+		}
+		if !caught {
+			t.Fatalf("kill %d: no batch was ever sent behind an unanswered EXEC", i+1)
+		}
+		held := e.rd.Client().Get(e.ctx, e.leaseKey()).Val()
+		p = e.start()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if v := e.rd.Client().Get(e.ctx, e.leaseKey()).Val(); v != "" && v != held {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("kill %d: the restarted process never took the lease", i+1)
+			}
+		}
+	}
+	time.Sleep(time.Second)
+	close(stopWriter)
+	committed := wait()
+	res := e.converge("public.w", "id")
+	t.Logf("%d transactions, %d events, %d entries sent behind an unanswered EXEC", committed, res.Events, proxy.Pipelined())
 }

@@ -60,9 +60,16 @@ func newCDCEnv(t testing.TB, name, tables, extra string) *cdcEnv {
 
 // newCDCEnvOn is newCDCEnv on a server already started, pg_cdc connecting through dsn.
 func newCDCEnvOn(t testing.TB, pg *testenv.Postgres, dsn, name, tables, extra string) *cdcEnv {
+	return newCDCEnvWith(t, pg, dsn, name, tables, func(p *cdctest.Pipeline, _ *testenv.Redis) { p.Source = extra })
+}
+
+// newCDCEnvWith is newCDCEnvOn with the pipeline adjusted by adjust, given the Redis started for it.
+func newCDCEnvWith(t testing.TB, pg *testenv.Postgres, dsn, name, tables string, adjust func(*cdctest.Pipeline, *testenv.Redis)) *cdcEnv {
 	e := &cdcEnv{t: t, ctx: context.Background(), pg: pg, rd: testenv.StartRedis(t), name: name, queue: "q"}
-	e.config = writeConfig(t, "pgrelay.yaml", cdctest.Pipeline{Name: name, DSN: dsn, Tables: tables, Redis: e.rd.URL(), Source: extra,
-		Durability: "aof", LogLevel: "info", Top: "http:\n  enabled: false\nshutdown_timeout: 20s"}.YAML())
+	p := cdctest.Pipeline{Name: name, DSN: dsn, Tables: tables, Redis: e.rd.URL(),
+		Durability: "aof", LogLevel: "info", Top: "http:\n  enabled: false\nshutdown_timeout: 20s"}
+	adjust(&p, e.rd)
+	e.config = writeConfig(t, "pgrelay.yaml", p.YAML())
 	return e
 }
 

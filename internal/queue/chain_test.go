@@ -1,13 +1,9 @@
 package queue
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"net"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,117 +12,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
-
-// holdProxy forwards connections to a Redis server. While held, the server's bytes wait in the
-// proxy instead of reaching the client (the client's still reach the server), so a test can see
-// what a client sends before it has read a reply; seen reports whether the client side sent a
-// given byte string since the proxy started.
-type holdProxy struct {
-	ln   net.Listener
-	hold atomic.Bool
-	mu   sync.Mutex
-	sent []byte // everything the clients sent, in arrival order across connections
-	wake chan struct{}
-}
-
-func startHoldProxy(t *testing.T, target string) *holdProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &holdProxy{ln: ln, wake: make(chan struct{})}
-	var conns []net.Conn
-	var cmu sync.Mutex
-	t.Cleanup(func() {
-		ln.Close()
-		cmu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		cmu.Unlock()
-	})
-	go func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial("tcp", target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			cmu.Lock()
-			conns = append(conns, client, server)
-			cmu.Unlock()
-			go func() { // client → server, recorded
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := client.Read(buf)
-					if n > 0 {
-						p.mu.Lock()
-						p.sent = append(p.sent, buf[:n]...)
-						p.mu.Unlock()
-						if _, err := server.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						server.Close()
-						return
-					}
-				}
-			}()
-			go func() { // server → client, held while hold is set
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := server.Read(buf)
-					for n > 0 && p.hold.Load() {
-						p.mu.Lock()
-						wake := p.wake
-						p.mu.Unlock()
-						select {
-						case <-wake:
-						case <-time.After(10 * time.Millisecond):
-						}
-					}
-					if n > 0 {
-						if _, err := client.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						client.Close()
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return p
-}
-
-func (p *holdProxy) release() {
-	p.hold.Store(false)
-	p.mu.Lock()
-	close(p.wake)
-	p.wake = make(chan struct{})
-	p.mu.Unlock()
-}
-
-// waitSent waits up to d for the clients to have sent s.
-func (p *holdProxy) waitSent(s string, d time.Duration) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		p.mu.Lock()
-		ok := bytes.Contains(p.sent, []byte(s))
-		p.mu.Unlock()
-		if ok {
-			return true
-		}
-	}
-	return false
-}
 
 // chainedCover is cover(pos) on chain ch, following prev ("" for the first of the chain).
 func chainedCover(cover func(string) *Cover, ch *Chain, pos, prev string) *Cover {
@@ -158,8 +43,8 @@ func TestChainQueuesBehindTheWriteInFlight(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := r.Client()
 	ctx := context.Background()
-	p := startHoldProxy(t, r.Addr())
-	prdb := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String()})
+	p := testenv.StartHoldProxy(t, r.Addr())
+	prdb := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	defer prdb.Close()
 	q := "chained"
 	_, ptrKey, cover := leasedSource(t, rdb, q)
@@ -172,17 +57,17 @@ func TestChainQueuesBehindTheWriteInFlight(t *testing.T) {
 	ch := NewChain()
 	ch.Expect("0002")
 	ch.Expect("0003")
-	p.hold.Store(true)
+	p.Hold()
 	one := writeAsync(ctx, w, b1, chainedCover(cover, ch, "0002", ""))
-	if !p.waitSent(`one-29`, 5*time.Second) {
+	if !p.WaitSent(`one-29`, 5*time.Second) {
 		t.Fatal("the first chained batch was not sent")
 	}
 	two := writeAsync(ctx, w, b2, chainedCover(cover, ch, "0003", "0002"))
-	if !p.waitSent(`two-39`, 5*time.Second) {
-		p.release()
+	if !p.WaitSent(`two-39`, 5*time.Second) || p.Pipelined() == 0 {
+		p.Release()
 		t.Fatal("the second batch sent nothing while the first write's reply was held")
 	}
-	p.release()
+	p.Release()
 	for i, c := range []<-chan writeResult{one, two} {
 		if r := <-c; r.err != nil || r.res != ResultOK {
 			t.Fatalf("batch %d: %v %v", i+1, r.res, r.err)
@@ -242,8 +127,8 @@ func TestChainChangesInTheWindow(t *testing.T) {
 					q += "b"
 				}
 				leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
-				p := startHoldProxy(t, r.Addr())
-				prdb := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String()})
+				p := testenv.StartHoldProxy(t, r.Addr())
+				prdb := redis.NewClient(&redis.Options{Addr: p.Addr()})
 				defer prdb.Close()
 				w := NewWriter(prdb, WriterConfig{Shards: 4})
 				defer w.Close()
@@ -257,17 +142,17 @@ func TestChainChangesInTheWindow(t *testing.T) {
 				if before {
 					c.change(q, leaseKey, ptrKey) // after the priming reads the first write checks
 				}
-				p.hold.Store(true)
+				p.Hold()
 				one := writeAsync(ctx, w, first, chainedCover(cover, ch, "0001", ""))
 				two := writeAsync(ctx, w, second, chainedCover(cover, ch, "0003", "0001"))
-				if !p.waitSent(`second-29`, 5*time.Second) {
-					p.release()
+				if !p.WaitSent(`second-29`, 5*time.Second) {
+					p.Release()
 					t.Fatal("the second batch was not queued behind the first")
 				}
 				if !before {
 					c.change(q, leaseKey, ptrKey)
 				}
-				p.release()
+				p.Release()
 				r1, r2 := <-one, <-two
 				checkWindow(t, rdb, w, q, ptrKey, c, before, zero, first, second, r1, r2)
 			})
