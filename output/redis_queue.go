@@ -113,7 +113,7 @@ is retried and may repeat messages (same ids).`).
 				LintRule(fmt.Sprintf(`root = if this.type() == "object" && this.include_patterns.or([]).any(p -> "".re_match(p).catch(null) == null) { [%q] }`,
 					rqoFieldMetadata+".include_patterns must be regular expressions (Go's syntax)")),
 			service.NewOutputMaxInFlightField().Default(1).
-				Description("Batches written at the same time. 1 (the default) keeps the order of a partition across batches; more trades that order for throughput (messages inside one batch always stay in order)."),
+				Description("Batches written at the same time. 1 (the default) keeps the order of a partition across batches; more trades that order for throughput (messages inside one batch always stay in order). pg_cdc's batches keep their order at any value: with 2 or more, pg_cdc hands out a full batch while the one before it is written, and the second is queued behind the first's EXEC on the same connection and applies only after it."),
 			service.NewBatchPolicyField(rqoFieldBatching),
 		).
 		LintRule(speclint.Rule(speclint.RedisURLChecks("")...)).
