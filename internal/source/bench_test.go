@@ -58,7 +58,7 @@ func benchSource(b *testing.B, txRows int) {
 	e.pg.Exec(`CREATE PUBLICATION raw FOR TABLE bench`)
 	for r := 0; r < runs; r++ {
 		e.pg.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, "raw"+strconv.Itoa(r))
-		for _, name := range []string{"q" + strconv.Itoa(r), "d" + strconv.Itoa(r)} {
+		for _, name := range []string{"q" + strconv.Itoa(r), "w" + strconv.Itoa(r), "d" + strconv.Itoa(r)} {
 			stop := runBench(b, e, name)
 			waitBenchPointer(b, e, name, name)
 			stop()
@@ -85,6 +85,7 @@ func benchSource(b *testing.B, txRows int) {
 		for r := 0; r < runs; r++ {
 			raw := recvLogical(b, e, pids, recv, "raw"+strconv.Itoa(r), endpos)
 			queue := catchUp(b, e, pids, "q"+strconv.Itoa(r), before)
+			queue2 := catchUp(b, e, pids, "w"+strconv.Itoa(r), before)
 			drop := catchUp(b, e, pids, "d"+strconv.Itoa(r), before)
 			xadd := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), false)
 			multi := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), true)
@@ -95,11 +96,11 @@ func benchSource(b *testing.B, txRows int) {
 			for _, p := range []struct {
 				name string
 				ph   phase
-			}{{"queue", queue}, {"drop", drop}} {
+			}{{"queue", queue}, {"queue2", queue2}, {"drop", drop}} {
 				m.Add(p.name+"_changes/s", p.ph.rate(total))
 				m.Add(p.name+"_ratio", p.ph.rate(total)/raw.rate(total))
 				m.Add(p.name+"_cpu_pgrelay_us/change", benchenv.PerChange(p.ph.pgrelay, total))
-				if p.name == "queue" {
+				if p.name != "drop" {
 					m.Add(p.name+"_cpu_redis_us/change", benchenv.PerChange(p.ph.redis, total))
 				}
 				m.Add(p.name+"_cpu_walsender_us/change", benchenv.PerChange(p.ph.walsender, total))
@@ -107,6 +108,7 @@ func benchSource(b *testing.B, txRows int) {
 				m.Add(p.name+"_projected_ratio", decode/benchenv.PerChange(max(p.ph.pgrelay, p.ph.redis, p.ph.walsender), total))
 				addAlloc(&m, p.name, "change", p.ph, total)
 			}
+			m.Add("queue2_vs_queue_ratio", queue2.rate(total)/queue.rate(total))
 			m.Add("xadd_changes/s", xadd.rate(total))
 			m.Add("xadd_ratio", xadd.rate(total)/raw.rate(total))
 			m.Add("xadd_cpu_redis_us/change", benchenv.PerChange(xadd.redis, total))
@@ -285,10 +287,7 @@ func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi bool) phase 
 // after LSN before, and returns the window. The pipeline runs in this process: its CPU is
 // this process' over the window (the pointer polling beside it costs ~1 %).
 func catchUp(b *testing.B, e *env, pids benchProcs, name string, before pglogrepl.LSN) phase {
-	kind := "queue"
-	if strings.HasPrefix(name, "d") {
-		kind = "drop"
-	}
+	kind := map[byte]string{'q': "queue", 'w': "queue2", 'd': "drop"}[name[0]]
 	defer benchenv.Profile(b, "stream_"+kind)()
 	m := startMeter(b, pids)
 	stop := runBench(b, e, name)
@@ -314,11 +313,15 @@ func catchUp(b *testing.B, e *env, pids benchProcs, name string, before pglogrep
 	}
 }
 
-// runBench runs pg_cdc into redis_queue (names q*) or into drop (names d*: the source alone, with
-// the pointer written by pg_cdc after each ack); queue, pointer and slot are named after it.
+// runBench runs pg_cdc into redis_queue (names q*; w*: with max_in_flight 2, two batches in
+// flight) or into drop (names d*: the source alone, with the pointer written by pg_cdc after each
+// ack); queue, pointer and slot are named after it.
 func runBench(b *testing.B, e *env, name string) func() {
 	output := fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s%s", e.rd.URL(), benchDurability(), benchInFlight())
-	if strings.HasPrefix(name, "d") {
+	switch name[0] {
+	case 'w':
+		output = fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s\n    max_in_flight: 2", e.rd.URL(), benchDurability())
+	case 'd':
 		output = "drop: {}"
 	}
 	yaml := fmt.Sprintf(`

@@ -63,22 +63,23 @@ func BenchmarkSnapshot(b *testing.B) {
 			m.Add("copy_rows/s", cp.rate(total))
 			m.Add("copy_cpu_backend_us/row", benchenv.PerChange(cp.postgres, total))
 			name := fmt.Sprintf("sq%d_%d", i, r)
-			var queue phase
+			var queue, queue2 phase
 			if !dropOnly {
-				queue = snapshotRun(b, e, pids, name, false)
+				queue = snapshotRun(b, e, pids, name, "queue")
+				queue2 = snapshotRun(b, e, pids, fmt.Sprintf("sw%d_%d", i, r), "queue2")
 			}
-			drop := snapshotRun(b, e, pids, fmt.Sprintf("sd%d_%d", i, r), true)
+			drop := snapshotRun(b, e, pids, fmt.Sprintf("sd%d_%d", i, r), "drop")
 			for _, p := range []struct {
 				name string
 				ph   phase
-			}{{"queue", queue}, {"drop", drop}} {
-				if dropOnly && p.name == "queue" {
+			}{{"queue", queue}, {"queue2", queue2}, {"drop", drop}} {
+				if dropOnly && p.name != "drop" {
 					continue
 				}
 				m.Add(p.name+"_rows/s", p.ph.rate(total))
 				m.Add(p.name+"_ratio", p.ph.rate(total)/cp.rate(total))
 				m.Add(p.name+"_cpu_pgrelay_us/row", benchenv.PerChange(p.ph.pgrelay, total))
-				if p.name == "queue" {
+				if p.name != "drop" {
 					m.Add(p.name+"_cpu_redis_us/row", benchenv.PerChange(p.ph.redis, total))
 				}
 				// the chunk readers are the pipeline's ordinary backends: the whole server but the walsender
@@ -97,6 +98,8 @@ func BenchmarkSnapshot(b *testing.B) {
 			m.Add("multi_rows/s", multi.rate(total))
 			m.Add("multi_cpu_redis_us/row", benchenv.PerChange(multi.redis, total))
 			m.Add("queue_multi_ratio", queue.rate(total)/multi.rate(total))
+			m.Add("queue2_multi_ratio", queue2.rate(total)/multi.rate(total))
+			m.Add("queue2_vs_queue_ratio", queue2.rate(total)/queue.rate(total))
 		}
 		m.Report(b)
 	}
@@ -113,10 +116,13 @@ func cpuOf(b *testing.B, pid int) time.Duration {
 // snapshotRun runs a new pg_cdc source name (queue of the same name) with snapshot: initial
 // into redis_queue, or into drop, until the pointer's snapshot is null, and returns the window
 // with the CPU of its walsender.
-func snapshotRun(b *testing.B, e *env, pids benchProcs, name string, drop bool) phase {
-	kind := "queue"
-	if drop {
-		kind = "drop"
+// snapshotRun runs the snapshot of snap as source name: kind "queue" into redis_queue, "queue2"
+// the same with max_in_flight 2 (two batches in flight), "drop" the source alone.
+func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase {
+	drop := kind == "drop"
+	inFlight := benchInFlight()
+	if kind == "queue2" {
+		inFlight = "\n    max_in_flight: 2"
 	}
 	defer benchenv.Profile(b, "snapshot_"+kind)()
 	extra := "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
@@ -127,7 +133,7 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name string, drop bool) 
 			name, e.pg.DSN(), name, e.rd.URL(), indent(extra)))
 	} else {
 		stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  redis_queue:\n    url: %s\n    durability: %s%s\nlogger:\n  level: warn\n",
-			name, e.pg.DSN(), name, e.rd.URL(), indent(extra), e.rd.URL(), benchDurability(), benchInFlight()))
+			name, e.pg.DSN(), name, e.rd.URL(), indent(extra), e.rd.URL(), benchDurability(), inFlight))
 	}
 	defer stop()
 	key := "pgrelay:{" + name + "}:src:" + name + ":ptr"

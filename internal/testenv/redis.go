@@ -40,13 +40,31 @@ func redisBin(t testing.TB) string {
 // (for example "--appendfsync", "everysec").
 func StartRedis(t testing.TB, extra ...string) *Redis {
 	t.Helper()
-	r := &Redis{t: t, Port: FreePort(t), Dir: tempDir(t, "redis")}
-	r.run(append([]string{"--port", fmt.Sprint(r.Port)}, extra...))
-	return r
+	return startRedisOn(t, func(r *Redis) []string { return append([]string{"--port", fmt.Sprint(r.Port)}, extra...) })
+}
+
+// startRedisOn starts a server on a free port with the arguments args gives for it (after the
+// common ones). A port taken between FreePort and the server's bind (by another test process, or,
+// for a cluster node's bus at port+10000, by an outgoing connection) is replaced by another.
+func startRedisOn(t testing.TB, args func(*Redis) []string, setup ...func(*Redis)) *Redis {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		r := &Redis{t: t, Port: FreePort(t), Dir: tempDir(t, "redis")}
+		for _, f := range setup {
+			f(r)
+		}
+		err := r.run(args(r))
+		if err == nil {
+			return r
+		}
+		if attempt == 5 || !strings.Contains(err.Error(), "Address already in use") {
+			t.Fatalf("testenv: redis: %v", err)
+		}
+	}
 }
 
 // run starts the server with the common arguments, then args (the listening port, the caller's).
-func (r *Redis) run(args []string) {
+func (r *Redis) run(args []string) error {
 	r.t.Helper()
 	bin := redisBin(r.t)
 	r.args = append([]string{
@@ -54,27 +72,35 @@ func (r *Redis) run(args []string) {
 		"--appendonly", "yes", "--appendfsync", "always", "--save", "",
 		"--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
 	}, args...)
-	r.start(bin)
+	if err := r.tryStart(bin); err != nil {
+		r.Stop()
+		return err
+	}
 	r.t.Cleanup(r.Stop)
+	return nil
 }
 
 func (r *Redis) start(bin string) {
 	r.t.Helper()
+	if err := r.tryStart(bin); err != nil {
+		r.t.Fatalf("testenv: redis: %v", err)
+	}
+}
+
+func (r *Redis) tryStart(bin string) error {
 	cmd, err := command(bin, r.args...)
 	if err != nil {
-		r.t.Fatalf("testenv: %v", err)
+		return err
 	}
 	p, err := startProc(cmd, filepath.Join(r.Dir, "redis.log"))
 	if err != nil {
-		r.t.Fatalf("testenv: start redis: %v", err)
+		return fmt.Errorf("start redis: %w", err)
 	}
 	r.proc.set(p)
 	if err := waitTCP(p, r.Port, 30*time.Second); err != nil {
-		r.t.Fatalf("testenv: redis: %v", err)
+		return err
 	}
-	if err := waitRedisLoaded(r.Addr(), r.tlsConf); err != nil {
-		r.t.Fatalf("testenv: redis: %v", err)
-	}
+	return waitRedisLoaded(r.Addr(), r.tlsConf)
 }
 
 // waitRedisLoaded waits until the server has loaded its data (PING answers without LOADING).

@@ -24,19 +24,20 @@ type RedisTLSFiles struct {
 // URL is then rediss://, and Client connects with the CA and the client certificate.
 func StartRedisTLS(t testing.TB, extra ...string) *Redis {
 	t.Helper()
-	r := &Redis{t: t, Port: FreePort(t), Dir: tempDir(t, "redis")}
-	files, err := setupRedisTLS(r.Dir, filepath.Join(tempDir(t, "redis-client"), "tls"))
-	if err != nil {
-		t.Fatalf("testenv: redis tls: %v", err)
-	}
-	r.TLS = files
-	if r.tlsConf, err = files.ClientConfig(); err != nil {
-		t.Fatalf("testenv: redis tls: %v", err)
-	}
-	r.run(append([]string{"--port", "0", "--tls-port", fmt.Sprint(r.Port),
-		"--tls-cert-file", filepath.Join(r.Dir, "server.crt"), "--tls-key-file", filepath.Join(r.Dir, "server.key"),
-		"--tls-ca-cert-file", filepath.Join(r.Dir, "ca.crt"), "--tls-auth-clients", "yes"}, extra...))
-	return r
+	return startRedisOn(t, func(r *Redis) []string {
+		return append([]string{"--port", "0", "--tls-port", fmt.Sprint(r.Port),
+			"--tls-cert-file", filepath.Join(r.Dir, "server.crt"), "--tls-key-file", filepath.Join(r.Dir, "server.key"),
+			"--tls-ca-cert-file", filepath.Join(r.Dir, "ca.crt"), "--tls-auth-clients", "yes"}, extra...)
+	}, func(r *Redis) {
+		files, err := setupRedisTLS(r.Dir, filepath.Join(tempDir(t, "redis-client"), "tls"))
+		if err != nil {
+			t.Fatalf("testenv: redis tls: %v", err)
+		}
+		r.TLS = files
+		if r.tlsConf, err = files.ClientConfig(); err != nil {
+			t.Fatalf("testenv: redis tls: %v", err)
+		}
+	})
 }
 
 // ClientConfig is a TLS configuration that trusts the server and presents the client certificate.
