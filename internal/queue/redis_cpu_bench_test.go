@@ -226,7 +226,7 @@ var redisVariants = []redisVariant{
 // (comma-separated). With PGRELAY_BENCH_PERF set to a directory, perf records redis-server in the first round
 // (perf record -e cpu-clock) into <dir>/redis_<variant>.data.
 func BenchmarkRedisCPU(b *testing.B) {
-	r := testenv.StartRedis(b, "--auto-aof-rewrite-percentage", "0")
+	r := testenv.StartRedis(b, append([]string{"--auto-aof-rewrite-percentage", "0"}, strings.Fields(os.Getenv("PGRELAY_BENCH_REDIS_ARGS"))...)...)
 	rdb := r.Client()
 	ctx := context.Background()
 	pid, err := benchenv.RedisPid(ctx, rdb)

@@ -450,16 +450,16 @@ func (m *latencyMetrics) latencyRun(b *testing.B, e *env, stream string, tps, to
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // redisArgs are extra redis-server arguments for the throughput benchmarks: PGRELAY_BENCH_FSYNC
-// (default always, as every test Redis: appendonly yes, appendfsync always; e.g. "everysec").
+// (default always, as every test Redis: appendonly yes, appendfsync always; e.g. "everysec"),
+// then PGRELAY_BENCH_REDIS_ARGS (space-separated, e.g. "--stream-node-max-bytes 16384").
 func redisArgs() []string {
+	var args []string
 	if f := os.Getenv("PGRELAY_BENCH_FSYNC"); f != "" {
-		return []string{"--appendfsync", f}
+		args = append(args, "--appendfsync", f)
 	}
-	return nil
+	return append(args, strings.Fields(os.Getenv("PGRELAY_BENCH_REDIS_ARGS"))...)
 }
 
-// benchDurability is the throughput benchmarks' redis_queue durability: aof (what exactly-once
-// needs) when Redis fsyncs every write, else none (aof would refuse such a server).
 // benchInFlight is the redis_queue output's max_in_flight line of the benchmarks' pipelines
 // (PGRELAY_BENCH_MAX_IN_FLIGHT; "": the output's default).
 func benchInFlight() string {
@@ -469,6 +469,8 @@ func benchInFlight() string {
 	return ""
 }
 
+// benchDurability is the throughput benchmarks' redis_queue durability: aof (what exactly-once
+// needs) when Redis fsyncs every write, else none (aof would refuse such a server).
 func benchDurability() string {
 	if f := os.Getenv("PGRELAY_BENCH_FSYNC"); f != "" && f != "always" {
 		return "none"
