@@ -28,6 +28,7 @@ type clusterEnv struct {
 	pg  *testenv.Postgres
 	rc  *testenv.RedisCluster
 	cc  *redis.ClusterClient
+	out string // further redis_queue fields of the pipelines
 }
 
 // clusterSource is one pg_cdc source and the one queue (and table) it feeds.
@@ -52,7 +53,7 @@ func (e *clusterEnv) yaml(name, tables string) string {
 	for _, a := range e.rc.Addrs() {
 		urls = append(urls, "redis://"+a)
 	}
-	return cdctest.Pipeline{Name: name, DSN: e.pg.DSN(), Tables: tables, ClusterURLs: urls, Durability: "aof"}.YAML()
+	return cdctest.Pipeline{Name: name, DSN: e.pg.DSN(), Tables: tables, ClusterURLs: urls, Durability: "aof", Output: e.out}.YAML()
 }
 
 func (s clusterSource) tables() string {
@@ -257,9 +258,11 @@ func TestClusterTwoSourcesOnTwoMastersAreExact(t *testing.T) {
 // TestClusterSourcesStayExactOverRestartAndMasterKill is the same two-source run, but midway
 // source A's pipeline is stopped and a new one of the same name started, and later the master
 // serving queue B's slot is SIGKILLed and restarted on its data (appendfsync always, durability: aof).
-// Each queue must still replay to its table with every id once.
+// The outputs write two batches at a time (max_in_flight 2, each source's batches chained on one
+// connection). Each queue must still replay to its table with every id once.
 func TestClusterSourcesStayExactOverRestartAndMasterKill(t *testing.T) {
 	e := newClusterEnv(t)
+	e.out = "max_in_flight: 2"
 	a, b, stopA, _ := e.twoSources()
 	stop := make(chan struct{})
 	wait := e.clusterWriter(12, []string{a.table, b.table}, stop)
