@@ -245,17 +245,7 @@ func TestSourceSIGKILLWithTransactionInFlight(t *testing.T) {
 			t.Fatalf("kill %d: no transaction open on Redis: %s", i+1, seen)
 		}
 		t.Logf("kill %d with %s", i+1, seen)
-		held := rc.Get(e.ctx, e.leaseKey()).Val()
-		p = e.start()
-		// the new process streams once it holds the lease (the killed one's expires first)
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			if v := rc.Get(e.ctx, e.leaseKey()).Val(); v != "" && v != held {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("kill %d: the restarted process never took the lease", i+1)
-			}
-		}
+		p = e.restartAfterKill(i + 1)
 	}
 	time.Sleep(time.Second)
 	close(stopWriter)
@@ -318,20 +308,28 @@ func TestSourceSIGKILLWithTwoBatchesInFlight(t *testing.T) {
 		if !caught {
 			t.Fatalf("kill %d: no batch was ever sent behind an unanswered EXEC", i+1)
 		}
-		held := e.rd.Client().Get(e.ctx, e.leaseKey()).Val()
-		p = e.start()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			if v := e.rd.Client().Get(e.ctx, e.leaseKey()).Val(); v != "" && v != held {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("kill %d: the restarted process never took the lease", i+1)
-			}
-		}
+		p = e.restartAfterKill(i + 1)
 	}
 	time.Sleep(time.Second)
 	close(stopWriter)
 	committed := wait()
 	res := e.converge("public.w", "id")
 	t.Logf("%d transactions, %d events, %d entries sent behind an unanswered EXEC", committed, res.Events, proxy.Pipelined())
+}
+
+// restartAfterKill starts pgrelay again after kill number n and waits until the new process holds
+// the lease (the killed one's expires first): it streams from then on.
+func (e *cdcEnv) restartAfterKill(n int) *testenv.Process {
+	e.t.Helper()
+	rc := e.rd.Client()
+	held := rc.Get(e.ctx, e.leaseKey()).Val()
+	p := e.start()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if v := rc.Get(e.ctx, e.leaseKey()).Val(); v != "" && v != held {
+			return p
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("kill %d: the restarted process never took the lease", n)
+		}
+	}
 }

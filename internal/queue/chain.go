@@ -185,15 +185,22 @@ func (ch *Chain) join(ctx context.Context, p *plan, c *Cover) (*opening, *link, 
 			l.taken = true
 			return l.open, l, nil
 		}
-		wake := l.changed
-		ch.mu.Unlock()
-		select {
-		case <-wake:
-			ch.mu.Lock()
-		case <-ctx.Done():
-			ch.mu.Lock()
-			return nil, nil, ctx.Err()
+		if err := ch.await(ctx, l); err != nil {
+			return nil, nil, err
 		}
+	}
+}
+
+// await waits for the next change of l; the caller holds ch.mu, released meanwhile.
+func (ch *Chain) await(ctx context.Context, l *link) error {
+	wake := l.changed
+	ch.mu.Unlock()
+	defer ch.mu.Lock()
+	select {
+	case <-wake:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -202,14 +209,8 @@ func (ch *Chain) waitEnded(ctx context.Context, pos string) error {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	for l := ch.links[pos]; l != nil && !l.final; {
-		wake := l.changed
-		ch.mu.Unlock()
-		select {
-		case <-wake:
-			ch.mu.Lock()
-		case <-ctx.Done():
-			ch.mu.Lock()
-			return ctx.Err()
+		if err := ch.await(ctx, l); err != nil {
+			return err
 		}
 	}
 	return nil
