@@ -46,7 +46,7 @@ type Cover struct {
 	Pointer    []byte // the new pointer JSON, SET when the batch is written
 	Pos        string // the new pointer's `pos`; the stored one must be strictly below it
 	// Prev, when set, is the pos of the batch written just before this one, perhaps still in
-	// flight: the write never applies unless the stored pointer is at or past it (errBehind),
+	// flight: the write never applies unless the stored pointer is at or past it (ErrBehind),
 	// and with Chain it follows that batch's write on its connection (chain.go).
 	Prev  string
 	Chain *Chain // the source's chain of batches in flight; nil for a lone batch
