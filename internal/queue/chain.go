@@ -67,12 +67,20 @@ func (ch *Chain) Expect(pos string) {
 }
 
 // Settle forgets the batch at pos (the source has its verdict): nothing follows it any more.
-func (ch *Chain) Settle(pos string) {
+func (ch *Chain) Settle(pos string) { ch.finish(pos, true) }
+
+// finish marks the link of the batch at pos final (nothing can follow its write on its
+// connection any more), and forgets it when drop.
+func (ch *Chain) finish(pos string, drop bool) {
 	ch.mu.Lock()
 	if l := ch.links[pos]; l != nil {
-		l.final = true
-		l.signal()
-		delete(ch.links, pos)
+		if !l.final {
+			l.final = true
+			l.signal()
+		}
+		if drop {
+			delete(ch.links, pos)
+		}
 	}
 	ch.mu.Unlock()
 }
@@ -107,19 +115,6 @@ type opening struct {
 func (o *opening) follows(p *plan, c *Cover) bool {
 	return c.LeaseKey == o.leaseKey && c.Fence == o.fence && c.PointerKey == o.pointerKey &&
 		slices.Equal(p.queues, o.plan.queues) && slices.Equal(p.counts, o.plan.counts)
-}
-
-// index is the position in o.plan.streams of each of p's streams.
-func (o *opening) index(p *plan) []int {
-	base := make([]int, len(p.counts)) // index of shard 0 of each queue
-	for i := 1; i < len(base); i++ {
-		base[i] = base[i-1] + p.counts[i-1]
-	}
-	idx := make([]int, len(p.streams))
-	for j, s := range p.streams {
-		idx[j] = base[s.queue] + s.shard
-	}
-	return idx
 }
 
 // find returns the link of the batch at pos, nil when it is not registered (or settled).
@@ -158,14 +153,7 @@ func (ch *Chain) closeLink(l *link, applied bool) (taken bool) {
 
 // ended records that the write of the batch at pos returned: a follower that has not joined it
 // writes the usual way.
-func (ch *Chain) ended(pos string) {
-	ch.mu.Lock()
-	if l := ch.links[pos]; l != nil && !l.final {
-		l.final = true
-		l.signal()
-	}
-	ch.mu.Unlock()
-}
+func (ch *Chain) ended(pos string) { ch.finish(pos, false) }
 
 // join waits until the write of c.Prev opens or ends. It returns that write's opening and link
 // once this write (plan p) took its connection, or nil when it cannot follow (the write ended,
@@ -232,7 +220,7 @@ func (w *Writer) follow(ctx context.Context, msgs []Message, c *Cover) (reply st
 		return "", false, c.Chain.waitEnded(ctx, c.Prev)
 	}
 	// queue the writes inside the MULTI of the priming, with the offsets the write before leaves
-	idx := o.index(p)
+	idx := p.everyShardIndex() // where p's streams stand in o.plan
 	offs := make([]int64, len(p.streams))
 	for j := range offs {
 		offs[j] = o.offs[idx[j]]

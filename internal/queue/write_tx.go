@@ -88,16 +88,10 @@ func (pr *primed) stateFor(p *plan, c *Cover) *txState {
 		!slices.Equal(p.queues, pr.plan.queues) || !slices.Equal(p.counts, pr.plan.counts) {
 		return nil
 	}
-	base := make([]int, len(p.counts)) // index of shard 0 of each queue in pr.plan.streams
-	for i := 1; i < len(base); i++ {
-		base[i] = base[i-1] + p.counts[i-1]
-	}
 	st := &txState{fenced: pr.st.fenced, stored: pr.st.stored, create: pr.st.create, layout: pr.st.queueErr,
-		offs: make([]int64, len(p.streams)), all: pr.st.offs, allIdx: make([]int, len(p.streams))}
-	for j, s := range p.streams {
-		k := base[s.queue] + s.shard
+		offs: make([]int64, len(p.streams)), all: pr.st.offs, allIdx: p.everyShardIndex()}
+	for j, k := range st.allIdx {
 		st.offs[j] = pr.st.offs[k]
-		st.allIdx[j] = k
 		if st.layout == nil {
 			st.layout = pr.st.streamErr[k]
 		}
@@ -138,6 +132,20 @@ type plan struct {
 	counts    []int
 	streams   []streamRef
 	msgStream []int // index into streams, per message
+}
+
+// everyShardIndex is where each of p's streams stands among every shard of p's queues, in queue
+// then shard order (the streams of a priming plan, primePlan).
+func (p *plan) everyShardIndex() []int {
+	base := make([]int, len(p.counts)) // index of shard 0 of each queue
+	for i := 1; i < len(base); i++ {
+		base[i] = base[i-1] + p.counts[i-1]
+	}
+	idx := make([]int, len(p.streams))
+	for j, s := range p.streams {
+		idx[j] = base[s.queue] + s.shard
+	}
+	return idx
 }
 
 type streamRef struct {

@@ -94,8 +94,7 @@ func (r *Raw) runOn(ctx context.Context, node *redis.Client, fn func(*RawConn) e
 	if err != nil {
 		return err
 	}
-	// a cancelled context ends any read or write under way at once
-	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+	stop := c.Watch(ctx) // a cancelled context ends any read or write under way at once
 	err = fn(c)
 	var h Handed
 	if errors.As(err, &h) {
@@ -289,24 +288,14 @@ func positive(d, def time.Duration) time.Duration {
 // On a pool that follows the sentinels, a connection dialed before the last announced switch of
 // master sends nothing: ErrMasterSwitched.
 func (c *RawConn) Send(ctx context.Context, b []byte, extra time.Duration) error {
-	if c.pool != nil && c.pool.gen.Load() != c.gen {
-		c.broken = true
-		return ErrMasterSwitched
+	err := c.nc.SetReadDeadline(c.deadline(ctx, time.Now(), c.opt.ReadTimeout, extra))
+	if err == nil {
+		err = c.SendBehind(ctx, b)
 	}
-	now := time.Now()
-	if err := c.nc.SetWriteDeadline(c.deadline(ctx, now, c.opt.WriteTimeout, 0)); err != nil {
+	if err != nil {
 		c.broken = true
-		return err
 	}
-	if err := c.nc.SetReadDeadline(c.deadline(ctx, now, c.opt.ReadTimeout, extra)); err != nil {
-		c.broken = true
-		return err
-	}
-	if _, err := c.nc.Write(b); err != nil {
-		c.broken = true
-		return err
-	}
-	return nil
+	return err
 }
 
 // SendBehind writes b, whole commands, on a connection another goroutine is reading the replies
@@ -327,7 +316,8 @@ func (c *RawConn) SendBehind(ctx context.Context, b []byte) error {
 func (c *RawConn) Broken() bool { return c.broken }
 
 // Watch makes a cancellation of ctx end any read or write under way on c at once, until the
-// returned stop is called (as Run does for its function): for a connection handed over. stop
+// returned stop is called: Run watches its function's context so, and the new owner of a
+// connection handed over watches its own. stop
 // reports false when ctx ended first: the connection is then unusable (Drop it, unless it was
 // handed on).
 func (c *RawConn) Watch(ctx context.Context) (stop func() bool) {

@@ -43,13 +43,23 @@ type Batch struct {
 	sb       *queue.SourceBatch // what ForQueue gave out
 	verdict  error              // the output's verdict, once resolved
 	resolved bool               // Ack came; settled once every batch handed out before it is
+	position string             // Cover.Position(), once
+}
+
+// pos is the cover's position (the pointer's pos), formatted once: by the goroutine that builds
+// and hands out the batch (Next), before any other sees it.
+func (b *Batch) pos() string {
+	if b.position == "" {
+		b.position = b.Cover.Position()
+	}
+	return b.position
 }
 
 // Receipt is the note the redis_queue output marks once this batch's cover is the stored
 // pointer, so Ack need not read the pointer back (docs/batch-contract.md).
 func (b *Batch) Receipt() *queue.CoverReceipt {
 	if b.receipt == nil {
-		b.receipt = queue.NewCoverReceipt(b.Cover.Position())
+		b.receipt = queue.NewCoverReceipt(b.pos())
 	}
 	return b.receipt
 }
@@ -80,7 +90,7 @@ func (b *Batch) chained() {
 }
 
 func (b *Batch) cover() *queue.Cover {
-	return &queue.Cover{LeaseKey: b.LeaseKey, Fence: b.Fence, PointerKey: b.PointerKey, Pointer: b.CoverJSON, Pos: b.Cover.Position()}
+	return &queue.Cover{LeaseKey: b.LeaseKey, Fence: b.Fence, PointerKey: b.PointerKey, Pointer: b.CoverJSON, Pos: b.pos()}
 }
 
 // Next blocks until a batch may go and one is due, then returns it. With nothing in flight that
@@ -148,9 +158,9 @@ func (s *Source) handOut(b *Batch, behind *Batch) {
 	b.Prev, b.expected = "", false
 	if s.chain.Window() > 1 && b.PointerKey != "" {
 		b.expected = true
-		s.chain.Expect(b.Cover.Position())
+		s.chain.Expect(b.pos())
 		if behind != nil {
-			b.Prev = behind.Cover.Position()
+			b.Prev = behind.pos()
 		}
 	}
 	b.chained()
@@ -244,7 +254,7 @@ func (s *Source) next(ctx context.Context) (*Batch, error) {
 }
 
 // takeRetry returns the first nacked batch of the current session, after a backoff (batches of
-// an ended session are dropped: the next session starts from the pointer).
+// a replication run that ended are dropped: the next run starts from the pointer).
 func (s *Source) takeRetry(ctx context.Context) *Batch {
 	s.mu.Lock()
 	var b *Batch
@@ -294,7 +304,7 @@ func (s *Source) settle(b *Batch) {
 	err := b.verdict
 	b.verdict, b.resolved = nil, false
 	if b.expected {
-		s.chain.Settle(b.Cover.Position())
+		s.chain.Settle(b.pos())
 	}
 	if err == nil {
 		if b.sess.snap != nil && b.Cover.SnapshotChunks > 0 {
@@ -315,7 +325,7 @@ func (s *Source) settle(b *Batch) {
 	s.retry = append(s.retry, b)
 	s.attempts++
 	s.mu.Unlock()
-	s.log.Warnf("pg_cdc %s: batch up to %s not delivered, re-sending: %v", s.cfg.Name, b.Cover.Position(), err)
+	s.log.Warnf("pg_cdc %s: batch up to %s not delivered, re-sending: %v", s.cfg.Name, b.pos(), err)
 }
 
 // waitAcked blocks until no returned batch awaits its ack and every acknowledged cover is

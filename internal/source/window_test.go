@@ -65,6 +65,20 @@ func delivered(t *testing.T, s *Source, b *Batch, err error) {
 	}
 }
 
+// twoInFlight is a windowSource of threeTransactions whose output offered a window of two, with
+// the first two batches taken: both go at once.
+func twoInFlight(t *testing.T) (*Source, *session, *Batch, *Batch) {
+	t.Helper()
+	s, ss := windowSource(t, 2, threeTransactions()...)
+	s.chain.Offer(2)
+	b1, _ := nextWithin(t, s, time.Second)
+	b2, _ := nextWithin(t, s, time.Second)
+	if b1 == nil || b2 == nil {
+		t.Fatal("two batches did not go at once")
+	}
+	return s, ss, b1, b2
+}
+
 // TestWindowOfOne: until the output offers more, the next batch goes only after the ack of the
 // one in flight, though it is built (full) meanwhile.
 func TestWindowOfOne(t *testing.T) {
@@ -88,13 +102,7 @@ func TestWindowOfOne(t *testing.T) {
 // flight (Prev), and a third waits; verdicts are settled in the order the batches went, so an ack
 // of the second first tells PostgreSQL nothing until the first's ack.
 func TestWindowOfTwo(t *testing.T) {
-	s, ss := windowSource(t, 2, threeTransactions()...)
-	s.chain.Offer(2)
-	b1, _ := nextWithin(t, s, time.Second)
-	b2, _ := nextWithin(t, s, time.Second)
-	if b1 == nil || b2 == nil {
-		t.Fatal("two batches did not go at once")
-	}
+	s, ss, b1, b2 := twoInFlight(t)
 	if b1.Prev != "" || b2.Prev != b1.Cover.Position() || !b1.expected || !b2.expected {
 		t.Fatalf("prev %q / %q, want \"\" / %q", b1.Prev, b2.Prev, b1.Cover.Position())
 	}
@@ -123,13 +131,7 @@ func TestWindowOfTwo(t *testing.T) {
 // (refused by the writer: queue.ErrBehind) is not sent again before it; both go again one at a
 // time, in order, and no new batch goes meanwhile.
 func TestWindowNackSendsBothAgainInOrder(t *testing.T) {
-	s, ss := windowSource(t, 2, threeTransactions()...)
-	s.chain.Offer(2)
-	b1, _ := nextWithin(t, s, time.Second)
-	b2, _ := nextWithin(t, s, time.Second)
-	if b1 == nil || b2 == nil {
-		t.Fatal("two batches did not go at once")
-	}
+	s, ss, b1, b2 := twoInFlight(t)
 	delivered(t, s, b2, queue.ErrBehind)
 	delivered(t, s, b1, errors.New("redis went away"))
 	r1, _ := nextWithin(t, s, 5*time.Second)
