@@ -253,7 +253,7 @@ func (s *Source) next(ctx context.Context) (*Batch, error) {
 	}
 }
 
-// takeRetry returns the first nacked batch of the current session, after a backoff (batches of
+// takeRetry returns the first nacked batch of the replication run streaming now, after a backoff (batches of
 // a replication run that ended are dropped: the next run starts from the pointer).
 func (s *Source) takeRetry(ctx context.Context) *Batch {
 	s.mu.Lock()
