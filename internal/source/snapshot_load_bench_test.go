@@ -43,8 +43,9 @@ import (
 //
 // It reports the medians: the times and paces, steady_slowdown (steady ÷ idle time),
 // catchup_ratio (catchup ÷ idle pace), the lag, the writers' transactions per second, and the
-// cores pgrelay used in idle and steady (its CPU time over the snapshot's time: under a share of
-// the cores it gets, the snapshot waits on something other than the CPU).
+// cores each process used in idle and steady (its CPU time over the snapshot's time: pgrelay,
+// redis-server, the whole PostgreSQL server with pgbench's backends, and pgbench itself; under a
+// share of the cores it gets, the snapshot waits on something other than the CPU).
 func BenchmarkSnapshotUnderLoad(b *testing.B) {
 	total := benchenv.Size("PGRELAY_BENCH_LOAD_SNAPSHOT_ROWS", 300000, 20000)
 	backlog := time.Duration(benchenv.Size("PGRELAY_BENCH_LOAD_BACKLOG", 10, 3)) * time.Second
@@ -71,15 +72,16 @@ func BenchmarkSnapshotUnderLoad(b *testing.B) {
 			catchup := lr.run(b, fmt.Sprintf("lc%d_%d", i, r), true, true)
 			m.Add("idle_s", idle.elapsed.Seconds())
 			m.Add("idle_rows/s", idle.pace)
-			m.Add("idle_pgrelay_cores", idle.cores)
+			idle.addCores(&m, "idle")
 			m.Add("steady_s", steady.elapsed.Seconds())
-			m.Add("steady_pgrelay_cores", steady.cores)
+			steady.addCores(&m, "steady")
 			m.Add("steady_slowdown", steady.elapsed.Seconds()/idle.elapsed.Seconds())
 			m.Add("steady_lag_max_s", steady.lagMax.Seconds())
 			m.Add("steady_writers_tx/s", steady.writersTPS)
 			m.Add("catchup_rows/s", catchup.pace)
 			m.Add("catchup_ratio", catchup.pace/idle.pace)
 			m.Add("catchup_writers_tx/s", catchup.writersTPS)
+			catchup.addCores(&m, "catchup")
 		}
 		m.Report(b)
 	}
@@ -99,7 +101,20 @@ type loadResult struct {
 	pace       float64       // rows per second from the (last) start to the end
 	lagMax     time.Duration // steady: the stream's largest lag once it caught up after the restart
 	writersTPS float64
-	cores      float64 // pgrelay's CPU time over elapsed: the cores it used
+	window     time.Duration // the pace's window: from the (last) start to the end
+	cpu        phase         // the CPU time of each process over window
+	pgbench    time.Duration // pgbench's own CPU time over the same window
+}
+
+// addCores reports the cores each process used over the snapshot's time.
+func (r loadResult) addCores(m *benchenv.Metrics, name string) {
+	s := r.window.Seconds()
+	m.Add(name+"_pgrelay_cores", r.cpu.pgrelay.Seconds()/s)
+	m.Add(name+"_redis_cores", r.cpu.redis.Seconds()/s)
+	m.Add(name+"_postgres_cores", r.cpu.postgres.Seconds()/s)
+	if r.pgbench > 0 {
+		m.Add(name+"_pgbench_cores", r.pgbench.Seconds()/s)
+	}
 }
 
 func (lr *loadRunner) config(name string, added bool) string {
@@ -118,6 +133,7 @@ func (lr *loadRunner) config(name string, added bool) string {
 // it a third of the way when kill is set).
 func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadResult {
 	e := lr.e
+	pids := benchPids(b, e)
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	stop := startStream(b, lr.config(name, false))
@@ -126,12 +142,14 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 	var res loadResult
 	var tx0 int64
 	t0 := time.Now()
+	pgbenchPid := 0
 	if writers {
 		tx0 = lr.historyRows(b)
 		cmd := exec.CommandContext(ctx, lr.pgbench, "-n", "-c", "4", "-j", "2", "-T", "3600", e.pg.DSN())
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}
+		pgbenchPid = cmd.Process.Pid
 		defer func() { cancel(); _ = cmd.Wait() }()
 		time.Sleep(2 * time.Second) // the stream in its steady state
 	}
@@ -140,7 +158,12 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 	if writers && !kill {
 		lag = startLagWatch(ctx, e, key)
 	}
-	start, cpu0 := time.Now(), benchenv.SelfCPU()
+	meter := startMeter(b, pids)
+	start := meter.start
+	var pgbench0 time.Duration
+	if pgbenchPid != 0 {
+		pgbench0 = meter.cpu(benchenv.CPU, pgbenchPid)
+	}
 	stop = startStream(b, lr.config(name, true))
 	defer func() { stop() }()
 	from, paceStart := int64(0), start // the pace's window: rows delivered at its start, its start
@@ -155,8 +178,12 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 		if p != nil && slices.Contains(p.Tables, "public.snap") {
 			if string(p.Snapshot) == "null" {
 				res.elapsed = now.Sub(start)
-				res.cores = (benchenv.SelfCPU() - cpu0).Seconds() / res.elapsed.Seconds()
-				res.pace = float64(int64(lr.total)-from) / now.Sub(paceStart).Seconds()
+				res.cpu = meter.end()
+				if pgbenchPid != 0 {
+					res.pgbench = meter.cpu(benchenv.CPU, pgbenchPid) - pgbench0
+				}
+				res.window = now.Sub(paceStart)
+				res.pace = float64(int64(lr.total)-from) / res.window.Seconds()
 				break
 			}
 			var cur snapshot.Cursor
@@ -174,6 +201,8 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 				}
 				time.Sleep(lr.backlog)
 				from, paceStart = cur.Rows, time.Now()
+				meter = startMeter(b, pids) // the catch-up's cores: from the restart
+				pgbench0 = meter.cpu(benchenv.CPU, pgbenchPid)
 				stop = startStream(b, lr.config(name, true))
 			}
 		}

@@ -328,7 +328,7 @@ func allocTable(r results, w *strings.Builder) {
 
 // procRank orders the CPU table's columns: pgrelay first, then the servers, then the clients.
 func procRank(p string) int {
-	for i, name := range []string{"pgrelay", "redis", "walsender", "chunk_readers", "backend", "postgres", "postgres_other", "pg_recvlogical", "client"} {
+	for i, name := range []string{"pgrelay", "redis", "walsender", "chunk_readers", "backend", "postgres", "postgres_other", "pg_recvlogical", "pgbench", "client"} {
 		if p == name {
 			return i
 		}
@@ -336,7 +336,10 @@ func procRank(p string) int {
 	return 100
 }
 
-var cpuUnit = regexp.MustCompile(`^(.+?)_cpu_(.+)_us/(change|row|entry)$`)
+var (
+	cpuUnit   = regexp.MustCompile(`^(.+?)_cpu_(.+)_us/(change|row|entry)$`)
+	coresUnit = regexp.MustCompile(`^(idle|steady|catchup)_(.+)_cores$`)
+)
 
 // cpuTable lists, per benchmark and phase, the CPU µs per change of every process measured.
 func cpuTable(r results, w *strings.Builder) {
@@ -351,55 +354,66 @@ func cpuTable(r results, w *strings.Builder) {
 		{rcpu, "Redis alone, µs per entry (BenchmarkRedisCPU)"},
 	}
 	for _, b := range benches {
-		vals := r[b.bench]
-		if vals == nil {
+		procTable(r[b.bench], b.title, cpuUnit, w)
+	}
+}
+
+// coresTable lists the cores each process used while the snapshot of BenchmarkSnapshotUnderLoad
+// ran: where the two cores went with and without pgbench writing.
+func coresTable(r results, w *strings.Builder) {
+	procTable(r[sload], "Snapshot under load, cores used over the snapshot's time (catchup: from the restart)", coresUnit, w)
+}
+
+// procTable writes one table of a benchmark's per-process figures: a row per phase, a column per
+// process (the units unit matches as phase and process), and the phase's rate.
+func procTable(vals map[string]float64, title string, unit *regexp.Regexp, w *strings.Builder) {
+	if vals == nil {
+		return
+	}
+	phases := map[string]map[string]float64{}
+	var phaseOrder, procOrder []string
+	procSeen := map[string]bool{}
+	var units []string
+	for u := range vals {
+		units = append(units, u)
+	}
+	sort.Strings(units)
+	for _, u := range units {
+		m := unit.FindStringSubmatch(u)
+		if m == nil {
 			continue
 		}
-		phases := map[string]map[string]float64{}
-		var phaseOrder, procOrder []string
-		procSeen := map[string]bool{}
-		var units []string
-		for u := range vals {
-			units = append(units, u)
+		if phases[m[1]] == nil {
+			phases[m[1]] = map[string]float64{}
+			phaseOrder = append(phaseOrder, m[1])
 		}
-		sort.Strings(units)
-		for _, u := range units {
-			m := cpuUnit.FindStringSubmatch(u)
-			if m == nil {
-				continue
-			}
-			if phases[m[1]] == nil {
-				phases[m[1]] = map[string]float64{}
-				phaseOrder = append(phaseOrder, m[1])
-			}
-			phases[m[1]][m[2]] = vals[u]
-			if !procSeen[m[2]] {
-				procSeen[m[2]] = true
-				procOrder = append(procOrder, m[2])
+		phases[m[1]][m[2]] = vals[u]
+		if !procSeen[m[2]] {
+			procSeen[m[2]] = true
+			procOrder = append(procOrder, m[2])
+		}
+	}
+	if len(phaseOrder) == 0 {
+		return
+	}
+	sort.SliceStable(procOrder, func(i, j int) bool { return procRank(procOrder[i]) < procRank(procOrder[j]) })
+	fmt.Fprintf(w, "\n**%s**\n\n| phase | %s | rate |\n|---|%s---|\n", title, strings.Join(procOrder, " | "), strings.Repeat("---|", len(procOrder)))
+	for _, ph := range phaseOrder {
+		var cells []string
+		for _, p := range procOrder {
+			if v, ok := phases[ph][p]; ok {
+				cells = append(cells, num(v))
+			} else {
+				cells = append(cells, "")
 			}
 		}
-		if len(phaseOrder) == 0 {
-			continue
-		}
-		sort.SliceStable(procOrder, func(i, j int) bool { return procRank(procOrder[i]) < procRank(procOrder[j]) })
-		fmt.Fprintf(w, "\n**%s**\n\n| phase | %s | rate |\n|---|%s---|\n", b.title, strings.Join(procOrder, " | "), strings.Repeat("---|", len(procOrder)))
-		for _, ph := range phaseOrder {
-			var cells []string
-			for _, p := range procOrder {
-				if v, ok := phases[ph][p]; ok {
-					cells = append(cells, num(v))
-				} else {
-					cells = append(cells, "")
-				}
+		rate := ""
+		for _, suffix := range []string{"_changes/s", "_rows/s", "_entries/s", "_events/s"} {
+			if v, ok := vals[ph+suffix]; ok {
+				rate = num(v) + " " + strings.TrimPrefix(suffix, "_")
 			}
-			rate := ""
-			for _, suffix := range []string{"_changes/s", "_rows/s", "_entries/s", "_events/s"} {
-				if v, ok := vals[ph+suffix]; ok {
-					rate = num(v) + " " + strings.TrimPrefix(suffix, "_")
-				}
-			}
-			fmt.Fprintf(w, "| %s | %s | %s |\n", ph, strings.Join(cells, " | "), rate)
 		}
+		fmt.Fprintf(w, "| %s | %s | %s |\n", ph, strings.Join(cells, " | "), rate)
 	}
 }
 
@@ -448,6 +462,7 @@ func generate(r results, meta [][2]string, pngName string) string {
 		"client work; `multi` and `xadd` are the Redis ceilings (MULTI/EXEC and plain pipelines of 1,000). " +
 		"`projected` (streaming) = decode CPU per change ÷ the largest per-change CPU among the pipeline's processes.\n")
 	cpuTable(r, &w)
+	coresTable(r, &w)
 	allocTable(r, &w)
 	if pngName != "" {
 		fmt.Fprintf(&w, "\n![ratios to the baselines](%s)\n", pngName)
