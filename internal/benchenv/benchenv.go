@@ -118,6 +118,46 @@ func (t *Tree) CPU() (time.Duration, error) {
 	return total, nil
 }
 
+// Waits reads how long the threads of a set of processes stood runnable in the CPU's run queue
+// without running (the second field of /proc/<pid>/task/<tid>/schedstat): time a process wanted a
+// core and did not get one. A window's wait is Since on a Waits taken at its start; it covers the
+// processes alive at the window's end (one that exited inside the window is not counted).
+type Waits map[int]time.Duration
+
+// ReadWaits reads the run-queue wait of each of pids, all threads summed.
+func ReadWaits(pids ...int) Waits {
+	w := Waits{}
+	for _, pid := range pids {
+		tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+		if err != nil {
+			continue // exited
+		}
+		var sum time.Duration
+		for _, t := range tasks {
+			b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + t.Name() + "/schedstat")
+			if err != nil {
+				continue
+			}
+			if f := strings.Fields(string(b)); len(f) >= 2 {
+				if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+					sum += time.Duration(ns)
+				}
+			}
+		}
+		w[pid] = sum
+	}
+	return w
+}
+
+// Since is the run-queue wait pids spent since w was read (a process not in w counts whole).
+func (w Waits) Since(pids ...int) time.Duration {
+	var d time.Duration
+	for pid, now := range ReadWaits(pids...) {
+		d += now - w[pid]
+	}
+	return d
+}
+
 // SelfCPU is the CPU time of this process (all threads), for pipelines run in-process.
 func SelfCPU() time.Duration {
 	var ru syscall.Rusage

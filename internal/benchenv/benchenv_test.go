@@ -123,3 +123,19 @@ func TestMedianAndSize(t *testing.T) {
 		t.Errorf("PerChange = %v, want 3 µs", got)
 	}
 }
+
+// ReadWaits reads this process' threads and skips a process that is gone; a window's wait is
+// never negative.
+func TestReadWaits(t *testing.T) {
+	self := os.Getpid()
+	w := ReadWaits(self, 1<<30)
+	if _, ok := w[self]; !ok {
+		t.Fatalf("no wait read for this process: %v", w)
+	}
+	if _, ok := w[1<<30]; ok {
+		t.Fatalf("a wait read for a process that does not exist: %v", w)
+	}
+	if d := w.Since(self); d < 0 {
+		t.Fatalf("negative wait %v", d)
+	}
+}

@@ -101,9 +101,10 @@ type loadResult struct {
 	pace       float64       // rows per second from the (last) start to the end
 	lagMax     time.Duration // steady: the stream's largest lag once it caught up after the restart
 	writersTPS float64
-	window     time.Duration // the pace's window: from the (last) start to the end
-	cpu        phase         // the CPU time of each process over window
-	pgbench    time.Duration // pgbench's own CPU time over the same window
+	window     time.Duration            // the pace's window: from the (last) start to the end
+	cpu        phase                    // the CPU time of each process over window
+	pgbench    time.Duration            // pgbench's own CPU time over the same window
+	waits      map[string]time.Duration // per process: its threads' time runnable without a core
 }
 
 // addCores reports the cores each process used over the snapshot's time.
@@ -115,6 +116,40 @@ func (r loadResult) addCores(m *benchenv.Metrics, name string) {
 	if r.pgbench > 0 {
 		m.Add(name+"_pgbench_cores", r.pgbench.Seconds()/s)
 	}
+	for proc, d := range r.waits {
+		m.Add(name+"_waiting_"+proc+"_cores", d.Seconds()/s)
+	}
+}
+
+// waitWatch reads the run-queue waits of the benchmark's processes at a window's start.
+type waitWatch struct {
+	procs map[string][]int
+	start map[string]benchenv.Waits
+}
+
+func startWaits(pids benchProcs, pgbench int) *waitWatch {
+	w := &waitWatch{procs: map[string][]int{
+		"pgrelay":  {os.Getpid()},
+		"redis":    {pids.redis},
+		"postgres": append([]int{pids.postmaster}, testenv.Descendants(pids.postmaster)...),
+	}, start: map[string]benchenv.Waits{}}
+	if pgbench != 0 {
+		w.procs["pgbench"] = []int{pgbench}
+	}
+	for name, p := range w.procs {
+		w.start[name] = benchenv.ReadWaits(p...)
+	}
+	return w
+}
+
+// end is each process' wait since the start (PostgreSQL: the backends alive at the end).
+func (w *waitWatch) end(pids benchProcs) map[string]time.Duration {
+	w.procs["postgres"] = append([]int{pids.postmaster}, testenv.Descendants(pids.postmaster)...)
+	out := map[string]time.Duration{}
+	for name, p := range w.procs {
+		out[name] = w.start[name].Since(p...)
+	}
+	return out
 }
 
 func (lr *loadRunner) config(name string, added bool) string {
@@ -159,6 +194,7 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 		lag = startLagWatch(ctx, e, key)
 	}
 	meter := startMeter(b, pids)
+	waits := startWaits(pids, pgbenchPid)
 	start := meter.start
 	var pgbench0 time.Duration
 	if pgbenchPid != 0 {
@@ -179,6 +215,7 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 			if string(p.Snapshot) == "null" {
 				res.elapsed = now.Sub(start)
 				res.cpu = meter.end()
+				res.waits = waits.end(pids)
 				if pgbenchPid != 0 {
 					res.pgbench = meter.cpu(benchenv.CPU, pgbenchPid) - pgbench0
 				}
@@ -202,6 +239,7 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 				time.Sleep(lr.backlog)
 				from, paceStart = cur.Rows, time.Now()
 				meter = startMeter(b, pids) // the catch-up's cores: from the restart
+				waits = startWaits(pids, pgbenchPid)
 				pgbench0 = meter.cpu(benchenv.CPU, pgbenchPid)
 				stop = startStream(b, lr.config(name, true))
 			}

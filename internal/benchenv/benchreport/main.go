@@ -328,6 +328,9 @@ func allocTable(r results, w *strings.Builder) {
 
 // procRank orders the CPU table's columns: pgrelay first, then the servers, then the clients.
 func procRank(p string) int {
+	if rest, ok := strings.CutPrefix(p, "waiting_"); ok { // run-queue waits after the CPU columns
+		return 50 + procRank(rest)
+	}
 	for i, name := range []string{"pgrelay", "redis", "walsender", "chunk_readers", "backend", "postgres", "postgres_other", "pg_recvlogical", "pgbench", "client"} {
 		if p == name {
 			return i
@@ -361,7 +364,7 @@ func cpuTable(r results, w *strings.Builder) {
 // coresTable lists the cores each process used while the snapshot of BenchmarkSnapshotUnderLoad
 // ran: where the two cores went with and without pgbench writing.
 func coresTable(r results, w *strings.Builder) {
-	procTable(r[sload], "Snapshot under load, cores used over the snapshot's time (catchup: from the restart)", coresUnit, w)
+	procTable(r[sload], "Snapshot under load, cores used over the snapshot's time (catchup: from the restart; waiting_<process>: the time its threads stood runnable without a core, in cores)", coresUnit, w)
 }
 
 // procTable writes one table of a benchmark's per-process figures: a row per phase, a column per

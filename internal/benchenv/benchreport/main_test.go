@@ -11,7 +11,7 @@ const sample = `goos: linux
 BenchmarkSourceTx1000-2   	       1	99632277027 ns/op	     28000 drop_changes/s	         7.000 drop_cpu_pgrelay_us/change	         0.5 drop_ratio	     30000 queue_changes/s	         8.000 queue_cpu_pgrelay_us/change	         2.500 queue_cpu_redis_us/change	         0.5 queue_ratio	     60000 raw_changes/s	         4.000 raw_cpu_walsender_us/change	2000 queue_alloc_bytes/change	20 queue_allocs/change	30 queue_gc_cycles
 BenchmarkSourceLatency-2   	       1	1 ns/op	         9 p50_ms	       70 p99_ms	     -4000 p99_over_raw_ms	      2800 raw_p50_ms	      5000 raw_p99_ms
 BenchmarkUpsert/batch=500-2         	       1	 551450891 ns/op	         0.95 ratio	     51251 sink_rows/s	     53000 unnest_rows/s
-BenchmarkSnapshotUnderLoad-2   	       1	1 ns/op	  140000 idle_rows/s	 0.45 idle_pgrelay_cores	 0.64 idle_redis_cores	 0.14 idle_postgres_cores	 0.27 steady_pgrelay_cores	 0.37 steady_redis_cores	 0.91 steady_postgres_cores	 0.20 steady_pgbench_cores
+BenchmarkSnapshotUnderLoad-2   	       1	1 ns/op	  140000 idle_rows/s	 0.45 idle_pgrelay_cores	 0.64 idle_redis_cores	 0.14 idle_postgres_cores	 0.27 steady_pgrelay_cores	 0.37 steady_redis_cores	 0.91 steady_postgres_cores	 0.20 steady_pgbench_cores	 0.9 steady_waiting_pgbench_cores	 0.6 steady_waiting_redis_cores
 ok  	github.com/pgrelay/pgrelay/internal/source	105.257s
 `
 
@@ -50,9 +50,9 @@ func TestReportPlacesFiguresBesideBaselinesAndKeepsHandWrittenText(t *testing.T)
 		// the CPU table
 		"| queue | 8.00 | 2.50 |",
 		// the cores under load, pgbench's column after the servers'
-		"| phase | pgrelay | redis | postgres | pgbench | rate |",
-		"| idle | 0.45 | 0.64 | 0.14 |  | 140,000 rows/s |",
-		"| steady | 0.27 | 0.37 | 0.91 | 0.20 |  |",
+		"| phase | pgrelay | redis | postgres | pgbench | waiting_redis | waiting_pgbench | rate |",
+		"| idle | 0.45 | 0.64 | 0.14 |  |  |  | 140,000 rows/s |",
+		"| steady | 0.27 | 0.37 | 0.91 | 0.20 | 0.60 | 0.90 |  |",
 		// the allocation table
 		"| SourceTx1000 | queue | 2000 | 20.0 | 30.0 |",
 	} {
