@@ -91,9 +91,8 @@ type link struct {
 	changed chan struct{} // closed and replaced on every change
 	final   bool          // its write ended (or the source settled it): nothing can follow it on its connection
 	open    *opening      // set while its EXEC is out and a follower may queue behind it
-	taken   bool          // a follower queued behind it: the connection is the follower's once read closes
-	read    chan struct{} // made when it opens, closed once it read its own replies
-	applied bool          // its EXEC applied (valid once read is closed)
+	taken   bool          // a follower queued behind it: the connection is the follower's once the opening's read closes
+	closed  bool          // its last opening read its own replies: no follower joins it
 }
 
 func (l *link) signal() {
@@ -108,6 +107,10 @@ type opening struct {
 	leaseKey, fence, pointerKey string
 	plan                        *plan   // the priming reads: every shard of the write's queues
 	offs                        []int64 // each of those shards' offset once the write applied (plan.streams order)
+	// per opening, not per link: a write that retries opens its link again while the follower
+	// of the first opening still waits for (and reads) these
+	read    chan struct{} // made when it opens, closed once the write read its own replies
+	applied bool          // its EXEC applied (valid once read is closed)
 }
 
 // follows reports whether a write of plan p with cover c can queue behind o: the same source and
@@ -131,7 +134,8 @@ func (ch *Chain) find(pos string) *link {
 func (ch *Chain) opened(l *link, o *opening) {
 	ch.mu.Lock()
 	if !l.final {
-		l.open, l.read, l.taken = o, make(chan struct{}), false
+		o.read = make(chan struct{})
+		l.open, l.taken, l.closed = o, false, false
 		l.signal()
 	}
 	ch.mu.Unlock()
@@ -142,11 +146,13 @@ func (ch *Chain) opened(l *link, o *opening) {
 func (ch *Chain) closeLink(l *link, applied bool) (taken bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if l.open == nil {
+	o := l.open
+	if o == nil {
 		return false
 	}
-	l.open, l.applied = nil, applied
-	close(l.read)
+	o.applied = applied
+	close(o.read)
+	l.open, l.closed = nil, true
 	l.signal()
 	return l.taken
 }
@@ -155,26 +161,26 @@ func (ch *Chain) closeLink(l *link, applied bool) (taken bool) {
 // writes the usual way.
 func (ch *Chain) ended(pos string) { ch.finish(pos, false) }
 
-// join waits until the write of c.Prev opens or ends. It returns that write's opening and link
+// join waits until the write of c.Prev opens or ends. It returns that write's opening
 // once this write (plan p) took its connection, or nil when it cannot follow (the write ended,
 // or its opening does not cover p): write the usual way then.
-func (ch *Chain) join(ctx context.Context, p *plan, c *Cover) (*opening, *link, error) {
+func (ch *Chain) join(ctx context.Context, p *plan, c *Cover) (*opening, error) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	l := ch.links[c.Prev]
 	for {
 		switch {
-		case l == nil || l.final || l.taken || l.read != nil && l.open == nil:
-			return nil, nil, nil
+		case l == nil || l.final || l.taken || l.closed:
+			return nil, nil
 		case l.open != nil:
 			if !l.open.follows(p, c) {
-				return nil, nil, nil
+				return nil, nil
 			}
 			l.taken = true
-			return l.open, l, nil
+			return l.open, nil
 		}
 		if err := ch.await(ctx, l); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 }
@@ -210,9 +216,10 @@ func (ch *Chain) waitEnded(ctx context.Context, pos string) error {
 func (w *Writer) follow(ctx context.Context, msgs []Message, c *Cover) (reply string, done bool, err error) {
 	p, err := w.plan(ctx, msgs)
 	if err != nil {
-		return "", false, nil // the usual way reads the shard counts again, and retries
+		// the usual way reads the shard counts again, and retries, once the write before ended
+		return "", false, c.Chain.waitEnded(ctx, c.Prev)
 	}
-	o, l, err := c.Chain.join(ctx, p, c)
+	o, err := c.Chain.join(ctx, p, c)
 	if err != nil {
 		return "", true, err
 	}
@@ -233,10 +240,10 @@ func (w *Writer) follow(ctx context.Context, msgs []Message, c *Cover) (reply st
 	sendErr := o.conn.SendBehind(ctx, b)
 	*buf = b
 	w.bufs.Put(buf)
-	<-l.read // the write before read its replies: the connection is this write's now
+	<-o.read // the write before read its replies: the connection is this write's now
 	conn := o.conn
 	stop := conn.Watch(ctx)
-	reply, err = w.followOn(ctx, conn, l, o, p, c, idx, offs, queued, sendErr)
+	reply, err = w.followOn(ctx, conn, o, p, c, idx, offs, queued, sendErr)
 	var h redisconn.Handed
 	if errors.As(err, &h) {
 		stop()
@@ -260,7 +267,7 @@ func (w *Writer) follow(ctx context.Context, msgs []Message, c *Cover) (reply st
 // followOn is follow once it owns the connection: it reads what the WATCH saw after the write
 // before, and the replies to the queued writes, then sends EXEC (and the next priming) if every
 // check holds, else DISCARD. reply "" with a nil error: nothing applied, write the usual way.
-func (w *Writer) followOn(ctx context.Context, conn *redisconn.RawConn, l *link, o *opening, p *plan, c *Cover,
+func (w *Writer) followOn(ctx context.Context, conn *redisconn.RawConn, o *opening, p *plan, c *Cover,
 	idx []int, offs []int64, queued int, sendErr error) (string, error) {
 	if sendErr != nil || conn.Broken() {
 		conn.Drop()
@@ -276,8 +283,8 @@ func (w *Writer) followOn(ctx context.Context, conn *redisconn.RawConn, l *link,
 		conn.Drop()
 		return "", nil
 	}
-	if !l.applied || first != nil || !followable(st, o, c) {
-		if l.applied && first == nil {
+	if !o.applied || first != nil || !followable(st, o, c) {
+		if o.applied && first == nil {
 			w.primeWait.Store(primeBackoff) // someone else changed the keys: the next writes read afresh
 		}
 		if err := w.discard(ctx, conn, nil); err != nil {

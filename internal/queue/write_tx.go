@@ -273,6 +273,14 @@ func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan
 		view = viewOf(st) // before txWrite advances st.offs
 	}
 	reply, err := w.txWrite(ctx, conn, st, p, msgs, c, last)
+	if fromPrimed && reply == "behind" && err == nil {
+		// the primed reads may be older than the write of Prev (on another connection): the WATCH
+		// guards only an EXEC, and the pointer only moves on, so read afresh before refusing
+		if st, err = w.txRead(ctx, conn, p, c, false); err != nil {
+			return "", w.discard(ctx, conn, err)
+		}
+		return w.txWrite(ctx, conn, st, p, msgs, c, last)
+	}
 	if fromPrimed && errors.Is(err, errTxConflict) {
 		*aborted = view
 	}

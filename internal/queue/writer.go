@@ -248,15 +248,21 @@ func (w *Writer) Write(ctx context.Context, msgs []Message, cover *Cover) (Resul
 		defer cover.Chain.ended(cover.Pos)
 	}
 	pieces := w.split(msgs)
-	if cover.Chain != nil && cover.Prev != "" && len(pieces) == 1 && !w.scriptOnly && len(msgs) > 0 {
-		reply, done, err := w.follow(ctx, msgs, cover)
-		if done {
+	if cover.Chain != nil && cover.Prev != "" {
+		if len(pieces) == 1 && !w.scriptOnly && len(msgs) > 0 {
+			reply, done, err := w.follow(ctx, msgs, cover)
+			if done {
+				if err != nil {
+					return ResultOK, err
+				}
+				return w.reply(reply, cover)
+			}
 			if err != nil {
 				return ResultOK, err
 			}
-			return w.reply(reply, cover)
-		}
-		if err != nil {
+		} else if err := cover.Chain.waitEnded(ctx, cover.Prev); err != nil {
+			// a batch that cannot follow on the connection still goes only once the write before
+			// it ended: written meanwhile it would read the pointer below Prev (ErrBehind)
 			return ResultOK, err
 		}
 	}

@@ -124,7 +124,7 @@ func (s *Source) Next(ctx context.Context, prepare func(*Batch)) (*Batch, error)
 func (s *Source) waitTurn(ctx context.Context, prepare func(*Batch)) (*Batch, error) {
 	for {
 		s.mu.Lock()
-		n, changed, retrying := len(s.out), s.outCh, len(s.retry) > 0
+		n, changed, retrying := len(s.out), s.outCh, len(s.retry) > 0 || s.settling
 		var last *Batch
 		if n > 0 {
 			last = s.out[n-1]
@@ -274,23 +274,38 @@ func (s *Source) takeRetry(ctx context.Context) *Batch {
 }
 
 // Ack takes the output's verdict on b. Verdicts are settled in the order the batches were handed
-// out (a batch's verdict can come before the one of the batch handed out before it): settle.
+// out (a batch's verdict can come before the one of the batch handed out before it): settle. One
+// Ack settles at a time (an Ack that comes meanwhile leaves its batch to it), and a settled batch
+// leaves out only once settle queued its re-send or its cover: until then no Next hands out a
+// batch that would skip it.
 func (s *Source) Ack(ctx context.Context, b *Batch, err error) error {
 	s.mu.Lock()
 	b.verdict, b.resolved = err, true
-	var done []*Batch
-	for len(s.out) > 0 && s.out[0].resolved {
-		done = append(done, s.out[0])
-		s.out = slices.Delete(s.out, 0, 1)
+	if s.settling {
+		s.mu.Unlock()
+		return nil // the Ack under way settles b once the batches before it are
 	}
-	if len(done) > 0 {
+	s.settling = true
+	for {
+		n := 0
+		for n < len(s.out) && s.out[n].resolved {
+			n++
+		}
+		if n == 0 {
+			break
+		}
+		done := slices.Clone(s.out[:n])
+		s.mu.Unlock()
+		for _, d := range done {
+			s.settle(d)
+		}
+		s.mu.Lock()
+		s.out = slices.Delete(s.out, 0, n)
 		close(s.outCh)
 		s.outCh = make(chan struct{})
 	}
+	s.settling = false
 	s.mu.Unlock()
-	for _, d := range done {
-		s.settle(d)
-	}
 	return nil
 }
 
@@ -321,8 +336,14 @@ func (s *Source) settle(b *Batch) {
 		b.sess.fail(err)
 		return
 	}
+	pos := b.pos()
 	s.mu.Lock()
-	s.retry = append(s.retry, b)
+	// in the order handed out: a re-sent batch that failed again goes before the ones behind it
+	i := len(s.retry)
+	for i > 0 && pos < s.retry[i-1].pos() {
+		i--
+	}
+	s.retry = slices.Insert(s.retry, i, b)
 	s.attempts++
 	s.mu.Unlock()
 	s.log.Warnf("pg_cdc %s: batch up to %s not delivered, re-sending: %v", s.cfg.Name, b.pos(), err)

@@ -93,6 +93,7 @@ type Source struct {
 	out      []*Batch          // handed out and awaiting their verdict (Ack), in the order handed out
 	outCh    chan struct{}     // closed and replaced whenever out shrinks
 	retry    []*Batch          // nacked, to send again in order
+	settling bool              // an Ack is settling the batches at the head of out (they stay in out until settled)
 	ahead    *Batch            // built while a batch was in flight; handed out after its ack, or behind it
 	attempts int
 
