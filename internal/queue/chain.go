@@ -252,7 +252,7 @@ func (w *Writer) follow(ctx context.Context, msgs []Message, c *Cover) (reply st
 		if !stop() {
 			conn.Drop()
 		}
-		w.raw.Put(conn)
+		w.raw.Put(ctx, conn, err) // as Run ends: an error that says the server changed closes it
 	}
 	if errors.Is(err, errTxConflict) {
 		w.conflicts.Add(1)

@@ -105,10 +105,7 @@ func (r *Raw) runOn(ctx context.Context, node *redis.Client, fn func(*RawConn) e
 	if !stop() {
 		c.broken = true
 	}
-	if err != nil && !c.broken && topologyChanged(ctx, err) {
-		c.broken = true // e.g. READONLY: a new connection asks for the master again
-	}
-	r.put(c)
+	r.Put(ctx, c, err)
 	if err != nil && ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -164,9 +161,16 @@ func (h Handed) Error() string {
 	return h.Err.Error()
 }
 
-// Put gives back a connection a Run function handed over (HandedOver): to the pool, or closed
-// when it is broken.
-func (r *Raw) Put(c *RawConn) { r.put(c) }
+// Put gives back a connection whose last use ended with err, as the end of Run does (a Run
+// function that handed it over leaves that to the new owner): to the pool, or closed when it is
+// broken or err says the server is no longer the one to write to (READONLY, MOVED, an I/O error):
+// a new connection asks for the master again.
+func (r *Raw) Put(ctx context.Context, c *RawConn, err error) {
+	if err != nil && !c.broken && topologyChanged(ctx, err) {
+		c.broken = true
+	}
+	r.put(c)
+}
 
 func (r *Raw) put(c *RawConn) {
 	if !c.broken {

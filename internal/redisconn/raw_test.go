@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -376,5 +377,42 @@ func TestCheckDialed(t *testing.T) {
 		if err := r.checkDialed(c); !errors.Is(err, tc.want) {
 			t.Errorf("announced %q %v ago: %v, want %v", tc.master, tc.age, err, tc.want)
 		}
+	}
+}
+
+// TestPutClosesAfterATopologyError: a connection given back after a use that ended with READONLY
+// (the server is a replica now) or an I/O error is closed, not pooled, as at the end of Run; after
+// a plain error reply or none it is pooled again.
+func TestPutClosesAfterATopologyError(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.StartRedis(t).Client()
+	r := NewRaw(rdb)
+	defer r.Close()
+	addr := rdb.Options().Addr
+	for _, c := range []struct {
+		name   string
+		err    error
+		pooled bool
+	}{
+		{"no error", nil, true},
+		{"an error reply", ReplyError("ERR wrong number of arguments"), true},
+		{"READONLY", ReplyError("READONLY You can't write against a read only replica."), false},
+		{"an I/O error", io.ErrUnexpectedEOF, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var handed *RawConn
+			err := r.Run(ctx, "k", func(conn *RawConn) error {
+				handed = conn
+				return Handed{}
+			})
+			if err != nil || handed == nil {
+				t.Fatalf("run: %v", err)
+			}
+			before := len(r.idle[addr])
+			r.Put(ctx, handed, c.err)
+			if got := len(r.idle[addr]) == before+1; got != c.pooled {
+				t.Fatalf("pooled %v, want %v (idle %d → %d)", got, c.pooled, before, len(r.idle[addr]))
+			}
+		})
 	}
 }
