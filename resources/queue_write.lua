@@ -23,7 +23,9 @@
 -- Reply: 'ok', 'duplicate' (the pointer is already at or past the cover: nothing written),
 -- 'fenced' (the lease key does not hold the fence: nothing written), 'behind' (prev given and the
 -- stored pointer below it: the batch before is not in, nothing written).
--- Errors: 'pgrelay_shards_mismatch <meta key> <stored> <given>', 'pgrelay_layout_version <meta key> <v>',
+-- Errors: 'pgrelay_shards_mismatch <meta key> <stored> <given>', 'pgrelay_layout_version <meta key> <v>'
+-- (also '<meta key> off:<n> <v>' for an offset that is not one, '<stream key> <type>' for a shard key
+-- that is not a stream),
 -- 'pgrelay_pointer_corrupt <pointer key>', 'pgrelay_bad_args <what>'.
 
 local fence, pos, pointer = ARGV[1], ARGV[2], ARGV[3]
@@ -118,7 +120,16 @@ for j = 1, nk do
     return redis.error_reply('pgrelay_bad_args meta index')
   end
   metaOf[j], shardOf[j] = KEYS[metaBase + mi], n
-  off[j] = tonumber(redis.call('HGET', metaOf[j], 'off:' .. n) or '0')
+  -- as the transaction: a non-negative decimal offset (at most 18 digits), and a stream (or no key)
+  local cur = redis.call('HGET', metaOf[j], 'off:' .. n) or '0'
+  if #cur > 18 or not string.match(cur, '^%d+$') then
+    return redis.error_reply('pgrelay_layout_version ' .. metaOf[j] .. ' off:' .. n .. ' ' .. cur)
+  end
+  local t = redis.call('TYPE', KEYS[streamBase + j]).ok
+  if t ~= 'stream' and t ~= 'none' then
+    return redis.error_reply('pgrelay_layout_version ' .. KEYS[streamBase + j] .. ' ' .. t)
+  end
+  off[j] = tonumber(cur)
 end
 a = a + 2 * nk
 for m = 0, nm - 1 do

@@ -17,7 +17,8 @@ import (
 )
 
 // A piece of a batch is written as one optimistic transaction on one connection of the queue's
-// master. First round trip: WATCH the lease, the pointer and each queue's meta hash, read them
+// master. First round trip: WATCH the lease, the pointer, each queue's meta hash and each shard
+// stream touched (consumers' XREADGROUP, XACK and XAUTOCLAIM do not count as changes), read them
 // (and the type of each shard stream touched), MULTI. Here: check the fence, the cover, the shard
 // counts and the layout, and compute each entry's offset. Second round trip: the meta of a new
 // queue, the XADDs, the new offsets, the pointer, EXEC (and WAIT with durability replicas); or
@@ -397,7 +398,9 @@ func (w *Writer) txRead(ctx context.Context, conn *redisconn.RawConn, p *plan, c
 
 // appendReads appends WATCH, the reads of the keys of p's queues and streams and c, and MULTI.
 func (w *Writer) appendReads(b []byte, p *plan, c *Cover) []byte {
-	nkeys := len(p.queues)
+	// the shard streams too: their TYPE is read here and trusted until EXEC (for a priming, by a
+	// later write), and an XADD to a key of another type fails inside EXEC, after the others applied
+	nkeys := len(p.queues) + len(p.streams)
 	if c.LeaseKey != "" {
 		nkeys++
 	}
@@ -414,6 +417,9 @@ func (w *Writer) appendReads(b []byte, p *plan, c *Cover) []byte {
 	}
 	for _, q := range p.queues {
 		b = redisconn.AppendBulk(b, w.layout.Meta(q))
+	}
+	for _, s := range p.streams {
+		b = redisconn.AppendBulk(b, w.layout.Stream(p.queues[s.queue], s.shard))
 	}
 	if c.LeaseKey != "" {
 		b = redisconn.AppendCommand(b, "GET", c.LeaseKey)

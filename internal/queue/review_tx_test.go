@@ -1,0 +1,74 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"testing"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// The script refuses a queue whose keys do not follow the layout (a meta offset that is not a
+// number, a shard key that is not a stream) before it writes anything, with the transaction's
+// verdict (layout_version); it used to XADD the messages before the bad shard's and then fail,
+// leaving entries without their meta offsets (the next write repeats them) and, for the key of
+// another type, a moved pointer over missing entries.
+func TestWriteScriptChecksLayoutBeforeWriting(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	corruptions := []struct {
+		name string
+		f    func(q string, shard int)
+	}{
+		{"meta offset not a number", func(q string, shard int) { rdb.HSet(ctx, l.Meta(q), fmt.Sprintf("off:%d", shard), "x") }},
+		{"meta offset negative", func(q string, shard int) { rdb.HSet(ctx, l.Meta(q), fmt.Sprintf("off:%d", shard), "-3") }},
+		{"shard key not a stream", func(q string, shard int) { rdb.Del(ctx, l.Stream(q, shard)); rdb.Set(ctx, l.Stream(q, shard), "x", 0) }},
+	}
+	for i, c := range corruptions {
+		for _, script := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/script=%v", c.name, script), func(t *testing.T) {
+				q := fmt.Sprintf("corrupt%d-%v", i, script)
+				_, ptrKey, cover := leasedSource(t, rdb, q)
+				w := NewWriter(rdb, WriterConfig{Shards: 4})
+				defer w.Close()
+				w.scriptOnly = script
+				if _, err := w.Write(ctx, batchOf(q, "first", 20, 6), cover("0001")); err != nil {
+					t.Fatal(err)
+				}
+				second := batchOf(q, "second", 30, 6)
+				bad := Shard(second[5].Partition, 4) // the shard of the partition that appears last
+				if Shard(second[0].Partition, 4) == bad {
+					t.Fatal("pick other partitions: the first message must go to another shard")
+				}
+				c.f(q, bad)
+				lens := func() map[int]int64 {
+					m := map[int]int64{}
+					for n := range 4 {
+						if n != bad {
+							m[n] = rdb.XLen(ctx, l.Stream(q, n)).Val()
+						}
+					}
+					return m
+				}
+				lensBefore, metaBefore := lens(), rdb.HGetAll(ctx, l.Meta(q)).Val()
+				_, err := w.Write(ctx, second, cover("0003"))
+				if errcode.Of(err) != errcode.LayoutVersion {
+					t.Errorf("err %v, want code %s", err, errcode.LayoutVersion)
+				}
+				if got := lens(); !maps.Equal(got, lensBefore) {
+					t.Errorf("stream lengths %v, before the write %v: written in part", got, lensBefore)
+				}
+				if got := rdb.HGetAll(ctx, l.Meta(q)).Val(); !maps.Equal(got, metaBefore) {
+					t.Errorf("meta %v, before the write %v", got, metaBefore)
+				}
+				if got := rdb.Get(ctx, ptrKey).Val(); got != `{"pos":"0001"}` {
+					t.Errorf("pointer %s, want pos 0001", got)
+				}
+			})
+		}
+	}
+}
