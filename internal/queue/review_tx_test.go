@@ -72,3 +72,59 @@ func TestWriteScriptChecksLayoutBeforeWriting(t *testing.T) {
 		}
 	}
 }
+
+// The transaction and the script give the same verdict for the same state: a fenced cover
+// whose pos comes without a pointer key (pgrelay_cover without pgrelay_pointer_key) is a fenced
+// write that moves no pointer, and an empty stored pointer is not JSON with a pos (the script
+// refused the first with pgrelay_bad_args, the transaction wrote over the second as if there
+// were no pointer).
+func TestWriteTxAndScriptAgree(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	cases := []struct {
+		name  string
+		cover func(c *Cover) *Cover
+		setup func(ptrKey string)
+		code  errcode.Code // "": written
+	}{
+		{name: "pos without a pointer key", cover: func(c *Cover) *Cover {
+			c.PointerKey = ""
+			return c
+		}},
+		{name: "empty stored pointer", setup: func(ptrKey string) { rdb.Set(ctx, ptrKey, "", 0) }, code: errcode.PointerCorrupt},
+	}
+	for i, c := range cases {
+		for _, script := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/script=%v", c.name, script), func(t *testing.T) {
+				q := fmt.Sprintf("agree%d-%v", i, script)
+				_, ptrKey, cover := leasedSource(t, rdb, q)
+				w := NewWriter(rdb, WriterConfig{Shards: 4})
+				defer w.Close()
+				w.scriptOnly = script
+				if c.setup != nil {
+					c.setup(ptrKey)
+				}
+				cv := cover("0003")
+				if c.cover != nil {
+					cv = c.cover(cv)
+				}
+				b := batchOf(q, "b", 10, 3)
+				res, err := w.Write(ctx, b, cv)
+				switch {
+				case c.code != "":
+					if errcode.Of(err) != c.code {
+						t.Fatalf("%v %v, want code %s", res, err, c.code)
+					}
+					if n := rdb.Exists(ctx, NewLayout("").Meta(q)).Val(); n != 0 {
+						t.Fatal("written")
+					}
+				case err != nil || res != ResultOK:
+					t.Fatalf("%v %v, want ok", res, err)
+				default:
+					checkQueue(t, rdb, w.Layout(), q, b)
+				}
+			})
+		}
+	}
+}

@@ -60,18 +60,19 @@ const primeBackoff = 64
 type ownView struct {
 	fenced bool
 	stored string
+	ptr    bool
 	create []bool
 	offs   []int64
 }
 
 func viewOf(st *txState) *ownView {
-	return &ownView{fenced: st.fenced, stored: st.stored, create: slices.Clone(st.create), offs: slices.Clone(st.offs)}
+	return &ownView{fenced: st.fenced, stored: st.stored, ptr: st.ptr, create: slices.Clone(st.create), offs: slices.Clone(st.offs)}
 }
 
 // sameView reports whether st reads what v read: the abort changed nothing of another owner or
 // writer (the lease still ours with the same fence, the pointer and the queues where they were).
 func (v *ownView) sameView(st *txState) bool {
-	return !v.fenced && !st.fenced && v.stored == st.stored && slices.Equal(v.create, st.create) && slices.Equal(v.offs, st.offs)
+	return !v.fenced && !st.fenced && v.stored == st.stored && v.ptr == st.ptr && slices.Equal(v.create, st.create) && slices.Equal(v.offs, st.offs)
 }
 
 // primed is what a write left open on its connection for the next one (conn.State): the keys it
@@ -89,7 +90,7 @@ func (pr *primed) stateFor(p *plan, c *Cover) *txState {
 		!slices.Equal(p.queues, pr.plan.queues) || !slices.Equal(p.counts, pr.plan.counts) {
 		return nil
 	}
-	st := &txState{fenced: pr.st.fenced, stored: pr.st.stored, create: pr.st.create, layout: pr.st.queueErr,
+	st := &txState{fenced: pr.st.fenced, stored: pr.st.stored, ptr: pr.st.ptr, create: pr.st.create, layout: pr.st.queueErr,
 		offs: make([]int64, len(p.streams)), all: pr.st.offs, allIdx: p.everyShardIndex()}
 	for j, k := range st.allIdx {
 		st.offs[j] = pr.st.offs[k]
@@ -233,6 +234,7 @@ func (w *Writer) writeTx(ctx context.Context, msgs []Message, c *Cover, last boo
 type txState struct {
 	fenced    bool
 	stored    string // the stored pointer ("" when there is none)
+	ptr       bool   // there is a stored pointer (perhaps the empty string, which is not JSON)
 	create    []bool // per queue: meta missing, create it
 	offs      []int64
 	layout    error   // the first way the queue's keys do not follow the layout (checked after the fence and the cover)
@@ -294,7 +296,7 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 	if st.fenced {
 		return "fenced", w.discard(ctx, conn, nil)
 	}
-	if c.PointerKey != "" && st.stored != "" {
+	if c.PointerKey != "" && st.ptr {
 		pos, ok := storedPos(st.stored)
 		if !ok {
 			return "", w.discard(ctx, conn, errcode.New(errcode.PointerCorrupt,
@@ -311,7 +313,7 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 		}
 	}
 	if c.Prev != "" && c.PointerKey != "" {
-		if pos, _ := storedPos(st.stored); st.stored == "" || pos < c.Prev {
+		if pos, _ := storedPos(st.stored); !st.ptr || pos < c.Prev {
 			return "behind", w.discard(ctx, conn, nil)
 		}
 	}
@@ -481,7 +483,7 @@ func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState
 		}
 		keep(rep.Err())
 		if rep.Kind == '$' && !rep.Nil() {
-			st.stored = string(rep.Str)
+			st.stored, st.ptr = string(rep.Str), true
 		}
 	}
 	for i, q := range p.queues {

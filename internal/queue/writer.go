@@ -430,10 +430,16 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	if w.conf.Durability.Replicas > 0 {
 		touch = "1"
 	}
+	// the script takes a pos for a pointer key (KEYS): without one, the cover's pos and prev are
+	// not checked, as in the transaction
+	pos, prev := c.Pos, c.Prev
+	if c.PointerKey == "" {
+		pos, prev = "", ""
+	}
 	args := make([]any, 0, 8+len(p.queues)+2*len(p.streams)+7*len(msgs))
-	args = append(args, c.Fence, c.Pos, pointer, len(p.queues), len(p.streams), len(msgs), touch)
-	if c.Prev != "" {
-		args = append(args, c.Prev)
+	args = append(args, c.Fence, pos, pointer, len(p.queues), len(p.streams), len(msgs), touch)
+	if prev != "" {
+		args = append(args, prev)
 	}
 	for i, q := range p.queues {
 		keys = append(keys, w.layout.Meta(q))
