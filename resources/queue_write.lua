@@ -75,9 +75,24 @@ if pointerKey then
   local stored = redis.call('GET', pointerKey)
   if stored then
     local ok, doc = pcall(cjson.decode, stored)
-    if not ok or type(doc) ~= 'table' or type(doc.pos) ~= 'string' then
+    -- the member pos as the writer reads it (encoding/json: its name in any case); members that
+    -- differ only in case must agree, as a table keeps no order for the last to win
+    local sp
+    if ok and type(doc) == 'table' then
+      for name, v in pairs(doc) do
+        if type(name) == 'string' and #name == 3 and string.lower(name) == 'pos' then
+          if sp ~= nil and sp ~= v then
+            sp = false
+            break
+          end
+          sp = v
+        end
+      end
+    end
+    if type(sp) ~= 'string' then
       return redis.error_reply('pgrelay_pointer_corrupt ' .. pointerKey)
     end
+    doc = {pos = sp}
     if not less(doc.pos, pos) then
       if touch == '1' then
         redis.call('SET', pointerKey, stored, 'KEEPTTL')

@@ -87,12 +87,15 @@ func TestWriteTxAndScriptAgree(t *testing.T) {
 		cover func(c *Cover) *Cover
 		setup func(ptrKey string)
 		code  errcode.Code // "": written
+		dup   bool
 	}{
 		{name: "pos without a pointer key", cover: func(c *Cover) *Cover {
 			c.PointerKey = ""
 			return c
 		}},
 		{name: "empty stored pointer", setup: func(ptrKey string) { rdb.Set(ctx, ptrKey, "", 0) }, code: errcode.PointerCorrupt},
+		{name: "stored pointer with a Pos member", setup: func(ptrKey string) { rdb.Set(ctx, ptrKey, `{"Pos":"0001"}`, 0) }},
+		{name: "stored pointer Pos at the cover", setup: func(ptrKey string) { rdb.Set(ctx, ptrKey, `{"POS":"0003"}`, 0) }, dup: true},
 	}
 	for i, c := range cases {
 		for _, script := range []bool{false, true} {
@@ -119,6 +122,10 @@ func TestWriteTxAndScriptAgree(t *testing.T) {
 					if n := rdb.Exists(ctx, NewLayout("").Meta(q)).Val(); n != 0 {
 						t.Fatal("written")
 					}
+				case c.dup:
+					if err != nil || res != ResultDuplicate {
+						t.Fatalf("%v %v, want duplicate", res, err)
+					}
 				case err != nil || res != ResultOK:
 					t.Fatalf("%v %v, want ok", res, err)
 				default:
@@ -128,3 +135,4 @@ func TestWriteTxAndScriptAgree(t *testing.T) {
 		}
 	}
 }
+
