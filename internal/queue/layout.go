@@ -47,7 +47,7 @@ func (l Layout) GroupLease(q, g string, n int) string {
 	return redisconn.Key(l.Prefix, q, "g", g, "lease", strconv.Itoa(n))
 }
 
-// Attempts is the hash of failed-attempt counts (field: entry id) of group g on queue q.
+// Attempts is the hash of failed-attempt counts (field: "<shard>:<entry id>") of group g on queue q.
 func (l Layout) Attempts(q, g string) string { return redisconn.Key(l.Prefix, q, "g", g, "attempts") }
 
 // GroupStart is the hash holding the start of group g of queue q when it began after a load from

@@ -186,10 +186,22 @@ func (c *Consumer) ackGone(ctx context.Context, n int, ids []string) error {
 func (c *Consumer) ackUndelivered(ctx context.Context, n int, ids []string) error {
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.XAck(ctx, c.layout.Stream(c.conf.Queue, n), c.conf.Group, ids...)
-		p.HDel(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), ids...)
+		p.HDel(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), attemptFields(n, ids)...)
 		return nil
 	})
 	return err
+}
+
+// attemptFields are the fields of entries ids of shard n in the attempts hash: "<n>:<id>". The
+// shard is part of the field because entry ids repeat across shards (one script writes several
+// shards with one clock, each stream numbering its own sequence), and one shard's failures must
+// not count for another shard's entry.
+func attemptFields(n int, ids []string) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = strconv.Itoa(n) + ":" + id
+	}
+	return out
 }
 
 // loadAttempts fills Entry.Attempts of a redelivery.
@@ -198,7 +210,7 @@ func (c *Consumer) loadAttempts(ctx context.Context, d *Delivery) error {
 	for i, e := range d.Entries {
 		ids[i] = e.ID
 	}
-	vals, err := c.rdb.HMGet(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), ids...).Result()
+	vals, err := c.rdb.HMGet(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), attemptFields(d.Shard, ids)...).Result()
 	if err != nil {
 		return fmt.Errorf("read attempts: %w", err)
 	}
@@ -237,7 +249,7 @@ func (c *Consumer) Ack(ctx context.Context, d *Delivery) error {
 		_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.XAck(ctx, c.layout.Stream(c.conf.Queue, d.Shard), c.conf.Group, ids...)
 			if retried {
-				p.HDel(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), ids...)
+				p.HDel(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), attemptFields(d.Shard, ids)...)
 			}
 			return nil
 		})
@@ -265,7 +277,7 @@ func (c *Consumer) Nack(ctx context.Context, d *Delivery, failed map[int]error) 
 	if token == "" {
 		return nil // the shard moved on: its new owner counts its own attempts
 	}
-	args := []any{token, c.conf.Group, c.conf.MaxAttempts, time.Now().UnixMilli()}
+	args := []any{token, c.conf.Group, c.conf.MaxAttempts, time.Now().UnixMilli(), d.Shard}
 	idx := make([]int, 0, len(failed))
 	for i := range d.Entries {
 		if err, ok := failed[i]; ok {
