@@ -200,10 +200,10 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 	if err := a.checkPositions(msgs); err != nil {
 		return nil, err
 	}
-	isolate := false
+	isolate, immediate := false, false
 	wait := 100 * time.Millisecond
 	for {
-		res, err := a.attempt(ctx, msgs, isolate)
+		res, err := a.attempt(ctx, msgs, isolate, immediate)
 		if err == nil {
 			return res, nil
 		}
@@ -213,6 +213,12 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 		class := Classify(err)
 		if class == Data && !isolate {
 			isolate = true // find the culprit message by message, at once
+			continue
+		}
+		if class == Data && !immediate {
+			// a data error that no message's savepoint caught: a deferred constraint failed at
+			// COMMIT; check constraints at each message's statements to charge it to its message
+			immediate = true
 			continue
 		}
 		if class != Transient {
@@ -315,7 +321,10 @@ func (s *batchState) applied(i int, m *Message) {
 // they are sent. A batch whose payloads all decode takes the fast path first (one round trip, see
 // fast); the others, and batches the fast path's guard refuses, lock and read their progress rows first (one
 // round trip with BEGIN), then send the statements, the progress update and COMMIT (another).
-func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*Result, error) {
+//
+// With immediate (isolate only), deferrable constraints are checked at each statement (SET
+// CONSTRAINTS ALL IMMEDIATE), so one that a message violates fails that message, not the COMMIT.
+func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immediate bool) (*Result, error) {
 	h, err := a.current(ctx)
 	if err != nil {
 		return nil, err
@@ -366,6 +375,11 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate bool) (*
 		return nil, err
 	}
 	pending := a.sortOut(msgs, decodeErr, last, st)
+	if isolate && immediate {
+		if _, err := conn.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+			return nil, err
+		}
+	}
 	if isolate {
 		err = a.applyEach(ctx, conn, h, msgs, ops, pending, st)
 	} else {
