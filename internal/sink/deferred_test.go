@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// TestReviewDeferredConstraintFailsTheMessage: a message violating a DEFERRABLE INITIALLY DEFERRED
+// TestDeferredConstraintFailsTheMessage: a message violating a DEFERRABLE INITIALLY DEFERRED
 // foreign key fails at COMMIT, not at its statement. That is a data error (class 23): it must fail
 // that message (dead-lettered after max_attempts), not pause the sink on the shard for ever.
-func TestReviewDeferredConstraintFailsTheMessage(t *testing.T) {
+func TestDeferredConstraintFailsTheMessage(t *testing.T) {
 	f := startPG(t)
 	parent, child := f.name("parent"), f.name("child")
 	f.exec(t, `CREATE TABLE `+parent+` (id int PRIMARY KEY)`)

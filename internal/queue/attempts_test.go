@@ -9,11 +9,11 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
-// TestReviewAttemptsPerShard: the entries of different shards written by one script get the same
+// TestAttemptsPerShard: the entries of different shards written by one script get the same
 // stream id (one frozen clock, a sequence per stream), so the failed attempts of one shard's entry
 // must not count for another shard's entry with that id. Each entry fails once with
 // max_attempts 2: none may be dead-lettered, and each redelivery must say 1 attempt.
-func TestReviewAttemptsPerShard(t *testing.T) {
+func TestAttemptsPerShard(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := r.Client()
 	ctx := context.Background()
