@@ -36,6 +36,37 @@ func (c Cursor) Append(tables []string) Cursor {
 	return c
 }
 
+// Again returns c with tables (added to the configuration since the last start) read again from
+// their start: one the snapshot already read (before c.Table in the list) moves to the end of the
+// list, the table being read starts over, and one not in the list is appended (as Append does).
+// Its changes while it was not configured were not streamed, so what was read of it is stale.
+func (c Cursor) Again(tables []string) Cursor {
+	at := -1
+	for i, t := range c.Tables {
+		if t == c.Table {
+			at = i
+		}
+	}
+	again := make(map[string]bool, len(tables))
+	for _, t := range tables {
+		again[t] = true
+	}
+	out := make([]string, 0, len(c.Tables)+len(tables))
+	var moved []string
+	for i, t := range c.Tables {
+		if i < at && again[t] {
+			moved = append(moved, t)
+			continue
+		}
+		out = append(out, t)
+	}
+	if again[c.Table] {
+		c.After, c.Rows = nil, 0
+	}
+	c.Tables = out
+	return c.Append(append(moved, tables...))
+}
+
 // Advance moves the cursor past a chunk of n rows whose last key is lastKey; a short chunk
 // (n < limit) finishes the table and moves to the next. done is true after the last table.
 func (c Cursor) Advance(n int, lastKey []string, limit int) (next Cursor, done bool) {

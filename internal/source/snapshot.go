@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/follow"
 	"github.com/pgrelay/pgrelay/internal/partition"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
@@ -210,9 +211,15 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 	}
 	sn.trackTable(ctx, cur)
 	defer src.setSnapshotProgress(nil)
-	for {
+	for table := cur.Table; ; {
 		if err := sn.waitTurn(ctx, cur.Table); err != nil {
 			return err
+		}
+		if cur.Table != table { // the stream's effects are collected for this table from now on
+			table = cur.Table
+			if err := sn.waitEarlierTransactions(ctx); err != nil {
+				return err
+			}
 		}
 		t, err := sn.load(ctx, cur.Table)
 		if err != nil {
@@ -251,31 +258,30 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 // its commit would keep the old row for good. Once such transactions are over, every chunk's read
 // includes what they did. (The session's publication check ran just before this; a new slot has
 // waited for the same when it was created.)
+//
+// It also covers commits decoded before the stream's effects on the table were collected (before
+// this session, or while the snapshot read an earlier table: the snapshotter collects them for one
+// table at a time): a commit record reaches the stream before its transaction leaves the proc array
+// (a synchronous standby can hold it there for long), so such a transaction, already in the queue,
+// may still be invisible to the next chunk's snapshot, whose old row would then follow its event.
+// follow.WaitCommitted waits for those too: pg_snapshot_xip alone misses a held commit at or above
+// the snapshot's xmax.
 func (sn *snapshotter) waitEarlierTransactions(ctx context.Context) error {
-	var xids []string
-	if err := sn.pool.QueryRow(ctx, `SELECT coalesce(array_agg(x::text), '{}') FROM pg_catalog.pg_snapshot_xip(pg_catalog.pg_current_snapshot()) x`).Scan(&xids); err != nil {
-		return fmt.Errorf("snapshot: list the transactions in progress: %w", err)
+	conn, err := sn.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot: wait for the transactions in progress: %w", err)
 	}
+	defer conn.Release()
 	lastLog := time.Now()
-	for len(xids) > 0 {
-		var running []string
-		if err := sn.pool.QueryRow(ctx, `SELECT coalesce(array_agg(x::text), '{}') FROM unnest($1::text[]) x
-			WHERE pg_catalog.pg_xact_status(x::xid8) = 'in progress'`, xids).Scan(&running); err != nil {
-			return fmt.Errorf("snapshot: check the transactions in progress: %w", err)
-		}
-		if xids = running; len(xids) == 0 {
-			break
-		}
+	err = follow.WaitCommitted(ctx, conn.Conn().PgConn(), func(xids []string) {
 		if time.Since(lastLog) >= snapshotLogEvery {
 			lastLog = time.Now()
 			sn.ss.src.log.Infof("pg_cdc %s: snapshot waits for transaction(s) %s, begun before it started, to end",
 				sn.ss.src.cfg.Name, strings.Join(xids, ", "))
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+	})
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func PlanTables(p pointer.Pointer, configured []string, snapshotNew bool) (point
 		if err := json.Unmarshal(p.Snapshot, &cur); err != nil || cur.Table == "" {
 			return p, nil, fmt.Errorf("the pointer's snapshot cursor is unreadable: %s", p.Snapshot)
 		}
-		cur = cur.Append(added)
+		cur = cur.Again(added) // one already read, or being read, is read again from its start
 	} else {
 		cur, _ = snapshot.Start(added)
 	}
