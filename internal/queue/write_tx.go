@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -251,9 +252,7 @@ type txState struct {
 func (w *Writer) txAttempt(ctx context.Context, conn *redisconn.RawConn, p *plan, msgs []Message, c *Cover, last bool, aborted **ownView) (string, error) {
 	pr, _ := conn.State.(*primed)
 	conn.State = nil
-	if w.primeWait.Load() > 0 {
-		w.primeWait.Add(-1)
-	}
+	countDown(&w.primeWait)
 	var st *txState
 	if pr != nil && w.primeWait.Load() == 0 {
 		st = pr.stateFor(p, c)
@@ -771,4 +770,14 @@ func storedPos(doc string) (pos string, ok bool) {
 		return errors.New("pos is not a string")
 	})
 	return pos, ok && err == nil
+}
+
+// countDown takes one from n unless it is 0: two writes at once (max_in_flight 2) that both saw
+// 1 must not take it below 0, where priming would stay off for good.
+func countDown(n *atomic.Int64) {
+	for v := n.Load(); v > 0; v = n.Load() {
+		if n.CompareAndSwap(v, v-1) {
+			return
+		}
+	}
 }

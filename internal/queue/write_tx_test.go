@@ -594,3 +594,20 @@ func BenchmarkStoredPos(b *testing.B) {
 		}
 	}
 }
+
+// countDown never takes the priming backoff below zero, however many writes count at once.
+func TestCountDownStopsAtZero(t *testing.T) {
+	for range 50 {
+		var n atomic.Int64
+		n.Store(3)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() { defer wg.Done(); countDown(&n) }()
+		}
+		wg.Wait()
+		if got := n.Load(); got != 0 {
+			t.Fatalf("after 8 count-downs from 3: %d", got)
+		}
+	}
+}
