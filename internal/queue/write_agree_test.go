@@ -135,4 +135,3 @@ func TestWriteTxAndScriptAgree(t *testing.T) {
 		}
 	}
 }
-
