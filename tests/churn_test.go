@@ -31,7 +31,7 @@ import (
 // are logged: source = from the kill of the owner to the first queue entry the new owner wrote;
 // sink = from the kill to the first batch a new owner applied on a shard the victim held.
 //
-// CI runs the short default (50 s of load, a kill every 8–12 s, lease_ttl 3s); `make soak-churn`
+// CI runs the short default (35 s of load, a kill every 8–12 s, lease_ttl 3s); `make soak-churn`
 // runs 10 minutes with a kill every 20–60 s at the default lease_ttl (scripts/soak).
 func TestThreeReplicasUnderChurn(t *testing.T) {
 	if testing.Short() {
@@ -45,7 +45,7 @@ func TestThreeReplicasUnderChurn(t *testing.T) {
 		}
 		seed = n
 	}
-	dur := envDuration(t, "PGRELAY_CHURN_DURATION", 50*time.Second)
+	dur := envDuration(t, "PGRELAY_CHURN_DURATION", 35*time.Second)
 	gapMin, gapMax := envRange(t, "PGRELAY_CHURN_KILL_EVERY", 8*time.Second, 12*time.Second)
 	ttl := envDuration(t, "PGRELAY_CHURN_LEASE_TTL", 3*time.Second)
 	rate := envInt(t, "PGRELAY_CHURN_RATE", 0)
