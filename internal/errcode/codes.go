@@ -76,7 +76,7 @@ const (
 	PayloadTooLarge Code = "payload_too_large"
 	// NoProgressMetadata means a message lacks queue/shard/offset metadata while progress is required.
 	NoProgressMetadata Code = "no_progress_metadata"
-	// BadMetadata means queue/shard/offset metadata is present but not numbers.
+	// BadMetadata means queue/shard/offset metadata is present but not numbers, or an offset is below 1.
 	BadMetadata Code = "bad_metadata"
 	// TargetMissing means the target table does not exist.
 	TargetMissing Code = "target_missing"

@@ -336,7 +336,7 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immedia
 	defer release(c)
 	conn := c.Conn()
 	useTextArrayCodec(conn)
-	tryFast := !isolate
+	tryFast := !isolate && !anyWithoutOffset(msgs) // sortOut fails those; the fast paths' guard would skip them
 	if am, ok := h.(appendMode); ok && tryFast && am.w.stream.open() {
 		res, next, err := a.streamed(ctx, conn, am.w, msgs)
 		if next == streamDone {
@@ -575,6 +575,10 @@ func (a *Applier) sortOut(msgs []*Message, decodeErr []error, last map[ShardKey]
 		if st.block(i, m) {
 			continue
 		}
+		if m.HasPosition && m.Offset < 1 {
+			st.fail(i, m, errNoOffset(m))
+			continue
+		}
 		if m.HasPosition && m.Offset <= high[m.shardKey()] {
 			st.set(i, Skipped, nil)
 			continue
@@ -679,4 +683,24 @@ func release(c *pgxpool.Conn) {
 		cancel()
 	}
 	c.Release()
+}
+
+// anyWithoutOffset reports whether a message has a queue position whose offset is below 1: its
+// entry lacks the layout's off field (written by a producer other than pgrelay's output).
+func anyWithoutOffset(msgs []*Message) bool {
+	for _, m := range msgs {
+		if m.HasPosition && m.Offset < 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// errNoOffset is the failure of such a message: applied, it could not be told from a repeat
+// (offsets start at 1, and the progress row's 0 means nothing applied), so it fails and goes to
+// the dead letters after its attempts instead of being skipped as already applied.
+func errNoOffset(m *Message) error {
+	return errcode.New(errcode.BadMetadata,
+		fmt.Sprintf("message %q (queue %s shard %d) has offset %d: its entry has no off field of 1 or more", m.MessageID, m.Queue, m.Shard, m.Offset),
+		"write the queue through pgrelay's redis_queue output, or give every entry the layout's off field (docs/queue.md); this one goes to the dead letters after max_attempts")
 }
