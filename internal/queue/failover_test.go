@@ -126,8 +126,16 @@ func TestSentinelFailoverDurability(t *testing.T) {
 			if _, err := w.Write(ctx, second, nil); err != nil {
 				t.Fatalf("after the old master came back as a replica: %v", err)
 			}
-			if got := ids(t, rdb, w.Layout(), "q"); fmt.Sprint(got) != "[m0 m1 m2 m3 m4]" {
-				t.Fatalf("queue %v", got)
+			// The refused batch was on the old master's disk: a refusal promises nothing acknowledged
+			// is lost, not that the batch is absent. When the sentinels settle on the old node before it
+			// has replaced its data with the new master's, that copy survives before the one written now
+			// (a plain producer's write has no cover to make the second a duplicate).
+			switch got := fmt.Sprint(ids(t, rdb, w.Layout(), "q")); got {
+			case "[m0 m1 m2 m3 m4]":
+			case "[m0 m1 m2 m3 m4 m3 m4]":
+				t.Logf("the refused batch survived on the old master: queue %s", got)
+			default:
+				t.Fatalf("queue %s", got)
 			}
 		})
 	}
