@@ -260,8 +260,8 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 // waited for the same when it was created.)
 //
 // It also covers commits decoded before the stream's effects on the table were collected (before
-// this session, or while the snapshot read an earlier table: the snapshotter collects them for one
-// table at a time): a commit record reaches the stream before its transaction leaves the proc array
+// this replication run started, or while the snapshot read an earlier table: the snapshotter
+// collects them for one table at a time): a commit record reaches the stream before its transaction leaves the proc array
 // (a synchronous standby can hold it there for long), so such a transaction, already in the queue,
 // may still be invisible to the next chunk's snapshot, whose old row would then follow its event.
 // follow.WaitCommitted waits for those too: pg_snapshot_xip alone misses a held commit at or above
