@@ -82,12 +82,19 @@ type snapshotter struct {
 	pending []*pendingChunk // chunks past their low watermark's emission, in watermark order
 	active  string          // the table being read, for collecting stream effects
 	txXid   uint32
+	txOther bool // the transaction being observed has events the active table's effects do not hold
 	effects []snapshot.Effect
 	trunc   bool
 	history []snapshot.Commit // commits on the active table not yet seen by a chunk's snapshot
-	share   share             // when the next chunk may be read
-	turn    chan struct{}     // signalled when the reader reached or handed over a chunk
-	over    atomic.Bool       // the snapshot is done: the reader has nothing to collect
+	// decoded holds the xids of commits with changes on other tables than the active one (or in an
+	// envelope) that no chunk's snapshot has seen yet; switchWait is what it held, with the
+	// transaction being observed, when the active table last changed: the next table's first chunk
+	// waits until these are visible (waitSwitch).
+	decoded    []uint32
+	switchWait []uint32
+	share      share         // when the next chunk may be read
+	turn       chan struct{} // signalled when the reader reached or handed over a chunk
+	over       atomic.Bool   // the snapshot is done: the reader has nothing to collect
 
 	arena arena // fills and the rows' keys (build runs on the reader goroutine)
 
@@ -217,7 +224,7 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 		}
 		if cur.Table != table { // the stream's effects are collected for this table from now on
 			table = cur.Table
-			if err := sn.waitEarlierTransactions(ctx); err != nil {
+			if err := sn.waitSwitch(ctx, table); err != nil {
 				return err
 			}
 		}
@@ -259,13 +266,12 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 // includes what they did. (The session's publication check ran just before this; a new slot has
 // waited for the same when it was created.)
 //
-// It also covers commits decoded before the stream's effects on the table were collected (before
-// this replication run started, or while the snapshot read an earlier table: the snapshotter
-// collects them for one table at a time): a commit record reaches the stream before its transaction leaves the proc array
-// (a synchronous standby can hold it there for long), so such a transaction, already in the queue,
-// may still be invisible to the next chunk's snapshot, whose old row would then follow its event.
-// follow.WaitCommitted waits for those too: pg_snapshot_xip alone misses a held commit at or above
-// the snapshot's xmax.
+// It also covers commits decoded before this replication run started: a commit record reaches the
+// stream before its transaction leaves the proc array (a synchronous standby can hold it there for
+// long), so such a transaction, already in the queue, may still be invisible to the next chunk's
+// snapshot, whose old row would then follow its event. follow.WaitCommitted waits for those too:
+// pg_snapshot_xip alone misses a held commit at or above the snapshot's xmax. Later table switches
+// wait for the commits the stream decoded only (waitSwitch).
 func (sn *snapshotter) waitEarlierTransactions(ctx context.Context) error {
 	conn, err := sn.pool.Acquire(ctx)
 	if err != nil {
@@ -284,6 +290,58 @@ func (sn *snapshotter) waitEarlierTransactions(ctx context.Context) error {
 		return fmt.Errorf("snapshot: %w", err)
 	}
 	return nil
+}
+
+// waitSwitch runs before the first chunk of a table after the first: it waits until every commit
+// the stream decoded before the table's effects were collected (switchWait, taken when it became
+// the active table), and not yet seen by a chunk's snapshot, is visible. The snapshotter collects
+// the stream's effects for one table at a time, and a commit is decoded before new snapshots see
+// it (a synchronous standby can hold it there for long): a chunk that did not see such a commit
+// would put the row's old state in the queue after its event. Commits decoded later are in the
+// table's history, which every chunk's window checks against the chunk's snapshot. Transactions
+// still open are not waited for: their commits come later in the stream, inside or after the
+// chunks' windows.
+func (sn *snapshotter) waitSwitch(ctx context.Context, table string) error {
+	sn.mu.Lock()
+	xids := sn.switchWait
+	sn.switchWait = nil
+	sn.mu.Unlock()
+	if len(xids) == 0 {
+		return nil
+	}
+	conn, err := sn.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot: wait for the commits decoded before %s: %w", table, err)
+	}
+	defer conn.Release()
+	lastLog := time.Now()
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		var text string
+		if err := conn.QueryRow(ctx, `SELECT pg_catalog.pg_current_snapshot()::text`).Scan(&text); err != nil {
+			return fmt.Errorf("snapshot: wait for the commits decoded before %s: %w", table, err)
+		}
+		snap, err := snapshot.ParseSnapshot(text)
+		if err != nil {
+			return fmt.Errorf("snapshot: wait for the commits decoded before %s: %w", table, err)
+		}
+		if xids = slices.DeleteFunc(xids, snap.Sees); len(xids) == 0 {
+			return nil
+		}
+		if time.Since(lastLog) >= snapshotLogEvery {
+			lastLog = time.Now()
+			var shown []string
+			for _, x := range xids[:min(len(xids), 20)] {
+				shown = append(shown, strconv.FormatUint(snap.Widen(x), 10))
+			}
+			sn.ss.src.log.Infof("pg_cdc %s: snapshot of %s waits for transaction(s) %s, already in the stream, to become visible (a synchronous standby has not confirmed them)",
+				sn.ss.src.cfg.Name, table, strings.Join(shown, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // waitTurn waits until the next chunk, of table, may be read (see mayRead).
@@ -319,6 +377,12 @@ func (sn *snapshotter) setActive(table string) {
 }
 
 func (sn *snapshotter) setActiveLocked(table string) {
+	if table != "" && table != sn.active {
+		sn.switchWait = slices.Clone(sn.decoded)
+		if sn.txOther || len(sn.effects) > 0 || sn.trunc { // its earlier changes on table are not collected
+			sn.switchWait = append(sn.switchWait, sn.txXid)
+		}
+	}
 	sn.active, sn.effects, sn.trunc, sn.history = table, nil, false, nil
 }
 
@@ -555,14 +619,16 @@ func (sn *snapshotter) observe(it item) {
 		}
 		for i := range it.events {
 			e := &it.events[i]
+			sn.txXid = e.Xid
 			if e.Op == event.OpEnvelope {
+				sn.txOther = true
 				sn.observeEnvelope(e)
 				continue
 			}
 			if e.Table != sn.active {
+				sn.txOther = true
 				continue
 			}
-			sn.txXid = e.Xid
 			if e.Op == event.OpTruncate {
 				sn.trunc = true
 				continue
@@ -577,7 +643,10 @@ func (sn *snapshotter) observe(it item) {
 			}
 			sn.history = append(sn.history, c)
 		}
-		sn.effects, sn.trunc = nil, false
+		if sn.txOther {
+			sn.decoded = append(sn.decoded, sn.txXid)
+		}
+		sn.effects, sn.trunc, sn.txOther = nil, false, false
 	}
 }
 
@@ -666,6 +735,7 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 		}
 	}
 	sn.history = kept
+	sn.decoded = slices.DeleteFunc(sn.decoded, p.chunk.Snapshot.Sees)
 	sn.mu.Unlock()
 	items, err := sn.build(p, hw)
 	if err != nil {

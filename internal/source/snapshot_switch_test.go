@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,23 +26,8 @@ func TestSnapshotNextTableSeesHeldCommit(t *testing.T) {
 	stop := e.run("held", `[{table: a, queue: q}, {table: b, queue: q}]`, "snapshot: initial\nchunk_rows: 10")
 	defer stop()
 	ctx := e.ctx
-	cdctest.Wait(t, 60*time.Second, "a chunk of a written", func() (bool, string) { return e.cursorAfter("held", "q") > 0, "" })
-	// Hold the snapshot on a: a chunk's read waits for this lock.
-	lock, err := e.pg.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Rollback(ctx)
-	// (ACCESS EXCLUSIVE takes an xid: committed with synchronous_commit local, not held)
-	if _, err := lock.Exec(ctx, `SET LOCAL synchronous_commit = local; LOCK TABLE a IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	cdctest.Wait(t, 30*time.Second, "a chunk's read of a waiting for the lock", func() (bool, string) {
-		var n int
-		err := e.pg.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT %FROM "public"."a"%'`).Scan(&n)
-		return err == nil && n > 0, fmt.Sprint(err)
-	})
+	release := e.holdChunkReads("held", "q", "a")
+	defer release()
 	e.pg.HoldCommits()
 	committed := make(chan error, 1)
 	go func() {
@@ -77,9 +63,7 @@ func TestSnapshotNextTableSeesHeldCommit(t *testing.T) {
 	if err := e.pg.Pool().QueryRow(ctx, `SELECT count(*) FROM b WHERE v = 'new'`).Scan(&visible); err != nil || visible != 0 {
 		t.Fatalf("setup: the held update is visible (%d, %v)", visible, err)
 	}
-	if err := lock.Commit(ctx); err != nil { // the snapshot goes on: the rest of a, then b
-		t.Fatal(err)
-	}
+	release() // the snapshot goes on: the rest of a, then b
 	// Give the snapshot time to read b while the commit is still held.
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
@@ -94,4 +78,65 @@ func TestSnapshotNextTableSeesHeldCommit(t *testing.T) {
 	}
 	e.waitSnapshotDone("held", "q", 60*time.Second)
 	e.waitOracle("q", 10*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}})
+}
+
+// TestSnapshotTableSwitchIgnoresOpenTransactions: moving on to the next table waits for the commits
+// the stream has decoded only, not for write transactions still open: a transaction left open for
+// long (a batch job, a session idle in a transaction) must not stop the snapshot at every table.
+func TestSnapshotTableSwitchIgnoresOpenTransactions(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
+		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 300) i;
+		CREATE TABLE b (id int PRIMARY KEY, v text);
+		INSERT INTO b SELECT i, md5(i::text) FROM generate_series(1, 50) i;
+		CREATE TABLE unrelated (id int)`)
+	stop := e.run("open", `[{table: a, queue: q}, {table: b, queue: q}]`, "snapshot: initial\nchunk_rows: 10")
+	defer stop()
+	release := e.holdChunkReads("open", "q", "a")
+	defer release()
+	open, err := e.pg.Pool().Begin(e.ctx) // a write transaction (it has an xid) begun after the snapshot's start
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(e.ctx)
+	if _, err := open.Exec(e.ctx, `INSERT INTO unrelated VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	e.waitSnapshotDone("open", "q", 30*time.Second)
+	if err := open.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitOracle("q", 10*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}})
+}
+
+// holdChunkReads waits until a chunk of table is in the queue, then holds the snapshot's reads of
+// table (an ACCESS EXCLUSIVE lock, which the next chunk's read waits for) and returns once a read
+// waits. release (safe to call twice) lets the reads go on.
+func (e *env) holdChunkReads(name, queue, table string) (release func()) {
+	t, ctx := e.t, e.ctx
+	cdctest.Wait(t, 60*time.Second, "a chunk of "+table+" written", func() (bool, string) { return e.cursorAfter(name, queue) > 0, "" })
+	lock, err := e.pg.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (ACCESS EXCLUSIVE takes an xid: committed with synchronous_commit local, never held)
+	if _, err := lock.Exec(ctx, `SET LOCAL synchronous_commit = local; LOCK TABLE `+table+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		_ = lock.Rollback(ctx)
+		t.Fatal(err)
+	}
+	cdctest.Wait(t, 30*time.Second, "a chunk's read of "+table+" waiting for the lock", func() (bool, string) {
+		var n int
+		err := e.pg.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT %FROM "public"."`+table+`"%'`).Scan(&n)
+		return err == nil && n > 0, fmt.Sprint(err)
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if err := lock.Commit(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
 }
