@@ -121,8 +121,15 @@ func (w *Writer) primePlan(p *plan) *plan {
 	return pp
 }
 
-// errTxConflict: a watched key changed between the WATCH and EXEC; nothing was written.
-var errTxConflict = errors.New("a watched key changed before EXEC")
+// errTxConflict: a watched key changed between the WATCH and EXEC; nothing was written. The
+// connection stays in step (every reply read, the next write's reads primed on it), so it goes
+// back to the pool (redisconn.InStep): two sources writing one queue conflict often.
+var errTxConflict error = txConflict{}
+
+type txConflict struct{}
+
+func (txConflict) Error() string { return "a watched key changed before EXEC" }
+func (txConflict) InStep() bool  { return true }
 
 // errTxUnavailable: the piece cannot be written as a transaction here (a client type without
 // raw connections, or a Redis Cluster slot being migrated); the script writes it.

@@ -611,3 +611,53 @@ func TestCountDownStopsAtZero(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteTxConflictKeepsConnection: an EXEC aborted by a changed watched key leaves the
+// connection in step, so the write goes again on it: no new connection per conflict (two sources
+// writing one queue conflict on about every other batch), and the write lands once.
+func TestWriteTxConflictKeepsConnection(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	q := "conflict-conn"
+	leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
+	w := NewWriter(rdb, WriterConfig{Shards: 4})
+	defer w.Close()
+	first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
+	if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultOK {
+		t.Fatalf("first batch: %v %v", res, err)
+	}
+	var races atomic.Int32
+	w.beforeExec = func() {
+		if races.Add(1) < maxTxConflicts { // aborted EXECs, fewer than make the script write
+			rdb.PExpire(ctx, leaseKey, time.Minute)
+		}
+	}
+	connections := func() int64 {
+		for _, line := range strings.Split(rdb.Info(ctx, "stats").Val(), "\r\n") {
+			if v, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		t.Fatal("no total_connections_received in INFO stats")
+		return 0
+	}
+	before, evals := connections(), evalCalls(t, rdb)
+	if res, err := w.Write(ctx, second, cover("0003")); err != nil || res != ResultOK {
+		t.Fatalf("second batch: %v %v", res, err)
+	}
+	if races.Load() != maxTxConflicts {
+		t.Fatalf("%d EXECs, want %d aborted and the one that wrote", races.Load(), maxTxConflicts-1)
+	}
+	if n := connections() - before; n != 0 {
+		t.Fatalf("%d new connections for a write whose EXEC aborted %d times, want 0", n, maxTxConflicts-1)
+	}
+	if evalCalls(t, rdb) != evals {
+		t.Fatal("written by the script, want the transaction")
+	}
+	checkQueue(t, rdb, w.Layout(), q, first, second)
+	if got := rdb.Get(ctx, ptrKey).Val(); got != `{"pos":"0003"}` {
+		t.Fatalf("pointer %s, want pos 0003", got)
+	}
+}

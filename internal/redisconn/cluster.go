@@ -63,11 +63,24 @@ func (h reloadHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // topologyPrefixes are the errors a node answers when the slot map may have changed.
 var topologyPrefixes = []string{"MOVED", "ASK", "CLUSTERDOWN", "READONLY", "MASTERDOWN", "TRYAGAIN", "LOADING"}
 
+// InStep is implemented by errors of a caller's own that leave its connection in step with the
+// server, every reply read (an EXEC that a changed watched key aborted, say): like a reply error,
+// such an error neither closes the connection (Raw.Put) nor reloads the cluster's slot map.
+type InStep interface {
+	error
+	InStep() bool
+}
+
 // topologyChanged reports whether err may mean the cluster changed: one of topologyPrefixes, or a
-// connection failure (anything that is not a Redis reply). Context ends and a closed client are not.
+// connection failure (anything that is not a Redis reply nor InStep). Context ends and a closed
+// client are not.
 func topologyChanged(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil || errors.Is(err, redis.Nil) || errors.Is(err, redis.ErrClosed) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var in InStep
+	if errors.As(err, &in) && in.InStep() {
 		return false
 	}
 	var reply redis.Error

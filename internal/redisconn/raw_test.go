@@ -398,6 +398,9 @@ func TestPutClosesAfterATopologyError(t *testing.T) {
 		{"an error reply", ReplyError("ERR wrong number of arguments"), true},
 		{"READONLY", ReplyError("READONLY You can't write against a read only replica."), false},
 		{"an I/O error", io.ErrUnexpectedEOF, false},
+		{"the caller's own error, connection in step", inStep{}, true},
+		{"the caller's own error, wrapped", fmt.Errorf("write: %w", inStep{}), true},
+		{"the caller's own error, not in step", errors.New("a check failed"), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var handed *RawConn
@@ -416,3 +419,9 @@ func TestPutClosesAfterATopologyError(t *testing.T) {
 		})
 	}
 }
+
+// inStep is an error of the caller's own after which the connection is in step (InStep).
+type inStep struct{}
+
+func (inStep) Error() string { return "aborted" }
+func (inStep) InStep() bool  { return true }
