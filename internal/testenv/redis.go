@@ -1,9 +1,11 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -92,7 +94,12 @@ func (r *Redis) tryStart(bin string) error {
 	if err != nil {
 		return err
 	}
-	p, err := startProc(cmd, filepath.Join(r.Dir, "redis.log"))
+	logPath := filepath.Join(r.Dir, "redis.log")
+	var logFrom int64 // the log's size before this start: what follows is this run's
+	if fi, err := os.Stat(logPath); err == nil {
+		logFrom = fi.Size()
+	}
+	p, err := startProc(cmd, logPath)
 	if err != nil {
 		return fmt.Errorf("start redis: %w", err)
 	}
@@ -100,7 +107,45 @@ func (r *Redis) tryStart(bin string) error {
 	if err := waitTCP(p, r.Port, 30*time.Second); err != nil {
 		return err
 	}
-	return waitRedisLoaded(r.Addr(), r.tlsConf)
+	if err := waitRedisLoaded(r.Addr(), r.tlsConf); err != nil {
+		return err
+	}
+	return r.rewriteTruncatedAOF(logPath, logFrom)
+}
+
+// rewriteTruncatedAOF has the server rewrite its append-only file from memory, and waits for the
+// rewrite, when the load that just ended truncated the file (a SIGKILL during the server's write
+// of its last commands cut them). Redis 7.0 cuts the file after the last whole command even when
+// that command is inside a MULTI … EXEC block whose EXEC was lost: the block's MULTI and first
+// commands stay in the file, the commands written after the load are appended behind them, and
+// the next load runs them as one transaction, the lost one half applied (or, when no EXEC follows,
+// reverts it and drops every later write). The rewrite writes the data as loaded, which holds
+// none of the cut block, in a new file. Nothing to do on a server that did not truncate its file.
+func (r *Redis) rewriteTruncatedAOF(logPath string, logFrom int64) error {
+	log, err := os.ReadFile(logPath)
+	if err != nil || int64(len(log)) < logFrom || !bytes.Contains(log[logFrom:], []byte("Truncating the AOF")) {
+		return err
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1, TLSConfig: r.tlsConf})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.BgRewriteAOF(ctx).Err(); err != nil {
+		return fmt.Errorf("redis %s: BGREWRITEAOF after a truncated load: %w", r.Addr(), err)
+	}
+	return waitFor(30*time.Second, func() error {
+		info, err := c.Info(ctx, "persistence").Result()
+		if err != nil {
+			return err
+		}
+		p := parseInfo(info)
+		if p["aof_rewrite_in_progress"] != "0" || p["aof_rewrite_scheduled"] != "0" {
+			return fmt.Errorf("redis %s: the AOF rewrite after a truncated load is still running", r.Addr())
+		}
+		if s := p["aof_last_bgrewrite_status"]; s != "ok" {
+			return fmt.Errorf("redis %s: the AOF rewrite after a truncated load ended %s", r.Addr(), s)
+		}
+		return nil
+	})
 }
 
 // waitRedisLoaded waits until the server has loaded its data (PING answers without LOADING).

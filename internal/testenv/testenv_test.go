@@ -1,8 +1,12 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -140,4 +144,55 @@ func TestPostgresKillRestartAndSecondDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close(context.Background())
+}
+
+// TestRedisRestartAfterTornTransaction restarts Redis on an append-only file whose last MULTI …
+// EXEC block was cut inside a command, as a SIGKILL in the middle of the server's write of it
+// leaves it, then writes a second transaction, kills Redis again and restarts it. The cut
+// transaction never applies and the second one does. Redis 7.0 alone gets this wrong: loading the
+// cut file it drops only the cut command, keeps the block's MULTI and first commands in the file
+// and appends after them, so the next load runs those commands inside the second transaction (the
+// first transaction half applied, and applied after the one written after it). Restart therefore
+// has Redis rewrite its file from memory after a load that truncated it (see Restart).
+func TestRedisRestartAfterTornTransaction(t *testing.T) {
+	ctx := context.Background()
+	r := StartRedis(t)
+	c := r.Client()
+	tx := func(kv ...string) {
+		t.Helper()
+		if _, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			for i := 0; i < len(kv); i += 2 {
+				p.Set(ctx, kv[i], kv[i+1], 0)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx("a", "1", "b", "2")
+	r.Kill()
+	// cut the file inside SET b, the block's last command before EXEC (*1\r\n$4\r\nEXEC\r\n: 14 bytes)
+	incr := filepath.Join(r.Dir, "appendonlydir", "appendonly.aof.1.incr.aof")
+	data, err := os.ReadFile(incr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasSuffix(data, []byte("$1\r\nb\r\n$1\r\n2\r\n*1\r\n$4\r\nEXEC\r\n")) {
+		t.Fatalf("the append-only file does not end with the transaction: %q", data[max(0, len(data)-80):])
+	}
+	if err := os.Truncate(incr, int64(len(data)-20)); err != nil {
+		t.Fatal(err)
+	}
+	r.Restart()
+	tx("c", "3", "d", "4")
+	r.Kill()
+	r.Restart()
+	got := map[string]string{}
+	for _, k := range []string{"a", "b", "c", "d"} {
+		got[k] = c.Get(ctx, k).Val()
+	}
+	if want := map[string]string{"a": "", "b": "", "c": "3", "d": "4"}; !maps.Equal(got, want) {
+		log, _ := os.ReadFile(filepath.Join(r.Dir, "redis.log"))
+		t.Fatalf("after the second restart %v, want %v (the cut transaction not applied, the second one applied); redis.log:\n%s", got, want, log)
+	}
 }
