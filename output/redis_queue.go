@@ -329,6 +329,11 @@ func (o *queueOutput) Connect(ctx context.Context) error {
 		_ = rdb.Close()
 		return err
 	}
+	if o.conf.writer.Durability.AOF {
+		if msg := queue.TruncatedLoadWarning(ctx, rdb); msg != "" {
+			o.log.Warn(msg)
+		}
+	}
 	o.rdb, o.writer = rdb, w
 	if q, ok := o.conf.queueField.interp.Static(); ok {
 		o.queues[q] = struct{}{}

@@ -2,12 +2,15 @@ package output
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // TestQueueOutputWarnsAOFOnFailover builds the output from linted configs and checks that it warns
@@ -42,6 +45,49 @@ func TestQueueOutputWarnsAOFOnFailover(t *testing.T) {
 		newQueueOutput(conf, service.MockResources(service.MockResourcesOptUseLogger(log)))
 		if got := strings.Contains(logs.String(), "durability: aof with Redis Sentinel or Cluster"); got != c.warn {
 			t.Errorf("%s: warned %v, want %v\n%s", yaml, got, c.warn, logs.String())
+		}
+	}
+}
+
+// TestQueueOutputWarnsTruncatedLoad connects the output with durability aof to a real Redis and
+// checks that it warns exactly when the server loads a cut append-only file by truncating it
+// (aof-load-truncated yes, Redis' default), the case docs/operations.md describes.
+func TestQueueOutputWarnsTruncatedLoad(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		setting    string
+		durability string
+		warn       bool
+	}{
+		{"yes", "aof", true},
+		{"no", "aof", false},
+		{"yes", "none", false},
+	} {
+		if err := r.Client().ConfigSet(ctx, "aof-load-truncated", c.setting).Err(); err != nil {
+			t.Fatal(err)
+		}
+		yaml := fmt.Sprintf("{url: %q, queue: q, durability: %s}", "redis://"+r.Addr(), c.durability)
+		if err := service.NewStreamBuilder().AddOutputYAML("redis_queue: " + yaml); err != nil {
+			t.Fatalf("%s: lint: %v", yaml, err)
+		}
+		pc, err := RedisQueueSpec().ParseYAML(yaml, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf, err := RedisQueueConfigFromParsed(pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		log := service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil)))
+		o := newQueueOutput(conf, service.MockResources(service.MockResourcesOptUseLogger(log)))
+		if err := o.Connect(ctx); err != nil {
+			t.Fatalf("%s, aof-load-truncated %s: connect: %v", yaml, c.setting, err)
+		}
+		_ = o.Close(ctx)
+		if got := strings.Contains(logs.String(), "aof-load-truncated yes on redis "+r.Addr()); got != c.warn {
+			t.Errorf("%s, aof-load-truncated %s: warned %v, want %v\n%s", yaml, c.setting, got, c.warn, logs.String())
 		}
 	}
 }

@@ -231,6 +231,30 @@ func CheckAOF(ctx context.Context, rdb redis.UniversalClient) error {
 	return eachMaster(ctx, rdb, check)
 }
 
+// TruncatedLoadWarning is what to log at start with durability aof when a master loads a cut
+// append-only file by truncating it (aof-load-truncated yes, Redis' default): Redis 7.0 cuts such
+// a file inside the MULTI block of the write it lost and appends the next writes behind it, and the
+// load after that runs them together (docs/operations.md, "A crash during an AOF write"). "" when
+// every master refuses to start on a cut file instead, or when the setting cannot be read.
+func TruncatedLoadWarning(ctx context.Context, rdb redis.UniversalClient) string {
+	var addrs []string
+	_ = eachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
+		vals, err := c.ConfigGet(ctx, "aof-load-truncated").Result()
+		if err == nil && vals["aof-load-truncated"] == "yes" {
+			addrs = append(addrs, c.Options().Addr)
+		}
+		return nil
+	})
+	if len(addrs) == 0 {
+		return ""
+	}
+	return "durability: aof with aof-load-truncated yes on redis " + strings.Join(addrs, ", ") + ": after a crash during an " +
+		"AOF write Redis 7.0 keeps part of the cut transaction in the file and may apply it at the restart after next " +
+		"(a batch's entries twice, or acknowledged writes dropped). After a restart whose log says \"Truncating the AOF\", " +
+		"run BGREWRITEAOF before Redis can crash again; or set aof-load-truncated no and repair a cut file with " +
+		"redis-check-aof --fix (docs/operations.md, A crash during an AOF write)"
+}
+
 // Write writes msgs, fenced and moving the pointer when cover says so. With no messages and a
 // cover it only compares-and-sets the pointer. A fenced write is an error with code "fenced";
 // ResultDuplicate (the cover is already in) is a success with nothing written.
