@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -237,14 +238,18 @@ func CheckAOF(ctx context.Context, rdb redis.UniversalClient) error {
 // load after that runs them together (docs/operations.md, "A crash during an AOF write"). "" when
 // every master refuses to start on a cut file instead, or when the setting cannot be read.
 func TruncatedLoadWarning(ctx context.Context, rdb redis.UniversalClient) string {
+	var mu sync.Mutex // a cluster's masters are asked at once
 	var addrs []string
 	_ = eachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
 		vals, err := c.ConfigGet(ctx, "aof-load-truncated").Result()
 		if err == nil && vals["aof-load-truncated"] == "yes" {
+			mu.Lock()
 			addrs = append(addrs, c.Options().Addr)
+			mu.Unlock()
 		}
 		return nil
 	})
+	slices.Sort(addrs)
 	if len(addrs) == 0 {
 		return ""
 	}

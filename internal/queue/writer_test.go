@@ -376,3 +376,42 @@ func TestCoverReceipt(t *testing.T) {
 		t.Fatalf("json %s %v", b, err)
 	}
 }
+
+// TestTruncatedLoadWarning: the start warning names every master (of a cluster too, asked at
+// once) that loads a cut append-only file by truncating it, and nothing once none does.
+func TestTruncatedLoadWarning(t *testing.T) {
+	ctx := context.Background()
+	single := testenv.StartRedis(t)
+	cluster := testenv.StartRedisCluster(t)
+	cc := cluster.Client(t)
+	for _, c := range []struct {
+		name  string
+		rdb   redis.UniversalClient
+		nodes []*testenv.Redis
+	}{
+		{"one server", single.Client(), []*testenv.Redis{single}},
+		{"cluster", cc, cluster.Nodes},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, setting := range []string{"yes", "no"} {
+				for _, n := range c.nodes {
+					if err := n.Client().ConfigSet(ctx, "aof-load-truncated", setting).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				msg := TruncatedLoadWarning(ctx, c.rdb)
+				if setting == "no" {
+					if msg != "" {
+						t.Fatalf("aof-load-truncated no: %q", msg)
+					}
+					continue
+				}
+				for _, n := range c.nodes {
+					if !strings.Contains(msg, n.Addr()) {
+						t.Fatalf("aof-load-truncated yes: %s not named in %q", n.Addr(), msg)
+					}
+				}
+			}
+		})
+	}
+}
