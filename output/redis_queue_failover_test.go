@@ -18,7 +18,6 @@ import (
 // alone.
 func TestQueueOutputWarnsAOFOnFailover(t *testing.T) {
 	const sentinel = `sentinel: {master_name: m, addresses: ["127.0.0.1:26379"]}`
-	spec := RedisQueueSpec()
 	for _, c := range []struct {
 		conn, durability string
 		warn             bool
@@ -29,20 +28,7 @@ func TestQueueOutputWarnsAOFOnFailover(t *testing.T) {
 		{`url: redis://127.0.0.1:6379`, "aof", false},
 	} {
 		yaml := fmt.Sprintf("{%s, queue: q, durability: %s}", c.conn, c.durability)
-		if err := service.NewStreamBuilder().AddOutputYAML("redis_queue: " + yaml); err != nil {
-			t.Fatalf("%s: lint: %v", yaml, err)
-		}
-		pc, err := spec.ParseYAML(yaml, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conf, err := RedisQueueConfigFromParsed(pc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var logs bytes.Buffer
-		log := service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil)))
-		newQueueOutput(conf, service.MockResources(service.MockResourcesOptUseLogger(log)))
+		_, logs := lintedQueueOutput(t, yaml)
 		if got := strings.Contains(logs.String(), "durability: aof with Redis Sentinel or Cluster"); got != c.warn {
 			t.Errorf("%s: warned %v, want %v\n%s", yaml, got, c.warn, logs.String())
 		}
@@ -68,20 +54,7 @@ func TestQueueOutputWarnsTruncatedLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		yaml := fmt.Sprintf("{url: %q, queue: q, durability: %s}", "redis://"+r.Addr(), c.durability)
-		if err := service.NewStreamBuilder().AddOutputYAML("redis_queue: " + yaml); err != nil {
-			t.Fatalf("%s: lint: %v", yaml, err)
-		}
-		pc, err := RedisQueueSpec().ParseYAML(yaml, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conf, err := RedisQueueConfigFromParsed(pc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var logs bytes.Buffer
-		log := service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil)))
-		o := newQueueOutput(conf, service.MockResources(service.MockResourcesOptUseLogger(log)))
+		o, logs := lintedQueueOutput(t, yaml)
 		if err := o.Connect(ctx); err != nil {
 			t.Fatalf("%s, aof-load-truncated %s: connect: %v", yaml, c.setting, err)
 		}
@@ -90,4 +63,24 @@ func TestQueueOutputWarnsTruncatedLoad(t *testing.T) {
 			t.Errorf("%s, aof-load-truncated %s: warned %v, want %v\n%s", yaml, c.setting, got, c.warn, logs.String())
 		}
 	}
+}
+
+// lintedQueueOutput builds the redis_queue output of yaml, after the linter accepted it, with a
+// logger whose lines it returns.
+func lintedQueueOutput(t *testing.T, yaml string) (*queueOutput, *bytes.Buffer) {
+	t.Helper()
+	if err := service.NewStreamBuilder().AddOutputYAML("redis_queue: " + yaml); err != nil {
+		t.Fatalf("%s: lint: %v", yaml, err)
+	}
+	pc, err := RedisQueueSpec().ParseYAML(yaml, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := RedisQueueConfigFromParsed(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &bytes.Buffer{}
+	log := service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(logs, nil)))
+	return newQueueOutput(conf, service.MockResources(service.MockResourcesOptUseLogger(log))), logs
 }

@@ -513,13 +513,7 @@ func TestWritePrimed(t *testing.T) {
 	for i, c := range keyChanges(t, rdb) {
 		t.Run(c.name, func(t *testing.T) {
 			q := "primed" + strconv.Itoa(i)
-			leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
-			w := NewWriter(rdb, WriterConfig{Shards: 4})
-			defer w.Close()
-			first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
-			if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultOK {
-				t.Fatalf("first batch: %v %v", res, err)
-			}
+			w, leaseKey, ptrKey, cover, first, second := firstOfTwo(t, rdb, q)
 			c.change(q, leaseKey, ptrKey)
 			execs := cmdCalls(t, rdb, "cmdstat_exec:")
 			res, err := w.Write(ctx, second, cover("0003"))
@@ -620,13 +614,7 @@ func TestWriteTxConflictKeepsConnection(t *testing.T) {
 	rdb := r.Client()
 	ctx := context.Background()
 	q := "conflict-conn"
-	leaseKey, ptrKey, cover := leasedSource(t, rdb, q)
-	w := NewWriter(rdb, WriterConfig{Shards: 4})
-	defer w.Close()
-	first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
-	if res, err := w.Write(ctx, first, cover("0001")); err != nil || res != ResultOK {
-		t.Fatalf("first batch: %v %v", res, err)
-	}
+	w, leaseKey, ptrKey, cover, first, second := firstOfTwo(t, rdb, q)
 	var races atomic.Int32
 	w.beforeExec = func() {
 		if races.Add(1) < maxTxConflicts { // aborted EXECs, fewer than make the script write
@@ -660,4 +648,18 @@ func TestWriteTxConflictKeepsConnection(t *testing.T) {
 	if got := rdb.Get(ctx, ptrKey).Val(); got != `{"pos":"0003"}` {
 		t.Fatalf("pointer %s, want pos 0003", got)
 	}
+}
+
+// firstOfTwo leases a source on queue q, writes the first of two batches with a 4-shard writer
+// (closed at the test's end) and returns them, for a test of what happens to the second.
+func firstOfTwo(t *testing.T, rdb *redis.Client, q string) (w *Writer, leaseKey, ptrKey string, cover func(string) *Cover, first, second []Message) {
+	t.Helper()
+	leaseKey, ptrKey, cover = leasedSource(t, rdb, q)
+	w = NewWriter(rdb, WriterConfig{Shards: 4})
+	t.Cleanup(func() { w.Close() })
+	first, second = batchOf(q, "first", 20, 6), batchOf(q, "second", 30, 6)
+	if res, err := w.Write(context.Background(), first, cover("0001")); err != nil || res != ResultOK {
+		t.Fatalf("first batch: %v %v", res, err)
+	}
+	return w, leaseKey, ptrKey, cover, first, second
 }
