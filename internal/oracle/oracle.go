@@ -46,7 +46,11 @@ type Event struct {
 	Seq       uint64                     `json:"seq"`
 }
 
-// ReadQueue reads every entry of every shard of queue, in shard then offset order.
+// ReadQueue reads every entry of every shard of queue, in shard then offset order. The shards are
+// read in one MULTI, so the result is one moment of the queue: a caller that waits for a marker
+// entry and then checks what came before it never sees the marker without the entries written
+// before it in other shards (the shard keys share the queue's hash slot, so this holds in a cluster
+// too).
 func ReadQueue(ctx context.Context, rdb redis.Cmdable, prefix, queue string) ([]Entry, error) {
 	shardsText, err := rdb.HGet(ctx, redisconn.Key(prefix, queue, "meta"), "shards").Result()
 	if err == redis.Nil {
@@ -56,13 +60,18 @@ func ReadQueue(ctx context.Context, rdb redis.Cmdable, prefix, queue string) ([]
 		return nil, err
 	}
 	shards, _ := strconv.Atoi(shardsText)
-	var out []Entry
-	for n := 0; n < shards; n++ {
-		msgs, err := rdb.XRange(ctx, redisconn.Key(prefix, queue, "s", strconv.Itoa(n)), "-", "+").Result()
-		if err != nil {
-			return nil, err
+	reads := make([]*redis.XMessageSliceCmd, shards)
+	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for n := range reads {
+			reads[n] = p.XRange(ctx, redisconn.Key(prefix, queue, "s", strconv.Itoa(n)), "-", "+")
 		}
-		for _, m := range msgs {
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for n, read := range reads {
+		for _, m := range read.Val() {
 			off, _ := strconv.ParseInt(fmt.Sprint(m.Values["off"]), 10, 64)
 			out = append(out, Entry{Shard: n, Off: off, Partition: fmt.Sprint(m.Values["p"]), ID: fmt.Sprint(m.Values["id"]),
 				Tx: fmt.Sprint(m.Values["tx"]), Payload: []byte(fmt.Sprint(m.Values["d"]))})

@@ -1,0 +1,67 @@
+package oracle
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/redisconn"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// ReadQueue sees the queue at one moment: while a script writes one entry to every shard at once
+// (as the queue's write does for a batch spread over shards), every read holds as many entries
+// in each shard. Read shard by shard, a read sees a later shard's newer entries without the
+// earlier shard's, and a test waiting for a marker in one shard misses what came before it.
+func TestReadQueueIsOneMomentOfTheQueue(t *testing.T) {
+	const shards = 4
+	ctx := context.Background()
+	r := testenv.StartRedis(t)
+	rdb, w := r.Client(), r.Client()
+	if err := rdb.HSet(ctx, redisconn.Key("pgrelay", "q", "meta"), "shards", shards).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, shards)
+	for n := range keys {
+		keys[n] = redisconn.Key("pgrelay", "q", "s", strconv.Itoa(n))
+	}
+	writeAll := redis.NewScript(`for i, k in ipairs(KEYS) do redis.call('XADD', k, '*', 'off', ARGV[1], 'p', 'p', 'id', ARGV[1], 'd', '{}') end return 1`)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := writeAll.Run(ctx, w, keys, i).Err(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	for read := 0; read < 100; read++ {
+		entries, err := ReadQueue(ctx, rdb, "pgrelay", "q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := make([]int, shards)
+		for _, e := range entries {
+			per[e.Shard]++
+		}
+		for n := 1; n < shards; n++ {
+			if per[n] != per[0] {
+				t.Fatalf("read %d: entries per shard %v: a write to every shard was seen in part", read, per)
+			}
+		}
+	}
+}
