@@ -3,7 +3,6 @@ package oracle
 import (
 	"context"
 	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -30,12 +29,11 @@ func TestReadQueueIsOneMomentOfTheQueue(t *testing.T) {
 	}
 	writeAll := redis.NewScript(`for i, k in ipairs(KEYS) do redis.call('XADD', k, '*', 'off', ARGV[1], 'p', 'p', 'id', ARGV[1], 'd', '{}') end return 1`)
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
+	const writes = 3000 // bounded, so a slow (race-detector) run reads a small queue
+	done, stop := make(chan struct{}), make(chan struct{})
 	go func() {
-		defer wg.Done()
-		for i := 1; ; i++ {
+		defer close(done)
+		for i := 1; i <= writes; i++ {
 			select {
 			case <-stop:
 				return
@@ -47,9 +45,16 @@ func TestReadQueueIsOneMomentOfTheQueue(t *testing.T) {
 			}
 		}
 	}()
-	defer func() { close(stop); wg.Wait() }()
-
-	for read := 0; read < 100; read++ {
+	defer func() { close(stop); <-done }()
+	for read := 0; ; read++ {
+		select {
+		case <-done:
+			if read < 10 {
+				t.Fatalf("only %d reads while the writes ran", read)
+			}
+			return
+		default:
+		}
 		entries, err := ReadQueue(ctx, rdb, "pgrelay", "q")
 		if err != nil {
 			t.Fatal(err)
