@@ -44,6 +44,7 @@ type pgOptions struct {
 	conf   []string
 	tls    bool
 	hba    []string
+	port   int // the first port tried instead of a free one (tests of the retry)
 }
 
 // WithPGBin runs the server from the given bin directory instead of the default.
@@ -107,7 +108,10 @@ func StartPostgres(t testing.TB, opts ...PGOption) *Postgres {
 		missing(t, "PostgreSQL in "+o.binDir)
 	}
 	base := tempDir(t, "pg")
-	pg := &Postgres{t: t, BinDir: o.binDir, DataDir: filepath.Join(base, "data"), Port: FreePort(t)}
+	pg := &Postgres{t: t, BinDir: o.binDir, DataDir: filepath.Join(base, "data"), Port: o.port}
+	if pg.Port == 0 {
+		pg.Port = FreePort(t)
+	}
 	initdb, err := command(filepath.Join(o.binDir, "initdb"), "-D", pg.DataDir, "-U", "postgres",
 		"--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
 	if err != nil {
@@ -137,16 +141,46 @@ func StartPostgres(t testing.TB, opts ...PGOption) *Postgres {
 	for _, kv := range o.conf {
 		conf = append(conf, kv)
 	}
-	f, err := os.OpenFile(filepath.Join(pg.DataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
+	if err := appendConf(pg.DataDir, conf...); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	fmt.Fprintln(f, strings.Join(conf, "\n"))
-	f.Close()
 	pg.Version = pgVersion(pg.DataDir)
-	pg.start()
+	pg.startFirst()
 	t.Cleanup(pg.Stop)
 	return pg
+}
+
+// startFirst is the first start of a new server. A port taken between FreePort and the server's
+// bind (by another test process: the packages' tests run several at once) is replaced by another;
+// the last `port` line of postgresql.conf wins.
+func (pg *Postgres) startFirst() {
+	pg.t.Helper()
+	for attempt := 1; ; attempt++ {
+		err := pg.tryStart()
+		if err == nil {
+			return
+		}
+		if attempt == 5 || !strings.Contains(err.Error(), "Address already in use") {
+			pg.t.Fatalf("testenv: postgres %s: %v", pg.BinDir, err)
+		}
+		pg.Port = FreePort(pg.t)
+		if err := appendConf(pg.DataDir, fmt.Sprintf("port = %d", pg.Port)); err != nil {
+			pg.t.Fatalf("testenv: %v", err)
+		}
+	}
+}
+
+// appendConf appends lines to the server's postgresql.conf (a later setting wins).
+func appendConf(dataDir string, lines ...string) error {
+	f, err := os.OpenFile(filepath.Join(dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintln(f, strings.Join(lines, "\n")); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func pgVersion(dataDir string) int {
@@ -157,18 +191,23 @@ func pgVersion(dataDir string) int {
 
 func (pg *Postgres) start() {
 	pg.t.Helper()
+	if err := pg.tryStart(); err != nil {
+		pg.t.Fatalf("testenv: postgres %s: %v", pg.BinDir, err)
+	}
+}
+
+// tryStart starts the server and waits until it accepts connections.
+func (pg *Postgres) tryStart() error {
 	cmd, err := command(filepath.Join(pg.BinDir, "postgres"), "-D", pg.DataDir)
 	if err != nil {
-		pg.t.Fatalf("testenv: %v", err)
+		return err
 	}
 	p, err := startProc(cmd, filepath.Join(filepath.Dir(pg.DataDir), "postgres.log"))
 	if err != nil {
-		pg.t.Fatalf("testenv: start postgres: %v", err)
+		return fmt.Errorf("start: %w", err)
 	}
 	pg.proc.set(p)
-	if err := pg.waitReady(60 * time.Second); err != nil {
-		pg.t.Fatalf("testenv: postgres %s: %v", pg.BinDir, err)
-	}
+	return pg.waitReady(60 * time.Second)
 }
 
 func (pg *Postgres) waitReady(timeout time.Duration) error {

@@ -53,13 +53,10 @@ func StartStandby(t testing.TB, primary *Postgres, opts ...PGOption) *Postgres {
 		"hot_standby_feedback = on",
 	}
 	conf = append(conf, o.conf...)
-	f, err := os.OpenFile(filepath.Join(sb.DataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
+	if err := appendConf(sb.DataDir, conf...); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	fmt.Fprintln(f, strings.Join(conf, "\n"))
-	f.Close()
-	sb.start()
+	sb.startFirst()
 	t.Cleanup(sb.Stop)
 	sb.waitStreaming(primary)
 	return sb

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -194,5 +195,24 @@ func TestRedisRestartAfterTornTransaction(t *testing.T) {
 	if want := map[string]string{"a": "", "b": "", "c": "3", "d": "4"}; !maps.Equal(got, want) {
 		log, _ := os.ReadFile(filepath.Join(r.Dir, "redis.log"))
 		t.Fatalf("after the second restart %v, want %v (the cut transaction not applied, the second one applied); redis.log:\n%s", got, want, log)
+	}
+}
+
+// A port taken by another process between FreePort and the server's bind (the test packages run
+// several at once, each with its own servers) is replaced by another: the server starts.
+func TestPostgresStartsWhenItsPortIsTaken(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	taken := l.Addr().(*net.TCPAddr).Port
+	pg := StartPostgres(t, func(o *pgOptions) { o.port = taken })
+	if pg.Port == taken {
+		t.Fatalf("the server reports the taken port %d", taken)
+	}
+	var one int
+	if err := pg.Pool().QueryRow(context.Background(), `SELECT 1`).Scan(&one); err != nil || one != 1 {
+		t.Fatalf("the server on port %d: %d %v", pg.Port, one, err)
 	}
 }
