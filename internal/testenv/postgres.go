@@ -112,13 +112,8 @@ func StartPostgres(t testing.TB, opts ...PGOption) *Postgres {
 	if pg.Port == 0 {
 		pg.Port = FreePort(t)
 	}
-	initdb, err := command(filepath.Join(o.binDir, "initdb"), "-D", pg.DataDir, "-U", "postgres",
-		"--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
-	if err != nil {
+	if err := newDataDir(o.binDir, pg.DataDir); err != nil {
 		t.Fatalf("testenv: %v", err)
-	}
-	if out, err := initdb.CombinedOutput(); err != nil {
-		t.Fatalf("testenv: initdb: %v\n%s", err, out)
 	}
 	conf := []string{
 		"listen_addresses = '127.0.0.1'",

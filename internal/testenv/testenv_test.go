@@ -216,3 +216,37 @@ func TestPostgresStartsWhenItsPortIsTaken(t *testing.T) {
 		t.Fatalf("the server on port %d: %d %v", pg.Port, one, err)
 	}
 }
+
+// Servers are copies of one initdb (pgtemplate.go), each with a system identifier of its own, as
+// pg_control_system() and the replication protocol report it; a copy starts, writes and restarts.
+func TestPostgresServersHaveTheirOwnSystem(t *testing.T) {
+	ids := map[string]bool{}
+	for i := 0; i < 2; i++ {
+		pg := StartPostgres(t)
+		var id, viaRepl string
+		if err := pg.Pool().QueryRow(context.Background(), `SELECT system_identifier::text FROM pg_control_system()`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := pgconn.Connect(context.Background(), pg.DSN()+"&replication=database")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sys, err := pglogrepl.IdentifySystem(context.Background(), conn)
+		conn.Close(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		viaRepl = sys.SystemID
+		if id != viaRepl || ids[id] {
+			t.Fatalf("server %d: system %s (replication: %s), seen before: %v", i, id, viaRepl, ids[id])
+		}
+		ids[id] = true
+		pg.Exec(`CREATE TABLE k (id int); INSERT INTO k VALUES (1); CHECKPOINT`)
+		pg.Kill()
+		pg.Restart()
+		var n int
+		if err := pg.Pool().QueryRow(context.Background(), `SELECT count(*) FROM k`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("server %d after restart: %d %v", i, n, err)
+		}
+	}
+}
