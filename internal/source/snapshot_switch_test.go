@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
 // TestSnapshotNextTableSeesHeldCommit: a commit on table b that a synchronous standby holds (its
@@ -64,13 +65,23 @@ func TestSnapshotNextTableSeesHeldCommit(t *testing.T) {
 		t.Fatalf("setup: the held update is visible (%d, %v)", visible, err)
 	}
 	release() // the snapshot goes on: the rest of a, then b
-	// Give the snapshot time to read b while the commit is still held.
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if cur, _ := e.snapshotCursor("held", "q"); cur == "null" {
+	// Give the snapshot time to read b while the commit is still held: once all of a is in the
+	// queue, b's one chunk would follow within milliseconds if it did not wait for the commit.
+	var doneWithA time.Time
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		cur, _ := e.snapshotCursor("held", "q")
+		if cur == "null" {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		var c snapshot.Cursor
+		_ = json.Unmarshal([]byte(cur), &c)
+		if c.Table == "public.b" || (c.Table == "public.a" && c.Rows >= 300) {
+			if doneWithA.IsZero() {
+				doneWithA = time.Now()
+			} else if time.Since(doneWithA) > time.Second {
+				break
+			}
+		}
 	}
 	e.pg.ReleaseCommits()
 	if err := <-committed; err != nil {
