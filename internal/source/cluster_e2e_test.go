@@ -38,6 +38,7 @@ type clusterSource struct {
 }
 
 func newClusterEnv(t *testing.T) *clusterEnv {
+	t.Parallel() // servers of its own, as newEnv
 	rc := testenv.StartRedisCluster(t)
 	return &clusterEnv{t: t, ctx: context.Background(), pg: testenv.StartPostgres(t), rc: rc, cc: rc.Client(t)}
 }

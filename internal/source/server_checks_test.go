@@ -14,6 +14,7 @@ import (
 // PostgreSQL before 14.
 // Nothing is created on a refused server: no publication, no slot.
 func TestServerChecksRefuseWithCodes(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name  string
 		opts  []testenv.PGOption

@@ -31,7 +31,11 @@ type env struct {
 	ctx context.Context
 }
 
+// newEnv starts the test's own PostgreSQL and Redis. The test runs in parallel with the package's
+// other tests on servers of their own (go test -parallel, GOMAXPROCS by default): most of its time is
+// spent waiting on the servers and the pipeline.
 func newEnv(t *testing.T) *env {
+	t.Parallel()
 	return &env{t: t, pg: testenv.StartPostgres(t), rd: testenv.StartRedis(t), ctx: context.Background()}
 }
 
@@ -491,7 +495,7 @@ input:
     max_bundle_messages: 1
 pipeline:
   processors:
-    - sleep: {duration: 3s}
+    - sleep: {duration: 2500ms}
 output:
   redis_queue:
     url: %s
@@ -500,18 +504,18 @@ logger:
 `, e.pg.DSN(), e.rd.URL(), e.rd.URL())
 	startStream(t, yaml)
 	e.waitPointer("slow", "q")
-	for i := 1; i <= 4; i++ {
+	for i := 1; i <= 3; i++ {
 		e.pg.Exec(`INSERT INTO s VALUES ($1)`, i)
 	}
 	pids := map[int]bool{}
-	cdctest.WaitEvery(t, 60*time.Second, 100*time.Millisecond, "4 rows in the queue", func() (bool, string) {
+	cdctest.WaitEvery(t, 60*time.Second, 100*time.Millisecond, "3 rows in the queue", func() (bool, string) {
 		var pid *int
 		e.pg.Pool().QueryRow(e.ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'pgrelay_slow'`).Scan(&pid)
 		if pid != nil {
 			pids[*pid] = true
 		}
 		entries, _ := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
-		return len(entries) == 4, fmt.Sprintf("%d of 4 rows", len(entries))
+		return len(entries) == 3, fmt.Sprintf("%d of 3 rows", len(entries))
 	})
 	if len(pids) != 1 {
 		t.Errorf("the walsender changed %d times: %v", len(pids)-1, pids)
@@ -520,6 +524,7 @@ logger:
 }
 
 func TestInvalidatedSlotIsSlotInvalidated(t *testing.T) {
+	t.Parallel()
 	e := &env{t: t, pg: testenv.StartPostgres(t, testenv.WithPGSetting("max_slot_wal_keep_size = 1MB"),
 		testenv.WithPGSetting("min_wal_size = 32MB"), testenv.WithPGSetting("max_wal_size = 32MB")),
 		rd: testenv.StartRedis(t), ctx: context.Background()}

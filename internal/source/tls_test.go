@@ -25,6 +25,7 @@ import (
 // The refused ones write nothing to their queues and create no slot, although the rows were
 // committed while they ran.
 func TestPgCDCOverTLSWithClientCertificate(t *testing.T) {
+	t.Parallel()
 	e := &env{t: t, pg: testenv.StartPostgres(t, testenv.WithTLS(
 		"hostssl all all 127.0.0.1/32 cert", "hostnossl all all 0.0.0.0/0 reject")),
 		rd: testenv.StartRedis(t), ctx: context.Background()}
