@@ -344,6 +344,13 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immedia
 		}
 		tryFast = next == streamRegular
 	}
+	if tryFast && len(msgs) >= 2*minPiece && piecewiseMode(h) {
+		res, next, err := a.piecewise(ctx, conn, h, msgs)
+		if next == streamDone {
+			return res, err
+		}
+		tryFast = next == streamRegular
+	}
 	ops := make([]op, len(msgs))
 	decodeErr := make([]error, len(msgs))
 	var shards []ShardKey

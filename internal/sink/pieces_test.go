@@ -1,0 +1,185 @@
+package sink
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestPieceBounds(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want string
+	}{
+		{0, ""},
+		{63, ""},
+		{64, "0-32 32-64"},
+		{100, "0-32 32-100"},
+		{300, "0-37 37-111 111-300"},
+		{500, "0-62 62-186 186-500"},
+		{2000, "0-250 250-750 750-2000"},
+	} {
+		var got []string
+		end := 0
+		for _, p := range pieceBounds(c.n) {
+			if p[0] != end || p[1] <= p[0] {
+				t.Errorf("n=%d: piece %v after %d", c.n, p, end)
+			}
+			end = p[1]
+			got = append(got, fmt.Sprintf("%d-%d", p[0], p[1]))
+		}
+		if strings.Join(got, " ") != c.want {
+			t.Errorf("n=%d: %q, want %q", c.n, strings.Join(got, " "), c.want)
+		}
+	}
+}
+
+// A batch of 300 messages goes in pieces (one INSERT per piece, counted by a statement trigger),
+// and the table is what applying the messages one by one in offset order gives: a key written in
+// the first piece and again in the last keeps the last value; in cdc mode a key inserted in the
+// first piece and deleted in the second is gone, and a key change in the last piece moves the row.
+// A payload that does not decode in the last piece, after the first pieces were sent, rolls them
+// back and the batch goes the regular way: that message fails (its shard's later messages wait),
+// the others are applied. A redelivered batch whose first messages were applied before is refused
+// by the guard in the first piece and applied past them.
+func TestLargeBatchGoesInPieces(t *testing.T) {
+	f := startPG(t)
+	type row struct{ v, n string }
+	for _, mode := range []Mode{ModeUpsert, ModeCDC} {
+		t.Run(string(mode), func(t *testing.T) {
+			table := f.name("pieces")
+			f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, v text, n int)`)
+			f.exec(t, `CREATE TABLE `+table+`_stmts (n int)`)
+			f.exec(t, `CREATE FUNCTION `+table+`_count() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN INSERT INTO `+table+`_stmts VALUES (1); RETURN NULL; END $$`)
+			f.exec(t, `CREATE TRIGGER count_inserts AFTER INSERT ON `+table+` FOR EACH STATEMENT EXECUTE FUNCTION `+table+`_count()`)
+			a := f.applier(t, Config{Table: table, Mode: mode})
+			model := map[string]row{}
+			payload := func(op string, id int, v string, n int) string {
+				if mode == ModeUpsert {
+					return fmt.Sprintf(`{"id":%d,"v":%q,"n":%d}`, id, v, n)
+				}
+				switch op {
+				case "d":
+					return fmt.Sprintf(`{"op":"d","key":{"id":%d},"after":null}`, id)
+				case "move":
+					return fmt.Sprintf(`{"op":"u","key":{"id":%d},"after":{"id":%d,"v":%q,"n":%d},"before":{"id":%d}}`, id, id, v, n, n)
+				}
+				return fmt.Sprintf(`{"op":"c","key":{"id":%d},"after":{"id":%d,"v":%q,"n":%d}}`, id, id, v, n)
+			}
+			// 300 messages on shard 0, offsets 1..300; the pieces are messages 0-36, 37-110, 111-299
+			build := func(bad int) []*Message {
+				var msgs []*Message
+				for i := 0; i < 300; i++ {
+					id, v, op := i+1, fmt.Sprintf("v%d", i), "c"
+					switch {
+					case i == 250: // the last piece writes key 5 (first piece) again
+						id, v = 5, "again"
+					case mode == ModeCDC && i == 60: // the second piece deletes key 10 (first piece)
+						id, op = 10, "d"
+					case mode == ModeCDC && i == 280: // the last piece moves key 20 (first piece) to 1020
+						id, op = 1020, "move"
+					}
+					p := payload(op, id, v, 20)
+					if op != "move" {
+						p = payload(op, id, v, i)
+					}
+					if i == bad {
+						p = `{"id":` // does not decode
+					}
+					msgs = append(msgs, msg("q", 0, int64(i+1), p))
+				}
+				return msgs
+			}
+			apply := func(i int, bad int) {
+				if i == bad {
+					return
+				}
+				switch {
+				case i == 250:
+					model["5"] = row{"again", "250"}
+				case mode == ModeCDC && i == 60:
+					delete(model, "10")
+				case mode == ModeCDC && i == 280:
+					delete(model, "20")
+					model["1020"] = row{fmt.Sprintf("v%d", i), "20"}
+				default:
+					model[fmt.Sprint(i+1)] = row{fmt.Sprintf("v%d", i), fmt.Sprint(i)}
+				}
+			}
+			check := func(what string) {
+				t.Helper()
+				got := f.queryStrings(t, `SELECT id || '=' || v || '/' || n AS x FROM `+table+` ORDER BY id`)
+				var want []string
+				for _, k := range slices.Sorted(maps.Keys(model)) {
+					want = append(want, k+"="+model[k].v+"/"+model[k].n)
+				}
+				slices.Sort(got)
+				slices.Sort(want)
+				if strings.Join(got, ",") != strings.Join(want, ",") {
+					t.Fatalf("%s: table differs from the model:\n got %v\nwant %v", what, got, want)
+				}
+			}
+
+			// the first 100 messages as a batch of their own: applied (in pieces: 0-32, 32-100)
+			first := build(-1)[:100]
+			if res := write(t, a, first...); res.Applied != 100 {
+				t.Fatalf("first 100: %+v", res)
+			}
+			for i := 0; i < 100; i++ {
+				apply(i, -1)
+			}
+			check("first 100")
+			if got := f.one(t, `SELECT count(*)::text FROM `+table+`_stmts`); got != "2" {
+				t.Fatalf("%s INSERT statements for a 100-message batch, want 2 (its two pieces)", got)
+			}
+
+			// the whole batch redelivered: the guard refuses in the first piece; applied past 100
+			res := write(t, a, build(-1)...)
+			if res.Skipped != 100 || res.Applied != 200 {
+				t.Fatalf("redelivered batch: %d applied, %d skipped", res.Applied, res.Skipped)
+			}
+			for i := 100; i < 300; i++ {
+				apply(i, -1)
+			}
+			check("redelivered batch")
+
+			// the same 300 messages on shard 1 into the emptied table: in pieces, one INSERT each
+			f.exec(t, `TRUNCATE `+table+`, `+table+`_stmts`)
+			model = map[string]row{}
+			for i := 0; i < 300; i++ {
+				apply(i, -1)
+			}
+			fresh := build(-1)
+			for _, m := range fresh {
+				m.Shard, m.Partition = 1, "p1"
+			}
+			if res := write(t, a, fresh...); res.Applied != 300 {
+				t.Fatalf("fresh batch: %+v", res)
+			}
+			check("fresh batch")
+			want := map[Mode]string{ModeUpsert: "3", ModeCDC: "4"}[mode] // cdc: the move ends a round
+			if got := f.one(t, `SELECT count(*)::text FROM `+table+`_stmts`); got != want {
+				t.Fatalf("%s INSERT statements for a 300-message batch, want %s (one per piece)", got, want)
+			}
+
+			// a batch on shard 2 whose message 200 (last piece) does not decode
+			f.exec(t, `TRUNCATE `+table)
+			model = map[string]row{}
+			bad := build(200)
+			for _, m := range bad {
+				m.Shard, m.Partition = 2, "p2"
+			}
+			res = write(t, a, bad...)
+			if res.Outcomes[200] != Failed || res.Applied != 200 || res.Blocked != 99 {
+				t.Fatalf("batch with a bad payload: %d applied, %d failed, %d blocked, message 200 %v", res.Applied, res.Failed, res.Blocked, res.Outcomes[200])
+			}
+			for i := 0; i < 200; i++ {
+				apply(i, 200)
+			}
+			check("batch with a bad payload")
+		})
+	}
+}
