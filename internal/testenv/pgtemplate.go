@@ -124,7 +124,9 @@ func newSystemIdentifier(dataDir string) error {
 	if _, err := rand.Read(id[:]); err != nil {
 		return err
 	}
-	id[7] |= 0x01 // never 0
+	// below 2^63 and never 0, as initdb's (seconds << 32 | ...): pg_control_system() shows it as a
+	// bigint, the replication protocol as unsigned
+	id[7] = id[7]&0x7f | 0x01
 	control := filepath.Join(dataDir, "global", "pg_control")
 	b, err := os.ReadFile(control)
 	if err != nil {
