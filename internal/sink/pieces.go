@@ -7,8 +7,8 @@ import (
 )
 
 // A larger upsert or cdc batch goes in pieces: its first rows are decoded and planned, sent with
-// BEGIN and the guard, and while PostgreSQL runs them the next piece is decoded and planned, and so
-// on; the last piece goes with the progress update and COMMIT. It is still one transaction, with the
+// BEGIN and the guard, and while PostgreSQL runs them the next piece is decoded and planned; the
+// last piece goes with the progress update and COMMIT. It is still one transaction, with the
 // same statements the one-pipeline fast path sends, only cut by message: a key met in two pieces is
 // written by both statements in offset order, as the folder's rounds would. The sink's Go work per
 // row (decoding the payload, mostly) then runs while PostgreSQL works instead of before it, which
@@ -17,24 +17,16 @@ import (
 // minPiece is the fewest messages a piece holds; a batch of fewer than 2 × minPiece goes whole.
 const minPiece = 32
 
-// pieceBounds cuts n messages into pieces that double in size from n/8 (at least minPiece): the
-// first is small so the server starts early, and each next one is decoded while the server runs
-// the ones before it (the server's time per row is several times the decoding's). A rest smaller
-// than one and a half times the next size joins it. Nil when n is too small to cut.
+// pieceBounds cuts n messages into two pieces: the first, a quarter (at least minPiece), is
+// decoded before anything is sent; the rest is decoded while the server runs the first (the
+// server's time per row is several times the decoding's, so a quarter covers the rest). Each more
+// piece would cost a round trip in which the server waits. Nil when n is too small to cut.
 func pieceBounds(n int) [][2]int {
 	if n < 2*minPiece {
 		return nil
 	}
-	var out [][2]int
-	size := max(minPiece, n/8)
-	for start := 0; start < n; size *= 2 {
-		if n-start < size*3/2 {
-			size = n - start
-		}
-		out = append(out, [2]int{start, start + size})
-		start += size
-	}
-	return out
+	first := max(minPiece, n/4)
+	return [][2]int{{0, first}, {first, n}}
 }
 
 // piecewise is the fast path of an upsert or cdc batch in pieces (see above). Like streamed, it
