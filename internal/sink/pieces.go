@@ -73,6 +73,9 @@ func (a *Applier) piecewise(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 			}
 			stmts, meanwhile = append(stmts, stmt{sql: "COMMIT"}), nil
 		}
+		if len(stmts) == 0 && meanwhile != nil {
+			meanwhile() // a piece with nothing to run (cdc m events only): sendAtMeanwhile would skip it
+		}
 		if at, err := sendAtMeanwhile(ctx, conn, stmts, meanwhile); err != nil {
 			if i == 0 && at == guard && isGuardMoved(err) {
 				return rollback(ctx, conn, streamMoved)
