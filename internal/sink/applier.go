@@ -344,7 +344,7 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immedia
 		}
 		tryFast = next == streamRegular
 	}
-	if tryFast && len(msgs) >= 2*minPiece && piecewiseMode(h) {
+	if tryFast && pieceBounds(len(msgs)) != nil && piecewiseMode(h) {
 		res, next, err := a.piecewise(ctx, conn, h, msgs)
 		if next == streamDone {
 			return res, err
@@ -358,9 +358,7 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immedia
 	buf := newRowBuf(msgs)
 	readable := true
 	for i, m := range msgs {
-		if decodeErr[i] = checkSize(m); decodeErr[i] == nil {
-			ops[i], decodeErr[i] = h.decode(m, buf)
-		}
+		ops[i], decodeErr[i] = decodeMessage(h, m, buf)
 		readable = readable && decodeErr[i] == nil
 		if m.HasPosition && !seen[m.shardKey()] {
 			seen[m.shardKey()] = true
@@ -397,6 +395,14 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immedia
 	}
 	st.res.count()
 	return st.res, nil
+}
+
+// decodeMessage decodes m for h, refusing a payload over the sink's limit first.
+func decodeMessage(h modeHandler, m *Message, buf *rowBuf) (op, error) {
+	if err := checkSize(m); err != nil {
+		return op{}, err
+	}
+	return h.decode(m, buf)
 }
 
 func newBatchState(n int) *batchState {

@@ -44,15 +44,10 @@ func (a *Applier) piecewise(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 	ops := make([]op, len(pending))
 	plan := func(p [2]int) ([]stmt, bool) {
 		for k := p[0]; k < p[1]; k++ {
-			m := msgs[pending[k]]
-			if checkSize(m) != nil {
+			var err error
+			if ops[k], err = decodeMessage(h, msgs[pending[k]], buf); err != nil {
 				return nil, false
 			}
-			o, err := h.decode(m, buf)
-			if err != nil {
-				return nil, false
-			}
-			ops[k] = o
 		}
 		stmts, err := h.plan(ops[p[0]:p[1]])
 		return stmts, err == nil
@@ -72,9 +67,6 @@ func (a *Applier) piecewise(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 				stmts = append(stmts, adv)
 			}
 			stmts, meanwhile = append(stmts, stmt{sql: "COMMIT"}), nil
-		}
-		if len(stmts) == 0 && meanwhile != nil {
-			meanwhile() // a piece with nothing to run (cdc m events only): sendAtMeanwhile would skip it
 		}
 		if at, err := sendAtMeanwhile(ctx, conn, stmts, meanwhile); err != nil {
 			if i == 0 && at == guard && isGuardMoved(err) {

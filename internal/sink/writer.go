@@ -507,9 +507,12 @@ func sendAt(ctx context.Context, conn *pgx.Conn, stmts []stmt) (int, error) {
 }
 
 // sendAtMeanwhile is sendAt that runs meanwhile (if not nil) after the statements are sent and
-// before their results are read, while PostgreSQL runs them.
+// before their results are read, while PostgreSQL runs them (with no statements, at once).
 func sendAtMeanwhile(ctx context.Context, conn *pgx.Conn, stmts []stmt, meanwhile func()) (int, error) {
 	if len(stmts) == 0 {
+		if meanwhile != nil {
+			meanwhile()
+		}
 		return -1, nil
 	}
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(stmts))}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,7 +31,7 @@ func newDataDir(binDir, dataDir string) error {
 	if err != nil {
 		return err
 	}
-	if err := copyTree(tmpl, dataDir); err != nil {
+	if err := copyTree(tmpl, dataDir, nil); err != nil {
 		return fmt.Errorf("copy of the data directory template %s: %w", tmpl, err)
 	}
 	return newSystemIdentifier(dataDir)
@@ -83,39 +82,6 @@ func dataTemplate(binDir string) (string, error) {
 	return dir, nil
 }
 
-// copyTree copies the directory src to dst (regular files and directories, with their modes),
-// owned by the service user when the tests run as root.
-func copyTree(src, dst string) error {
-	cred, _, _ := serviceUser()
-	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, path)
-		target := filepath.Join(dst, rel)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.IsDir():
-			if err := os.Mkdir(target, info.Mode().Perm()); err != nil {
-				return err
-			}
-		case info.Mode().IsRegular():
-			if err := copyFile(path, target, info.Mode().Perm()); err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("%s: not a file or directory", path)
-		}
-		if cred != nil {
-			return os.Chown(target, int(cred.Uid), int(cred.Gid))
-		}
-		return nil
-	})
-}
-
 // newSystemIdentifier gives the data directory a random system identifier: the first field of
 // pg_control (whose CRC-32C, over the fields before it, is written again) and of the long header
 // that starts each WAL segment (at byte 24, after the short page header).
@@ -137,7 +103,7 @@ func newSystemIdentifier(dataDir string) error {
 		return errors.New("pg_control: its CRC was not found")
 	}
 	copy(b[:8], id[:])
-	binary.LittleEndian.PutUint32(b[at:], crc32.Checksum(b[:at], crc32.MakeTable(crc32.Castagnoli)))
+	binary.LittleEndian.PutUint32(b[at:], crc32.Checksum(b[:at], castagnoli))
 	if err := os.WriteFile(control, b, 0o600); err != nil {
 		return err
 	}
@@ -153,12 +119,14 @@ func newSystemIdentifier(dataDir string) error {
 	return nil
 }
 
+// castagnoli is the CRC-32C table of PostgreSQL's pg_control checksum.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 // controlCRCOffset finds pg_control's CRC: the last field of the control data, a CRC-32C of
 // every byte before it (its offset depends on the version). -1 if none matches.
 func controlCRCOffset(b []byte) int {
-	table := crc32.MakeTable(crc32.Castagnoli)
 	for at := 16; at+4 <= len(b) && at <= 1024; at += 4 {
-		if crc32.Checksum(b[:at], table) == binary.LittleEndian.Uint32(b[at:]) {
+		if crc32.Checksum(b[:at], castagnoli) == binary.LittleEndian.Uint32(b[at:]) {
 			return at
 		}
 	}

@@ -145,9 +145,8 @@ func StartPostgres(t testing.TB, opts ...PGOption) *Postgres {
 	return pg
 }
 
-// startFirst is the first start of a new server. A port taken between FreePort and the server's
-// bind (by another test process: the packages' tests run several at once) is replaced by another;
-// the last `port` line of postgresql.conf wins.
+// startFirst is the first start of a new server, on another port if its own was taken
+// (portStarts); the last `port` line of postgresql.conf wins.
 func (pg *Postgres) startFirst() {
 	pg.t.Helper()
 	for attempt := 1; ; attempt++ {
@@ -155,7 +154,7 @@ func (pg *Postgres) startFirst() {
 		if err == nil {
 			return
 		}
-		if attempt == 5 || !strings.Contains(err.Error(), "Address already in use") {
+		if attempt == portStarts || !portTaken(err) {
 			pg.t.Fatalf("testenv: postgres %s: %v", pg.BinDir, err)
 		}
 		pg.Port = FreePort(pg.t)

@@ -59,7 +59,7 @@ func startRedisOn(t testing.TB, args func(*Redis) []string, setup ...func(*Redis
 		if err == nil {
 			return r
 		}
-		if attempt == 5 || !strings.Contains(err.Error(), "Address already in use") {
+		if attempt == portStarts || !portTaken(err) {
 			t.Fatalf("testenv: redis: %v", err)
 		}
 	}

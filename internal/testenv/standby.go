@@ -106,6 +106,20 @@ func copyDataDir(src, dst string) error {
 		"pg_serial": true, "pg_snapshots": true, "pg_stat_tmp": true, "pg_subtrans": true}
 	skipped := map[string]bool{"postmaster.pid": true, "postmaster.opts": true, "backup_label": true,
 		"tablespace_map": true, "pg_internal.init": true}
+	return copyTree(src, dst, func(rel string, d fs.DirEntry) (keep bool, skipDir bool) {
+		if skipped[d.Name()] || strings.HasPrefix(d.Name(), "pgsql_tmp") {
+			return false, d.IsDir()
+		}
+		parent := strings.SplitN(rel, string(filepath.Separator), 2)[0]
+		return !emptied[parent] || rel == parent, false
+	})
+}
+
+// copyTree copies the directories and regular files of src to dst with their modes, owned by the
+// service user when the tests run as root. pick (nil: everything) says for each entry whether it
+// is copied and, for a directory, whether its contents are skipped. Files that vanish during the
+// copy are skipped.
+func copyTree(src, dst string, pick func(rel string, d fs.DirEntry) (keep bool, skipDir bool)) error {
 	cred, _, err := serviceUser()
 	if err != nil {
 		return err
@@ -118,15 +132,12 @@ func copyDataDir(src, dst string) error {
 			return err
 		}
 		rel, _ := filepath.Rel(src, path)
-		if skipped[d.Name()] || strings.HasPrefix(d.Name(), "pgsql_tmp") {
-			if d.IsDir() {
+		if pick != nil {
+			if keep, skipDir := pick(rel, d); skipDir {
 				return fs.SkipDir
+			} else if !keep {
+				return nil
 			}
-			return nil
-		}
-		parent := strings.SplitN(rel, string(filepath.Separator), 2)[0]
-		if emptied[parent] && rel != parent {
-			return nil
 		}
 		target := filepath.Join(dst, rel)
 		info, err := d.Info()

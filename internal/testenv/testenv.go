@@ -76,6 +76,13 @@ var (
 	usedPorts = map[int]bool{}
 )
 
+// portStarts is how many ports a new server tries: one taken between FreePort and the server's
+// bind (by another test process: the packages' tests run several at once) is replaced by another.
+const portStarts = 5
+
+// portTaken reports whether a server failed to start because its port was in use.
+func portTaken(err error) bool { return strings.Contains(err.Error(), "Address already in use") }
+
 // serviceUser is the unprivileged account servers run as when the test runs as root
 // (PostgreSQL refuses to run as root). nil means "run as the current user".
 func serviceUser() (*syscall.Credential, string, error) {
