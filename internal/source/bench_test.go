@@ -124,6 +124,7 @@ func benchSource(b *testing.B, txRows int) {
 type benchProcs struct {
 	postmaster int // the PostgreSQL server (TreeCPU: every backend)
 	redis      int
+	rdb        *redis.Client // the same Redis, to wait for its background AOF rewrite (startMeter)
 }
 
 func benchPids(b *testing.B, e *env) benchProcs {
@@ -135,12 +136,13 @@ func benchPids(b *testing.B, e *env) benchProcs {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return benchProcs{postmaster: pm, redis: rd}
+	return benchProcs{postmaster: pm, redis: rd, rdb: e.rd.Client()}
 }
 
 // phase is one measured window: its duration and the CPU time each process used in it.
 type phase struct {
 	elapsed   time.Duration
+	own       time.Duration // the part of elapsed the component itself logged as its work (0: not known)
 	pgrelay   time.Duration // this process (the in-process pipeline)
 	redis     time.Duration
 	walsender time.Duration // the walsender serving the pipeline's slot
@@ -162,12 +164,38 @@ type meter struct {
 	mem               runtime.MemStats
 }
 
+// startMeter starts a window once Redis has no AOF rewrite running: a rewrite an earlier window's
+// writes set off (Redis' auto-aof-rewrite) runs in a forked child whose CPU would be taken from
+// the next window's processes, whatever they are.
 func startMeter(b *testing.B, pids benchProcs) *meter {
+	if pids.rdb != nil {
+		waitNoRewrite(b, pids.rdb)
+	}
 	m := &meter{b: b, pids: pids}
 	runtime.ReadMemStats(&m.mem)
 	m.self, m.rd, m.pgTotal = benchenv.SelfCPU(), m.cpu(benchenv.CPU, pids.redis), m.cpu(benchenv.TreeCPU, pids.postmaster)
 	m.start = time.Now()
 	return m
+}
+
+// waitNoRewrite waits until Redis has no AOF rewrite running or scheduled.
+func waitNoRewrite(b *testing.B, rdb *redis.Client) {
+	ctx := context.Background()
+	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		info, err := rdb.Info(ctx, "persistence").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !strings.Contains(info, "aof_rewrite_in_progress:1") && !strings.Contains(info, "aof_rewrite_scheduled:1") {
+			if d := time.Since(start); d > 50*time.Millisecond {
+				b.Logf("waited %v for Redis' AOF rewrite before a window", d.Round(time.Millisecond))
+			}
+			return
+		}
+		if time.Since(start) > 5*time.Minute {
+			b.Fatal("Redis' AOF rewrite did not end in 5 minutes")
+		}
+	}
 }
 
 func (m *meter) cpu(read func(int) (time.Duration, error), pid int) time.Duration {

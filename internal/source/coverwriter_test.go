@@ -294,7 +294,8 @@ func TestFencedPointerWriteStopsTheSession(t *testing.T) {
 
 // The snapshot's chunks leave its pipeline (chunksAhead) once the output acknowledged them, not
 // once pg_cdc wrote their pointer: while Redis takes no writes, a table added to tables is read
-// and delivered well past two chunks (up to the batches that may wait for their pointer write).
+// and delivered well past chunksAhead chunks (up to the batches that may wait for their pointer
+// write).
 func TestSnapshotChunksDoNotWaitForThePointerWrite(t *testing.T) {
 	// not in parallel: its one CI failure (30 of 50 rows within 15 s, the failure it is made to
 	// catch) came in its first run beside other tests; alone, under load, it has not failed
@@ -313,7 +314,7 @@ func TestSnapshotChunksDoNotWaitForThePointerWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	startStream(t, recordTables(e, name, "60s", "[{table: t, queue: "+name+"}, {table: s, queue: "+name+"}]",
-		"snapshot: initial\nchunk_rows: 10"))
+		"snapshot: initial\nchunk_rows: 5"))
 	cdctest.WaitStatus(t, 30*time.Second, e.rd.Client(), name, name, `"phase":"snapshot"`)
 	unpause := e.pauseWrites()
 	if _, err := hold.Exec(e.ctx, `COMMIT`); err != nil {
@@ -328,12 +329,16 @@ func TestSnapshotChunksDoNotWaitForThePointerWrite(t *testing.T) {
 		}
 		return n
 	}
-	// 5 chunks of 10 rows, in parts of 5: 10 batches (and the held transaction's), within the 16
-	// that may wait for their write; with chunks leaving the pipeline only once written, 2 or 3
-	// chunks (20-30 rows) would be all.
-	cdctest.Wait(t, 15*time.Second, "50 snapshot rows delivered while Redis takes no writes", func() (bool, string) {
+	// 12 chunks of 5 rows, a batch each: 12 batches (and the held transaction's), within the
+	// maxUnwritten that may wait for their write; with chunks leaving the pipeline only once
+	// written, chunksAhead or one more (at most 25 rows) would be all.
+	want := 12 * 5
+	if source.ChunksAhead+1 >= 12 || 12+1 > source.MaxUnwritten {
+		t.Fatalf("the test's 12 chunks must be well past chunksAhead (%d) and within maxUnwritten (%d)", source.ChunksAhead, source.MaxUnwritten)
+	}
+	cdctest.Wait(t, 15*time.Second, fmt.Sprintf("%d snapshot rows delivered while Redis takes no writes", want), func() (bool, string) {
 		n := snapRows()
-		return n >= 50, fmt.Sprintf("%d snapshot rows delivered", n)
+		return n >= want, fmt.Sprintf("%d snapshot rows delivered", n)
 	})
 	unpause()
 	cdctest.Wait(t, 30*time.Second, "the snapshot done", func() (bool, string) {

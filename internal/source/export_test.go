@@ -32,3 +32,10 @@ func PublicationSummary(ctx context.Context, q queryer, names ...string) (map[st
 	}
 	return out, rows.Err()
 }
+
+// ChunksAhead and MaxUnwritten are the snapshot pipeline's chunk count (snapshot_share.go) and the
+// batches that may wait for their pointer write (coverwriter.go), for tests that must stay past them.
+const (
+	ChunksAhead  = chunksAhead
+	MaxUnwritten = maxUnwritten
+)

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +25,9 @@ import (
 //   - queue: pg_cdc's snapshot into redis_queue, from the start of the pipeline to the pointer's
 //     snapshot becoming null (default chunk_rows and bundle limits; PGRELAY_BENCH_SNAPSHOT_EXTRA
 //     adds pg_cdc fields);
-//   - drop: the same snapshot into the drop output (the source alone);
+//   - drop: the same snapshot into the drop output (the source alone); also timed from the
+//     snapshot's start (pg_cdc connected, its slot and lease held: its "snapshot of" log line) to
+//     its end ("snapshot done"), like the COPY on a connection already open;
 //   - xadd: the snapshot's entries XADDed again in plain pipelines of 1,000 (the Redis ceiling);
 //   - multi: the same in MULTI/EXEC pipelines of 1,000 (see rawXAdd).
 //
@@ -78,6 +83,12 @@ func BenchmarkSnapshot(b *testing.B) {
 				}
 				m.Add(p.name+"_rows/s", p.ph.rate(total))
 				m.Add(p.name+"_ratio", p.ph.rate(total)/cp.rate(total))
+				if p.ph.own > 0 {
+					own := float64(total) / p.ph.own.Seconds()
+					m.Add(p.name+"_own_rows/s", own)
+					m.Add(p.name+"_own_ratio", own/cp.rate(total))
+					m.Add(p.name+"_start_s", (p.ph.elapsed - p.ph.own).Seconds())
+				}
 				m.Add(p.name+"_cpu_pgrelay_us/row", benchenv.PerChange(p.ph.pgrelay, total))
 				if p.name != "drop" {
 					m.Add(p.name+"_cpu_redis_us/row", benchenv.PerChange(p.ph.redis, total))
@@ -128,9 +139,10 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase
 	extra := "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
 	m := startMeter(b, pids)
 	var stop func()
+	marks := &snapshotMarks{}
 	if drop { // the source alone: pointer written after each ack
-		stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  drop: {}\nlogger:\n  level: warn\n",
-			name, e.pg.DSN(), name, e.rd.URL(), indent(extra)))
+		stop = runStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  drop: {}\n",
+			name, e.pg.DSN(), name, e.rd.URL(), indent(extra)), slog.New(marks))
 	} else {
 		stop = startStream(b, fmt.Sprintf("input:\n  pg_cdc:\n    name: %s\n    dsn: %s\n    tls: {mode: disable}\n    tables: [{table: snap, queue: %s}]\n    redis: {url: %s}\n%s\noutput:\n  redis_queue:\n    url: %s\n    durability: %s%s\nlogger:\n  level: warn\n",
 			name, e.pg.DSN(), name, e.rd.URL(), indent(extra), e.rd.URL(), benchDurability(), inFlight))
@@ -149,6 +161,7 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase
 			if ws != 0 {
 				ph.walsender = cpuOf(b, ws)
 			}
+			ph.own = marks.own()
 			return ph
 		}
 		if time.Now().After(deadline) {
@@ -159,4 +172,40 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase
 		// wall time on a 2-second window.
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// snapshotMarks is a log handler that notes when pg_cdc's snapshot started and when it was done
+// (its Info lines), and passes warnings and errors on to stderr.
+type snapshotMarks struct {
+	mu          sync.Mutex
+	start, done time.Time
+}
+
+func (h *snapshotMarks) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+
+func (h *snapshotMarks) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case strings.Contains(r.Message, "snapshot of") && strings.Contains(r.Message, "table(s) at") && h.start.IsZero():
+		h.start = r.Time
+	case strings.HasSuffix(r.Message, "snapshot done"):
+		h.done = r.Time
+	case r.Level >= slog.LevelWarn:
+		fmt.Fprintln(os.Stderr, r.Level, r.Message)
+	}
+	return nil
+}
+
+func (h *snapshotMarks) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *snapshotMarks) WithGroup(string) slog.Handler      { return h }
+
+// own is the time from the snapshot's start to its end (0 when either was not logged).
+func (h *snapshotMarks) own() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.start.IsZero() || h.done.IsZero() {
+		return 0
+	}
+	return h.done.Sub(h.start)
 }

@@ -22,7 +22,7 @@ package source
 //
 // No clock takes part, so the share holds however slow or loaded the machine is.
 const (
-	chunksAhead        = 2
+	chunksAhead        = 4
 	snapshotWeight     = 2
 	chunksInFlight     = 64
 	chunkBytesInFlight = 32 << 20

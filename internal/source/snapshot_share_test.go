@@ -20,9 +20,10 @@ func TestShareRule(t *testing.T) {
 		{"nothing in flight", share{}, true},
 		{"pipeline: the next chunk while the previous one is read ahead", share{inFlight: 1, unhanded: 1, owed: 10}, true},
 		{"pipeline: the next chunk while the output writes the previous one", share{unwritten: []uint64{3}, owed: 10}, true},
-		{"pipeline full: a quiet stream earns nothing", share{inFlight: 1, unhanded: 1, unwritten: []uint64{3}, owed: 10}, false},
-		{"pipeline full: the stream moved half the last chunk", share{inFlight: 3, unhanded: 3, moved: 5, owed: 10}, true},
-		{"pipeline full: the stream moved less than half", share{inFlight: 3, unhanded: 3, moved: 4, owed: 10}, false},
+		{"pipeline full: a quiet stream earns nothing", share{inFlight: chunksAhead - 1, unhanded: chunksAhead - 1, unwritten: []uint64{3}, owed: 10}, false},
+		{"pipeline: one place left", share{inFlight: chunksAhead - 2, unhanded: chunksAhead - 2, unwritten: []uint64{3}, owed: 10}, true},
+		{"pipeline full: the stream moved half the last chunk", share{inFlight: chunksAhead + 1, unhanded: chunksAhead + 1, moved: 5, owed: 10}, true},
+		{"pipeline full: the stream moved less than half", share{inFlight: chunksAhead + 1, unhanded: chunksAhead + 1, moved: 4, owed: 10}, false},
 		{"at most chunksInFlight", share{inFlight: chunksInFlight, unhanded: chunksInFlight, moved: 100, owed: 10}, false},
 		{"bytes in flight", share{inFlight: 1, unhanded: 1, inFlightBytes: chunkBytesInFlight}, false},
 		{"bytes in flight, none past its watermark", share{unwritten: []uint64{3}, inFlightBytes: chunkBytesInFlight}, true},
@@ -76,8 +77,8 @@ func pushStream(t *testing.T, ss *session, lsn *pglogrepl.LSN, n int) {
 
 // TestChunksGoWhileTheStreamIsNeverQuiet drives the snapshot's share with an item queue that
 // always holds stream changes, and no clock: a chunk never waits for a quiet stream (which never
-// comes here). Two chunks go at once (the second is read while the first waits for its high
-// watermark and the output); a third once the first is written (its part acknowledged). Then a
+// comes here). chunksAhead chunks go at once (each read while the ones before wait for their high
+// watermarks and the output); one more once the first is written (its part acknowledged). Then a
 // backlog: the reader passes stream changes and reaches no high watermark, and each further chunk
 // goes as soon as the stream moved half the last chunk's bytes, up to chunksInFlight chunks.
 func TestChunksGoWhileTheStreamIsNeverQuiet(t *testing.T) {
@@ -113,19 +114,23 @@ func TestChunksGoWhileTheStreamIsNeverQuiet(t *testing.T) {
 	}
 
 	pushStream(t, ss, &lsn, 3) // stream changes are always queued from here on
-	first, second := start(), start()
-	if mayRead() {
-		t.Fatal("a third chunk may be read before the first is written, the stream having moved nothing")
+	var ahead []*pendingChunk
+	for range chunksAhead {
+		ahead = append(ahead, start())
 	}
-	for _, p := range []*pendingChunk{first, second} {
+	if mayRead() {
+		t.Fatalf("chunk %d may be read before the first is written, the stream having moved nothing", chunksAhead+1)
+	}
+	for _, p := range ahead {
 		sn.lowWatermark(p.id)
 	}
+	first := ahead[0]
 	if handled, err := sn.highWatermark(first.id, first.hwAt, emit); !handled || err != nil {
 		t.Fatalf("high watermark: %v %v", handled, err)
 	}
 	pushStream(t, ss, &lsn, 1)
 	if mayRead() {
-		t.Fatal("a third chunk may be read before the first is written")
+		t.Fatalf("chunk %d may be read before the first is written", chunksAhead+1)
 	}
 	signalled()
 	ss.q.pop(len(mustItems(ss))) // the bundler takes it all, the output writes it
