@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -227,8 +228,21 @@ func TestSourceSIGKILLWithTransactionInFlight(t *testing.T) {
 		}
 		return false, list
 	}
+	pos := func() string {
+		if ptr := e.pointer(); ptr != nil {
+			return ptr.Pos
+		}
+		return ""
+	}
 	for i := 0; i < 3; i++ {
-		time.Sleep(500 * time.Millisecond)
+		// The process must be writing batches when Redis is paused: one still starting (its
+		// lease, its status) blocks on the pause before it opens any queue transaction.
+		from := pos()
+		cdctest.Wait(t, 30*time.Second, fmt.Sprintf("kill %d: the pointer moves past %s", i+1, from), func() (bool, string) {
+			p := pos()
+			return p != from, p
+		})
+		time.Sleep(300 * time.Millisecond)
 		if err := rc.Do(e.ctx, "CLIENT", "PAUSE", 20000, "WRITE").Err(); err != nil {
 			t.Fatal(err)
 		}
