@@ -21,7 +21,7 @@ import (
 func TestSnapshotNextTableSeesHeldCommit(t *testing.T) {
 	e := newEnv(t)
 	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
-		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 300) i;
+		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 3000) i;
 		CREATE TABLE b (id int PRIMARY KEY, v text);
 		INSERT INTO b VALUES (1, 'old')`)
 	stop := e.run("held", `[{table: a, queue: q}, {table: b, queue: q}]`, "snapshot: initial\nchunk_rows: 10")
@@ -75,7 +75,7 @@ func TestSnapshotNextTableSeesHeldCommit(t *testing.T) {
 		}
 		var c snapshot.Cursor
 		_ = json.Unmarshal([]byte(cur), &c)
-		if c.Table == "public.b" || (c.Table == "public.a" && c.Rows >= 300) {
+		if c.Table == "public.b" || (c.Table == "public.a" && c.Rows >= 3000) {
 			if doneWithA.IsZero() {
 				doneWithA = time.Now()
 			} else if time.Since(doneWithA) > time.Second {
@@ -97,7 +97,7 @@ func TestSnapshotNextTableSeesHeldCommit(t *testing.T) {
 func TestSnapshotTableSwitchIgnoresOpenTransactions(t *testing.T) {
 	e := newEnv(t)
 	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
-		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 300) i;
+		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 3000) i;
 		CREATE TABLE b (id int PRIMARY KEY, v text);
 		INSERT INTO b SELECT i, md5(i::text) FROM generate_series(1, 50) i;
 		CREATE TABLE unrelated (id int)`)
@@ -123,7 +123,9 @@ func TestSnapshotTableSwitchIgnoresOpenTransactions(t *testing.T) {
 
 // holdChunkReads waits until a chunk of table is in the queue, then holds the snapshot's reads of
 // table (an ACCESS EXCLUSIVE lock, which the next chunk's read waits for) and returns once a read
-// waits. release (safe to call twice) lets the reads go on.
+// waits. release (safe to call twice) lets the reads go on. The table must have many more chunks
+// than the snapshot reads ahead of the output (chunksAhead), or it may be read to its end before the
+// lock is taken.
 func (e *env) holdChunkReads(name, queue, table string) (release func()) {
 	t, ctx := e.t, e.ctx
 	cdctest.Wait(t, 60*time.Second, "a chunk of "+table+" written", func() (bool, string) { return e.cursorAfter(name, queue) > 0, "" })
@@ -132,8 +134,9 @@ func (e *env) holdChunkReads(name, queue, table string) (release func()) {
 		t.Fatal(err)
 	}
 	// (ACCESS EXCLUSIVE takes an xid: committed with synchronous_commit local, never held)
+	// a failure below must not leave the lock's connection out of the pool (its Close waits for it)
+	t.Cleanup(func() { _ = lock.Rollback(context.Background()) })
 	if _, err := lock.Exec(ctx, `SET LOCAL synchronous_commit = local; LOCK TABLE `+table+` IN ACCESS EXCLUSIVE MODE`); err != nil {
-		_ = lock.Rollback(ctx)
 		t.Fatal(err)
 	}
 	cdctest.Wait(t, 30*time.Second, "a chunk's read of "+table+" waiting for the lock", func() (bool, string) {
