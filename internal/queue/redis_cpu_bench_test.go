@@ -303,8 +303,8 @@ func BenchmarkRedisCPU(b *testing.B) {
 			}
 			// keep the append-only file small between rounds (outside the windows)
 			rdb.BgRewriteAOF(ctx)
-			for strings.Contains(rdb.Info(ctx, "persistence").Val(), "aof_rewrite_in_progress:1") {
-				time.Sleep(50 * time.Millisecond)
+			if _, err := testenv.WaitRewrite(ctx, rdb, 5*time.Minute); err != nil {
+				b.Fatal(err)
 			}
 		}
 		m.Report(b)

@@ -180,21 +180,12 @@ func startMeter(b *testing.B, pids benchProcs) *meter {
 
 // waitNoRewrite waits until Redis has no AOF rewrite running or scheduled.
 func waitNoRewrite(b *testing.B, rdb *redis.Client) {
-	ctx := context.Background()
-	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
-		info, err := rdb.Info(ctx, "persistence").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if !strings.Contains(info, "aof_rewrite_in_progress:1") && !strings.Contains(info, "aof_rewrite_scheduled:1") {
-			if d := time.Since(start); d > 50*time.Millisecond {
-				b.Logf("waited %v for Redis' AOF rewrite before a window", d.Round(time.Millisecond))
-			}
-			return
-		}
-		if time.Since(start) > 5*time.Minute {
-			b.Fatal("Redis' AOF rewrite did not end in 5 minutes")
-		}
+	start := time.Now()
+	if _, err := testenv.WaitRewrite(context.Background(), rdb, 5*time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	if d := time.Since(start); d > 50*time.Millisecond {
+		b.Logf("waited %v for Redis' AOF rewrite before a window", d.Round(time.Millisecond))
 	}
 }
 

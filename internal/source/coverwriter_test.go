@@ -332,9 +332,10 @@ func TestSnapshotChunksDoNotWaitForThePointerWrite(t *testing.T) {
 	// 12 chunks of 5 rows, a batch each: 12 batches (and the held transaction's), within the
 	// maxUnwritten that may wait for their write; with chunks leaving the pipeline only once
 	// written, chunksAhead or one more (at most 25 rows) would be all.
-	want := 12 * 5
-	if source.ChunksAhead+1 >= 12 || 12+1 > source.MaxUnwritten {
-		t.Fatalf("the test's 12 chunks must be well past chunksAhead (%d) and within maxUnwritten (%d)", source.ChunksAhead, source.MaxUnwritten)
+	const chunks = 12
+	want := chunks * 5
+	if source.ChunksAhead+1 >= chunks || chunks+1 > source.MaxUnwritten {
+		t.Fatalf("the test's %d chunks must be well past chunksAhead (%d) and within maxUnwritten (%d)", chunks, source.ChunksAhead, source.MaxUnwritten)
 	}
 	cdctest.Wait(t, 15*time.Second, fmt.Sprintf("%d snapshot rows delivered while Redis takes no writes", want), func() (bool, string) {
 		n := snapRows()

@@ -161,7 +161,9 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase
 			if ws != 0 {
 				ph.walsender = cpuOf(b, ws)
 			}
-			ph.own = marks.own()
+			if ph.own = marks.own(); drop && ph.own == 0 {
+				b.Fatal(`pg_cdc logged no "snapshot of … table(s) at" and "snapshot done" lines: snapshotMarks must follow their text`)
+			}
 			return ph
 		}
 		if time.Now().After(deadline) {

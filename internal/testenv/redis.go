@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -132,20 +133,32 @@ func (r *Redis) rewriteTruncatedAOF(logPath string, logFrom int64) error {
 	if err := c.BgRewriteAOF(ctx).Err(); err != nil {
 		return fmt.Errorf("redis %s: BGREWRITEAOF after a truncated load: %w", r.Addr(), err)
 	}
-	return waitFor(30*time.Second, func() error {
+	last, err := WaitRewrite(ctx, c, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("redis %s: after a truncated load: %w", r.Addr(), err)
+	}
+	if last != "ok" {
+		return fmt.Errorf("redis %s: the AOF rewrite after a truncated load ended %s", r.Addr(), last)
+	}
+	return nil
+}
+
+// WaitRewrite waits up to timeout until the server behind c has no AOF rewrite running or
+// scheduled, and returns how the last one ended (aof_last_bgrewrite_status: "ok" or "err").
+func WaitRewrite(ctx context.Context, c *redis.Client, timeout time.Duration) (last string, err error) {
+	err = waitFor(timeout, func() error {
 		info, err := c.Info(ctx, "persistence").Result()
 		if err != nil {
 			return err
 		}
 		p := parseInfo(info)
 		if p["aof_rewrite_in_progress"] != "0" || p["aof_rewrite_scheduled"] != "0" {
-			return fmt.Errorf("redis %s: the AOF rewrite after a truncated load is still running", r.Addr())
+			return errors.New("the AOF rewrite is still running")
 		}
-		if s := p["aof_last_bgrewrite_status"]; s != "ok" {
-			return fmt.Errorf("redis %s: the AOF rewrite after a truncated load ended %s", r.Addr(), s)
-		}
+		last = p["aof_last_bgrewrite_status"]
 		return nil
 	})
+	return last, err
 }
 
 // waitRedisLoaded waits until the server has loaded its data (PING answers without LOADING).
