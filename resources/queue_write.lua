@@ -19,7 +19,9 @@
 --     just before this one; unless the stored pointer's pos is at or past it, nothing is written
 --   then Q values: the shard count the caller computed shards with, per meta key
 --   then K pairs: meta index (1..Q), shard number n
---   then N groups of 7: stream index (1..K), p, id, tx, ts, h, d
+--   then N groups of 8: stream index (1..K), p, id, tx, ts, h, d, and m's tail: the layout-2 `m` object
+--     after its offset (`,"p":...}`, the writer's one encoding of it); each entry is written in its
+--     queue's layout version (1: the seven fields; 2: m = '{"off":<offset>' .. tail, and d)
 -- Reply: 'ok', 'duplicate' (the pointer is already at or past the cover: nothing written),
 -- 'fenced' (the lease key does not hold the fence: nothing written), 'behind' (prev given and the
 -- stored pointer below it: the batch before is not in, nothing written).
@@ -43,11 +45,11 @@ if pos ~= '' then
 end
 local metaBase, streamBase = k, k + nq
 local fixed = 7 -- ARGV before the per-queue values: 7, or 8 with prev
-if #ARGV == 8 + nq + 2 * nk + 7 * nm then
+if #ARGV == 8 + nq + 2 * nk + 8 * nm then
   fixed = 8
 end
 local prev = fixed == 8 and ARGV[8] or ''
-if #KEYS ~= k + nq + nk or #ARGV ~= fixed + nq + 2 * nk + 7 * nm then
+if #KEYS ~= k + nq + nk or #ARGV ~= fixed + nq + 2 * nk + 8 * nm then
   return redis.error_reply('pgrelay_bad_args key or argument count')
 end
 
@@ -107,9 +109,10 @@ if pointerKey then
   end
 end
 
--- 3. each queue's layout: shard count fixed at creation, layout version 1
+-- 3. each queue's layout: shard count fixed at creation, layout version 1 or 2 (a new queue: 2,
+-- LayoutVersion in internal/queue/entry.go)
 local a = fixed
-local create = {}
+local create, version = {}, {}
 for i = 1, nq do
   local want = ARGV[a + i]
   local meta = KEYS[metaBase + i]
@@ -118,23 +121,25 @@ for i = 1, nq do
     if cur[1] ~= want then
       return redis.error_reply('pgrelay_shards_mismatch ' .. meta .. ' ' .. cur[1] .. ' ' .. want)
     end
-    if cur[2] and cur[2] ~= '1' then
+    if cur[2] and cur[2] ~= '1' and cur[2] ~= '2' then
       return redis.error_reply('pgrelay_layout_version ' .. meta .. ' ' .. cur[2])
     end
+    version[i] = cur[2] or '1'
   else
     create[i] = want
+    version[i] = '2'
   end
 end
 a = a + nq
 
 -- 4. the next offset of every shard touched
-local off, metaOf, shardOf = {}, {}, {}
+local off, metaOf, shardOf, versionOf = {}, {}, {}, {}
 for j = 1, nk do
   local mi, n = tonumber(ARGV[a + 2 * j - 1]), ARGV[a + 2 * j]
   if not mi or mi < 1 or mi > nq then
     return redis.error_reply('pgrelay_bad_args meta index')
   end
-  metaOf[j], shardOf[j] = KEYS[metaBase + mi], n
+  metaOf[j], shardOf[j], versionOf[j] = KEYS[metaBase + mi], n, version[mi]
   -- as the transaction: a non-negative decimal offset (at most 18 digits), and a stream (or no key)
   local cur = redis.call('HGET', metaOf[j], 'off:' .. n) or '0'
   if #cur > 18 or not string.match(cur, '^%d+$') then
@@ -148,7 +153,7 @@ for j = 1, nk do
 end
 a = a + 2 * nk
 for m = 0, nm - 1 do
-  local j = tonumber(ARGV[a + 7 * m + 1])
+  local j = tonumber(ARGV[a + 8 * m + 1])
   if not j or j < 1 or j > nk then
     return redis.error_reply('pgrelay_bad_args stream index')
   end
@@ -157,16 +162,21 @@ end
 -- writes: meta, entries, offsets, pointer
 for i = 1, nq do
   if create[i] then
-    redis.call('HSET', KEYS[metaBase + i], 'shards', create[i], 'version', '1')
+    redis.call('HSET', KEYS[metaBase + i], 'shards', create[i], 'version', version[i])
   end
 end
 for m = 0, nm - 1 do
-  local b = a + 7 * m
+  local b = a + 8 * m
   local j = tonumber(ARGV[b + 1])
   off[j] = off[j] + 1
-  redis.call('XADD', KEYS[streamBase + j], '*',
-    'off', string.format('%d', off[j]), 'p', ARGV[b + 2], 'id', ARGV[b + 3], 'tx', ARGV[b + 4],
-    'ts', ARGV[b + 5], 'h', ARGV[b + 6], 'd', ARGV[b + 7])
+  if versionOf[j] == '2' then
+    redis.call('XADD', KEYS[streamBase + j], '*',
+      'm', '{"off":' .. string.format('%d', off[j]) .. ARGV[b + 8], 'd', ARGV[b + 7])
+  else
+    redis.call('XADD', KEYS[streamBase + j], '*',
+      'off', string.format('%d', off[j]), 'p', ARGV[b + 2], 'id', ARGV[b + 3], 'tx', ARGV[b + 4],
+      'ts', ARGV[b + 5], 'h', ARGV[b + 6], 'd', ARGV[b + 7])
+  end
 end
 for j = 1, nk do
   redis.call('HSET', metaOf[j], 'off:' .. shardOf[j], string.format('%d', off[j]))

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,18 +131,33 @@ func TestExampleConsumers(t *testing.T) {
 	e.pg.Exec(writerTable)
 
 	// each example alone on a queue whose first message created one of its three shard streams:
-	// it creates its group on the other two with MKSTREAM and reads the message
+	// it creates its group on the other two with MKSTREAM and reads the message; once on a new
+	// queue (layout version 2) and once on one an earlier pgrelay created (version 1)
 	w := queue.NewWriter(e.rd.Client(), queue.WriterConfig{Shards: 3})
 	for _, r := range runners {
-		q := "first_" + r.name
-		if _, err := w.Write(e.ctx, []queue.Message{{Queue: q, Partition: "p", ID: "m1", Payload: []byte(`{"op":"m"}`)}}, nil); err != nil {
-			t.Fatal(err)
-		}
-		p := r.start(t, "--url", e.rd.URL(), "--group", r.name, q)
-		waitExampleLines(t, r.name, p, 1)
-		p.Signal(syscall.SIGTERM)
-		if err := p.Wait(30 * time.Second); err != nil {
-			t.Fatalf("%s on %s: %v\n%s", r.name, q, err, p.Output())
+		for _, version := range []int{queue.LayoutV2, queue.LayoutV1} {
+			q := fmt.Sprintf("first%d_%s", version, r.name)
+			if version == queue.LayoutV1 {
+				e.rd.Client().HSet(e.ctx, "pgrelay:{"+q+"}:meta", "shards", "3", "version", "1")
+			}
+			msg := queue.Message{Queue: q, Partition: `p "1"`, ID: "m1", Tx: "t1", CreatedMs: 1700000000001, Payload: []byte(`{"op":"m"}`)}
+			if _, err := w.Write(e.ctx, []queue.Message{msg}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if v := e.rd.Client().HGet(e.ctx, "pgrelay:{"+q+"}:meta", "version").Val(); v != strconv.Itoa(version) {
+				t.Fatalf("%s: layout version %s, want %d", q, v, version)
+			}
+			p := r.start(t, "--url", e.rd.URL(), "--group", r.name, q)
+			waitExampleLines(t, r.name, p, 1)
+			p.Signal(syscall.SIGTERM)
+			if err := p.Wait(30 * time.Second); err != nil {
+				t.Fatalf("%s on %s: %v\n%s", r.name, q, err, p.Output())
+			}
+			l := exampleLines(t, p.Output())[0]
+			if l.Offset != 1 || l.ID != msg.ID || l.Partition != msg.Partition || l.Tx != msg.Tx ||
+				l.CreatedAt != msg.CreatedMs || l.Payload != string(msg.Payload) || l.Shard != queue.Shard(msg.Partition, 3) {
+				t.Errorf("%s on %s (layout version %d) printed %+v for %+v", r.name, q, version, l, msg)
+			}
 		}
 	}
 

@@ -54,7 +54,7 @@ redis_queue:
 			t.Fatal(err)
 		}
 		for _, x := range xs {
-			have[x.Values["id"].(string)] = true
+			have[queue.EntryOf(x).MessageID] = true
 		}
 	}
 	batches := 0

@@ -238,7 +238,7 @@ redis_queue:
 		return n == 11, fmt.Sprintf("length %d", n)
 	})
 	first := rdb.XRangeN(ctx, stream, "-", "+", 1).Val()[0]
-	if first.Values["id"] != "m29" {
-		t.Fatalf("oldest kept %v", first.Values["id"])
+	if id := queue.EntryOf(first).MessageID; id != "m29" {
+		t.Fatalf("oldest kept %v", id)
 	}
 }

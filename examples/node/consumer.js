@@ -43,10 +43,19 @@ function keys(prefix, queue) {
   return { meta: base + 'meta', dlq: base + 'dlq', shard: (n) => `${base}s:${n}` };
 }
 
-// fieldsOf turns a stream entry's [k1, v1, k2, v2, ...] into an object.
+// fieldsOf turns a stream entry's [k1, v1, k2, v2, ...] into an object with the fields of layout
+// version 1 (off, p, id, tx, ts, h, d). A queue of layout version 2 (the meta hash's `version`)
+// has two fields, `m` (a JSON object: off, p, id, tx, ts, and h when present) and `d`: m's members
+// become the fields (h as JSON text, "" when absent). Both are read, so a consumer follows either.
 function fieldsOf(list) {
   const f = {};
   for (let i = 0; i + 1 < list.length; i += 2) f[list[i]] = list[i + 1];
+  if (f.m !== undefined) {
+    const m = JSON.parse(f.m);
+    Object.assign(f, { off: String(m.off), p: m.p, id: m.id, tx: m.tx, ts: String(m.ts),
+      h: m.h === undefined ? '' : JSON.stringify(m.h) });
+    delete f.m;
+  }
   return f;
 }
 

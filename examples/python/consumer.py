@@ -37,9 +37,23 @@ def text(v):
     return v.decode("utf-8") if isinstance(v, bytes) else v
 
 
+def fields_of(fields):
+    """A stream entry's fields as layout version 1 has them (off, p, id, tx, ts, h, d).
+
+    A queue of layout version 2 (the meta hash's `version`) has two fields, `m` (a JSON object: off,
+    p, id, tx, ts, and h when present) and `d`: m's members become the fields (h as JSON text, ""
+    when absent). Both are read, so a consumer follows either."""
+    f = {text(k): v for k, v in fields.items()}
+    if "m" in f:
+        m = json.loads(text(f.pop("m")))
+        f.update(off=str(m["off"]), p=m["p"], id=m["id"], tx=m["tx"], ts=str(m["ts"]),
+                 h=json.dumps(m["h"], separators=(",", ":")) if "h" in m else "")
+    return f
+
+
 def message(shard, entry_id, fields):
     """One queue entry as a dict. The payload `d` is kept as the exact text the producer wrote."""
-    f = {text(k): v for k, v in fields.items()}
+    f = fields_of(fields)
     return {
         "shard": shard,
         "offset": int(f["off"]),
@@ -148,7 +162,7 @@ class Consumer:
 def dead_letters(r, q):
     """Print every dead letter: the entry's fields plus group, error, attempts and failed_at."""
     for entry_id, fields in r.xrange(q.dlq, "-", "+"):
-        f = {text(k): text(v) for k, v in fields.items()}
+        f = {k: text(v) for k, v in fields_of(fields).items()}
         print(json.dumps({
             "entry_id": text(entry_id),
             "group": f["group"],

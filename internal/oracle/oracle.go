@@ -72,12 +72,30 @@ func ReadQueue(ctx context.Context, rdb redis.Cmdable, prefix, queue string) ([]
 	var out []Entry
 	for n, read := range reads {
 		for _, m := range read.Val() {
-			off, _ := strconv.ParseInt(fmt.Sprint(m.Values["off"]), 10, 64)
-			out = append(out, Entry{Shard: n, Off: off, Partition: fmt.Sprint(m.Values["p"]), ID: fmt.Sprint(m.Values["id"]),
-				Tx: fmt.Sprint(m.Values["tx"]), Payload: []byte(fmt.Sprint(m.Values["d"]))})
+			out = append(out, entryOf(n, m))
 		}
 	}
 	return out, nil
+}
+
+// entryOf reads a stream entry of shard n in either layout version of DESIGN §4 (version 2: the
+// fields in the JSON object m), with encoding/json, not the product's decoder.
+func entryOf(n int, m redis.XMessage) Entry {
+	if meta, ok := m.Values["m"].(string); ok {
+		var f struct {
+			Off int64  `json:"off"`
+			P   string `json:"p"`
+			ID  string `json:"id"`
+			Tx  string `json:"tx"`
+		}
+		if err := json.Unmarshal([]byte(meta), &f); err != nil {
+			f.Off = -1 // an m that is not JSON: Check finds the offset out of sequence
+		}
+		return Entry{Shard: n, Off: f.Off, Partition: f.P, ID: f.ID, Tx: f.Tx, Payload: []byte(fmt.Sprint(m.Values["d"]))}
+	}
+	off, _ := strconv.ParseInt(fmt.Sprint(m.Values["off"]), 10, 64)
+	return Entry{Shard: n, Off: off, Partition: fmt.Sprint(m.Values["p"]), ID: fmt.Sprint(m.Values["id"]),
+		Tx: fmt.Sprint(m.Values["tx"]), Payload: []byte(fmt.Sprint(m.Values["d"]))}
 }
 
 // Row is a row as column → JSON value text.

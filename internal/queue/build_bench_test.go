@@ -27,8 +27,14 @@ func BenchmarkBuild(b *testing.B) {
 }
 
 // BenchmarkTxEncode plans and encodes the XADDs of a transaction (write_tx.go) for batches of
-// 1,000 change events over 16 shards; one op is one message.
+// 1,000 change events over 16 shards, in each layout version; one op is one message.
 func BenchmarkTxEncode(b *testing.B) {
+	for _, v := range []int{LayoutV1, LayoutV2} {
+		b.Run("v"+strconv.Itoa(v), func(b *testing.B) { benchTxEncode(b, v) })
+	}
+}
+
+func benchTxEncode(b *testing.B, version int) {
 	w := NewWriter(nil, WriterConfig{Shards: 16})
 	w.shards["q"] = 16
 	msgs := make([]Message, 1000)
@@ -47,6 +53,6 @@ func BenchmarkTxEncode(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		buf = w.appendXAdds(buf[:0], p, msgs, make([]int64, len(p.streams)))
+		buf = w.appendXAdds(buf[:0], p, msgs, make([]int64, len(p.streams)), []int{version})
 	}
 }

@@ -107,6 +107,7 @@ type opening struct {
 	leaseKey, fence, pointerKey string
 	plan                        *plan   // the priming reads: every shard of the write's queues
 	offs                        []int64 // each of those shards' offset once the write applied (plan.streams order)
+	versions                    []int   // each queue's layout version
 	// per opening, not per link: a write that retries opens its link again while the follower
 	// of the first opening still waits for (and reads) these
 	read    chan struct{} // made when it opens, closed once the write read its own replies
@@ -236,7 +237,7 @@ func (w *Writer) follow(ctx context.Context, msgs []Message, c *Cover) (reply st
 	if buf == nil {
 		buf = new([]byte)
 	}
-	b, queued := w.appendWrites((*buf)[:0], p, msgs, offs, nil, c, true)
+	b, queued := w.appendWrites((*buf)[:0], p, msgs, offs, nil, o.versions, c, true)
 	sendErr := o.conn.SendBehind(ctx, b)
 	*buf = b
 	w.bufs.Put(buf)
@@ -299,7 +300,8 @@ func (w *Writer) followOn(ctx context.Context, conn *redisconn.RawConn, o *openi
 	pp := w.primePlan(p)
 	var open *opening
 	if pp != nil {
-		open = &opening{conn: conn, leaseKey: c.LeaseKey, fence: c.Fence, pointerKey: c.PointerKey, plan: pp, offs: after}
+		open = &opening{conn: conn, leaseKey: c.LeaseKey, fence: c.Fence, pointerKey: c.PointerKey, plan: pp, offs: after,
+			versions: st.versions}
 	}
 	return "ok", w.exec(ctx, conn, conn.Buf[:0], 0, pp, c, open)
 }
@@ -308,7 +310,8 @@ func (w *Writer) followOn(ctx context.Context, conn *redisconn.RawConn, o *openi
 // nothing else changed: the fence held, the stored pointer at exactly the cover before this one,
 // the queues' metas there, laid out as written, and every shard's offset the one o left.
 func followable(st *txState, o *opening, c *Cover) bool {
-	if st.fenced || st.layout != nil || slices.Contains(st.create, true) || !slices.Equal(st.offs, o.offs) {
+	if st.fenced || st.layout != nil || slices.Contains(st.create, true) || !slices.Equal(st.offs, o.offs) ||
+		!slices.Equal(st.versions, o.versions) {
 		return false
 	}
 	pos, ok := storedPos(st.stored)

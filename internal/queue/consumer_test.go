@@ -154,7 +154,7 @@ func TestConsumePoison(t *testing.T) {
 	}
 	var ids []string
 	for _, x := range dlq {
-		id := x.Values["id"].(string)
+		id := EntryOf(x).MessageID
 		ids = append(ids, id)
 		if x.Values["error"] != "bad message "+id || x.Values["attempts"] != "3" || x.Values["group"] != "g" ||
 			x.Values["d"] == "" || x.Values["failed_at"] == "" {

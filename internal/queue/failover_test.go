@@ -33,7 +33,7 @@ func ids(t *testing.T, rdb redis.UniversalClient, l Layout, q string) []string {
 		xs, err := rdb.XRange(context.Background(), l.Stream(q, 0), "-", "+").Result()
 		if err == nil {
 			for _, x := range xs {
-				out = append(out, x.Values["id"].(string))
+				out = append(out, EntryOf(x).MessageID)
 			}
 			return out
 		}

@@ -149,11 +149,7 @@ func lagByOffset(ctx context.Context, rdb redis.Cmdable, stream, lastDelivered s
 	return int64(len(after))
 }
 
-func offsetOf(x redis.XMessage) int64 {
-	s, _ := x.Values["off"].(string)
-	n, _ := strconv.ParseInt(s, 10, 64)
-	return n
-}
+func offsetOf(x redis.XMessage) int64 { return EntryOf(x).Offset }
 
 // DeadLetter is one entry of a queue's dead-letter stream.
 type DeadLetter struct {
@@ -200,9 +196,10 @@ func ListDeadLetters(ctx context.Context, rdb redis.Cmdable, l Layout, q, group 
 func deadLetterOf(x redis.XMessage) DeadLetter {
 	s := func(k string) string { v, _ := x.Values[k].(string); return v }
 	i := func(k string) int64 { n, _ := strconv.ParseInt(s(k), 10, 64); return n }
+	e := EntryOf(x)
 	return DeadLetter{EntryID: x.ID, Group: s("group"), Error: s("error"), Attempts: i("attempts"),
-		FailedAt: i("failed_at"), Offset: i("off"), Partition: s("p"), MessageID: s("id"), Tx: s("tx"),
-		CreatedMs: i("ts"), Header: s("h"), Payload: s("d")}
+		FailedAt: i("failed_at"), Offset: e.Offset, Partition: e.Partition, MessageID: e.MessageID, Tx: e.Tx,
+		CreatedMs: e.CreatedMs, Header: string(e.Header), Payload: string(e.Payload)}
 }
 
 // replayScript is resources/queue_replay.lua.

@@ -17,9 +17,6 @@ const DefaultShards = 16
 // MaxQueueNameBytes is the longest queue name (ValidQueueName).
 const MaxQueueNameBytes = 256
 
-// LayoutVersion is the value of the meta hash's `version` field this code reads and writes.
-const LayoutVersion = 1
-
 // Layout names the Redis keys of the queues under one prefix (DESIGN §4). Every key of one queue
 // carries the hash tag {queue}, so one script call touches one Cluster slot.
 type Layout struct {

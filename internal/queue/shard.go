@@ -136,7 +136,7 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 			d.pending = true // the rest were delivered to this shard's consumer: read them as pending
 			break
 		}
-		e := entryOf(m)
+		e := EntryOf(m)
 		if start != nil && !past {
 			switch start.judge(e.Payload) {
 			case startSkip:
@@ -220,19 +220,6 @@ func (c *Consumer) loadAttempts(ctx context.Context, d *Delivery) error {
 		}
 	}
 	return nil
-}
-
-// entryOf converts a stream entry; fields a foreign producer left out stay zero.
-func entryOf(m redis.XMessage) Entry {
-	str := func(k string) string {
-		s, _ := m.Values[k].(string)
-		return s
-	}
-	e := Entry{ID: m.ID, Partition: str("p"), MessageID: str("id"), Tx: str("tx"),
-		Header: []byte(str("h")), Payload: []byte(str("d"))}
-	e.Offset, _ = strconv.ParseInt(str("off"), 10, 64)
-	e.CreatedMs, _ = strconv.ParseInt(str("ts"), 10, 64)
-	return e
 }
 
 // Ack acknowledges a delivery: XACK of its entries (and their attempt counts cleared). If the

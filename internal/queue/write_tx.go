@@ -59,21 +59,24 @@ const primeBackoff = 64
 // ownView is what a primed write that aborted had read of the keys others may change, compared
 // with what the piece's next attempt reads (sameView).
 type ownView struct {
-	fenced bool
-	stored string
-	ptr    bool
-	create []bool
-	offs   []int64
+	fenced   bool
+	stored   string
+	ptr      bool
+	create   []bool
+	versions []int
+	offs     []int64
 }
 
 func viewOf(st *txState) *ownView {
-	return &ownView{fenced: st.fenced, stored: st.stored, ptr: st.ptr, create: slices.Clone(st.create), offs: slices.Clone(st.offs)}
+	return &ownView{fenced: st.fenced, stored: st.stored, ptr: st.ptr, create: slices.Clone(st.create),
+		versions: slices.Clone(st.versions), offs: slices.Clone(st.offs)}
 }
 
 // sameView reports whether st reads what v read: the abort changed nothing of another owner or
 // writer (the lease still ours with the same fence, the pointer and the queues where they were).
 func (v *ownView) sameView(st *txState) bool {
-	return !v.fenced && !st.fenced && v.stored == st.stored && v.ptr == st.ptr && slices.Equal(v.create, st.create) && slices.Equal(v.offs, st.offs)
+	return !v.fenced && !st.fenced && v.stored == st.stored && v.ptr == st.ptr && slices.Equal(v.create, st.create) &&
+		slices.Equal(v.versions, st.versions) && slices.Equal(v.offs, st.offs)
 }
 
 // primed is what a write left open on its connection for the next one (conn.State): the keys it
@@ -91,7 +94,7 @@ func (pr *primed) stateFor(p *plan, c *Cover) *txState {
 		!slices.Equal(p.queues, pr.plan.queues) || !slices.Equal(p.counts, pr.plan.counts) {
 		return nil
 	}
-	st := &txState{fenced: pr.st.fenced, stored: pr.st.stored, ptr: pr.st.ptr, create: pr.st.create, layout: pr.st.queueErr,
+	st := &txState{fenced: pr.st.fenced, stored: pr.st.stored, ptr: pr.st.ptr, create: pr.st.create, versions: pr.st.versions, layout: pr.st.queueErr,
 		offs: make([]int64, len(p.streams)), all: pr.st.offs, allIdx: p.everyShardIndex()}
 	for j, k := range st.allIdx {
 		st.offs[j] = pr.st.offs[k]
@@ -244,6 +247,7 @@ type txState struct {
 	stored    string // the stored pointer ("" when there is none)
 	ptr       bool   // there is a stored pointer (perhaps the empty string, which is not JSON)
 	create    []bool // per queue: meta missing, create it
+	versions  []int  // per queue: its layout version (LayoutVersion for a queue to create)
 	offs      []int64
 	layout    error   // the first way the queue's keys do not follow the layout (checked after the fence and the cover)
 	queueErr  error   // the first way a queue's meta does not (shards, version; also in layout)
@@ -330,7 +334,7 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 		w.beforeExec()
 	}
 
-	b, queued := w.appendWrites(conn.Buf[:0], p, msgs, st.offs, st.create, c, last)
+	b, queued := w.appendWrites(conn.Buf[:0], p, msgs, st.offs, st.create, st.versions, c, last)
 	pp := w.primePlan(p)
 	var open *opening
 	if st.all != nil && pp != nil && c.Chain != nil {
@@ -338,14 +342,16 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 		for j, k := range st.allIdx {
 			after[k] = st.offs[j]
 		}
-		open = &opening{conn: conn, leaseKey: c.LeaseKey, fence: c.Fence, pointerKey: c.PointerKey, plan: pp, offs: after}
+		open = &opening{conn: conn, leaseKey: c.LeaseKey, fence: c.Fence, pointerKey: c.PointerKey, plan: pp, offs: after,
+			versions: st.versions}
 	}
 	return "ok", w.exec(ctx, conn, b, queued, pp, c, open)
 }
 
 // appendWrites appends a piece's writes (the meta of each queue to create, the entries from offs
-// on, advancing offs, each queue's new offsets, the pointer) and returns how many commands they are.
-func (w *Writer) appendWrites(b []byte, p *plan, msgs []Message, offs []int64, create []bool, c *Cover, last bool) ([]byte, int) {
+// on in each queue's layout version, advancing offs, each queue's new offsets, the pointer) and
+// returns how many commands they are.
+func (w *Writer) appendWrites(b []byte, p *plan, msgs []Message, offs []int64, create []bool, versions []int, c *Cover, last bool) ([]byte, int) {
 	queued := 0
 	for i, q := range p.queues {
 		if create != nil && create[i] {
@@ -353,7 +359,7 @@ func (w *Writer) appendWrites(b []byte, p *plan, msgs []Message, offs []int64, c
 			queued++
 		}
 	}
-	b = w.appendXAdds(b, p, msgs, offs)
+	b = w.appendXAdds(b, p, msgs, offs, versions)
 	queued += len(msgs)
 	for i, q := range p.queues {
 		n := 0
@@ -459,7 +465,7 @@ func (w *Writer) appendReads(b []byte, p *plan, c *Cover) []byte {
 
 // readReads reads the replies of appendReads: the state, and the first error reply.
 func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState, error) {
-	st := &txState{create: make([]bool, len(p.queues)), offs: make([]int64, len(p.streams)), streamErr: make([]error, len(p.streams))}
+	st := &txState{create: make([]bool, len(p.queues)), versions: make([]int, len(p.queues)), offs: make([]int64, len(p.streams)), streamErr: make([]error, len(p.streams))}
 	var first error // the first error reply
 	keep := func(err error) {
 		if first == nil {
@@ -512,10 +518,16 @@ func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState
 				st.create[i] = true
 			case k == 0 && string(el.Str) != want:
 				layout(&errShardsChanged{meta: w.layout.Meta(q), stored: string(el.Str), given: want})
-			case k == 1 && !el.Nil() && string(el.Str) != strconv.Itoa(LayoutVersion):
+			case k == 1 && st.create[i]:
+				st.versions[i] = LayoutVersion
+			case k == 1 && el.Nil(): // a producer of the first layout that wrote no version
+				st.versions[i] = LayoutV1
+			case k == 1 && !layoutReadable(string(el.Str)):
 				layout(errcode.New(errcode.LayoutVersion,
-					fmt.Sprintf("queue %q has layout version %s; this pgrelay writes version %d", q, el.Str, LayoutVersion),
+					fmt.Sprintf("queue %q has layout version %s; this pgrelay writes versions %d and %d", q, el.Str, LayoutV1, LayoutV2),
 					"use a pgrelay version that reads this layout, or a new queue name"))
+			case k == 1:
+				st.versions[i] = int(el.Str[0] - '0')
 			case k >= 2:
 				for j++; p.streams[j].queue != i; j++ {
 				}
@@ -556,8 +568,9 @@ func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState
 	return st, first
 }
 
-// appendXAdds appends the XADD of every message, advancing offs to each shard's last offset.
-func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []byte {
+// appendXAdds appends the XADD of every message in its queue's layout version, advancing offs to
+// each shard's last offset.
+func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64, versions []int) []byte {
 	keys := make([][]byte, len(p.streams)) // each stream key, encoded once
 	size := 0
 	for j, s := range p.streams {
@@ -573,10 +586,21 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []
 	var txTs []byte
 	var lastTx string
 	var lastTs int64
+	var meta []byte // version 2: the m object, built here before its length goes out
 	for i := range msgs {
 		m := &msgs[i]
 		j := p.msgStream[i]
 		offs[j]++
+		if versions[p.streams[j].queue] == LayoutV2 {
+			meta = appendMeta(meta[:0], offs[j], m)
+			b = append(b, xadd2Head...)
+			b = append(b, keys[j]...)
+			b = append(b, xadd2Meta...)
+			b = redisconn.AppendBulk(b, meta)
+			b = append(b, fieldD...)
+			b = redisconn.AppendBulk(b, m.Payload)
+			continue
+		}
 		b = append(b, xaddHead...)
 		b = append(b, keys[j]...)
 		b = append(b, xaddOff...)
@@ -585,7 +609,7 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []
 		b = redisconn.AppendBulk(b, m.Partition)
 		b = append(b, fieldID...)
 		b = redisconn.AppendBulk(b, m.ID)
-		if i == 0 || m.Tx != lastTx || m.CreatedMs != lastTs {
+		if i == 0 || m.Tx != lastTx || m.CreatedMs != lastTs || len(txTs) == 0 {
 			lastTx, lastTs = m.Tx, m.CreatedMs
 			txTs = append(txTs[:0], fieldTx...)
 			txTs = redisconn.AppendBulk(txTs, m.Tx)
@@ -605,20 +629,24 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64) []
 	return b
 }
 
-// One entry's XADD: `XADD <stream> * off <n> p <partition> id <id> tx <tx> ts <ms> h <header> d
-// <payload>`, the seven fields of DESIGN §4 in their order.
+// One entry's XADD in layout version 1: `XADD <stream> * off <n> p <partition> id <id> tx <tx> ts
+// <ms> h <header> d <payload>`, the seven fields of DESIGN §4 in their order; in version 2:
+// `XADD <stream> * m <meta> d <payload>` (appendMeta).
 const (
-	xaddHead = "*17\r\n$4\r\nXADD\r\n"
-	xaddOff  = "$1\r\n*\r\n$3\r\noff\r\n"
-	fieldP   = "$1\r\np\r\n"
-	fieldID  = "$2\r\nid\r\n"
-	fieldTx  = "$2\r\ntx\r\n"
-	fieldTs  = "$2\r\nts\r\n"
-	fieldH   = "$1\r\nh\r\n"
-	fieldNoH = fieldH + "$0\r\n\r\n" // h with an empty header
-	fieldD   = "$1\r\nd\r\n"
+	xaddHead  = "*17\r\n$4\r\nXADD\r\n"
+	xaddOff   = "$1\r\n*\r\n$3\r\noff\r\n"
+	xadd2Head = "*7\r\n$4\r\nXADD\r\n"
+	xadd2Meta = "$1\r\n*\r\n$1\r\nm\r\n"
+	fieldP    = "$1\r\np\r\n"
+	fieldID   = "$2\r\nid\r\n"
+	fieldTx   = "$2\r\ntx\r\n"
+	fieldTs   = "$2\r\nts\r\n"
+	fieldH    = "$1\r\nh\r\n"
+	fieldNoH  = fieldH + "$0\r\n\r\n" // h with an empty header
+	fieldD    = "$1\r\nd\r\n"
 	// the bytes of one XADD besides the key and the values: the constants above, six value
-	// headers and two numbers of up to 20 digits
+	// headers and two numbers of up to 20 digits (version 2's m object takes no more: its names
+	// and punctuation stand in for the field names and headers it saves)
 	xaddOverhead = len(xaddHead) + len(xaddOff) + len(fieldP) + len(fieldID) + len(fieldTx) + len(fieldTs) +
 		len(fieldH) + len(fieldD) + 7*16 + 40
 )

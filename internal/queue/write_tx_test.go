@@ -52,13 +52,13 @@ func checkQueue(t *testing.T, rdb redis.Cmdable, l Layout, q string, batches ...
 			t.Fatal(err)
 		}
 		for i, x := range xs {
-			if x.Values["off"] != strconv.Itoa(i+1) {
-				t.Fatalf("shard %d entry %d: off %v", n, i, x.Values["off"])
+			if e := EntryOf(x); e.Offset != int64(i+1) {
+				t.Fatalf("shard %d entry %d: off %v", n, i, e.Offset)
 			}
-			if len(x.Values) != 7 {
-				t.Fatalf("shard %d entry %d: fields %v", n, i, x.Values)
+			if want := map[string]int{"1": 7, "2": 2}[meta["version"]]; len(x.Values) != want {
+				t.Fatalf("shard %d entry %d: fields %v, want %d for layout version %s", n, i, x.Values, want, meta["version"])
 			}
-			seen[x.Values["id"].(string)]++
+			seen[EntryOf(x).MessageID]++
 		}
 		if len(xs) > 0 && meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(xs)) {
 			t.Fatalf("shard %d: meta off %q, %d entries", n, meta["off:"+strconv.Itoa(n)], len(xs))

@@ -465,7 +465,7 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	if c.PointerKey == "" {
 		pos, prev = "", ""
 	}
-	args := make([]any, 0, 8+len(p.queues)+2*len(p.streams)+7*len(msgs))
+	args := make([]any, 0, 8+len(p.queues)+2*len(p.streams)+8*len(msgs))
 	args = append(args, c.Fence, pos, pointer, len(p.queues), len(p.streams), len(msgs), touch)
 	if prev != "" {
 		args = append(args, prev)
@@ -485,7 +485,8 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 		if i == 0 || m.CreatedMs != msgs[i-1].CreatedMs {
 			ts = append(ts, strconv.FormatInt(m.CreatedMs, 10))
 		}
-		args = append(args, p.msgStream[i]+1, &m.Partition, &m.ID, &m.Tx, &ts[len(ts)-1], (*bytesArg)(&m.Header), (*bytesArg)(&m.Payload))
+		tail := bytesArg(appendMetaTail(nil, m)) // the m object of a layout-2 queue after its offset
+		args = append(args, p.msgStream[i]+1, &m.Partition, &m.ID, &m.Tx, &ts[len(ts)-1], (*bytesArg)(&m.Header), (*bytesArg)(&m.Payload), &tail)
 	}
 	return keys, args, nil
 }

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -85,55 +86,133 @@ func count(m map[int][]redis.XMessage) int {
 	return c
 }
 
+// TestWriteLayout writes a new queue (layout version 2) and one created in version 1, through the
+// transaction and through the script, and reads every entry back: offsets, shards, and the exact
+// fields on the wire of each version (DESIGN §4).
 func TestWriteLayout(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := r.Client()
 	ctx := context.Background()
-	w := NewWriter(rdb, WriterConfig{Shards: 4})
-	batch := msgs("orders", 20, 5)
-	batch[0].Header = []byte(`{"k":"v"}`)
-	if res, err := w.Write(ctx, batch, nil); err != nil || res != ResultOK {
-		t.Fatalf("write: %v %v", res, err)
-	}
-	if _, err := w.Write(ctx, msgs("orders", 20, 5), nil); err != nil {
-		t.Fatal(err)
-	}
-	meta := rdb.HGetAll(ctx, "pgrelay:{orders}:meta").Val()
-	if meta["shards"] != "4" || meta["version"] != "1" {
-		t.Fatalf("meta %v", meta)
-	}
-	got := readAll(t, rdb, w.Layout(), "orders", 4)
-	if count(got) != 40 {
-		t.Fatalf("%d entries, want 40", count(got))
-	}
-	for n, xs := range got {
-		if meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(xs)) {
-			t.Errorf("shard %d: meta off %q, %d entries", n, meta["off:"+strconv.Itoa(n)], len(xs))
+	for _, c := range []struct {
+		version int
+		fields  string
+		first   func(f []any) bool // the first entry of p0's shard (message m0, with a header)
+	}{
+		{LayoutV2, "[m d]", func(f []any) bool {
+			return f[1] == `{"off":1,"p":"p0","id":"m0","tx":"tx1","ts":1700000000000,"h":{"k":"v"}}` && f[3] == `{"i":0}`
+		}},
+		{LayoutV1, "[off p id tx ts h d]", func(f []any) bool {
+			return f[1] == "1" && f[3] == "p0" && f[5] == "m0" && f[7] == "tx1" && f[9] == "1700000000000" &&
+				f[11] == `{"k":"v"}` && f[13] == `{"i":0}`
+		}},
+	} {
+		for _, script := range []bool{false, true} {
+			t.Run(fmt.Sprintf("v%d/script=%v", c.version, script), func(t *testing.T) {
+				q := fmt.Sprintf("orders%d%v", c.version, script)
+				if c.version == LayoutV1 { // a queue an earlier pgrelay created
+					rdb.HSet(ctx, "pgrelay:{"+q+"}:meta", "shards", "4", "version", "1")
+				}
+				w := NewWriter(rdb, WriterConfig{Shards: 4})
+				defer w.Close()
+				w.scriptOnly = script
+				batch := msgs(q, 20, 5)
+				batch[0].Header = []byte(`{"k":"v"}`)
+				if res, err := w.Write(ctx, batch, nil); err != nil || res != ResultOK {
+					t.Fatalf("write: %v %v", res, err)
+				}
+				if _, err := w.Write(ctx, msgs(q, 20, 5), nil); err != nil {
+					t.Fatal(err)
+				}
+				meta := rdb.HGetAll(ctx, "pgrelay:{"+q+"}:meta").Val()
+				if meta["shards"] != "4" || meta["version"] != strconv.Itoa(c.version) {
+					t.Fatalf("meta %v", meta)
+				}
+				got := readAll(t, rdb, w.Layout(), q, 4)
+				if count(got) != 40 {
+					t.Fatalf("%d entries, want 40", count(got))
+				}
+				for n, xs := range got {
+					if meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(xs)) {
+						t.Errorf("shard %d: meta off %q, %d entries", n, meta["off:"+strconv.Itoa(n)], len(xs))
+					}
+					for i, x := range xs {
+						e := EntryOf(x)
+						if e.Offset != int64(i+1) || e.Tx != "tx1" || e.CreatedMs < 1700000000000 || len(e.Payload) == 0 {
+							t.Errorf("shard %d entry %d: %+v", n, i, e)
+						}
+						if Shard(e.Partition, 4) != n {
+							t.Errorf("partition %v in shard %d", e.Partition, n)
+						}
+					}
+				}
+				// the fields on the wire, in order
+				raw, err := rdb.Do(ctx, "XRANGE", w.Layout().Stream(q, Shard("p0", 4)), "-", "+", "COUNT", 1).Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				fields := raw[0].([]any)[1].([]any)
+				var names []string
+				for i := 0; i < len(fields); i += 2 {
+					names = append(names, fields[i].(string))
+				}
+				if fmt.Sprint(names) != c.fields {
+					t.Errorf("fields %v, want %s", names, c.fields)
+				}
+				if !c.first(fields) {
+					t.Errorf("entry %q", fields)
+				}
+			})
 		}
-		for i, x := range xs {
-			if x.Values["off"] != strconv.Itoa(i+1) {
-				t.Errorf("shard %d entry %d: off %v", n, i, x.Values["off"])
+	}
+}
+
+// TestEntryOf decodes entries of both layouts, and the m objects a foreign producer may write:
+// escapes, members in another order, a header, and what does not parse (fields stay zero).
+func TestEntryOf(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		values map[string]any
+		want   Entry
+	}{
+		{"v1", map[string]any{"off": "7", "p": "a|b", "id": "m1", "tx": "t", "ts": "12", "h": `{"k":1}`, "d": "x"},
+			Entry{Offset: 7, Partition: "a|b", MessageID: "m1", Tx: "t", CreatedMs: 12, Header: []byte(`{"k":1}`), Payload: []byte("x")}},
+		{"v2", map[string]any{"m": `{"off":7,"p":"a\"b\u00e9","id":"m1","tx":"t","ts":12,"h":{"k":[1,2]}}`, "d": "x"},
+			Entry{Offset: 7, Partition: "a\"bé", MessageID: "m1", Tx: "t", CreatedMs: 12, Header: []byte(`{"k":[1,2]}`), Payload: []byte("x")}},
+		{"v2 other order, no header", map[string]any{"m": `{ "ts": 12, "id": "m1", "off": 7 }`, "d": ""},
+			Entry{Offset: 7, MessageID: "m1", CreatedMs: 12, Payload: []byte{}}},
+		{"v2 not JSON", map[string]any{"m": `off=7`, "d": "x"}, Entry{Payload: []byte("x")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.want.ID = "1-1"
+			got := EntryOf(redis.XMessage{ID: "1-1", Values: c.values})
+			if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", c.want) {
+				t.Errorf("got  %+v\nwant %+v", got, c.want)
 			}
-			if Shard(x.Values["p"].(string), 4) != n {
-				t.Errorf("partition %v in shard %d", x.Values["p"], n)
-			}
-		}
+		})
 	}
-	// field order on the wire: off p id tx ts h d
-	raw, err := rdb.Do(ctx, "XRANGE", w.Layout().Stream("orders", Shard("p0", 4)), "-", "+", "COUNT", 1).Slice()
-	if err != nil {
-		t.Fatal(err)
+}
+
+// TestAppendMetaTail: the m object is valid JSON with the message's exact strings, escaped.
+func TestAppendMeta(t *testing.T) {
+	m := Message{Partition: "public.t:{\"id\":\"a\\b\"}", ID: "pg:1:0/1:2", Tx: "", CreatedMs: 5, Header: []byte(`{"x":"y"}`)}
+	b := appendMeta(nil, 42, &m)
+	var got struct {
+		Off int64           `json:"off"`
+		P   string          `json:"p"`
+		ID  string          `json:"id"`
+		Tx  *string         `json:"tx"`
+		Ts  int64           `json:"ts"`
+		H   json.RawMessage `json:"h"`
 	}
-	fields := raw[0].([]any)[1].([]any)
-	var names []string
-	for i := 0; i < len(fields); i += 2 {
-		names = append(names, fields[i].(string))
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("%s: %v", b, err)
 	}
-	if fmt.Sprint(names) != "[off p id tx ts h d]" {
-		t.Errorf("fields %v", names)
+	if got.Off != 42 || got.P != m.Partition || got.ID != m.ID || got.Tx == nil || *got.Tx != "" || got.Ts != 5 || string(got.H) != `{"x":"y"}` {
+		t.Errorf("%s", b)
 	}
-	if fields[11] != `{"k":"v"}` || fields[13] != `{"i":0}` || fields[9] != "1700000000000" {
-		t.Errorf("entry %v", fields)
+	e := EntryOf(redis.XMessage{Values: map[string]any{"m": string(b)}})
+	if e.Partition != m.Partition || e.Offset != 42 || string(e.Header) != `{"x":"y"}` {
+		t.Errorf("round trip %+v", e)
 	}
 }
 
@@ -268,9 +347,9 @@ func TestWriteShardCount(t *testing.T) {
 		t.Fatalf("after recreate: %v", err)
 	}
 	// a layout this version does not write: the script's error reply becomes a coded error
-	rdb.HSet(ctx, w.Layout().Meta("q"), "version", "2")
+	rdb.HSet(ctx, w.Layout().Meta("q"), "version", "3")
 	if _, err := w.Write(ctx, msgs("q", 1, 1), nil); !errcode.Is(err, errcode.LayoutVersion) {
-		t.Fatalf("layout version 2: %v", err)
+		t.Fatalf("layout version 3: %v", err)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/benchenv"
 	"github.com/pgrelay/pgrelay/internal/pointer"
+	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -273,7 +274,13 @@ func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi bool) phase 
 		}
 		entries = append(entries, msgs...)
 	}
-	fields := []string{"off", "p", "id", "tx", "ts", "h", "d"}
+	// the entries' own fields in their layout's order (DESIGN §4: version 2 has m and d)
+	fields := []string{queue.FieldOffset, queue.FieldPartition, queue.FieldID, queue.FieldTx, queue.FieldCreated, queue.FieldHeader, queue.FieldPayload}
+	if len(entries) > 0 {
+		if _, v2 := entries[0].Values[queue.FieldMeta]; v2 {
+			fields = []string{queue.FieldMeta, queue.FieldPayload}
+		}
+	}
 	m := startMeter(b, pids)
 	pipelined := rdb.Pipelined
 	if multi {
@@ -282,7 +289,7 @@ func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi bool) phase 
 	for i := 0; i < len(entries); i += 1000 {
 		_, err := pipelined(e.ctx, func(p redis.Pipeliner) error {
 			for j := i; j < min(i+1000, len(entries)); j++ {
-				vals := make([]any, 0, 14)
+				vals := make([]any, 0, 2*len(fields))
 				for _, f := range fields {
 					vals = append(vals, f, entries[j].Values[f])
 				}

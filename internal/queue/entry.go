@@ -1,0 +1,125 @@
+package queue
+
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/jsonscan"
+)
+
+// The layout versions of a queue (its meta hash's `version`, DESIGN §4). The version is fixed
+// when the queue is created and says how its entries hold a message:
+//
+//   - 1: seven fields, `off`, `p`, `id`, `tx`, `ts`, `h`, `d`;
+//   - 2: two fields, `m` (one JSON object holding off, p, id, tx, ts and, when present, h) and `d`.
+//
+// Redis' cost per entry grows with its fields (each is parsed, stored and appended to the AOF
+// again), so version 2 costs it about a third less per entry. Queues are created with
+// LayoutVersion; a queue of version 1 keeps its layout: pgrelay writes and reads both.
+const (
+	LayoutV1 = 1
+	LayoutV2 = 2
+	// LayoutVersion is the version of the queues this code creates.
+	LayoutVersion = LayoutV2
+)
+
+// layoutReadable reports whether this code reads and writes queues of layout version v (the
+// meta's text).
+func layoutReadable(v string) bool { return v == "1" || v == "2" }
+
+// The entry fields (DESIGN §4).
+const (
+	FieldOffset    = "off" // version 1: the per-shard offset
+	FieldPartition = "p"   // version 1: the partition
+	FieldID        = "id"  // version 1: the message id
+	FieldTx        = "tx"  // version 1: the transaction id
+	FieldCreated   = "ts"  // version 1: created-at, Unix ms
+	FieldHeader    = "h"   // version 1: the metadata JSON ("" when absent)
+	FieldMeta      = "m"   // version 2: every field above in one JSON object, h only when present
+	FieldPayload   = "d"   // both: the payload bytes
+)
+
+// EntryOf decodes a stream entry of either layout version: an entry with an `m` field is read as
+// version 2, any other as version 1. Fields a foreign producer left out (or an `m` that is not the
+// object DESIGN §4 gives) stay zero, as a missing version-1 field does.
+func EntryOf(m redis.XMessage) Entry {
+	str := func(k string) string {
+		s, _ := m.Values[k].(string)
+		return s
+	}
+	e := Entry{ID: m.ID, Payload: []byte(str(FieldPayload))}
+	if meta, ok := m.Values[FieldMeta].(string); ok {
+		decodeMeta(&e, meta)
+		return e
+	}
+	e.Partition, e.MessageID, e.Tx, e.Header = str(FieldPartition), str(FieldID), str(FieldTx), []byte(str(FieldHeader))
+	e.Offset, _ = strconv.ParseInt(str(FieldOffset), 10, 64)
+	e.CreatedMs, _ = strconv.ParseInt(str(FieldCreated), 10, 64)
+	return e
+}
+
+// decodeMeta fills e from a version-2 `m` object; a member of the wrong type, or an object that
+// does not parse, leaves what it would have given zero.
+func decodeMeta(e *Entry, meta string) {
+	b := []byte(meta)
+	text := func(v []byte) string {
+		t, err := jsonscan.Text(v)
+		if err != nil {
+			return ""
+		}
+		return string(t)
+	}
+	_ = jsonscan.Members(b, func(key []byte, escaped bool, v0, v1 int) error {
+		v := b[v0:v1]
+		switch string(key) {
+		case `"off"`:
+			e.Offset, _ = strconv.ParseInt(string(v), 10, 64)
+		case `"p"`:
+			e.Partition = text(v)
+		case `"id"`:
+			e.MessageID = text(v)
+		case `"tx"`:
+			e.Tx = text(v)
+		case `"ts"`:
+			e.CreatedMs, _ = strconv.ParseInt(string(v), 10, 64)
+		case `"h"`:
+			if v[0] == '{' {
+				e.Header = v
+			}
+		}
+		return nil
+	})
+}
+
+// appendMeta appends a version-2 entry's `m` object: the offset, then appendMetaTail.
+func appendMeta(dst []byte, off int64, m *Message) []byte {
+	dst = append(dst, metaHead...)
+	dst = strconv.AppendInt(dst, off, 10)
+	return appendMetaTail(dst, m)
+}
+
+// metaHead opens the m object up to its offset (the write script puts it before the offset too).
+const metaHead = `{"off":`
+
+// appendMetaTail appends what follows the offset in the m object: the message's partition, id,
+// transaction id and created-at, its header (a JSON object) when it has one, and the closing
+// brace. Strings are JSON-escaped by the event encoder's own function, which writes a byte that is
+// not UTF-8 as U+FFFD (pg_cdc's partitions and ids are always UTF-8; the shard is computed from
+// the bytes given).
+func appendMetaTail(dst []byte, m *Message) []byte {
+	dst = append(dst, `,"p":`...)
+	dst = convert.AppendString(dst, []byte(m.Partition))
+	dst = append(dst, `,"id":`...)
+	dst = convert.AppendString(dst, []byte(m.ID))
+	dst = append(dst, `,"tx":`...)
+	dst = convert.AppendString(dst, []byte(m.Tx))
+	dst = append(dst, `,"ts":`...)
+	dst = strconv.AppendInt(dst, m.CreatedMs, 10)
+	if len(m.Header) > 0 {
+		dst = append(dst, `,"h":`...)
+		dst = append(dst, m.Header...)
+	}
+	return append(dst, '}')
+}
