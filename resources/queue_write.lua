@@ -17,7 +17,8 @@
 --   7 touch: '1' = on duplicate, rewrite the stored pointer unchanged (a write for WAIT to wait for)
 --   [8 prev]: optional (the argument count says whether it is there): the pos of the batch written
 --     just before this one; unless the stored pointer's pos is at or past it, nothing is written
---   then Q values: the shard count the caller computed shards with, per meta key
+--   then Q pairs, per meta key: the shard count the caller computed shards with, and the layout
+--     version (1 or 2) to create the queue with when it does not exist
 --   then K pairs: meta index (1..Q), shard number n
 --   then N groups of 8: stream index (1..K), p, id, tx, ts, h, d, and m's tail: the layout-2 `m` object
 --     after its offset (`,"p":...}`, the writer's one encoding of it); each entry is written in its
@@ -45,11 +46,11 @@ if pos ~= '' then
 end
 local metaBase, streamBase = k, k + nq
 local fixed = 7 -- ARGV before the per-queue values: 7, or 8 with prev
-if #ARGV == 8 + nq + 2 * nk + 8 * nm then
+if #ARGV == 8 + 2 * nq + 2 * nk + 8 * nm then
   fixed = 8
 end
 local prev = fixed == 8 and ARGV[8] or ''
-if #KEYS ~= k + nq + nk or #ARGV ~= fixed + nq + 2 * nk + 8 * nm then
+if #KEYS ~= k + nq + nk or #ARGV ~= fixed + 2 * nq + 2 * nk + 8 * nm then
   return redis.error_reply('pgrelay_bad_args key or argument count')
 end
 
@@ -109,12 +110,15 @@ if pointerKey then
   end
 end
 
--- 3. each queue's layout: shard count fixed at creation, layout version 1 or 2 (a new queue: 2,
--- LayoutVersion in internal/queue/entry.go)
+-- 3. each queue's layout: shard count fixed at creation, layout version 1 or 2 (a new queue: the
+-- version given)
 local a = fixed
 local create, version = {}, {}
 for i = 1, nq do
-  local want = ARGV[a + i]
+  local want, wantVersion = ARGV[a + 2 * i - 1], ARGV[a + 2 * i]
+  if wantVersion ~= '1' and wantVersion ~= '2' then
+    return redis.error_reply('pgrelay_bad_args layout version')
+  end
   local meta = KEYS[metaBase + i]
   local cur = redis.call('HMGET', meta, 'shards', 'version')
   if cur[1] then
@@ -127,10 +131,10 @@ for i = 1, nq do
     version[i] = cur[2] or '1'
   else
     create[i] = want
-    version[i] = '2'
+    version[i] = wantVersion
   end
 end
-a = a + nq
+a = a + 2 * nq
 
 -- 4. the next offset of every shard touched
 local off, metaOf, shardOf, versionOf = {}, {}, {}, {}

@@ -247,7 +247,7 @@ type txState struct {
 	stored    string // the stored pointer ("" when there is none)
 	ptr       bool   // there is a stored pointer (perhaps the empty string, which is not JSON)
 	create    []bool // per queue: meta missing, create it
-	versions  []int  // per queue: its layout version (LayoutVersion for a queue to create)
+	versions  []int  // per queue: its layout version (the writer's CreateVersion for a queue to create)
 	offs      []int64
 	layout    error   // the first way the queue's keys do not follow the layout (checked after the fence and the cover)
 	queueErr  error   // the first way a queue's meta does not (shards, version; also in layout)
@@ -355,7 +355,7 @@ func (w *Writer) appendWrites(b []byte, p *plan, msgs []Message, offs []int64, c
 	queued := 0
 	for i, q := range p.queues {
 		if create != nil && create[i] {
-			b = redisconn.AppendCommand(b, "HSET", w.layout.Meta(q), "shards", strconv.Itoa(p.counts[i]), "version", strconv.Itoa(LayoutVersion))
+			b = redisconn.AppendCommand(b, "HSET", w.layout.Meta(q), "shards", strconv.Itoa(p.counts[i]), "version", strconv.Itoa(w.conf.CreateVersion))
 			queued++
 		}
 	}
@@ -519,7 +519,7 @@ func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState
 			case k == 0 && string(el.Str) != want:
 				layout(&errShardsChanged{meta: w.layout.Meta(q), stored: string(el.Str), given: want})
 			case k == 1 && st.create[i]:
-				st.versions[i] = LayoutVersion
+				st.versions[i] = w.conf.CreateVersion
 			case k == 1 && el.Nil(): // a producer of the first layout that wrote no version
 				st.versions[i] = LayoutV1
 			case k == 1 && !layoutReadable(string(el.Str)):

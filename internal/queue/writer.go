@@ -139,7 +139,10 @@ type WriterConfig struct {
 	// batch is not atomic (a crash between calls repeats the earlier pieces under the same ids).
 	MaxScriptMessages int
 	MaxScriptBytes    int
-	Durability        Durability
+	// CreateVersion is the layout version of a queue this writer creates (LayoutVersion when 0);
+	// an existing queue keeps its own.
+	CreateVersion int
+	Durability    Durability
 	// RetryFor bounds how long Write retries transient failures (lost connection, LOADING, ...)
 	// with backoff; 0 means 30 s, negative means no retry.
 	RetryFor time.Duration
@@ -154,6 +157,9 @@ func (c *WriterConfig) defaults() {
 	}
 	if c.MaxScriptMessages <= 0 {
 		c.MaxScriptMessages = 1000
+	}
+	if c.CreateVersion <= 0 {
+		c.CreateVersion = LayoutVersion
 	}
 	if c.MaxScriptBytes <= 0 {
 		c.MaxScriptBytes = 8 << 20
@@ -465,14 +471,14 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	if c.PointerKey == "" {
 		pos, prev = "", ""
 	}
-	args := make([]any, 0, 8+len(p.queues)+2*len(p.streams)+8*len(msgs))
+	args := make([]any, 0, 8+2*len(p.queues)+2*len(p.streams)+8*len(msgs))
 	args = append(args, c.Fence, pos, pointer, len(p.queues), len(p.streams), len(msgs), touch)
 	if prev != "" {
 		args = append(args, prev)
 	}
 	for i, q := range p.queues {
 		keys = append(keys, w.layout.Meta(q))
-		args = append(args, p.counts[i])
+		args = append(args, p.counts[i], w.conf.CreateVersion)
 	}
 	for _, s := range p.streams {
 		keys = append(keys, w.layout.Stream(p.queues[s.queue], s.shard))

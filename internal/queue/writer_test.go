@@ -93,26 +93,32 @@ func TestWriteLayout(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := r.Client()
 	ctx := context.Background()
+	firstV1 := func(f []any) bool {
+		return f[1] == "1" && f[3] == "p0" && f[5] == "m0" && f[7] == "tx1" && f[9] == "1700000000000" &&
+			f[11] == `{"k":"v"}` && f[13] == `{"i":0}`
+	}
 	for _, c := range []struct {
 		version int
+		created bool // created by a writer of CreateVersion version, not by an earlier pgrelay
 		fields  string
 		first   func(f []any) bool // the first entry of p0's shard (message m0, with a header)
 	}{
-		{LayoutV2, "[m d]", func(f []any) bool {
+		{LayoutV2, true, "[m d]", func(f []any) bool {
 			return f[1] == `{"off":1,"p":"p0","id":"m0","tx":"tx1","ts":1700000000000,"h":{"k":"v"}}` && f[3] == `{"i":0}`
 		}},
-		{LayoutV1, "[off p id tx ts h d]", func(f []any) bool {
-			return f[1] == "1" && f[3] == "p0" && f[5] == "m0" && f[7] == "tx1" && f[9] == "1700000000000" &&
-				f[11] == `{"k":"v"}` && f[13] == `{"i":0}`
-		}},
+		{LayoutV1, false, "[off p id tx ts h d]", firstV1},
+		{LayoutV1, true, "[off p id tx ts h d]", firstV1},
 	} {
 		for _, script := range []bool{false, true} {
-			t.Run(fmt.Sprintf("v%d/script=%v", c.version, script), func(t *testing.T) {
-				q := fmt.Sprintf("orders%d%v", c.version, script)
-				if c.version == LayoutV1 { // a queue an earlier pgrelay created
+			t.Run(fmt.Sprintf("v%d/created=%v/script=%v", c.version, c.created, script), func(t *testing.T) {
+				q := fmt.Sprintf("orders%d%v%v", c.version, c.created, script)
+				conf := WriterConfig{Shards: 4}
+				if c.created {
+					conf.CreateVersion = c.version
+				} else { // a queue an earlier pgrelay created; this writer would create version 2
 					rdb.HSet(ctx, "pgrelay:{"+q+"}:meta", "shards", "4", "version", "1")
 				}
-				w := NewWriter(rdb, WriterConfig{Shards: 4})
+				w := NewWriter(rdb, conf)
 				defer w.Close()
 				w.scriptOnly = script
 				batch := msgs(q, 20, 5)
