@@ -28,13 +28,14 @@ func benchMsgs(q string, from int) []Message {
 	return out
 }
 
-// rawXAdd writes msgs with one pipeline of XADDs carrying the same fields the script writes: the
-// baseline of what Redis itself costs.
+// rawXAdd writes msgs with one pipeline of XADDs carrying the same fields the output writes (layout
+// version 2: m and d): the baseline of what Redis itself costs.
 func rawXAdd(ctx context.Context, rdb *redis.Client, l Layout, msgs []Message) error {
 	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, m := range msgs {
+		for i := range msgs {
+			m := &msgs[i]
 			p.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(m.Queue, Shard(m.Partition, 16)), Values: []any{
-				"off", i, "p", m.Partition, "id", m.ID, "tx", m.Tx, "ts", m.CreatedMs, "h", "", "d", m.Payload}})
+				FieldMeta, appendMeta(nil, int64(i), m), FieldPayload, m.Payload}})
 		}
 		return nil
 	})

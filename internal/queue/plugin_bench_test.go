@@ -69,8 +69,10 @@ redis_queue:
 			for j, m := range batch {
 				part, _ := m.MetaGet("partition")
 				id, _ := m.MetaGet("message_id")
+				// the entry as the output writes it (layout version 2)
+				meta := fmt.Sprintf(`{"off":%d,"p":%q,"id":%q,"tx":"","ts":0}`, j, part, id)
 				p.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream("raw", queue.Shard(part, 16)), Values: []any{
-					"off", j, "p", part, "id", id, "tx", "", "ts", 0, "h", "", "d", payload}})
+					queue.FieldMeta, meta, queue.FieldPayload, payload}})
 			}
 			return nil
 		})
