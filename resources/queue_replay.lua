@@ -9,8 +9,8 @@
 --       then pairs: dead-letter entry id, stream index (1..K)
 -- Reply: {replayed, missing} (missing: entries no longer in the dead-letter stream).
 -- Errors: 'pgrelay_shards_mismatch <meta> <stored> <given>', 'pgrelay_bad_args <what>'.
-local meta = redis.call('HMGET', KEYS[1], 'shards', 'version')
-local shards, version = meta[1], meta[2] or '1'
+local shards = redis.call('HGET', KEYS[1], 'shards')
+local version = redis.call('HGET', KEYS[1], 'version') or '1'
 if shards ~= ARGV[1] then
   return redis.error_reply('pgrelay_shards_mismatch ' .. KEYS[1] .. ' ' .. tostring(shards) .. ' ' .. ARGV[1])
 end
