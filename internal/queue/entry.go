@@ -100,6 +100,26 @@ func appendMeta(dst []byte, off int64, m *Message) []byte {
 	return appendMetaTail(dst, m)
 }
 
+// metaEncoder appends m objects like appendMeta, keeping the encoding of the transaction id and
+// created-at, which usually repeat from message to message of a batch, while they do.
+type metaEncoder struct {
+	txTs   []byte // `,"tx":<tx>,"ts":<ms>` of the last message
+	tx     string
+	ts     int64
+	cached bool
+}
+
+func (e *metaEncoder) append(dst []byte, off int64, m *Message) []byte {
+	dst = append(dst, metaHead...)
+	dst = strconv.AppendInt(dst, off, 10)
+	dst = appendMetaKey(dst, m)
+	if !e.cached || m.Tx != e.tx || m.CreatedMs != e.ts {
+		e.txTs, e.tx, e.ts, e.cached = appendMetaTxTs(e.txTs[:0], m), m.Tx, m.CreatedMs, true
+	}
+	dst = append(dst, e.txTs...)
+	return appendMetaEnd(dst, m)
+}
+
 // metaHead opens the m object up to its offset (the write script puts it before the offset too).
 const metaHead = `{"off":`
 
@@ -109,14 +129,26 @@ const metaHead = `{"off":`
 // not UTF-8 as U+FFFD (pg_cdc's partitions and ids are always UTF-8; the shard is computed from
 // the bytes given).
 func appendMetaTail(dst []byte, m *Message) []byte {
+	return appendMetaEnd(appendMetaTxTs(appendMetaKey(dst, m), m), m)
+}
+
+// appendMetaKey, appendMetaTxTs and appendMetaEnd are appendMetaTail's three pieces: the
+// partition and id, the transaction id and created-at, the header and the closing brace.
+func appendMetaKey(dst []byte, m *Message) []byte {
 	dst = append(dst, `,"p":`...)
 	dst = convert.AppendString(dst, []byte(m.Partition))
 	dst = append(dst, `,"id":`...)
-	dst = convert.AppendString(dst, []byte(m.ID))
+	return convert.AppendString(dst, []byte(m.ID))
+}
+
+func appendMetaTxTs(dst []byte, m *Message) []byte {
 	dst = append(dst, `,"tx":`...)
 	dst = convert.AppendString(dst, []byte(m.Tx))
 	dst = append(dst, `,"ts":`...)
-	dst = strconv.AppendInt(dst, m.CreatedMs, 10)
+	return strconv.AppendInt(dst, m.CreatedMs, 10)
+}
+
+func appendMetaEnd(dst []byte, m *Message) []byte {
 	if len(m.Header) > 0 {
 		dst = append(dst, `,"h":`...)
 		dst = append(dst, m.Header...)

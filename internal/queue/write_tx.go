@@ -587,12 +587,13 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64, ve
 	var lastTx string
 	var lastTs int64
 	var meta []byte // version 2: the m object, built here before its length goes out
+	var enc metaEncoder
 	for i := range msgs {
 		m := &msgs[i]
 		j := p.msgStream[i]
 		offs[j]++
 		if versions[p.streams[j].queue] == LayoutV2 {
-			meta = appendMeta(meta[:0], offs[j], m)
+			meta = enc.append(meta[:0], offs[j], m)
 			b = append(b, xadd2Head...)
 			b = append(b, keys[j]...)
 			b = append(b, xadd2Meta...)

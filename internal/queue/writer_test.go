@@ -500,3 +500,21 @@ func TestTruncatedLoadWarning(t *testing.T) {
 		})
 	}
 }
+
+// TestMetaEncoder: the encoder that keeps the transaction id and created-at while they repeat
+// writes what appendMeta writes, message after message.
+func TestMetaEncoder(t *testing.T) {
+	ms := []Message{
+		{Partition: "a", ID: "1", Tx: "t1", CreatedMs: 5},
+		{Partition: "b", ID: "2", Tx: "t1", CreatedMs: 5, Header: []byte(`{"k":1}`)},
+		{Partition: "c", ID: "3", Tx: "t2", CreatedMs: 5},
+		{Partition: "d", ID: "4", Tx: "t2", CreatedMs: 6},
+		{Partition: `"e"`, ID: "5", Tx: "", CreatedMs: 6},
+	}
+	var e metaEncoder
+	for i := range ms {
+		if got, want := e.append(nil, int64(i+1), &ms[i]), appendMeta(nil, int64(i+1), &ms[i]); string(got) != string(want) {
+			t.Errorf("message %d: %s, want %s", i, got, want)
+		}
+	}
+}
