@@ -37,7 +37,10 @@ import (
 //     restarted PGRELAY_BENCH_LOAD_BACKLOG seconds later (10; 3 in quick mode) with the writers
 //     running all along, so the stream starts behind by that backlog: the snapshot's pace from the
 //     restart to the end, over the rows left (goal: at least a third of idle's pace, from its start
-//     to its end). The stop is a clean one (in-process pipelines cannot be SIGKILLed), which
+//     to its end); and where that time goes: catchup_first_chunk_s, from the restart to the first
+//     rows delivered after it (the chunks read at the restart lie where the WAL ended then, behind
+//     the backlog, so this is about the time the stream took to work it off), and
+//     catchup_after_first_rows/s, the pace from there to the end. The stop is a clean one (in-process pipelines cannot be SIGKILLed), which
 //     releases the lease: no lease wait to leave out; what the restart finds (the pointer's
 //     cursor, the backlog in the slot) is what it finds after a kill.
 //
@@ -81,6 +84,8 @@ func BenchmarkSnapshotUnderLoad(b *testing.B) {
 			m.Add("catchup_rows/s", catchup.pace)
 			m.Add("catchup_ratio", catchup.pace/idle.pace)
 			m.Add("catchup_writers_tx/s", catchup.writersTPS)
+			m.Add("catchup_first_chunk_s", catchup.firstChunk.Seconds())
+			m.Add("catchup_after_first_rows/s", catchup.paceAfter)
 			catchup.addCores(&m, "catchup")
 		}
 		m.Report(b)
@@ -105,6 +110,8 @@ type loadResult struct {
 	cpu        phase                    // the CPU time of each process over window
 	pgbench    time.Duration            // pgbench's own CPU time over the same window
 	waits      map[string]time.Duration // per process: its threads' time runnable without a core
+	firstChunk time.Duration            // catchup: from the restart to the first rows delivered after it
+	paceAfter  float64                  // catchup: rows per second from those rows to the end
 }
 
 // addCores reports the cores each process used over the snapshot's time.
@@ -204,6 +211,8 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 	defer func() { stop() }()
 	from, paceStart := int64(0), start // the pace's window: rows delivered at its start, its start
 	stopped := false
+	var moved time.Time // catchup: when the first rows after the restart were delivered
+	var movedRows int64
 	deadline := time.Now().Add(30 * time.Minute)
 	for {
 		p, err := source.ReadPointer(e.ctx, e.rd.Client(), key)
@@ -221,11 +230,23 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 				}
 				res.window = now.Sub(paceStart)
 				res.pace = float64(int64(lr.total)-from) / res.window.Seconds()
+				if stopped {
+					if moved.IsZero() { // the rest went in one step
+						moved, movedRows = now, from
+					}
+					res.firstChunk = moved.Sub(paceStart)
+					if d := now.Sub(moved).Seconds(); d > 0 {
+						res.paceAfter = float64(int64(lr.total)-movedRows) / d
+					}
+				}
 				break
 			}
 			var cur snapshot.Cursor
 			if err := json.Unmarshal(p.Snapshot, &cur); err != nil {
 				b.Fatal(err)
+			}
+			if stopped && moved.IsZero() && cur.Rows > from {
+				moved, movedRows = now, cur.Rows
 			}
 			if kill && !stopped && cur.Rows >= int64(lr.total/3) {
 				stopped = true
