@@ -2,6 +2,8 @@ package queue
 
 import (
 	"strconv"
+	"strings"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -60,37 +62,50 @@ func EntryOf(m redis.XMessage) Entry {
 	return e
 }
 
-// decodeMeta fills e from a version-2 `m` object; a member of the wrong type, or an object that
-// does not parse, leaves what it would have given zero.
-func decodeMeta(e *Entry, meta string) {
-	b := []byte(meta)
-	text := func(v []byte) string {
-		t, err := jsonscan.Text(v)
-		if err != nil {
-			return ""
-		}
-		return string(t)
-	}
-	_ = jsonscan.Members(b, func(key []byte, escaped bool, v0, v1 int) error {
-		v := b[v0:v1]
+// decodeMeta fills dst from a version-2 `m` object; a member of the wrong type leaves what it
+// would have given zero, and an object that does not parse leaves dst as it was. Strings without escapes are substrings of
+// meta (no copy): the scanner reads meta's bytes in place and never writes them.
+func decodeMeta(dst *Entry, meta string) {
+	b := unsafe.Slice(unsafe.StringData(meta), len(meta))
+	e := *dst
+	err := jsonscan.Members(b, func(key []byte, _ bool, v0, v1 int) error {
 		switch string(key) {
 		case `"off"`:
-			e.Offset, _ = strconv.ParseInt(string(v), 10, 64)
+			e.Offset, _ = strconv.ParseInt(meta[v0:v1], 10, 64)
 		case `"p"`:
-			e.Partition = text(v)
+			e.Partition = metaText(meta[v0:v1])
 		case `"id"`:
-			e.MessageID = text(v)
+			e.MessageID = metaText(meta[v0:v1])
 		case `"tx"`:
-			e.Tx = text(v)
+			e.Tx = metaText(meta[v0:v1])
 		case `"ts"`:
-			e.CreatedMs, _ = strconv.ParseInt(string(v), 10, 64)
+			e.CreatedMs, _ = strconv.ParseInt(meta[v0:v1], 10, 64)
 		case `"h"`:
-			if v[0] == '{' {
-				e.Header = v
+			if b[v0] == '{' {
+				e.Header = []byte(meta[v0:v1])
 			}
 		}
 		return nil
 	})
+	if err == nil {
+		*dst = e
+	}
+}
+
+// metaText is the text of q, a JSON string as written: a substring when it holds no escape, ""
+// when it is not a string.
+func metaText(q string) string {
+	if len(q) < 2 || q[0] != '"' {
+		return ""
+	}
+	if !strings.Contains(q, `\`) {
+		return q[1 : len(q)-1]
+	}
+	t, ok := jsonscan.AppendUnquoted(nil, q[1:len(q)-1])
+	if !ok {
+		return ""
+	}
+	return string(t)
 }
 
 // appendMeta appends a version-2 entry's `m` object: the offset, then appendMetaTail.

@@ -187,6 +187,8 @@ func TestEntryOf(t *testing.T) {
 		{"v2 other order, no header", map[string]any{"m": `{ "ts": 12, "id": "m1", "off": 7 }`, "d": ""},
 			Entry{Offset: 7, MessageID: "m1", CreatedMs: 12, Payload: []byte{}}},
 		{"v2 not JSON", map[string]any{"m": `off=7`, "d": "x"}, Entry{Payload: []byte("x")}},
+		{"v2 cut short", map[string]any{"m": `{"off":7,"p":"a",`, "d": "x"}, Entry{Payload: []byte("x")}},
+		{"v2 wrong types", map[string]any{"m": `{"off":"7","p":5,"id":"m1","h":"x"}`, "d": "x"}, Entry{MessageID: "m1", Payload: []byte("x")}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.want.ID = "1-1"
