@@ -32,8 +32,8 @@ func batchOf(q, prefix string, n, parts int) []Message {
 }
 
 // checkQueue is the queue oracle: queue q holds exactly the messages of batches, each once, in
-// the layout of DESIGN §4 (seven fields in order, offsets 1, 2, 3... per shard, meta off:<n> the
-// last one).
+// the layout of DESIGN §4 (the fields of the queue's layout version, offsets 1, 2, 3... per
+// shard, meta off:<n> the last one).
 func checkQueue(t *testing.T, rdb redis.Cmdable, l Layout, q string, batches ...[]Message) {
 	t.Helper()
 	ctx := context.Background()
@@ -662,4 +662,45 @@ func firstOfTwo(t *testing.T, rdb *redis.Client, q string) (w *Writer, leaseKey,
 		t.Fatalf("first batch: %v %v", res, err)
 	}
 	return w, leaseKey, ptrKey, cover, first, second
+}
+
+// TestWriteMixedLayouts writes batches that span a queue of layout version 1 (an earlier pgrelay's)
+// and a new one (version 2) under one cover, one after another so the later ones use the primed
+// reads, through the transaction and through the script: each queue holds exactly its messages, each
+// in its own layout, and the pointer is the last cover's.
+func TestWriteMixedLayouts(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	for _, script := range []bool{false, true} {
+		t.Run(fmt.Sprintf("script=%v", script), func(t *testing.T) {
+			old, fresh := fmt.Sprintf("old%v", script), fmt.Sprintf("new%v", script)
+			rdb.HSet(ctx, l.Meta(old), "shards", "4", "version", "1")
+			_, ptrKey, cover := leasedSource(t, rdb, old)
+			w := NewWriter(rdb, WriterConfig{Shards: 4})
+			defer w.Close()
+			w.scriptOnly = script
+			var olds, news [][]Message
+			for b, pos := range []string{"0001", "0002", "0003"} {
+				o, n := batchOf(old, fmt.Sprintf("o%d", b), 12, 5), batchOf(fresh, fmt.Sprintf("n%d", b), 12, 5)
+				var batch []Message
+				for i := range o { // interleaved: each message's queue picks its layout
+					batch = append(batch, o[i], n[i])
+				}
+				if res, err := w.Write(ctx, batch, cover(pos)); err != nil || res != ResultOK {
+					t.Fatalf("batch %d: %v %v", b, res, err)
+				}
+				olds, news = append(olds, o), append(news, n)
+			}
+			if v := rdb.HGet(ctx, l.Meta(fresh), "version").Val(); v != "2" {
+				t.Fatalf("new queue: version %s", v)
+			}
+			checkQueue(t, rdb, l, old, olds...)
+			checkQueue(t, rdb, l, fresh, news...)
+			if p := rdb.Get(ctx, ptrKey).Val(); p != `{"pos":"0003"}` {
+				t.Errorf("pointer %s", p)
+			}
+		})
+	}
 }
