@@ -19,7 +19,8 @@ import (
 //
 // Redis' cost per entry grows with its fields (each is parsed, stored and appended to the AOF
 // again), so version 2 costs it about a third less per entry. Queues are created with
-// LayoutVersion; a queue of version 1 keeps its layout: pgrelay writes and reads both.
+// LayoutVersion unless the writer is told otherwise (WriterConfig.CreateVersion, the output's
+// layout_version); a queue of version 1 keeps its layout: pgrelay writes and reads both.
 const (
 	LayoutV1 = 1
 	LayoutV2 = 2
@@ -29,7 +30,9 @@ const (
 
 // layoutReadable reports whether this code reads and writes queues of layout version v (the
 // meta's text).
-func layoutReadable(v string) bool { return v == "1" || v == "2" }
+func layoutReadable(v string) bool { return v == layoutV1Text || v == layoutV2Text }
+
+var layoutV1Text, layoutV2Text = strconv.Itoa(LayoutV1), strconv.Itoa(LayoutV2)
 
 // The entry fields (DESIGN §4).
 const (
@@ -63,8 +66,9 @@ func EntryOf(m redis.XMessage) Entry {
 }
 
 // decodeMeta fills dst from a version-2 `m` object; a member of the wrong type leaves what it
-// would have given zero, and an object that does not parse leaves dst as it was. Strings without escapes are substrings of
-// meta (no copy): the scanner reads meta's bytes in place and never writes them.
+// would have given zero, and an object that does not parse leaves dst as it was. Strings without
+// escapes are substrings of meta (no copy): the scanner reads meta's bytes in place and never
+// writes them.
 func decodeMeta(dst *Entry, meta string) {
 	b := unsafe.Slice(unsafe.StringData(meta), len(meta))
 	e := *dst
