@@ -157,26 +157,33 @@ func BenchmarkInput(b *testing.B) {
 }
 
 // BenchmarkEntryLayout measures what the entry layout costs the Redis server: the same 200-byte
-// payloads XADDed in plain pipelines of 1,000, once with the seven fields of DESIGN §4 (off, p, id,
-// tx, ts, h, d) and once with the metadata packed into one field beside d. Redis' cost per entry
-// grows with the number of arguments (parsing, the stream's listpack, and with the AOF on, each
-// argument appended again), so this is what a packed layout would buy. Same Redis settings as
+// payloads XADDed in plain pipelines of 1,000, once in layout version 1 (the seven fields of
+// DESIGN §4: off, p, id, tx, ts, h, d) and once in version 2 (m, the JSON object of the same
+// values, and d). Redis' cost per entry grows with the number of arguments (parsing, the stream's
+// listpack, and with the AOF on, each argument appended again). It also reports each layout's
+// memory per entry (MEMORY USAGE of the streams over the entries written). Same Redis settings as
 // BenchmarkOutput (PGRELAY_BENCH_FSYNC).
 func BenchmarkEntryLayout(b *testing.B) {
 	r := testenv.StartRedis(b, benchRedisArgs()...)
 	rdb := r.Client()
 	ctx := context.Background()
 	payload := benchPayload
+	msg := func(i int) *Message {
+		return &Message{Partition: "p" + strconv.Itoa(i%64), ID: "pg:00000001:" + strconv.Itoa(i), Tx: "pg:00000001:tx",
+			CreatedMs: 1700000000000, Payload: payload}
+	}
 	layouts := []struct {
 		name string
 		vals func(i int) []any
 	}{
-		{"seven", func(i int) []any {
-			return []any{"off", i, "p", "p" + strconv.Itoa(i%64), "id", "pg:00000001:" + strconv.Itoa(i), "tx", "pg:00000001:tx",
-				"ts", 1700000000000, "h", "", "d", payload}
+		{"v1", func(i int) []any {
+			m := msg(i)
+			return []any{FieldOffset, i, FieldPartition, m.Partition, FieldID, m.ID, FieldTx, m.Tx,
+				FieldCreated, m.CreatedMs, FieldHeader, "", FieldPayload, m.Payload}
 		}},
-		{"packed", func(i int) []any {
-			return []any{"m", strconv.Itoa(i) + "|p" + strconv.Itoa(i%64) + "|pg:00000001:" + strconv.Itoa(i) + "|pg:00000001:tx|1700000000000|", "d", payload}
+		{"v2", func(i int) []any {
+			m := msg(i)
+			return []any{FieldMeta, appendMeta(nil, int64(i), m), FieldPayload, m.Payload}
 		}},
 	}
 	dur := make([]time.Duration, len(layouts))
@@ -198,7 +205,17 @@ func BenchmarkEntryLayout(b *testing.B) {
 	}
 	b.StopTimer()
 	entries := float64(b.N * 1000)
-	b.ReportMetric(entries/dur[0].Seconds(), "seven-entries/s")
-	b.ReportMetric(entries/dur[1].Seconds(), "packed-entries/s")
-	b.ReportMetric(dur[0].Seconds()/dur[1].Seconds(), "packed/seven")
+	for li, l := range layouts {
+		var bytes int64
+		for s := 0; s < 16; s++ {
+			n, err := rdb.MemoryUsage(ctx, l.name+":"+strconv.Itoa(s), 0).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			bytes += n
+		}
+		b.ReportMetric(entries/dur[li].Seconds(), l.name+"-entries/s")
+		b.ReportMetric(float64(bytes)/entries, l.name+"-bytes/entry")
+	}
+	b.ReportMetric(dur[0].Seconds()/dur[1].Seconds(), "v2/v1")
 }
