@@ -28,11 +28,16 @@ const (
 	LayoutVersion = LayoutV2
 )
 
-// layoutReadable reports whether this code reads and writes queues of layout version v (the
-// meta's text).
-func layoutReadable(v string) bool { return v == layoutV1Text || v == layoutV2Text }
-
-var layoutV1Text, layoutV2Text = strconv.Itoa(LayoutV1), strconv.Itoa(LayoutV2)
+// layoutOf is the layout version whose text is v (the meta's `version`), 0 for one this code
+// neither reads nor writes.
+func layoutOf(v string) int {
+	for _, n := range []int{LayoutV1, LayoutV2} {
+		if v == strconv.Itoa(n) {
+			return n
+		}
+	}
+	return 0
+}
 
 // The entry fields (DESIGN §4).
 const (
@@ -112,11 +117,10 @@ func metaText(q string) string {
 	return string(t)
 }
 
-// appendMeta appends a version-2 entry's `m` object: the offset, then appendMetaTail.
+// appendMeta appends a version-2 entry's `m` object (metaEncoder with nothing kept).
 func appendMeta(dst []byte, off int64, m *Message) []byte {
-	dst = append(dst, metaHead...)
-	dst = strconv.AppendInt(dst, off, 10)
-	return appendMetaTail(dst, m)
+	var e metaEncoder
+	return e.append(dst, off, m)
 }
 
 // metaEncoder appends m objects like appendMeta, keeping the encoding of the transaction id and

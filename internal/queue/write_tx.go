@@ -522,12 +522,12 @@ func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState
 				st.versions[i] = w.conf.CreateVersion
 			case k == 1 && el.Nil(): // a producer of the first layout that wrote no version
 				st.versions[i] = LayoutV1
-			case k == 1 && !layoutReadable(string(el.Str)):
-				layout(errcode.New(errcode.LayoutVersion,
-					fmt.Sprintf("queue %q has layout version %s; this pgrelay writes versions %d and %d", q, el.Str, LayoutV1, LayoutV2),
-					"use a pgrelay version that reads this layout, or a new queue name"))
 			case k == 1:
-				st.versions[i] = int(el.Str[0] - '0')
+				if st.versions[i] = layoutOf(string(el.Str)); st.versions[i] == 0 {
+					layout(errcode.New(errcode.LayoutVersion,
+						fmt.Sprintf("queue %q has layout version %s; this pgrelay writes versions %d and %d", q, el.Str, LayoutV1, LayoutV2),
+						"use a pgrelay version that reads this layout, or a new queue name"))
+				}
 			case k >= 2:
 				for j++; p.streams[j].queue != i; j++ {
 				}
@@ -610,7 +610,7 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64, ve
 		b = redisconn.AppendBulk(b, m.Partition)
 		b = append(b, fieldID...)
 		b = redisconn.AppendBulk(b, m.ID)
-		if i == 0 || m.Tx != lastTx || m.CreatedMs != lastTs || len(txTs) == 0 {
+		if len(txTs) == 0 || m.Tx != lastTx || m.CreatedMs != lastTs {
 			lastTx, lastTs = m.Tx, m.CreatedMs
 			txTs = append(txTs[:0], fieldTx...)
 			txTs = redisconn.AppendBulk(txTs, m.Tx)

@@ -486,13 +486,22 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	}
 	// created-at is usually the same for the whole batch: formatted once per value
 	ts := make([]string, 0, 1)
+	// each message's m object of a layout-2 queue after its offset, all in one buffer
+	var buf []byte
+	ends := make([]int, len(msgs))
+	for i := range msgs {
+		buf = appendMetaTail(buf, &msgs[i])
+		ends[i] = len(buf)
+	}
+	tails := make([]bytesArg, len(msgs))
+	from := 0
 	for i := range msgs {
 		m := &msgs[i]
 		if i == 0 || m.CreatedMs != msgs[i-1].CreatedMs {
 			ts = append(ts, strconv.FormatInt(m.CreatedMs, 10))
 		}
-		tail := bytesArg(appendMetaTail(nil, m)) // the m object of a layout-2 queue after its offset
-		args = append(args, p.msgStream[i]+1, &m.Partition, &m.ID, &m.Tx, &ts[len(ts)-1], (*bytesArg)(&m.Header), (*bytesArg)(&m.Payload), &tail)
+		tails[i], from = buf[from:ends[i]], ends[i]
+		args = append(args, p.msgStream[i]+1, &m.Partition, &m.ID, &m.Tx, &ts[len(ts)-1], (*bytesArg)(&m.Header), (*bytesArg)(&m.Payload), &tails[i])
 	}
 	return keys, args, nil
 }
