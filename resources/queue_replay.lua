@@ -18,6 +18,54 @@ local k = tonumber(ARGV[2])
 if #KEYS ~= 2 + k or (#ARGV - 2 - k) % 2 ~= 0 then
   return redis.error_reply('pgrelay_bad_args key or argument count')
 end
+
+-- cont: whether b is a UTF-8 continuation byte.
+local function cont(b) return b and b >= 0x80 and b <= 0xBF end
+
+-- jstr is s as a JSON string written exactly as the queue writer writes one (its JSON string
+-- encoder): '"', '\\' and control characters escaped, U+2028 and U+2029 as \u escapes, and each
+-- byte that does not start a well-formed UTF-8 sequence as U+FFFD, so every client can decode it.
+local function jstr(s)
+  if not string.find(s, '[%z\1-\31"\\\127-\255]') then
+    return '"' .. s .. '"'
+  end
+  local out, i, n = {'"'}, 1, #s
+  while i <= n do
+    local c = string.byte(s, i)
+    if c < 0x80 then
+      if c == 34 or c == 92 then out[#out + 1] = '\\' .. string.char(c)
+      elseif c == 10 then out[#out + 1] = '\\n'
+      elseif c == 13 then out[#out + 1] = '\\r'
+      elseif c == 9 then out[#out + 1] = '\\t'
+      elseif c < 0x20 or c == 0x7f then out[#out + 1] = string.format('\\u%04x', c)
+      else out[#out + 1] = string.char(c) end
+      i = i + 1
+    else
+      local c1, c2, c3 = string.byte(s, i + 1, i + 3)
+      local w = 0 -- the width of the well-formed sequence at i (Unicode's table 3-7), 0: none
+      if c >= 0xC2 and c <= 0xDF and cont(c1) then w = 2
+      elseif c == 0xE0 and c1 and c1 >= 0xA0 and c1 <= 0xBF and cont(c2) then w = 3
+      elseif ((c >= 0xE1 and c <= 0xEC) or c == 0xEE or c == 0xEF) and cont(c1) and cont(c2) then w = 3
+      elseif c == 0xED and c1 and c1 >= 0x80 and c1 <= 0x9F and cont(c2) then w = 3
+      elseif c == 0xF0 and c1 and c1 >= 0x90 and c1 <= 0xBF and cont(c2) and cont(c3) then w = 4
+      elseif c >= 0xF1 and c <= 0xF3 and cont(c1) and cont(c2) and cont(c3) then w = 4
+      elseif c == 0xF4 and c1 and c1 >= 0x80 and c1 <= 0x8F and cont(c2) and cont(c3) then w = 4
+      end
+      if w == 0 then
+        out[#out + 1] = '\239\191\189'
+        w = 1
+      elseif c == 0xE2 and c1 == 0x80 and (c2 == 0xA8 or c2 == 0xA9) then
+        out[#out + 1] = c2 == 0xA8 and '\\u2028' or '\\u2029'
+      else
+        out[#out + 1] = string.sub(s, i, i + w - 1)
+      end
+      i = i + w
+    end
+  end
+  out[#out + 1] = '"'
+  return table.concat(out)
+end
+
 local replayed, missing = 0, 0
 for i = 3 + k, #ARGV, 2 do
   local id, j = ARGV[i], tonumber(ARGV[i + 1])
@@ -38,8 +86,8 @@ for i = 3 + k, #ARGV, 2 do
     local tail = f.m and string.match(f.m, '^{"off":%d+(,.*})$')
     if version == '2' then
       if not tail then -- a layout-1 dead letter: its fields as the m object
-        tail = ',"p":' .. cjson.encode(f.p or '') .. ',"id":' .. cjson.encode(f.id or '') ..
-          ',"tx":' .. cjson.encode(f.tx or '') .. ',"ts":' .. string.format('%d', tonumber(f.ts) or 0)
+        tail = ',"p":' .. jstr(f.p or '') .. ',"id":' .. jstr(f.id or '') ..
+          ',"tx":' .. jstr(f.tx or '') .. ',"ts":' .. string.format('%d', tonumber(f.ts) or 0)
         if f.h and f.h ~= '' then
           tail = tail .. ',"h":' .. f.h
         end
@@ -52,7 +100,9 @@ for i = 3 + k, #ARGV, 2 do
         if ok and type(m) == 'table' then
           f.p, f.id, f.tx = m.p, m.id, m.tx
           f.ts = m.ts and string.format('%d', m.ts) or ''
-          f.h = type(m.h) == 'table' and cjson.encode(m.h) or ''
+          -- h is the object's last member, as written: its bytes, not cjson's re-encoding (which
+          -- reorders keys and rounds big numbers). No string holds ',"h":{' unescaped.
+          f.h = type(m.h) == 'table' and string.match(f.m, ',"h":({.*})}$') or ''
         end
       end
       redis.call('XADD', KEYS[2 + j], '*', 'off', off, 'p', f.p or '', 'id', f.id or '',

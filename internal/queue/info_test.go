@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
@@ -117,4 +118,103 @@ func TestReplayAcrossLayouts(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestReplayKeepsTheWritersBytes replays dead letters whose fields the Lua script must re-encode
+// for the queue's layout: a layout-1 dead letter into a layout-2 queue gets exactly the m object
+// the writer itself would write (strings escaped the same way, a byte that is not UTF-8 as U+FFFD:
+// valid JSON for every client), and a layout-2 dead letter into a layout-1 queue keeps its header's
+// bytes (key order, big numbers and escapes as written, not re-encoded).
+func TestReplayKeepsTheWritersBytes(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	cases := []struct {
+		name   string
+		dv, qv int
+		m      Message
+	}{
+		{"not UTF-8, into layout 2", LayoutV1, LayoutV2, Message{Partition: "p\xff\xfe-\xe2\x82-\xed\xa0\x80-\xf4\x90\x80\x80-é", ID: "id\x00\x01\x1f\x7f\"\\\n\r\t/<>&",
+			Tx: "t\xc0\xaf", CreatedMs: 1700000000005, Header: []byte(`{"k":"v"}`), Payload: []byte("\xff")}},
+		{"line and paragraph separators, into layout 2", LayoutV1, LayoutV2, Message{Partition: "a\u2028b\u2029c\U0001F600", ID: "m", Tx: "t", CreatedMs: 1}},
+		{"no header, into layout 2", LayoutV1, LayoutV2, Message{Partition: "p", ID: "m", Tx: "t", CreatedMs: 2, Payload: []byte(`{}`)}},
+		{"header bytes, into layout 1", LayoutV2, LayoutV1, Message{Partition: "p/q", ID: "m", Tx: "t", CreatedMs: 3,
+			Header: []byte(`{"z":12345678901234567890,"a":"x\/y","n":[1.50,{"h":{}}],"e":"\u00e9"}`), Payload: []byte(`{"i":1}`)}},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q := fmt.Sprintf("b%d", i)
+			rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", strconv.Itoa(tc.qv), "off:0", "5")
+			m := tc.m
+			vals := []any{"off", "3", "p", m.Partition, "id", m.ID, "tx", m.Tx, "ts", strconv.FormatInt(m.CreatedMs, 10),
+				"h", string(m.Header), "d", string(m.Payload)}
+			if tc.dv == LayoutV2 {
+				vals = []any{"m", string(appendMeta(nil, 3, &m)), "d", string(m.Payload)}
+			}
+			vals = append(vals, "group", "g", "error", "e", "attempts", "3", "failed_at", "1")
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.DLQ(q), Values: vals}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			dls, err := ListDeadLetters(ctx, rdb, l, q, "", 0)
+			if err != nil || len(dls) != 1 {
+				t.Fatalf("dead letters %+v %v", dls, err)
+			}
+			if n, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); err != nil || n != 1 {
+				t.Fatalf("replay %d %v", n, err)
+			}
+			xs, err := rdb.XRange(ctx, l.Stream(q, 0), "-", "+").Result()
+			if err != nil || len(xs) != 1 {
+				t.Fatalf("queue %v %v", xs, err)
+			}
+			f := xs[0].Values
+			if tc.qv == LayoutV2 {
+				if got, want := f[FieldMeta], string(appendMeta(nil, 6, &m)); got != want {
+					t.Errorf("m\n got %q\nwant %q", got, want)
+				}
+				if e := EntryOf(xs[0]); e.Offset != 6 || e.CreatedMs != m.CreatedMs || e.Partition == "" {
+					t.Errorf("replayed entry does not decode: %+v", e)
+				}
+			} else if f[FieldHeader] != string(m.Header) || f[FieldPartition] != m.Partition || f[FieldCreated] != strconv.FormatInt(m.CreatedMs, 10) {
+				t.Errorf("fields %q, want h %q p %q", f, m.Header, m.Partition)
+			}
+			if f[FieldPayload] != string(m.Payload) {
+				t.Errorf("d %q, want %q", f[FieldPayload], m.Payload)
+			}
+		})
+	}
+	t.Run("random bytes, into layout 2", func(t *testing.T) {
+		q := "brandom"
+		rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", "2", "off:0", "0")
+		rng := rand.New(rand.NewPCG(1, 2))
+		var want []string
+		for i := 0; i < 200; i++ {
+			b := make([]byte, rng.IntN(12))
+			for j := range b {
+				b[j] = []byte{0x00, 0x1f, '"', '\\', 'a', 0x7f, 0x80, 0xbf, 0xc2, 0xe0, 0xe2, 0xa8, 0xed, 0xf0, 0xf4, 0x90, 0xff}[rng.IntN(17)]
+			}
+			m := Message{Partition: string(b), ID: strconv.Itoa(i), Tx: "t", CreatedMs: int64(i)}
+			want = append(want, string(appendMeta(nil, int64(i+1), &m)))
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.DLQ(q), Values: []any{"off", "1", "p", m.Partition, "id", m.ID,
+				"tx", m.Tx, "ts", strconv.Itoa(i), "h", "", "d", "", "group", "g", "error", "e", "attempts", "1", "failed_at", "1"}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dls, err := ListDeadLetters(ctx, rdb, l, q, "", 0)
+		if err != nil || len(dls) != len(want) {
+			t.Fatalf("dead letters %d %v", len(dls), err)
+		}
+		if n, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); err != nil || n != len(want) {
+			t.Fatalf("replay %d %v", n, err)
+		}
+		xs, err := rdb.XRange(ctx, l.Stream(q, 0), "-", "+").Result()
+		if err != nil || len(xs) != len(want) {
+			t.Fatalf("queue %d %v", len(xs), err)
+		}
+		for i, x := range xs {
+			if x.Values[FieldMeta] != want[i] {
+				t.Errorf("entry %d: m\n got %q\nwant %q", i, x.Values[FieldMeta], want[i])
+			}
+		}
+	})
 }
