@@ -61,11 +61,19 @@ const (
 //
 // PGRELAY_BENCH_WALSENDER_NICE (e.g. 10) lowers the walsender's priority in the throughput runs,
 // so it falls behind the writers as it does when other work shares the cores (default: unchanged).
+// PGRELAY_BENCH_PG_SOCKET=1 connects everything (writers, poller, pg_cdc) over PostgreSQL's Unix
+// socket instead of TCP on 127.0.0.1: on loopback TCP the sender's system call also runs the
+// receiver's TCP processing, which makes each of the walsender's sends (three per one-event
+// transaction: begin, message, commit, each flushed on its own) cost it several times more.
 func BenchmarkPublishOutbox(b *testing.B) {
 	pg := testenv.StartPostgres(b, testenv.WithPGSetting("track_commit_timestamp = on"))
 	rd := testenv.StartRedis(b)
 	pg.Exec(publishDDL)
 	ctx := context.Background()
+	dsn := pg.DSN()
+	if os.Getenv("PGRELAY_BENCH_PG_SOCKET") != "" {
+		dsn = fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", filepath.Dir(pg.DataDir), pg.Port)
+	}
 	httpConf := "{ enabled: false }"
 	profileDir := os.Getenv("PGRELAY_BENCH_PROFILE")
 	port := 0
@@ -87,7 +95,7 @@ output:
   redis_queue:
     url: %s
     durability: aof
-`, httpConf, pg.DSN(), rd.URL(), rd.URL())), 0o600); err != nil {
+`, httpConf, dsn, rd.URL(), rd.URL())), 0o600); err != nil {
 		b.Fatal(err)
 	}
 	pm, err := benchenv.PostmasterPid(pg.DataDir)
@@ -98,7 +106,7 @@ output:
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(pg.DSN())
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		b.Fatal(err)
 	}
