@@ -124,11 +124,10 @@ func cpuOf(b *testing.B, pid int) time.Duration {
 	return d
 }
 
-// snapshotRun runs a new pg_cdc source name (queue of the same name) with snapshot: initial
-// into redis_queue, or into drop, until the pointer's snapshot is null, and returns the window
-// with the CPU of its walsender.
-// snapshotRun runs the snapshot of snap as source name: kind "queue" into redis_queue, "queue2"
-// the same with max_in_flight 2 (two batches in flight), "drop" the source alone.
+// snapshotRun runs a new pg_cdc source name (queue of the same name) with snapshot: initial of
+// snap until the pointer's snapshot is null, and returns the window with the CPU of its
+// walsender: kind "queue" into redis_queue, "queue2" the same with max_in_flight 2 (two batches
+// in flight), "drop" the source alone.
 func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase {
 	drop := kind == "drop"
 	inFlight := benchInFlight()
