@@ -76,10 +76,7 @@ func (e errText2) Error() string { return string(e) }
 // message comes back once, in the queue's layout, with the shard's next offset and its partition,
 // id, transaction id, created-at, header and payload as they were.
 func TestReplayAcrossLayouts(t *testing.T) {
-	r := testenv.StartRedis(t)
-	rdb := r.Client()
-	ctx := context.Background()
-	l := NewLayout("")
+	rdb := testenv.StartRedis(t).Client()
 	m := Message{Partition: `p "1" \ é`, ID: "m1", Tx: "t1", CreatedMs: 1700000000005, Header: []byte(`{"k":"v"}`), Payload: []byte(`{"i":1}`)}
 	dead := map[int][]any{
 		LayoutV1: {"off", "3", "p", m.Partition, "id", m.ID, "tx", m.Tx, "ts", "1700000000005", "h", string(m.Header), "d", string(m.Payload)},
@@ -93,26 +90,14 @@ func TestReplayAcrossLayouts(t *testing.T) {
 		for _, qv := range []int{LayoutV1, LayoutV2} {
 			t.Run(fmt.Sprintf("dead letter v%d into queue v%d", dv, qv), func(t *testing.T) {
 				q := fmt.Sprintf("r%d%d", dv, qv)
-				rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", strconv.Itoa(qv), "off:0", "5")
-				vals := append(slices.Clone(dead[dv]), "group", "g", "error", "e", "attempts", "3", "failed_at", "1")
-				if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.DLQ(q), Values: vals}).Err(); err != nil {
-					t.Fatal(err)
+				dl, x := replayOne(t, rdb, q, qv, dead[dv])
+				if dl.Offset != 3 || dl.Partition != m.Partition || dl.Header != string(m.Header) {
+					t.Fatalf("dead letter %+v", dl)
 				}
-				dls, err := ListDeadLetters(ctx, rdb, l, q, "", 0)
-				if err != nil || len(dls) != 1 || dls[0].Offset != 3 || dls[0].Partition != m.Partition || dls[0].Header != string(m.Header) {
-					t.Fatalf("dead letters %+v %v", dls, err)
+				if want := map[int]int{LayoutV1: 7, LayoutV2: 2}[qv]; len(x.Values) != want {
+					t.Errorf("fields %v, want %d", x.Values, want)
 				}
-				if n, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); err != nil || n != 1 {
-					t.Fatalf("replay %d %v", n, err)
-				}
-				xs, err := rdb.XRange(ctx, l.Stream(q, 0), "-", "+").Result()
-				if err != nil || len(xs) != 1 {
-					t.Fatalf("queue %v %v", xs, err)
-				}
-				if want := map[int]int{LayoutV1: 7, LayoutV2: 2}[qv]; len(xs[0].Values) != want {
-					t.Errorf("fields %v, want %d", xs[0].Values, want)
-				}
-				if e := EntryOf(xs[0]); !same(e, 6) {
+				if e := EntryOf(x); !same(e, 6) {
 					t.Errorf("replayed %+v", e)
 				}
 			})
@@ -144,35 +129,19 @@ func TestReplayKeepsTheWritersBytes(t *testing.T) {
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			q := fmt.Sprintf("b%d", i)
-			rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", strconv.Itoa(tc.qv), "off:0", "5")
 			m := tc.m
 			vals := []any{"off", "3", "p", m.Partition, "id", m.ID, "tx", m.Tx, "ts", strconv.FormatInt(m.CreatedMs, 10),
 				"h", string(m.Header), "d", string(m.Payload)}
 			if tc.dv == LayoutV2 {
 				vals = []any{"m", string(appendMeta(nil, 3, &m)), "d", string(m.Payload)}
 			}
-			vals = append(vals, "group", "g", "error", "e", "attempts", "3", "failed_at", "1")
-			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.DLQ(q), Values: vals}).Err(); err != nil {
-				t.Fatal(err)
-			}
-			dls, err := ListDeadLetters(ctx, rdb, l, q, "", 0)
-			if err != nil || len(dls) != 1 {
-				t.Fatalf("dead letters %+v %v", dls, err)
-			}
-			if n, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); err != nil || n != 1 {
-				t.Fatalf("replay %d %v", n, err)
-			}
-			xs, err := rdb.XRange(ctx, l.Stream(q, 0), "-", "+").Result()
-			if err != nil || len(xs) != 1 {
-				t.Fatalf("queue %v %v", xs, err)
-			}
-			f := xs[0].Values
+			_, x := replayOne(t, rdb, fmt.Sprintf("b%d", i), tc.qv, vals)
+			f := x.Values
 			if tc.qv == LayoutV2 {
 				if got, want := f[FieldMeta], string(appendMeta(nil, 6, &m)); got != want {
 					t.Errorf("m\n got %q\nwant %q", got, want)
 				}
-				if e := EntryOf(xs[0]); e.Offset != 6 || e.CreatedMs != m.CreatedMs || e.Partition == "" {
+				if e := EntryOf(x); e.Offset != 6 || e.CreatedMs != m.CreatedMs || e.Partition == "" {
 					t.Errorf("replayed entry does not decode: %+v", e)
 				}
 			} else if f[FieldHeader] != string(m.Header) || f[FieldPartition] != m.Partition || f[FieldCreated] != strconv.FormatInt(m.CreatedMs, 10) {
@@ -217,4 +186,30 @@ func TestReplayKeepsTheWritersBytes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// replayOne makes q a one-shard queue of layout version qv whose shard's last offset is 5, adds one
+// dead letter of the given entry fields, replays it, and returns the dead letter as listed and the
+// entry it became in the queue.
+func replayOne(t *testing.T, rdb redis.UniversalClient, q string, qv int, fields []any) (DeadLetter, redis.XMessage) {
+	t.Helper()
+	ctx := context.Background()
+	l := NewLayout("")
+	rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", strconv.Itoa(qv), "off:0", "5")
+	vals := append(slices.Clone(fields), "group", "g", "error", "e", "attempts", "3", "failed_at", "1")
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.DLQ(q), Values: vals}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dls, err := ListDeadLetters(ctx, rdb, l, q, "", 0)
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("dead letters %+v %v", dls, err)
+	}
+	if n, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); err != nil || n != 1 {
+		t.Fatalf("replay %d %v", n, err)
+	}
+	xs, err := rdb.XRange(ctx, l.Stream(q, 0), "-", "+").Result()
+	if err != nil || len(xs) != 1 {
+		t.Fatalf("queue %v %v", xs, err)
+	}
+	return dls[0], xs[0]
 }
