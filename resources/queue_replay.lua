@@ -22,8 +22,8 @@ end
 -- cont: whether b is a UTF-8 continuation byte.
 local function cont(b) return b and b >= 0x80 and b <= 0xBF end
 
--- jstr is s as a JSON string written exactly as the queue writer writes one (its JSON string
--- encoder): '"', '\\' and control characters escaped, U+2028 and U+2029 as \u escapes, and each
+-- jstr is s as a JSON string written exactly as the queue writer writes one (Go's
+-- convert.AppendString): '"', '\\' and control characters escaped, U+2028 and U+2029 as \u escapes, and each
 -- byte that does not start a well-formed UTF-8 sequence as U+FFFD, so every client can decode it.
 local function jstr(s)
   if not string.find(s, '[%z\1-\31"\\\127-\255]') then

@@ -72,7 +72,7 @@ func BenchmarkPublishOutbox(b *testing.B) {
 	ctx := context.Background()
 	dsn := pg.DSN()
 	if os.Getenv("PGRELAY_BENCH_PG_SOCKET") != "" {
-		dsn = fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", filepath.Dir(pg.DataDir), pg.Port)
+		dsn = pg.SocketDSN()
 	}
 	httpConf := "{ enabled: false }"
 	profileDir := os.Getenv("PGRELAY_BENCH_PROFILE")

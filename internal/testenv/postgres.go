@@ -242,6 +242,12 @@ func (pg *Postgres) UserDSN(user, db string) string {
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?%s", url.PathEscape(user), pg.Port, db, params)
 }
 
+// SocketDSN is DSN over the server's Unix socket (its directory holds the data directory) instead
+// of TCP on 127.0.0.1, without TLS.
+func (pg *Postgres) SocketDSN() string {
+	return fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", url.QueryEscape(filepath.Dir(pg.DataDir)), pg.Port)
+}
+
 // CreateRole creates a role with the given attributes (e.g. "LOGIN REPLICATION") and runs the
 // grants (whole statements, "%[1]s" standing for the quoted role name) as the superuser.
 func (pg *Postgres) CreateRole(name, attributes string, grants ...string) {
