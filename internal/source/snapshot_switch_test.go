@@ -121,6 +121,13 @@ func TestSnapshotTableSwitchIgnoresOpenTransactions(t *testing.T) {
 	e.waitOracle("q", 10*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}})
 }
 
+// chunkReadsWaiting counts the snapshot's chunk reads of table $1 (quoted and schema-qualified, as
+// the chunk query names it) waiting for a lock. The chunk query orders by the key and has a limit;
+// the stream's read-back of an unchanged value after a key change (SELECT ... WHERE id = $1) also
+// waits for a table lock, outside any chunk window, and must not be taken for a chunk's read.
+const chunkReadsWaiting = `SELECT count(*) FROM pg_stat_activity
+	WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT %FROM ' || $1 || '% ORDER BY % LIMIT %'`
+
 // holdChunkReads waits until a chunk of table is in the queue, then holds the snapshot's reads of
 // table (an ACCESS EXCLUSIVE lock, which the next chunk's read waits for) and returns once a read
 // waits. release (safe to call twice) lets the reads go on. The table must have many more chunks
@@ -141,8 +148,7 @@ func (e *env) holdChunkReads(name, queue, table string) (release func()) {
 	}
 	cdctest.Wait(t, 30*time.Second, "a chunk's read of "+table+" waiting for the lock", func() (bool, string) {
 		var n int
-		err := e.pg.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT %FROM "public"."`+table+`"%'`).Scan(&n)
+		err := e.pg.Pool().QueryRow(ctx, chunkReadsWaiting, `"public"."`+table+`"`).Scan(&n)
 		return err == nil && n > 0, fmt.Sprint(err)
 	})
 	var once sync.Once
