@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -193,7 +194,7 @@ func (p *Progress) check(ctx context.Context, q Querier) error {
 	for col, types := range want {
 		if typ, ok := got[col]; !ok {
 			problems = append(problems, "no column "+col)
-		} else if !contains(types, typ) {
+		} else if !slices.Contains(types, typ) {
 			problems = append(problems, fmt.Sprintf("column %s is %s, not %s", col, typ, types[0]))
 		}
 	}
@@ -206,15 +207,6 @@ func (p *Progress) check(ctx context.Context, q Querier) error {
 			"drop it (when no sink uses it) or point progress_table elsewhere; the expected table is:\n"+p.DDL())
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Lock begins the batch's transaction on conn, inserts the missing progress rows of shards, locks
