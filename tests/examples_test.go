@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/queue"
@@ -342,6 +344,45 @@ func checkDeadLetters(t *testing.T, name, out string, poison []oracle.Entry) {
 		if !ok || d.Group != "dlq_maker" || !strings.Contains(d.Error, "poison row") || d.Attempts != 1 ||
 			d.FailedAt == 0 || d.Offset != en.Off || d.Payload != string(en.Payload) {
 			t.Errorf("%s --dlq: %s: %+v", name, en.ID, d)
+		}
+	}
+}
+
+// TestExampleConsumersRefuseUnknownLayout: both examples stop with an error naming the version on a
+// queue whose meta has a layout version they do not read (3), print no message and create no group,
+// as the redis_queue input refuses it (layout_version).
+func TestExampleConsumersRefuseUnknownLayout(t *testing.T) {
+	runners := exampleRunners(t)
+	rd := testenv.StartRedis(t)
+	rdb := rd.Client()
+	ctx := t.Context()
+	l := queue.NewLayout(queue.DefaultPrefix)
+	for _, r := range runners {
+		q := "later_" + r.name
+		rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", "3", "off:0", "1")
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: []any{"m", `{"off":1,"p":"k","id":"m1","tx":"t1","ts":1700000000000}`, "d", `{"op":"m"}`}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(r.cmd[0], append(r.cmd[1:], "--url", rd.URL(), "--group", r.name, q)...)
+		done := make(chan struct{})
+		var out []byte
+		var err error
+		go func() { out, err = cmd.CombinedOutput(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("%s kept running on a layout-version-3 queue:\n%s", r.name, out)
+		}
+		if err == nil || !strings.Contains(string(out), "layout version 3") {
+			t.Errorf("%s on a layout-version-3 queue: exit %v\n%s", r.name, err, out)
+		}
+		if lines := exampleLines(t, string(out)); len(lines) != 0 {
+			t.Errorf("%s printed %d messages of a layout-version-3 queue", r.name, len(lines))
+		}
+		if groups, _ := rdb.XInfoGroups(ctx, l.Stream(q, 0)).Result(); len(groups) != 0 {
+			t.Errorf("%s created groups on a refused queue: %+v", r.name, groups)
 		}
 	}
 }

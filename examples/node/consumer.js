@@ -12,6 +12,7 @@
 const Redis = require('ioredis');
 
 const RESCAN_MS = 5000; // how often the shard count is read again
+const LAYOUT_VERSIONS = ['1', '2']; // the layout versions (meta `version`) this consumer reads
 
 function parseArgs(argv) {
   const o = { url: 'redis://127.0.0.1:6379', prefix: 'pgrelay', group: 'example', consumer: 'example',
@@ -81,9 +82,15 @@ class Consumer {
     this.stopping = false;
   }
 
+  // The queue's shard count (0 while it does not exist). A layout version this reader does not
+  // know (no `version` is 1) would be read wrongly: it stops instead.
   async shardCount() {
-    const v = await this.cmd.hget(this.k.meta, 'shards');
-    return v === null ? 0 : Number(v);
+    const [shards, version] = await this.cmd.hmget(this.k.meta, 'shards', 'version');
+    if (version !== null && !LAYOUT_VERSIONS.includes(version)) {
+      process.stderr.write(`queue ${this.k.meta}: layout version ${version}; this consumer reads versions ${LAYOUT_VERSIONS.join(', ')}: upgrade it\n`);
+      process.exit(1);
+    }
+    return shards === null ? 0 : Number(shards);
   }
 
   // Create the group on every shard. A shard stream exists only once a producer wrote to it, so

@@ -19,6 +19,7 @@ from decimal import Decimal
 import redis
 
 RESCAN_SECONDS = 5  # how often the shard count is read again
+LAYOUT_VERSIONS = ("1", "2")  # the layout versions (meta `version`) this consumer reads
 
 
 class Queue:
@@ -88,8 +89,13 @@ class Consumer:
         self.stopping = False
 
     def shard_count(self):
-        v = self.r.hget(self.q.meta, "shards")
-        return int(v) if v is not None else 0
+        """The queue's shard count (0 while it does not exist). A layout version this reader does
+        not know (no `version` is 1) would be read wrongly: it stops instead."""
+        shards, version = self.r.hmget(self.q.meta, "shards", "version")
+        if version is not None and text(version) not in LAYOUT_VERSIONS:
+            sys.exit(f"queue {self.q.meta}: layout version {text(version)}; this consumer reads "
+                     f"versions {', '.join(LAYOUT_VERSIONS)}: upgrade it")
+        return int(shards) if shards is not None else 0
 
     def setup(self, shards):
         """Create the group on every shard. A shard stream exists only once a producer wrote to it,

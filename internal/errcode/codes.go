@@ -34,8 +34,8 @@ const (
 	ReplicasShortfall Code = "replicas_shortfall"
 	// PointerCorrupt means a stored source pointer cannot be read (not JSON with a string `pos`).
 	PointerCorrupt Code = "pointer_corrupt"
-	// LayoutVersion means the queue's keys do not follow the layout this pgrelay writes: a layout
-	// version in meta it does not write, an `off:<n>` that is not a number, a shard key that is not a
+	// LayoutVersion means the queue's keys do not follow the layout this pgrelay writes and reads: a
+	// layout version in meta it does not know (writer and consumer), an `off:<n>` that is not a number, a shard key that is not a
 	// stream.
 	LayoutVersion Code = "layout_version"
 	// QueueConfig means a redis_queue output config value the linter also catches (trim_interval not

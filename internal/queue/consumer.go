@@ -231,6 +231,8 @@ func NewConsumer(rdb redis.UniversalClient, conf ConsumerConfig) (*Consumer, err
 // creates the group on every shard and acquires this replica's fair share of shards. With
 // ConsumerConfig.Start the queue must exist and the group is created (or found with that start)
 // before Start returns: a start_conflict, start_trimmed, bad_start or no_queue error says why not.
+// A queue of a layout version this code does not read is refused (layout_version), at Start when it
+// exists, else when it appears (logged as an error; nothing is read from it).
 func (c *Consumer) Start(ctx context.Context) error {
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis ping: %w", err)
@@ -242,6 +244,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 			}
 			return err
 		}
+	} else if _, err := c.readMeta(ctx); err != nil && !errors.Is(err, errNoQueue) {
+		return err // a queue of a layout this code does not read: refused before anything is read
 	}
 	c.wg.Add(1)
 	go c.keepLeases()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/redisconn"
 )
@@ -33,6 +34,8 @@ func (c *Consumer) keepLeases() {
 				c.conf.Logger.Infof("queue %s: waiting for a producer to create the queue", c.conf.Queue)
 			}
 			waiting = true
+		case errcode.Is(err, errcode.LayoutVersion):
+			c.conf.Logger.Errorf("queue %s group %s: %v", c.conf.Queue, c.conf.Group, err)
 		case err != nil:
 			c.conf.Logger.Warnf("queue %s group %s: leases: %v", c.conf.Queue, c.conf.Group, err)
 		}
@@ -65,16 +68,9 @@ func (c *Consumer) tick(ctx context.Context) error {
 
 // setup reads the shard count, creates the group on every shard and the reader client.
 func (c *Consumer) setup(ctx context.Context) (int, error) {
-	s, err := c.rdb.HGet(ctx, c.layout.Meta(c.conf.Queue), "shards").Result()
-	if errors.Is(err, redis.Nil) {
-		return 0, errNoQueue
-	}
+	shards, err := c.readMeta(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("read meta: %w", err)
-	}
-	shards, err := strconv.Atoi(s)
-	if err != nil || shards < 1 {
-		return 0, fmt.Errorf("meta %s: shards %q is not a positive number", c.layout.Meta(c.conf.Queue), s)
+		return 0, err
 	}
 	start, err := c.openGroup(ctx, shards)
 	if err != nil {
@@ -92,6 +88,31 @@ func (c *Consumer) setup(ctx context.Context) (int, error) {
 	if start != nil {
 		c.conf.Logger.Infof("queue %s: group %s follows a load: entries of transactions its snapshot %s saw (commit lsn below %s) are acked, not delivered",
 			c.conf.Queue, c.conf.Group, start.SnapshotText(), start.LSN)
+	}
+	return shards, nil
+}
+
+// readMeta reads the queue's shard count and checks its layout version: errNoQueue while the
+// meta does not exist, a layout_version error for a version this code does not read (a queue a
+// later pgrelay created: its entries would be delivered with their fields missing).
+func (c *Consumer) readMeta(ctx context.Context) (int, error) {
+	meta := c.layout.Meta(c.conf.Queue)
+	vals, err := c.rdb.HMGet(ctx, meta, "shards", "version").Result()
+	if err != nil {
+		return 0, fmt.Errorf("read meta: %w", err)
+	}
+	s, ok := vals[0].(string)
+	if !ok {
+		return 0, errNoQueue
+	}
+	shards, err := strconv.Atoi(s)
+	if err != nil || shards < 1 {
+		return 0, fmt.Errorf("meta %s: shards %q is not a positive number", meta, s)
+	}
+	if v, ok := vals[1].(string); ok && layoutOf(v) == 0 { // no version: the first layout's producer
+		return 0, errcode.New(errcode.LayoutVersion,
+			fmt.Sprintf("queue %q has layout version %s; this pgrelay reads versions %d and %d", c.conf.Queue, v, LayoutV1, LayoutV2),
+			"upgrade this consumer's pgrelay to a version that reads the layout (consumers before writers)")
 	}
 	return shards, nil
 }

@@ -1,0 +1,126 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgrelay/pgrelay/internal/cdctest"
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// errorLog keeps the consumer's Errorf lines.
+type errorLog struct {
+	nopLogger
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *errorLog) Errorf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, fmt.Sprintf(format, args...))
+}
+
+func (l *errorLog) text() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// TestConsumerRefusesUnknownLayout: a queue whose meta names a layout version this code does not
+// read (one a later pgrelay created) is refused with layout_version, at Start when it exists then
+// and at setup when it appears later, and nothing of it is delivered or acknowledged; once the
+// version is one it reads, the same entry is delivered. Queues without a version (the first
+// layout's producers), of version 1 and of version 2 are read.
+func TestConsumerRefusesUnknownLayout(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	l := NewLayout(DefaultPrefix)
+	entry := func(q string) {
+		t.Helper()
+		m := `{"off":1,"p":"k","id":"pg:1:0000000000000001:0","tx":"7","ts":1700000000000}`
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: []any{FieldMeta, m, FieldPayload, `{"op":"c"}`}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create := func(q, version string) {
+		t.Helper()
+		args := []any{"shards", "1", "off:0", "1"}
+		if version != "" {
+			args = append(args, "version", version)
+		}
+		if err := rdb.HSet(ctx, l.Meta(q), args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		entry(q)
+	}
+
+	// known versions, and none (a queue the first layout's producers created: its entries have
+	// the seven fields, so the entry here is a version-1 one)
+	for _, v := range []string{"", "1", "2"} {
+		q := "known" + v
+		if v == "" || v == "1" {
+			if err := rdb.HSet(ctx, l.Meta(q), "shards", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if v == "1" {
+				rdb.HSet(ctx, l.Meta(q), "version", "1")
+			}
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: []any{FieldOffset, "1", FieldPartition, "k",
+				FieldID, "pg:1:0000000000000001:0", FieldTx, "7", FieldCreated, "1700000000000", FieldHeader, "", FieldPayload, `{"op":"c"}`}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			create(q, v)
+		}
+		c := newConsumer(t, rdb, ConsumerConfig{Queue: q})
+		d := read(t, c, 10*time.Second)
+		if len(d.Entries) != 1 || d.Entries[0].MessageID != "pg:1:0000000000000001:0" || string(d.Entries[0].Payload) != `{"op":"c"}` {
+			t.Fatalf("version %q: delivered %+v", v, d.Entries)
+		}
+	}
+
+	// an existing queue of version 3: Start refuses it, naming the version and the fix
+	create("later", "3")
+	c, err := NewConsumer(rdb, ConsumerConfig{Queue: "later", Group: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); !errcode.Is(err, errcode.LayoutVersion) || !strings.Contains(err.Error(), "layout version 3") {
+		t.Fatalf("start on a version-3 queue: %v", err)
+	}
+	if groups, _ := rdb.XInfoGroups(ctx, l.Stream("later", 0)).Result(); len(groups) != 0 {
+		t.Fatalf("groups created on a refused queue: %+v", groups)
+	}
+
+	// a queue that appears (in version 3) after the consumer started: refused at setup, logged as
+	// an error, nothing delivered; then readable once its version is one this code reads
+	log := &errorLog{}
+	c = newConsumer(t, rdb, ConsumerConfig{Queue: "appears", Logger: log})
+	create("appears", "3")
+	cdctest.Wait(t, 10*time.Second, "the layout_version error logged", func() (bool, string) {
+		return strings.Contains(log.text(), "layout_version") && strings.Contains(log.text(), "layout version 3"), log.text()
+	})
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	d, err := c.Read(rctx)
+	cancel()
+	if err == nil {
+		t.Fatalf("delivered from a version-3 queue: %+v", d.Entries)
+	}
+	if groups, _ := rdb.XInfoGroups(ctx, l.Stream("appears", 0)).Result(); len(groups) != 0 {
+		t.Fatalf("groups created on a refused queue: %+v", groups)
+	}
+	rdb.HSet(ctx, l.Meta("appears"), "version", "2")
+	d = read(t, c, 10*time.Second)
+	if len(d.Entries) != 1 || d.Entries[0].MessageID != "pg:1:0000000000000001:0" {
+		t.Fatalf("after the version was set to 2: %+v", d.Entries)
+	}
+}
