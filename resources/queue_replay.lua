@@ -8,11 +8,15 @@
 -- ARGV: 1 the shard count the caller computed shards with, 2 K, then K shard numbers,
 --       then pairs: dead-letter entry id, stream index (1..K)
 -- Reply: {replayed, missing} (missing: entries no longer in the dead-letter stream).
--- Errors: 'pgrelay_shards_mismatch <meta> <stored> <given>', 'pgrelay_bad_args <what>'.
+-- Errors: 'pgrelay_shards_mismatch <meta> <stored> <given>', 'pgrelay_layout_version <meta> <version>'
+-- (a layout this script does not write), 'pgrelay_bad_args <what>'.
 local shards = redis.call('HGET', KEYS[1], 'shards')
 local version = redis.call('HGET', KEYS[1], 'version') or '1'
 if shards ~= ARGV[1] then
   return redis.error_reply('pgrelay_shards_mismatch ' .. KEYS[1] .. ' ' .. tostring(shards) .. ' ' .. ARGV[1])
+end
+if version ~= '1' and version ~= '2' then
+  return redis.error_reply('pgrelay_layout_version ' .. KEYS[1] .. ' ' .. version)
 end
 local k = tonumber(ARGV[2])
 if #KEYS ~= 2 + k or (#ARGV - 2 - k) % 2 ~= 0 then

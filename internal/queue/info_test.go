@@ -103,6 +103,29 @@ func TestReplayAcrossLayouts(t *testing.T) {
 			})
 		}
 	}
+	// a queue of a layout version the script does not write: refused, the dead letter kept, the
+	// shard untouched
+	t.Run("into queue v3", func(t *testing.T) {
+		ctx, l, q := context.Background(), NewLayout(""), "r3"
+		rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", "3", "off:0", "5")
+		rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.DLQ(q), Values: append(slices.Clone(dead[LayoutV2]), "group", "g", "error", "e", "attempts", "3", "failed_at", "1")})
+		dls, err := ListDeadLetters(ctx, rdb, l, q, "", 0)
+		if err != nil || len(dls) != 1 {
+			t.Fatalf("dead letters %+v %v", dls, err)
+		}
+		if _, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); !errcode.Is(err, errcode.LayoutVersion) {
+			t.Fatalf("replay into a version-3 queue: %v", err)
+		}
+		if n := rdb.XLen(ctx, l.DLQ(q)).Val(); n != 1 {
+			t.Errorf("dead letters left %d, want 1", n)
+		}
+		if n := rdb.XLen(ctx, l.Stream(q, 0)).Val(); n != 0 {
+			t.Errorf("shard has %d entries, want 0", n)
+		}
+		if off := rdb.HGet(ctx, l.Meta(q), "off:0").Val(); off != "5" {
+			t.Errorf("off:0 %s, want 5", off)
+		}
+	})
 }
 
 // TestReplayKeepsTheWritersBytes replays dead letters whose fields the Lua script must re-encode
