@@ -363,22 +363,16 @@ func TestExampleConsumersRefuseUnknownLayout(t *testing.T) {
 		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: []any{"m", `{"off":1,"p":"k","id":"m1","tx":"t1","ts":1700000000000}`, "d", `{"op":"m"}`}}).Err(); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(r.cmd[0], append(r.cmd[1:], "--url", rd.URL(), "--group", r.name, q)...)
-		done := make(chan struct{})
-		var out []byte
-		var err error
-		go func() { out, err = cmd.CombinedOutput(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Fatalf("%s kept running on a layout-version-3 queue:\n%s", r.name, out)
+		p := r.start(t, "--url", rd.URL(), "--group", r.name, q)
+		err := p.Wait(30 * time.Second)
+		if !p.Exited() {
+			t.Fatalf("%s kept running on a layout-version-3 queue:\n%s", r.name, p.Output())
 		}
-		if err == nil || !strings.Contains(string(out), "layout version 3") {
+		out := p.Output()
+		if err == nil || !strings.Contains(out, "layout version 3") {
 			t.Errorf("%s on a layout-version-3 queue: exit %v\n%s", r.name, err, out)
 		}
-		if lines := exampleLines(t, string(out)); len(lines) != 0 {
+		if lines := exampleLines(t, out); len(lines) != 0 {
 			t.Errorf("%s printed %d messages of a layout-version-3 queue", r.name, len(lines))
 		}
 		if groups, _ := rdb.XInfoGroups(ctx, l.Stream(q, 0)).Result(); len(groups) != 0 {

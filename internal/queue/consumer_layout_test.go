@@ -44,14 +44,12 @@ func TestConsumerRefusesUnknownLayout(t *testing.T) {
 	rdb := r.Client()
 	ctx := context.Background()
 	l := NewLayout(DefaultPrefix)
-	entry := func(q string) {
-		t.Helper()
-		m := `{"off":1,"p":"k","id":"pg:1:0000000000000001:0","tx":"7","ts":1700000000000}`
-		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: []any{FieldMeta, m, FieldPayload, `{"op":"c"}`}}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	create := func(q, version string) {
+	v1 := []any{FieldOffset, "1", FieldPartition, "k", FieldID, "pg:1:0000000000000001:0", FieldTx, "7",
+		FieldCreated, "1700000000000", FieldHeader, "", FieldPayload, `{"op":"c"}`}
+	v2 := []any{FieldMeta, `{"off":1,"p":"k","id":"pg:1:0000000000000001:0","tx":"7","ts":1700000000000}`, FieldPayload, `{"op":"c"}`}
+	// create makes queue q of one shard, its meta's version being version ("": none), holding one
+	// entry of fields.
+	create := func(q, version string, fields []any) {
 		t.Helper()
 		args := []any{"shards", "1", "off:0", "1"}
 		if version != "" {
@@ -60,36 +58,27 @@ func TestConsumerRefusesUnknownLayout(t *testing.T) {
 		if err := rdb.HSet(ctx, l.Meta(q), args...).Err(); err != nil {
 			t.Fatal(err)
 		}
-		entry(q)
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: fields}).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 
-	// known versions, and none (a queue the first layout's producers created: its entries have
-	// the seven fields, so the entry here is a version-1 one)
-	for _, v := range []string{"", "1", "2"} {
-		q := "known" + v
-		if v == "" || v == "1" {
-			if err := rdb.HSet(ctx, l.Meta(q), "shards", "1").Err(); err != nil {
-				t.Fatal(err)
-			}
-			if v == "1" {
-				rdb.HSet(ctx, l.Meta(q), "version", "1")
-			}
-			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: []any{FieldOffset, "1", FieldPartition, "k",
-				FieldID, "pg:1:0000000000000001:0", FieldTx, "7", FieldCreated, "1700000000000", FieldHeader, "", FieldPayload, `{"op":"c"}`}}).Err(); err != nil {
-				t.Fatal(err)
-			}
-		} else {
-			create(q, v)
-		}
+	// known versions, and none (a queue the first layout's producers created, of version-1 entries)
+	for _, k := range []struct {
+		version string
+		fields  []any
+	}{{"", v1}, {"1", v1}, {"2", v2}} {
+		q := "known" + k.version
+		create(q, k.version, k.fields)
 		c := newConsumer(t, rdb, ConsumerConfig{Queue: q})
 		d := read(t, c, 10*time.Second)
 		if len(d.Entries) != 1 || d.Entries[0].MessageID != "pg:1:0000000000000001:0" || string(d.Entries[0].Payload) != `{"op":"c"}` {
-			t.Fatalf("version %q: delivered %+v", v, d.Entries)
+			t.Fatalf("version %q: delivered %+v", k.version, d.Entries)
 		}
 	}
 
 	// an existing queue of version 3: Start refuses it, naming the version and the fix
-	create("later", "3")
+	create("later", "3", v2)
 	c, err := NewConsumer(rdb, ConsumerConfig{Queue: "later", Group: "g"})
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +94,7 @@ func TestConsumerRefusesUnknownLayout(t *testing.T) {
 	// an error, nothing delivered; then readable once its version is one this code reads
 	log := &errorLog{}
 	c = newConsumer(t, rdb, ConsumerConfig{Queue: "appears", Logger: log})
-	create("appears", "3")
+	create("appears", "3", v2)
 	cdctest.Wait(t, 10*time.Second, "the layout_version error logged", func() (bool, string) {
 		return strings.Contains(log.text(), "layout_version") && strings.Contains(log.text(), "layout version 3"), log.text()
 	})

@@ -66,9 +66,9 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, l Layout, q string)
 	if meta["shards"] == "" {
 		return nil, noQueue(l, q)
 	}
-	shards, err := strconv.Atoi(meta["shards"])
-	if err != nil || shards < 1 {
-		return nil, fmt.Errorf("queue %s: meta shards %q is not a positive number", q, meta["shards"])
+	shards, err := parseShards(q, meta["shards"])
+	if err != nil {
+		return nil, err
 	}
 	info := &Info{Queue: q, Shards: shards, Version: meta["version"]}
 	groups := map[string]*GroupInfo{}

@@ -107,12 +107,7 @@ func TestReplayAcrossLayouts(t *testing.T) {
 	// shard untouched
 	t.Run("into queue v3", func(t *testing.T) {
 		ctx, l, q := context.Background(), NewLayout(""), "r3"
-		rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", "3", "off:0", "5")
-		rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.DLQ(q), Values: append(slices.Clone(dead[LayoutV2]), "group", "g", "error", "e", "attempts", "3", "failed_at", "1")})
-		dls, err := ListDeadLetters(ctx, rdb, l, q, "", 0)
-		if err != nil || len(dls) != 1 {
-			t.Fatalf("dead letters %+v %v", dls, err)
-		}
+		dls := deadLetterIn(t, rdb, q, 3, dead[LayoutV2])
 		if _, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); !errcode.Is(err, errcode.LayoutVersion) {
 			t.Fatalf("replay into a version-3 queue: %v", err)
 		}
@@ -211,10 +206,9 @@ func TestReplayKeepsTheWritersBytes(t *testing.T) {
 	})
 }
 
-// replayOne makes q a one-shard queue of layout version qv whose shard's last offset is 5, adds one
-// dead letter of the given entry fields, replays it, and returns the dead letter as listed and the
-// entry it became in the queue.
-func replayOne(t *testing.T, rdb redis.UniversalClient, q string, qv int, fields []any) (DeadLetter, redis.XMessage) {
+// deadLetterIn makes q a one-shard queue of layout version qv (offset 5) whose dead-letter stream
+// holds one dead letter of fields, and lists it.
+func deadLetterIn(t *testing.T, rdb redis.UniversalClient, q string, qv int, fields []any) []DeadLetter {
 	t.Helper()
 	ctx := context.Background()
 	l := NewLayout("")
@@ -227,6 +221,17 @@ func replayOne(t *testing.T, rdb redis.UniversalClient, q string, qv int, fields
 	if err != nil || len(dls) != 1 {
 		t.Fatalf("dead letters %+v %v", dls, err)
 	}
+	return dls
+}
+
+// replayOne makes q a one-shard queue of layout version qv whose shard's last offset is 5, adds one
+// dead letter of the given entry fields, replays it, and returns the dead letter as listed and the
+// entry it became in the queue.
+func replayOne(t *testing.T, rdb redis.UniversalClient, q string, qv int, fields []any) (DeadLetter, redis.XMessage) {
+	t.Helper()
+	ctx := context.Background()
+	l := NewLayout("")
+	dls := deadLetterIn(t, rdb, q, qv, fields)
 	if n, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); err != nil || n != 1 {
 		t.Fatalf("replay %d %v", n, err)
 	}

@@ -96,20 +96,13 @@ func (c *Consumer) setup(ctx context.Context) (int, error) {
 // meta does not exist, a layout_version error for a version this code does not read (a queue a
 // later pgrelay created: its entries would be delivered with their fields missing).
 func (c *Consumer) readMeta(ctx context.Context) (int, error) {
-	meta := c.layout.Meta(c.conf.Queue)
-	vals, err := c.rdb.HMGet(ctx, meta, "shards", "version").Result()
-	if err != nil {
-		return 0, fmt.Errorf("read meta: %w", err)
-	}
-	s, ok := vals[0].(string)
-	if !ok {
+	shards, v, err := readMeta(ctx, c.rdb, c.layout, c.conf.Queue)
+	switch {
+	case err != nil:
+		return 0, err
+	case shards == 0:
 		return 0, errNoQueue
-	}
-	shards, err := strconv.Atoi(s)
-	if err != nil || shards < 1 {
-		return 0, fmt.Errorf("meta %s: shards %q is not a positive number", meta, s)
-	}
-	if v, ok := vals[1].(string); ok && layoutOf(v) == 0 { // no version: the first layout's producer
+	case v != "" && layoutOf(v) == 0: // no version: the first layout's producer
 		return 0, errcode.New(errcode.LayoutVersion,
 			fmt.Sprintf("queue %q has layout version %s; this pgrelay reads versions %d and %d", c.conf.Queue, v, LayoutV1, LayoutV2),
 			"upgrade this consumer's pgrelay to a version that reads the layout (consumers before writers)")

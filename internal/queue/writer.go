@@ -528,8 +528,8 @@ func (w *Writer) shardCount(ctx context.Context, q string) (int, error) {
 	case err != nil:
 		return 0, fmt.Errorf("queue %q: read shard count: %w", q, err)
 	default:
-		if n, err = strconv.Atoi(s); err != nil || n < 1 {
-			return 0, fmt.Errorf("queue %q: meta shards %q is not a positive number", q, s)
+		if n, err = parseShards(q, s); err != nil {
+			return 0, err
 		}
 		if w.conf.StrictShards && n != w.conf.Shards {
 			return 0, shardsMismatch(q, n, w.conf.Shards)
