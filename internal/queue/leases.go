@@ -96,12 +96,19 @@ func (c *Consumer) setup(ctx context.Context) (int, error) {
 // meta does not exist, a layout_version error for a version this code does not read (a queue a
 // later pgrelay created: its entries would be delivered with their fields missing).
 func (c *Consumer) readMeta(ctx context.Context) (int, error) {
-	shards, v, err := readMeta(ctx, c.rdb, c.layout, c.conf.Queue)
+	vals, err := c.rdb.HMGet(ctx, c.layout.Meta(c.conf.Queue), "shards", "version").Result()
+	if err != nil {
+		return 0, fmt.Errorf("queue %s: read meta: %w", c.conf.Queue, err)
+	}
+	s, ok := vals[0].(string)
+	if !ok {
+		return 0, errNoQueue
+	}
+	shards, err := parseShards(c.conf.Queue, s)
+	v, _ := vals[1].(string)
 	switch {
 	case err != nil:
 		return 0, err
-	case shards == 0:
-		return 0, errNoQueue
 	case v != "" && layoutOf(v) == 0: // no version: the first layout's producer
 		return 0, errcode.New(errcode.LayoutVersion,
 			fmt.Sprintf("queue %q has layout version %s; this pgrelay reads versions %d and %d", c.conf.Queue, v, LayoutV1, LayoutV2),

@@ -43,25 +43,16 @@ func Trim(ctx context.Context, rdb redis.Cmdable, l Layout, q string, r Retentio
 }
 
 // ShardCount reads queue q's shard count; 0 when the queue does not exist.
+// It uses HGET alone: the least-privilege roles of `pgrelay queue` (docs/operations.md) grant no more.
 func ShardCount(ctx context.Context, rdb redis.Cmdable, l Layout, q string) (int, error) {
-	n, _, err := readMeta(ctx, rdb, l, q)
-	return n, err
-}
-
-// readMeta reads queue q's shard count (0 when the queue does not exist) and its layout version as
-// stored ("" when the meta has none: a queue of the first layout's producers).
-func readMeta(ctx context.Context, rdb redis.Cmdable, l Layout, q string) (shards int, version string, err error) {
-	vals, err := rdb.HMGet(ctx, l.Meta(q), "shards", "version").Result()
+	s, err := rdb.HGet(ctx, l.Meta(q), "shards").Result()
+	if err == redis.Nil {
+		return 0, nil
+	}
 	if err != nil {
-		return 0, "", fmt.Errorf("queue %s: read meta: %w", q, err)
+		return 0, fmt.Errorf("queue %s: read meta: %w", q, err)
 	}
-	s, ok := vals[0].(string)
-	if !ok {
-		return 0, "", nil
-	}
-	version, _ = vals[1].(string)
-	shards, err = parseShards(q, s)
-	return shards, version, err
+	return parseShards(q, s)
 }
 
 // parseShards is the shard count s that queue q's meta holds.
