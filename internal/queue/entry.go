@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -8,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/jsonscan"
 )
 
@@ -37,6 +39,19 @@ func layoutOf(v string) int {
 		}
 	}
 	return 0
+}
+
+// readable checks that a reader of this code can read queue q, whose meta's `version` is v ("":
+// none, a queue the first layout's producers created): a layout_version error for a version it
+// does not know (a queue a later pgrelay created: its entries would be read with their fields
+// missing, and their offsets as 0).
+func readable(q, v string) error {
+	if v == "" || layoutOf(v) != 0 {
+		return nil
+	}
+	return errcode.New(errcode.LayoutVersion,
+		fmt.Sprintf("queue %q has layout version %s; this pgrelay reads versions %d and %d", q, v, LayoutV1, LayoutV2),
+		"upgrade this pgrelay to a version that reads the layout (consumers and tools before writers)")
 }
 
 // The entry fields (DESIGN §4).

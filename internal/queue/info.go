@@ -57,7 +57,8 @@ func noQueue(l Layout, q string) error {
 		"check the queue name and the prefix; a queue exists once a producer has written to it")
 }
 
-// Inspect reads queue q's shards, groups and dead letters.
+// Inspect reads queue q's shards, groups and dead letters. A queue of a layout version this code
+// does not read is refused (layout_version): its offsets, and so its lags, would be wrong.
 func Inspect(ctx context.Context, rdb redis.UniversalClient, l Layout, q string) (*Info, error) {
 	meta, err := rdb.HGetAll(ctx, l.Meta(q)).Result()
 	if err != nil {
@@ -67,6 +68,9 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, l Layout, q string)
 		return nil, noQueue(l, q)
 	}
 	shards, err := parseShards(q, meta["shards"])
+	if err == nil {
+		err = readable(q, meta["version"])
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -241,3 +241,35 @@ func replayOne(t *testing.T, rdb redis.UniversalClient, q string, qv int, fields
 	}
 	return dls[0], xs[0]
 }
+
+// TestInspectRefusesUnknownLayout: `pgrelay queue info` (Inspect) on a queue of a layout version
+// this code does not read refuses it with layout_version instead of reporting offsets and lags read
+// as version 1's fields; queues of the versions it reads, and of none, are inspected.
+func TestInspectRefusesUnknownLayout(t *testing.T) {
+	rdb := testenv.StartRedis(t).Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	for _, k := range []struct {
+		version string
+		known   bool
+	}{{"", true}, {"1", true}, {"2", true}, {"3", false}, {"2.1", false}} {
+		q := "q" + k.version
+		args := []any{"shards", "1", "off:0", "5"}
+		if k.version != "" {
+			args = append(args, "version", k.version)
+		}
+		if err := rdb.HSet(ctx, l.Meta(q), args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: []any{"x", "1", FieldPayload, "{}"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		in, err := Inspect(ctx, rdb, l, q)
+		switch {
+		case k.known && (err != nil || in.Length != 1 || in.ShardInfo[0].LastOffset != 5):
+			t.Fatalf("version %q: %+v %v", k.version, in, err)
+		case !k.known && !errcode.Is(err, errcode.LayoutVersion):
+			t.Fatalf("version %q: want layout_version, got %+v %v", k.version, in, err)
+		}
+	}
+}

@@ -106,13 +106,11 @@ func (c *Consumer) readMeta(ctx context.Context) (int, error) {
 	}
 	shards, err := parseShards(c.conf.Queue, s)
 	v, _ := vals[1].(string)
-	switch {
-	case err != nil:
+	if err == nil {
+		err = readable(c.conf.Queue, v)
+	}
+	if err != nil {
 		return 0, err
-	case v != "" && layoutOf(v) == 0: // no version: the first layout's producer
-		return 0, errcode.New(errcode.LayoutVersion,
-			fmt.Sprintf("queue %q has layout version %s; this pgrelay reads versions %d and %d", c.conf.Queue, v, LayoutV1, LayoutV2),
-			"upgrade this consumer's pgrelay to a version that reads the layout (consumers before writers)")
 	}
 	return shards, nil
 }
