@@ -27,6 +27,7 @@ const (
 	pcFieldQueue             = "queue"
 	pcFieldPartitionBy       = "partition_by"
 	pcFieldAppendOnly        = "append_only"
+	pcFieldColumns           = "columns"
 	pcFieldOnRefusedTable    = "on_refused_table"
 	pcFieldPublication       = "publication"
 	pcFieldPublicationName   = "name"
@@ -105,6 +106,10 @@ Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_i
 						tablePath(pcFieldPartitionBy)+" must be key, single or a list of columns")),
 				service.NewBoolField(pcFieldAppendOnly).Description("The table only gets inserts (a log or event table): stream its inserts only. It is published by a second, insert-only publication, so it needs no key (a table without one has `key: null` in its events and needs `partition_by: single` or columns), its updates and deletes run without a replica identity and are not streamed, and `snapshot: initial` does not copy the rows of one without a key.").
 					Default(false),
+				service.NewStringListField(pcFieldColumns).Description("Stream and snapshot only these columns of the table (default: all). pg_cdc publishes the table with them as its publication column list, so the other columns' values never leave PostgreSQL: not in the WAL stream, the snapshot or the read-back of unchanged values, and the role needs SELECT on these columns only. The list must hold the key columns (and the `partition_by` columns); it needs PostgreSQL 15 or newer, and a table with REPLICA IDENTITY FULL must be append-only. Events hold the listed columns in table order; a column added to the table later is not streamed until listed.").
+					Default([]any{}).Example([]string{"id", "status", "total"}).
+					LintRule(fmt.Sprintf(`root = if this.type() == "array" && (this.any(c -> c == "") || this.unique().length() != this.length()) { [%q] }`,
+						tablePath(pcFieldColumns)+" must list each column once, by a non-empty name")),
 			).Description(fmt.Sprintf("The tables to stream (1-%d, none twice), in order; the lease and pointer live under the first one's queue.", source.MaxTables)).
 				LintRule(fmt.Sprintf(`root = if this.type() != "array" { deleted() } else if this.length() < 1 || this.length() > %d { [%q] } else if this.map_each(t -> if t.%s.or("").contains(".") { t.%s } else { "public." + t.%s.or("") }).unique().length() != this.length() { [%q] }`,
 					source.MaxTables, fmt.Sprintf("%s must list 1-%d tables", pcFieldTables, source.MaxTables),
@@ -326,6 +331,7 @@ func pgCDCTables(r *confread.Reader) ([]source.Table, error) {
 		name := tr.String(pcFieldTable)
 		t.Queue = tr.String(pcFieldQueue)
 		t.AppendOnly = tr.Bool(pcFieldAppendOnly)
+		t.ColumnList = tr.StringList(pcFieldColumns)
 		pb := tr.Any(pcFieldPartitionBy)
 		if err := tr.Err(); err != nil {
 			return nil, err

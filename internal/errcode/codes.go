@@ -136,8 +136,12 @@ const (
 	// IDENTITY FULL or append_only), an append-only table without a key is partitioned by key, or
 	// truncate: emit lacks partition_by: single.
 	PartitionBy Code = "partition_by"
+	// ColumnList means a table's columns list cannot be a publication column list: PostgreSQL
+	// before 15, a listed column missing or generated, a key or partition_by column not listed, or
+	// REPLICA IDENTITY FULL on a table that is not append-only.
+	ColumnList Code = "column_list"
 	// Publication means a publication (the main one, or the append-only tables' insert-only one)
-	// is missing, has row filters or column lists, holds other tables or misses some, or does not
+	// is missing, has row filters or column lists other than the configured columns, holds other tables or misses some, or does not
 	// publish exactly its operations, and publication.manage is false (or the role may not manage it).
 	Publication Code = "publication"
 	// SlotLost means the pointer exists but the slot does not; it is never recreated silently.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -60,14 +61,16 @@ type Refusal struct {
 }
 
 // LoadTables reads and checks every configured table before anything touches the publication:
-// it exists, the role may read it (USAGE on its schema, SELECT), has a key (identity index, else primary key; not REPLICA IDENTITY NOTHING) unless it
-// is append-only, and its partition_by columns exist and lie inside the identity unless it is
-// REPLICA IDENTITY FULL or append-only (no delete is streamed, so no old row must name its
-// partition). A table a check refuses comes back in refused, the others in ok; err is only a
-// failure to read the catalog.
-func LoadTables(ctx context.Context, q queryer, tables []Table) (ok []TableInfo, refused []Refusal, err error) {
+// it exists, the role may read it (USAGE on its schema, SELECT on it or on its listed columns),
+// has a key (identity index, else primary key; not REPLICA IDENTITY NOTHING) unless it is
+// append-only, its partition_by columns exist and lie inside the identity unless it is REPLICA
+// IDENTITY FULL or append-only (no delete is streamed, so no old row must name its partition),
+// and its columns list can be a publication column list (checkColumnList). A table a check
+// refuses comes back in refused, the others in ok; err is only a failure to read the catalog.
+// version is the server's server_version_num.
+func LoadTables(ctx context.Context, q queryer, tables []Table, version int) (ok []TableInfo, refused []Refusal, err error) {
 	for i, t := range tables {
-		ti, err := loadTable(ctx, q, t)
+		ti, err := loadTable(ctx, q, t, version)
 		if errcode.Of(err) != "" {
 			refused = append(refused, Refusal{Table: t.Full(), Err: fmt.Errorf("tables[%d] (%s): %w", i, t.Full(), err)})
 			continue
@@ -80,7 +83,7 @@ func LoadTables(ctx context.Context, q queryer, tables []Table) (ok []TableInfo,
 	return ok, refused, nil
 }
 
-func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
+func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo, error) {
 	ti := TableInfo{Table: t}
 	var kind, ident, role string
 	var usage, sel bool
@@ -98,7 +101,18 @@ func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
 	if kind != "r" {
 		return ti, errcode.New(errcode.TableMissing, t.Full()+" is not an ordinary table (relkind "+kind+")", "list ordinary tables only")
 	}
-	if err := tablePrivileges(t, role, usage, sel); err != nil {
+	if len(t.ColumnList) > 0 && version < 150000 {
+		return ti, errcode.New(errcode.ColumnList, fmt.Sprintf("tables[].columns needs PostgreSQL 15 or newer (publication column lists); this is %d", version/10000),
+			"stream "+t.Full()+" whole (drop its columns list), or upgrade PostgreSQL to 15 or newer")
+	}
+	var cols []string // without SELECT on the table, the listed columns the role may not read
+	if !sel && len(t.ColumnList) > 0 {
+		if cols, err = unreadableColumns(ctx, q, ti.OID, t.ColumnList); err != nil {
+			return ti, err
+		}
+		sel = len(cols) == 0
+	}
+	if err := tablePrivileges(t, role, usage, sel, cols); err != nil {
 		return ti, err
 	}
 	// The identity index (USING INDEX) or else the primary key, columns in index order.
@@ -123,7 +137,90 @@ func loadTable(ctx context.Context, q queryer, t Table) (TableInfo, error) {
 		return ti, errcode.New(errcode.ReplicaIdentity, t.Full()+" has no key pg_cdc can use (REPLICA IDENTITY NOTHING, or no primary key)",
 			"add a primary key, or ALTER TABLE "+t.Full()+" REPLICA IDENTITY USING INDEX <unique index>; for a table that only gets inserts (a log), set tables[].append_only: true")
 	}
-	return ti, checkPartitionColumns(ctx, q, ti)
+	if err := checkPartitionColumns(ctx, q, ti); err != nil {
+		return ti, err
+	}
+	return ti, checkColumnList(ctx, q, &ti)
+}
+
+// checkColumnList checks that a table's columns list can be a publication column list and puts it
+// in table order (the order of the stream's and the snapshot's columns): every listed column
+// exists and is not generated, and the list holds the key (PostgreSQL refuses a user's UPDATE or
+// DELETE on a table whose column list misses a replica identity column) and the partition_by
+// columns (each event's partition is computed from them). REPLICA IDENTITY FULL makes every
+// column part of the identity, so such a table must be append-only.
+func checkColumnList(ctx context.Context, q queryer, ti *TableInfo) error {
+	if len(ti.ColumnList) == 0 {
+		return nil
+	}
+	refuse := func(what, fix string) error {
+		return errcode.New(errcode.ColumnList, "tables[].columns of "+ti.Full()+": "+what, fix)
+	}
+	if ti.Identity == 'f' && !ti.AppendOnly {
+		return refuse("the table has REPLICA IDENTITY FULL, so its updates and deletes carry every column",
+			"stream it whole (drop its columns list), or ALTER TABLE "+ti.Full()+" REPLICA IDENTITY DEFAULT with a primary key")
+	}
+	rows, err := q.Query(ctx, `SELECT attname, attgenerated <> '' FROM pg_catalog.pg_attribute
+		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, ti.OID)
+	if err != nil {
+		return fmt.Errorf("read columns: %w", err)
+	}
+	var ordered []string
+	generated := map[string]bool{}
+	for rows.Next() {
+		var name string
+		var gen bool
+		if err := rows.Scan(&name, &gen); err != nil {
+			rows.Close()
+			return fmt.Errorf("read columns: %w", err)
+		}
+		generated[name] = gen
+		if slices.Contains(ti.ColumnList, name) {
+			ordered = append(ordered, name)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read columns: %w", err)
+	}
+	for _, c := range ti.ColumnList {
+		gen, ok := generated[c]
+		switch {
+		case !ok:
+			return refuse("column "+c+" does not exist", "fix tables[].columns")
+		case gen:
+			return refuse("column "+c+" is generated (pgoutput does not stream generated columns)", "drop "+c+" from tables[].columns")
+		}
+	}
+	need := map[string]string{} // column → why it must be listed
+	if !ti.AppendOnly || ti.Mode == PartitionByKey {
+		for _, c := range ti.Key {
+			need[c] = "key"
+		}
+	}
+	if ti.Mode == PartitionByColumns {
+		for _, c := range ti.Columns {
+			need[c] = "partition_by"
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(need)) {
+		if !slices.Contains(ordered, c) {
+			return refuse(need[c]+" column "+c+" is not listed", "add "+c+" to tables[].columns")
+		}
+	}
+	ti.ColumnList = ordered
+	return nil
+}
+
+// unreadableColumns lists the columns of cols (of table oid) the role may not SELECT (one that does
+// not exist is checkColumnList's to refuse).
+func unreadableColumns(ctx context.Context, q queryer, oid uint32, cols []string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attname = ANY($2)
+		AND attnum > 0 AND NOT attisdropped AND NOT has_column_privilege($1, attnum, 'SELECT') ORDER BY attnum`, oid, cols)
+	if err != nil {
+		return nil, fmt.Errorf("read column privileges: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 func checkPartitionColumns(ctx context.Context, q queryer, ti TableInfo) error {
@@ -179,23 +276,26 @@ func (p Publications) Names() []string {
 
 // EnsurePublications creates or corrects the managed publications, or verifies unmanaged ones. A
 // table's publish operations are per publication, so the append-only tables have their own:
-// the main publication holds exactly the other tables, whole, with every operation; the insert
-// publication exactly the append-only tables, whole, publishing insert and truncate only (so
+// the main publication holds exactly the other tables, with every operation; the insert
+// publication exactly the append-only tables, publishing insert and truncate only (so
 // PostgreSQL lets their updates and deletes run without a replica identity, and does not send
-// them). Row filters and column lists are refused. A refused table may stay in an unmanaged
-// publication (its changes are dropped); a managed one never holds it.
+// them). A table is published whole, or with exactly its columns list as the column list; row
+// filters are refused. A refused table may stay in an unmanaged publication (its changes are
+// dropped); a managed one never holds it.
 func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
-	var main, ins []string
+	var main, ins []pubRel
 	for _, t := range tables {
+		r := newPubRel(t.Schema, t.Name, t.ColumnList)
 		if t.AppendOnly {
-			ins = append(ins, t.Full())
+			ins = append(ins, r)
 		} else {
-			main = append(main, t.Full())
+			main = append(main, r)
 		}
 	}
 	var others []string
 	for _, r := range refused {
-		others = append(others, r.Table)
+		schema, table := ParseTable(r.Table)
+		others = append(others, newPubRel(schema, table, nil).table)
 	}
 	pubs := Publications{Main: cfg.Publication}
 	if err := ensurePublication(ctx, q, cfg.Publication, cfg.ManagePublication, main, others, allOps, version); err != nil {
@@ -213,19 +313,35 @@ func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 	return pubs, ensurePublication(ctx, q, cfg.InsertPublication, cfg.ManagePublication, ins, others, insertOps, version)
 }
 
-// ensurePublication makes publication name hold exactly the tables want ("schema.name") and
-// publish ops; an unmanaged one may also hold the tables of may.
-func ensurePublication(ctx context.Context, q queryer, name string, manage bool, want, may []string, ops publishOps, version int) error {
-	quote := func(list []string) []string {
-		out := make([]string, len(list))
-		for i, t := range list {
-			schema, table := ParseTable(t)
-			out[i] = pgx.Identifier{schema, table}.Sanitize()
+// pubRel is a table of a publication as ALTER PUBLICATION … SET TABLE names it: the quoted table,
+// and its column list (` ("a", "b")`, in table order) or "" for the whole table.
+type pubRel struct{ table, cols string }
+
+func newPubRel(schema, name string, cols []string) pubRel {
+	r := pubRel{table: pgx.Identifier{schema, name}.Sanitize()}
+	if len(cols) > 0 {
+		q := make([]string, len(cols))
+		for i, c := range cols {
+			q[i] = pgx.Identifier{c}.Sanitize()
 		}
-		sort.Strings(out)
-		return out
+		r.cols = " (" + strings.Join(q, ", ") + ")"
 	}
-	wantQ, mayQ := quote(want), quote(may)
+	return r
+}
+
+// sqlList is rels as a FOR TABLE / SET TABLE list, sorted.
+func sqlList(rels []pubRel) string {
+	out := make([]string, len(rels))
+	for i, r := range rels {
+		out[i] = r.table + r.cols
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", ")
+}
+
+// ensurePublication makes publication name hold exactly the tables want, each with its column
+// list, and publish ops; an unmanaged one may also hold the tables of may (quoted).
+func ensurePublication(ctx context.Context, q queryer, name string, manage bool, want []pubRel, may []string, ops publishOps, version int) error {
 	opsText := allOpsText
 	if ops == insertOps {
 		opsText = insertText
@@ -241,35 +357,34 @@ func ensurePublication(ctx context.Context, q queryer, name string, manage bool,
 	if !exists {
 		if !manage {
 			return errcode.New(errcode.Publication, "publication "+name+" does not exist",
-				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s'), or set publication.manage: true", pub, strings.Join(wantQ, ", "), opsText))
+				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s'), or set publication.manage: true", pub, sqlList(want), opsText))
 		}
 		sql := "CREATE PUBLICATION " + pub
-		if len(wantQ) > 0 {
-			sql += " FOR TABLE " + strings.Join(wantQ, ", ")
+		if len(want) > 0 {
+			sql += " FOR TABLE " + sqlList(want)
 		}
 		_, err := q.Exec(ctx, sql+" WITH (publish = '"+opsText+"')")
 		return publicationErr(err, name)
 	}
-	haveQ, filtered, err := publicationTables(ctx, q, name, version)
+	haveRels, filtered, err := publicationTables(ctx, q, name, version)
 	if err != nil {
 		return err
 	}
-	sort.Strings(haveQ)
-	exact := slices.Equal(haveQ, wantQ)
+	exact := sqlList(haveRels) == sqlList(want)
 	if !manage {
 		missing, extra := false, false
-		for _, t := range wantQ {
-			missing = missing || !slices.Contains(haveQ, t)
+		for _, r := range want {
+			missing = missing || !slices.Contains(haveRels, r)
 		}
-		for _, t := range haveQ {
-			extra = extra || !slices.Contains(wantQ, t) && !slices.Contains(mayQ, t)
+		for _, r := range haveRels {
+			extra = extra || !slices.Contains(want, r) && !slices.Contains(may, r.table)
 		}
 		what := ""
 		switch {
 		case filtered:
-			what = "has a row filter or a column list (a filtered stream could not be made complete)"
+			what = "has a row filter, or is FOR ALL TABLES (a filtered stream could not be made complete)"
 		case missing || extra:
-			what = "does not publish exactly the tables " + strings.Join(wantQ, ", ")
+			what = "does not publish exactly the tables (and column lists) " + sqlList(want)
 		case have != ops:
 			what = "does not publish exactly " + opsText
 		default:
@@ -277,15 +392,19 @@ func ensurePublication(ctx context.Context, q queryer, name string, manage bool,
 		}
 		return errcode.New(errcode.Publication, "publication "+name+" "+what,
 			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; ALTER PUBLICATION %s SET (publish = '%s'), or set publication.manage: true",
-				pub, strings.Join(wantQ, ", "), pub, opsText))
+				pub, sqlList(want), pub, opsText))
 	}
 	if exact && !filtered && have == ops {
 		return nil
 	}
-	if len(wantQ) > 0 {
-		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+strings.Join(wantQ, ", "))
-	} else if len(haveQ) > 0 {
-		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" DROP TABLE "+strings.Join(haveQ, ", "))
+	if len(want) > 0 {
+		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+sqlList(want))
+	} else if len(haveRels) > 0 {
+		tables := make([]string, len(haveRels))
+		for i, r := range haveRels {
+			tables[i] = r.table // DROP TABLE takes no column list
+		}
+		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" DROP TABLE "+strings.Join(tables, ", "))
 	}
 	if err != nil {
 		return publicationErr(err, name)
@@ -294,13 +413,16 @@ func ensurePublication(ctx context.Context, q queryer, name string, manage bool,
 	return publicationErr(err, name)
 }
 
-// publicationTables lists a publication's tables (quoted) and whether any has a filter or column list.
-func publicationTables(ctx context.Context, q queryer, name string, version int) ([]string, bool, error) {
-	filterExpr := "false"
+// publicationTables lists a publication's tables with their column lists, and whether any has a
+// row filter (a FOR ALL TABLES publication counts as filtered: it is never exactly the tables).
+func publicationTables(ctx context.Context, q queryer, name string, version int) ([]pubRel, bool, error) {
+	filterExpr, colsExpr := "false", "NULL::text[]"
 	if version >= 150000 {
-		filterExpr = "pr.prqual IS NOT NULL OR pr.prattrs IS NOT NULL"
+		filterExpr = "pr.prqual IS NOT NULL"
+		colsExpr = `(SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+			WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[]))`
 	}
-	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname, `+filterExpr+` FROM pg_catalog.pg_publication_rel pr
+	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname, `+filterExpr+`, `+colsExpr+` FROM pg_catalog.pg_publication_rel pr
 		JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
 		JOIN pg_catalog.pg_class c ON c.oid = pr.prrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE p.pubname = $1`, name)
@@ -308,15 +430,16 @@ func publicationTables(ctx context.Context, q queryer, name string, version int)
 		return nil, false, fmt.Errorf("read pg_publication_rel: %w", err)
 	}
 	defer rows.Close()
-	var have []string
+	var have []pubRel
 	filtered := false
 	for rows.Next() {
 		var s, t string
 		var f bool
-		if err := rows.Scan(&s, &t, &f); err != nil {
+		var cols []string
+		if err := rows.Scan(&s, &t, &f, &cols); err != nil {
 			return nil, false, err
 		}
-		have = append(have, pgx.Identifier{s, t}.Sanitize())
+		have = append(have, newPubRel(s, t, cols))
 		filtered = filtered || f
 	}
 	var all bool

@@ -3,6 +3,7 @@ package source
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ type Table struct {
 	// AppendOnly streams only the table's inserts (and truncates): it is published by the
 	// insert-only publication, so it needs no key, and its updates and deletes are not streamed.
 	AppendOnly bool
+	// ColumnList is the columns streamed and snapshotted (`columns`: a publication column list,
+	// PostgreSQL 15 or newer); nil streams them all. LoadTables puts it in table order.
+	ColumnList []string
 }
 
 // Full is "schema.name" as it appears in events.
@@ -219,6 +223,11 @@ func (c *Config) validateTables() error {
 		}
 		if t.Mode != PartitionBySingle {
 			allSingle = false
+		}
+		for j, c := range t.ColumnList {
+			if c == "" || slices.Contains(t.ColumnList[:j], c) {
+				return fieldErr(path+".columns", "list each column once, by name (%q)", c)
+			}
 		}
 	}
 	if c.TruncateEmit && !allSingle {

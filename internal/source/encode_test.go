@@ -73,7 +73,7 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	tables, _, err := LoadTables(ctx, pool, []Table{{Schema: "public", Name: "t", Queue: "q", Mode: PartitionByKey}})
+	tables, _, err := LoadTables(ctx, pool, []Table{{Schema: "public", Name: "t", Queue: "q", Mode: PartitionByKey}}, 170000)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,9 +52,10 @@ func CheckFunctions(ctx context.Context, q queryer) error {
 		"GRANT EXECUTE ON FUNCTION "+strings.Join(denied, ", ")+" TO "+pgx.Identifier{role}.Sanitize())
 }
 
-// tablePrivileges refuses a table whose schema or rows the role may not read (the snapshot, a
-// resync and the read-back of unchanged values read them); the fix grants what is missing.
-func tablePrivileges(t Table, role string, usage, sel bool) error {
+// tablePrivileges refuses a table whose schema or rows (with a columns list: its listed columns,
+// unreadable those it may not read) the role may not read (the snapshot, a resync and the
+// read-back of unchanged values read them); the fix grants what is missing.
+func tablePrivileges(t Table, role string, usage, sel bool, unreadable []string) error {
 	if usage && sel {
 		return nil
 	}
@@ -64,7 +65,15 @@ func tablePrivileges(t Table, role string, usage, sel bool) error {
 		what = append(what, "use schema "+t.Schema)
 		grants = append(grants, "GRANT USAGE ON SCHEMA "+pgx.Identifier{t.Schema}.Sanitize()+" TO "+r)
 	}
-	if !sel {
+	switch {
+	case !sel && len(t.ColumnList) > 0: // SELECT on the listed columns is enough
+		cols := make([]string, len(unreadable))
+		for i, c := range unreadable {
+			cols[i] = pgx.Identifier{c}.Sanitize()
+		}
+		what = append(what, "read column(s) "+strings.Join(unreadable, ", ")+" of "+t.Full())
+		grants = append(grants, "GRANT SELECT ("+strings.Join(cols, ", ")+") ON "+table+" TO "+r)
+	case !sel:
 		what = append(what, "read "+t.Full())
 		grants = append(grants, "GRANT SELECT ON "+table+" TO "+r)
 	}

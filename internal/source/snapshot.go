@@ -157,7 +157,9 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 			rows.Close()
 			return nil, fmt.Errorf("snapshot %s: read columns: %w", name, err)
 		}
-		cols = append(cols, c)
+		if len(t.info.ColumnList) == 0 || slices.Contains(t.info.ColumnList, c.Name) { // the published columns only
+			cols = append(cols, c)
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

@@ -53,7 +53,7 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pool.Close()
-	tables, _, err := LoadTables(ctx, pool, []Table{{Schema: "public", Name: "snap", Queue: "q", Mode: PartitionByKey}})
+	tables, _, err := LoadTables(ctx, pool, []Table{{Schema: "public", Name: "snap", Queue: "q", Mode: PartitionByKey}}, 170000)
 	if err != nil {
 		b.Fatal(err)
 	}

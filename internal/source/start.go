@@ -49,7 +49,7 @@ func (s *Source) session(ctx context.Context) error {
 	if err := CheckFunctions(ctx, pool); err != nil {
 		return err
 	}
-	tables, refused, err := LoadTables(ctx, pool, s.cfg.Tables)
+	tables, refused, err := LoadTables(ctx, pool, s.cfg.Tables, version)
 	if err != nil {
 		return err
 	}

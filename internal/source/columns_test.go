@@ -1,0 +1,153 @@
+package source
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// TestLoadTablesChecksColumnLists: a table's columns list is put in table order and refused
+// (column_list) when it cannot be a publication column list: before PostgreSQL 15, a listed
+// column missing or generated, a key or partition_by column left out, REPLICA IDENTITY FULL on a
+// table that is not append-only. SELECT on the listed columns is enough; without it on one of
+// them the table is refused (source_privileges) with the column GRANT that fixes it.
+func TestLoadTablesChecksColumnLists(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	ctx := context.Background()
+	pg.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text, secret text);
+		CREATE TABLE gen (id int PRIMARY KEY, v int, g int GENERATED ALWAYS AS (v * 2) STORED);
+		CREATE TABLE full_ident (id int PRIMARY KEY, v text, secret text);
+		ALTER TABLE full_ident REPLICA IDENTITY FULL;
+		CREATE TABLE log (cat text, v text, secret text)`)
+	table := func(name string, cols ...string) Table {
+		return Table{Schema: "public", Name: name, Queue: "q", ColumnList: cols}
+	}
+	appendOnly := func(tb Table, mode PartitionMode, part ...string) Table {
+		tb.AppendOnly, tb.Mode, tb.Columns = true, mode, part
+		return tb
+	}
+	cases := []struct {
+		name  string
+		table Table
+		code  errcode.Code // "" when loaded
+		want  string       // the error's text contains it, or the loaded list joined by ","
+	}{
+		{"whole table", table("t"), "", ""},
+		{"put in table order", table("t", "v", "id"), "", "id,v"},
+		{"key column left out", table("t", "v"), errcode.ColumnList, "key column id is not listed"},
+		{"missing column", table("t", "id", "nope"), errcode.ColumnList, "column nope does not exist"},
+		{"generated column", table("gen", "id", "g"), errcode.ColumnList, "column g is generated"},
+		{"replica identity full", table("full_ident", "id", "v"), errcode.ColumnList, "REPLICA IDENTITY FULL"},
+		{"full, append-only", appendOnly(table("full_ident", "v", "id"), PartitionByKey), "", "id,v"},
+		{"append-only without key, partition column left out", appendOnly(table("log", "v"), PartitionByColumns, "cat"), errcode.ColumnList, "partition_by column cat is not listed"},
+		{"append-only without key", appendOnly(table("log", "v", "cat"), PartitionByColumns, "cat"), "", "cat,v"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if pg.Version < 15 && len(c.table.ColumnList) > 0 {
+				c.code, c.want = errcode.ColumnList, "needs PostgreSQL 15"
+			}
+			ok, refused, err := LoadTables(ctx, pg.Pool(), []Table{c.table}, pg.Version*10000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case c.code == "" && (len(ok) != 1 || strings.Join(ok[0].ColumnList, ",") != c.want):
+				t.Fatalf("loaded %+v refused %+v, want columns %q", ok, refused, c.want)
+			case c.code != "" && (len(refused) != 1 || errcode.Of(refused[0].Err) != c.code || !strings.Contains(refused[0].Err.Error(), c.want)):
+				t.Fatalf("refused %+v, want %s containing %q", refused, c.code, c.want)
+			}
+		})
+	}
+	if pg.Version < 15 {
+		return
+	}
+
+	// Column privileges: SELECT on the listed columns only is enough; one missing names its GRANT.
+	pg.CreateRole("some_cols", "LOGIN", `GRANT SELECT (id, v) ON t TO %s`)
+	pool, err := pgxpool.New(ctx, pg.UserDSN("some_cols", "postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ok, refused, err := LoadTables(ctx, pool, []Table{table("t", "id", "v")}, pg.Version*10000)
+	if err != nil || len(ok) != 1 || len(refused) != 0 {
+		t.Fatalf("SELECT (id, v) with columns [id, v]: ok %+v refused %+v err %v", ok, refused, err)
+	}
+	for _, tb := range []Table{table("t", "id", "v", "secret"), table("t")} {
+		_, refused, err = LoadTables(ctx, pool, []Table{tb}, pg.Version*10000)
+		fix := `GRANT SELECT ("secret") ON "public"."t" TO "some_cols"`
+		if len(tb.ColumnList) == 0 {
+			fix = `GRANT SELECT ON "public"."t" TO "some_cols"`
+		}
+		if err != nil || len(refused) != 1 || errcode.Of(refused[0].Err) != errcode.SourcePrivileges || !strings.Contains(refused[0].Err.Error(), fix) {
+			t.Fatalf("columns %v: refused %+v err %v, want source_privileges naming %s", tb.ColumnList, refused, err, fix)
+		}
+	}
+}
+
+// TestEnsurePublicationsColumnLists: a managed publication gets each table's columns list as its
+// column list, and is corrected when the list changes or goes; an unmanaged one must have exactly
+// the configured lists (none for a table streamed whole).
+func TestEnsurePublicationsColumnLists(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	if pg.Version < 15 {
+		t.Skip("publication column lists came with PostgreSQL 15 (LoadTables refuses columns before it)")
+	}
+	ctx := context.Background()
+	pg.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text, secret text); CREATE TABLE u (id int PRIMARY KEY, w text)`)
+	info := func(name string, cols ...string) TableInfo {
+		return TableInfo{Table: Table{Schema: "public", Name: name, ColumnList: cols}}
+	}
+	// lists is the publication's tables with their column lists ("t(id,v)", "u(*)" for none).
+	lists := func(pub string) string {
+		var out string
+		err := pg.Pool().QueryRow(ctx, `SELECT coalesce(string_agg(c.relname || '(' || coalesce(
+			(SELECT string_agg(a.attname, ',' ORDER BY a.attnum) FROM pg_attribute a WHERE a.attrelid = r.prrelid AND a.attnum = ANY(r.prattrs::int2[])), '*') || ')',
+			' ' ORDER BY c.relname), '') FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+			JOIN pg_class c ON c.oid = r.prrelid WHERE p.pubname = $1`, pub).Scan(&out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name   string
+		setup  string
+		pub    string
+		manage bool
+		tables []TableInfo
+		code   errcode.Code
+		want   string // lists(pub) afterwards
+	}{
+		{"managed: created with the list", "", "m", true, []TableInfo{info("t", "id", "v"), info("u")}, "", "t(id,v) u(*)"},
+		{"managed: the list changes", "", "m", true, []TableInfo{info("t", "id", "secret"), info("u", "id")}, "", "t(id,secret) u(id)"},
+		{"managed: the list goes", "", "m", true, []TableInfo{info("t"), info("u")}, "", "t(*) u(*)"},
+		{"unmanaged: exactly the lists", "CREATE PUBLICATION x1 FOR TABLE t (v, id), u", "x1", false, []TableInfo{info("t", "id", "v"), info("u")}, "", "t(id,v) u(*)"},
+		{"unmanaged: another list", "CREATE PUBLICATION x2 FOR TABLE t (id, secret)", "x2", false, []TableInfo{info("t", "id", "v")}, errcode.Publication, "t(id,secret)"},
+		{"unmanaged: a list where none is configured", "CREATE PUBLICATION x3 FOR TABLE t (id, v)", "x3", false, []TableInfo{info("t")}, errcode.Publication, "t(id,v)"},
+		{"unmanaged: no list where one is configured", "CREATE PUBLICATION x4 FOR TABLE t", "x4", false, []TableInfo{info("t", "id", "v")}, errcode.Publication, "t(*)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.setup != "" {
+				pg.Exec(c.setup)
+			}
+			cfg := &Config{Publication: c.pub, InsertPublication: c.pub + InsertPublicationSuffix, ManagePublication: c.manage}
+			_, err := EnsurePublications(ctx, pg.Pool(), cfg, c.tables, nil, pg.Version*10000)
+			if errcode.Of(err) != c.code || (c.code == "" && err != nil) {
+				t.Fatalf("error %v, want code %q", err, c.code)
+			}
+			if c.code != "" && len(c.tables[0].ColumnList) > 0 && !strings.Contains(err.Error(), `ALTER PUBLICATION "`+c.pub+`" SET TABLE "public"."t" ("id", "v")`) {
+				t.Errorf("the fix does not name the configured list: %v", err)
+			}
+			if got := lists(c.pub); got != c.want {
+				t.Errorf("publication %s: %s, want %s", c.pub, got, c.want)
+			}
+		})
+	}
+}
