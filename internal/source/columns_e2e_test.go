@@ -1,0 +1,129 @@
+package source_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/cdctest"
+	"github.com/pgrelay/pgrelay/internal/oracle"
+)
+
+// TestColumnListKeepsOtherColumnsInPostgres runs pg_cdc with `columns` on a table holding a secret
+// column, as a role that may SELECT only the listed columns, with `snapshot: initial` and the
+// publication created by pg_cdc's administrator with that column list: the snapshot, inserts,
+// updates (one changing only the secret, one leaving a TOASTed listed value unchanged so it is
+// read back), a key change and a delete all reach the queue with exactly the listed columns, in
+// table order; no entry holds the secret; and the queue replays to the table's listed columns.
+// Before PostgreSQL 15 the table is refused with column_list.
+func TestColumnListKeepsOtherColumnsInPostgres(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE acct (id int PRIMARY KEY, name text, secret text, big text)`)
+	if e.pg.Version < 15 {
+		stop := e.run("cols", `[{table: acct, queue: qc, columns: [id, name]}]`, "")
+		e.waitStatus("qc", "cols", `"code":"column_list"`)
+		stop()
+		return
+	}
+	e.pg.Exec(`ALTER TABLE acct ALTER big SET STORAGE EXTERNAL;
+		INSERT INTO acct SELECT g, 'n' || g, 'SECRET-' || g, repeat('b', 4000) || g FROM generate_series(1, 40) g;
+		CREATE PUBLICATION acct_pub FOR TABLE acct (id, name, big);
+		CREATE VIEW acct_listed AS SELECT id, name, big FROM acct`)
+	e.pg.CreateRole("colcdc", "LOGIN REPLICATION", `GRANT SELECT (big, name, id) ON acct TO %s`)
+	startStream(t, fmt.Sprintf(`
+input:
+  pg_cdc:
+    name: cols
+    dsn: %s
+    tables: [{table: acct, queue: qc, columns: [big, id, name]}]
+    publication: {name: acct_pub, manage: false}
+    snapshot: initial
+    redis: {url: %[2]s}
+    lease_ttl: 3s
+output:
+  redis_queue:
+    url: %[2]s
+logger:
+  level: warn
+`, e.pg.UserDSN("colcdc", "postgres"), e.rd.URL()))
+	e.waitEntries("qc", 40)
+	e.pg.Exec(`INSERT INTO acct VALUES (41, 'n41', 'SECRET-41', 'small');
+		UPDATE acct SET secret = 'SECRET-changed' WHERE id = 1;
+		UPDATE acct SET name = 'renamed' WHERE id = 2;
+		UPDATE acct SET id = 100 WHERE id = 3;
+		DELETE FROM acct WHERE id = 4`)
+	e.pg.Exec(`INSERT INTO acct VALUES (999, 'last', 'SECRET-999', 'x')`) // committed after the others
+	var entries []oracle.Entry
+	cdctest.Wait(t, 30*time.Second, "the last insert in the queue", func() (bool, string) {
+		var err error
+		if entries, err = oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qc"); err != nil {
+			t.Fatal(err)
+		}
+		for _, en := range entries {
+			if strings.Contains(string(en.Payload), `"name":"last"`) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d entries", len(entries))
+	})
+	for _, en := range entries {
+		if strings.Contains(string(en.Payload), "SECRET") || strings.Contains(string(en.Payload), `"secret"`) {
+			t.Errorf("entry %s holds the unlisted column: %s", en.ID, en.Payload)
+		}
+		ev := event(t, en)
+		var op string
+		var unchanged []string
+		_ = json.Unmarshal(ev["op"], &op)
+		_ = json.Unmarshal(ev["unchanged"], &unchanged)
+		var want []string // the listed columns in table order, but those PostgreSQL did not send
+		for _, c := range []string{"id", "name", "big"} {
+			if !slices.Contains(unchanged, c) {
+				want = append(want, c)
+			}
+		}
+		if op != "d" {
+			if got := objectKeys(t, ev["after"]); got != strings.Join(want, ",") {
+				t.Errorf("entry %s (%s): after has columns %s, want %s", en.ID, op, got, strings.Join(want, ","))
+			}
+		}
+	}
+	res := oracle.Replay(entries)
+	for _, p := range res.Problems {
+		t.Error(p)
+	}
+	rows, err := oracle.TableRows(e.ctx, e.conn(), "public.acct_listed", []string{"id"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range oracle.Compare(res.Tables["public.acct"], rows) {
+		t.Error(d)
+	}
+	if len(rows) != 41 { // 40, + 41 and 999, − 4 (the key change keeps the count)
+		t.Errorf("%d rows in the table, want 41", len(rows))
+	}
+}
+
+// objectKeys is the member names of a JSON object, in their order, joined by ",".
+func objectKeys(t *testing.T, raw json.RawMessage) string {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	var keys []string
+	if _, err := dec.Token(); err != nil {
+		t.Fatalf("%s: %v", raw, err)
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		keys = append(keys, k.(string))
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+	}
+	return strings.Join(keys, ",")
+}
