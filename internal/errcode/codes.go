@@ -142,7 +142,8 @@ const (
 	ColumnList Code = "column_list"
 	// Publication means a publication (the main one, or the append-only tables' insert-only one)
 	// is missing, has row filters or column lists other than the configured columns, holds other tables or misses some, or does not
-	// publish exactly its operations, and publication.manage is false (or the role may not manage it).
+	// publish exactly its operations, and publication.manage is false (or the role may not manage it);
+	// or, while streaming, a configured table left its publication or got another column list there.
 	Publication Code = "publication"
 	// SlotLost means the pointer exists but the slot does not; it is never recreated silently.
 	SlotLost Code = "slot_lost"

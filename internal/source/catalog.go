@@ -504,3 +504,74 @@ func EnsurePublishFunction(ctx context.Context, db txStarter) (installed bool, e
 	}
 	return false, fmt.Errorf("install %s: %w", PublishFunction, err)
 }
+
+// PublicationDrift reports a configured table that left its publication, or whose column list
+// changed, while the source streams (checked with the heartbeat): `ALTER PUBLICATION … DROP TABLE`,
+// or `ALTER TABLE … DROP COLUMN … CASCADE` of a listed column, which takes the table out of the
+// publication. pgoutput then stops sending the table's changes without a word, so the session
+// ends with a publication error: the next start puts the table back (a managed publication) or is
+// refused (an unmanaged one), and the error says that the changes made meanwhile were not sent. A
+// table that no longer exists (DROP TABLE) is no drift: its changes up to the drop are still in the
+// WAL, and the next start refuses it (table_missing).
+func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables []TableInfo, version int) error {
+	colsExpr := "NULL::text[]"
+	if version >= 150000 {
+		colsExpr = `(SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+			WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[]))`
+	}
+	oids := make([]uint32, len(tables))
+	for i, t := range tables {
+		oids[i] = t.OID
+	}
+	rows, err := q.Query(ctx, `SELECT c.oid, coalesce(p.pubname, ''), `+colsExpr+`
+		FROM pg_catalog.pg_class c
+		LEFT JOIN pg_catalog.pg_publication_rel pr ON pr.prrelid = c.oid
+			AND pr.prpubid IN (SELECT oid FROM pg_catalog.pg_publication WHERE pubname = ANY($2))
+		LEFT JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+		WHERE c.oid = ANY($1)`, oids, pubs.Names())
+	if err != nil {
+		return fmt.Errorf("check the publications: %w", err)
+	}
+	exists := map[uint32]bool{}
+	held := map[string]pubRel{} // "<publication> <table oid>" → the table's column list there
+	for rows.Next() {
+		var oid uint32
+		var pub string
+		var cols []string
+		if err := rows.Scan(&oid, &pub, &cols); err != nil {
+			rows.Close()
+			return fmt.Errorf("check the publications: %w", err)
+		}
+		exists[oid] = true
+		if pub != "" {
+			held[fmt.Sprint(pub, " ", oid)] = newPubRel("", "", cols)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check the publications: %w", err)
+	}
+	for _, t := range tables {
+		if !exists[t.OID] {
+			continue // dropped: not drift
+		}
+		want := pubs.Main
+		if t.AppendOnly {
+			want = pubs.Insert
+		}
+		r, ok := held[fmt.Sprint(want, " ", t.OID)]
+		what := ""
+		switch {
+		case !ok:
+			what = "no longer holds " + t.Full()
+		case r.cols != newPubRel("", "", t.ColumnList).cols:
+			what = "has another column list for " + t.Full()
+		default:
+			continue
+		}
+		return errcode.New(errcode.Publication,
+			fmt.Sprintf("publication %s %s while it was streamed (ALTER PUBLICATION, or ALTER TABLE … DROP COLUMN … CASCADE of a listed column): PostgreSQL did not send its changes made since then", want, what),
+			"pg_cdc puts a managed publication back as configured at its next start (an unmanaged one: ALTER PUBLICATION as the start error says); to copy the rows again, pgrelay resync")
+	}
+	return nil
+}

@@ -127,3 +127,28 @@ func objectKeys(t *testing.T, raw json.RawMessage) string {
 	}
 	return strings.Join(keys, ",")
 }
+
+// TestTableLeavingThePublicationEndsTheSession: a table taken out of pg_cdc's managed publication
+// while it streams (ALTER PUBLICATION … DROP TABLE) ends the session with a publication error
+// instead of streaming on without its changes; the next start puts the table back, and its later
+// changes reach the queue.
+func TestTableLeavingThePublicationEndsTheSession(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY)`)
+	e.run("drift", `[{table: a, queue: qd}, {table: b, queue: qd}]`, "heartbeat: 1s")
+	e.waitStatus("qd", "drift", `"phase":"streaming"`)
+	e.pg.Exec(`INSERT INTO a VALUES (1); INSERT INTO b VALUES (1)`)
+	e.waitEntries("qd", 2)
+	e.pg.Exec(`ALTER PUBLICATION pgrelay_drift DROP TABLE b`)
+	e.waitStatus("qd", "drift", `publication pgrelay_drift no longer holds public.b`)
+	e.waitStatus("qd", "drift", `"phase":"streaming"`)
+	var n int
+	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pgrelay_drift' AND tablename = 'b'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("b not put back in the publication: %d %v", n, err)
+	}
+	e.pg.Exec(`INSERT INTO b VALUES (2)`)
+	entries := e.waitEntries("qd", 3)
+	if !strings.Contains(string(entries[len(entries)-1].Payload), `"table":"public.b"`) {
+		t.Fatalf("last entry %s", entries[len(entries)-1].Payload)
+	}
+}

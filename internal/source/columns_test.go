@@ -151,3 +151,72 @@ func TestEnsurePublicationsColumnLists(t *testing.T) {
 		})
 	}
 }
+
+// TestPublicationDrift: while a source streams, a configured table that leaves its publication
+// (ALTER PUBLICATION … DROP TABLE, DROP COLUMN … CASCADE of a listed column) or gets another column
+// list there is a publication error naming it; a table dropped altogether is not.
+func TestPublicationDrift(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	ctx := context.Background()
+	lists := pg.Version >= 15
+	pg.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text, w text); CREATE TABLE u (id int PRIMARY KEY);
+		CREATE TABLE l (v text); CREATE TABLE gone (id int PRIMARY KEY)`)
+	tcols := []Table{{Schema: "public", Name: "t", Queue: "q"}}
+	if lists {
+		tcols[0].ColumnList = []string{"id", "v"}
+	}
+	tables, refused, err := LoadTables(ctx, pg.Pool(), append(tcols,
+		Table{Schema: "public", Name: "u", Queue: "q"},
+		Table{Schema: "public", Name: "l", Queue: "q", AppendOnly: true, Mode: PartitionBySingle},
+		Table{Schema: "public", Name: "gone", Queue: "q"}), pg.Version*10000)
+	if err != nil || len(refused) > 0 {
+		t.Fatal(err, refused)
+	}
+	cfg := &Config{Publication: "p", InsertPublication: "p" + InsertPublicationSuffix, ManagePublication: true}
+	dropped := false // gone is dropped: settle leaves it out
+	settle := func() Publications {
+		t.Helper()
+		var left []TableInfo
+		for _, ti := range tables {
+			if ti.Name != "gone" || !dropped {
+				left = append(left, ti)
+			}
+		}
+		pubs, err := EnsurePublications(ctx, pg.Pool(), cfg, left, nil, pg.Version*10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pubs
+	}
+	pubs := settle()
+	steps := []struct {
+		name, sql string
+		drift     string // the error names it; "" for no error
+	}{
+		{"as settled", "", ""},
+		{"a table dropped altogether", "DROP TABLE gone", ""},
+		{"dropped from the publication", "ALTER PUBLICATION p DROP TABLE u", `publication p no longer holds public.u`},
+		{"dropped from the insert publication", "ALTER PUBLICATION p_insert DROP TABLE l", `publication p_insert no longer holds public.l`},
+	}
+	if lists {
+		steps = append(steps,
+			struct{ name, sql, drift string }{"another column list", `ALTER PUBLICATION p SET TABLE t (id), u`, `publication p has another column list for public.t`},
+			struct{ name, sql, drift string }{"a listed column dropped with CASCADE", `ALTER TABLE t DROP COLUMN v CASCADE`, `publication p no longer holds public.t`})
+	}
+	for _, s := range steps {
+		if s.sql != "" {
+			pg.Exec(s.sql)
+		}
+		dropped = dropped || s.sql == "DROP TABLE gone"
+		err := PublicationDrift(ctx, pg.Pool(), pubs, tables, pg.Version*10000)
+		switch {
+		case s.drift == "" && err != nil:
+			t.Fatalf("%s: %v", s.name, err)
+		case s.drift != "" && (errcode.Of(err) != errcode.Publication || !strings.Contains(err.Error(), s.drift)):
+			t.Fatalf("%s: %v, want a publication error containing %q", s.name, err, s.drift)
+		}
+		if s.drift != "" && !strings.Contains(s.sql, "DROP COLUMN") {
+			pubs = settle() // put back as configured
+		}
+	}
+}

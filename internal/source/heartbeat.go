@@ -5,11 +5,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
 )
 
 // heartbeat emits a non-transactional logical message when no WAL data arrived for a while, so
-// an idle publication still advances the pointer and the slot.
-func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
+// an idle publication still advances the pointer and the slot. On each tick it also reports the
+// slot's lag, ends the session for a requested resync, and checks the publications (drift: a
+// publication error ends the session).
+func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string, drift func(context.Context) error) {
 	every := ss.src.cfg.Heartbeat
 	t := time.NewTicker(every / 2)
 	defer t.Stop()
@@ -23,6 +27,10 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
 		ss.reportSlotLag(pool)
 		if resync, err := ss.src.resyncRequested(ss.ctx); err == nil && resync {
 			ss.fail(errResyncRequested)
+			return
+		}
+		if err := ss.checkDrift(drift, every); err != nil {
+			ss.fail(err)
 			return
 		}
 		if n := ss.dataMsgs.Load(); n != seen {
@@ -39,6 +47,17 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string) {
 		}
 		lastData = time.Now()
 	}
+}
+
+// checkDrift runs the publication check: its coded error, or nil (a failure to query is left to
+// the stream and the next tick: the server is busy or going).
+func (ss *session) checkDrift(drift func(context.Context) error, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ss.ctx, timeout)
+	defer cancel()
+	if err := drift(ctx); errcode.Of(err) != "" {
+		return err
+	}
+	return nil
 }
 
 // reportSlotLag publishes the slot's lag (current WAL − confirmed_flush_lsn) in bytes.

@@ -100,7 +100,7 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ss.heartbeat(pool, start.Epoch)
+		ss.heartbeat(pool, start.Epoch, func(ctx context.Context) error { return PublicationDrift(ctx, pool, pubs, tables, version) })
 	}()
 	if sn != nil {
 		wg.Add(1)
