@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -264,6 +265,12 @@ var (
 type Publications struct {
 	Main   string // every operation of the tables with a key
 	Insert string // inserts and truncates of the append-only tables; "" when there are none
+	// Rejoined are the tables ("schema.name") that were in neither publication, while one of
+	// them existed, when EnsurePublications found them, and that it put back (a managed
+	// publication): their changes since they left were not sent. RejoinedAt is the WAL position
+	// once they were back; a pointer at or past it was written since, and missed nothing.
+	Rejoined   []string
+	RejoinedAt pglogrepl.LSN
 }
 
 // Names lists the publications for pgoutput's publication_names.
@@ -281,8 +288,26 @@ func (p Publications) Names() []string {
 // PostgreSQL lets their updates and deletes run without a replica identity, and does not send
 // them). A table is published whole, or with exactly its columns list as the column list; row
 // filters are refused. A refused table may stay in an unmanaged publication (its changes are
-// dropped); a managed one never holds it.
+// dropped); a managed one never holds it. The tables that were in neither publication, while one
+// existed, come back in Rejoined (the start reads them again).
 func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
+	out, err := outOfPublications(ctx, q, []string{cfg.Publication, cfg.InsertPublication}, tables, version)
+	if err != nil {
+		return Publications{}, err
+	}
+	pubs, err := ensurePublications(ctx, q, cfg, tables, refused, version)
+	if err != nil || len(out) == 0 {
+		return pubs, err
+	}
+	pubs.Rejoined = out
+	if err := q.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&pubs.RejoinedAt); err != nil {
+		return pubs, fmt.Errorf("read the WAL position: %w", err)
+	}
+	return pubs, nil
+}
+
+// ensurePublications is EnsurePublications without Rejoined.
+func ensurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
 	var main, ins []pubRel
 	for _, t := range tables {
 		r := newPubRel(t.Schema, t.Name, t.ColumnList)
@@ -311,6 +336,35 @@ func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 	}
 	pubs.Insert = cfg.InsertPublication
 	return pubs, ensurePublication(ctx, q, cfg.InsertPublication, cfg.ManagePublication, ins, others, insertOps, version)
+}
+
+// outOfPublications lists the tables that are in none of pubs although one of them exists (none
+// when no publication exists yet: a first start).
+func outOfPublications(ctx context.Context, q queryer, pubs []string, tables []TableInfo, version int) ([]string, error) {
+	var exist int
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_publication WHERE pubname = ANY($1)`, pubs).Scan(&exist); err != nil {
+		return nil, fmt.Errorf("read pg_publication: %w", err)
+	}
+	if exist == 0 {
+		return nil, nil
+	}
+	in := map[string]bool{}
+	for _, p := range pubs {
+		rels, _, err := publicationTables(ctx, q, p, version)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rels {
+			in[r.table] = true
+		}
+	}
+	var out []string
+	for _, t := range tables {
+		if !in[newPubRel(t.Schema, t.Name, nil).table] {
+			out = append(out, t.Full())
+		}
+	}
+	return out, nil
 }
 
 // pubRel is a table of a publication as ALTER PUBLICATION … SET TABLE names it: the quoted table,
@@ -571,7 +625,7 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 		}
 		return errcode.New(errcode.Publication,
 			fmt.Sprintf("publication %s %s while it was streamed (ALTER PUBLICATION, or ALTER TABLE … DROP COLUMN … CASCADE of a listed column): PostgreSQL did not send its changes made since then", want, what),
-			"pg_cdc puts a managed publication back as configured at its next start (an unmanaged one: ALTER PUBLICATION as the start error says); to copy the rows again, pgrelay resync")
+			"none for a managed publication: the next start puts the table back and, with snapshot: initial, copies its rows again (with snapshot: never, pgrelay resync); an unmanaged one: ALTER PUBLICATION as the start error says, then pgrelay resync")
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,10 +84,26 @@ func (s *Source) session(ctx context.Context) error {
 	if err := s.alignFailover(ctx, pool, repl, version); err != nil {
 		return err
 	}
+	var rejoined []string // tables the pointer streams that were in no publication since it was written
+	for _, t := range pubs.Rejoined {
+		if start.LSNValue() < pubs.RejoinedAt && slices.Contains(start.Tables, t) {
+			rejoined = append(rejoined, t)
+		}
+	}
+	if len(rejoined) > 0 { // PlanTables reads them again, as tables added since the pointer
+		start.Tables = slices.DeleteFunc(slices.Clone(start.Tables), func(t string) bool { return slices.Contains(rejoined, t) })
+		what := "snapshotted again while streaming"
+		if !s.cfg.SnapshotInitial {
+			what = "with snapshot: never it is not copied again (pgrelay resync copies every table)"
+		}
+		s.log.Warnf("pg_cdc %s: table(s) %s were in no publication of this source at its start, so PostgreSQL did not send their changes since they left (ALTER PUBLICATION, or DROP COLUMN … CASCADE of a listed column); put back, and %s",
+			s.cfg.Name, strings.Join(rejoined, ", "), what)
+	}
 	start, added, err := PlanTables(start, s.tableNames(), s.cfg.SnapshotInitial)
 	if err != nil {
 		return err
 	}
+	added = slices.DeleteFunc(added, func(t string) bool { return slices.Contains(rejoined, t) })
 	if len(added) > 0 {
 		what := "streamed from now on (snapshot: never)"
 		if s.cfg.SnapshotInitial {
