@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -265,12 +264,10 @@ var (
 type Publications struct {
 	Main   string // every operation of the tables with a key
 	Insert string // inserts and truncates of the append-only tables; "" when there are none
-	// Rejoined are the tables ("schema.name") that were in neither publication, while one of
-	// them existed, when EnsurePublications found them, and that it put back (a managed
-	// publication): their changes since they left were not sent. RejoinedAt is the WAL position
-	// once they were back; a pointer at or past it was written since, and missed nothing.
-	Rejoined   []string
-	RejoinedAt pglogrepl.LSN
+	// Rejoined are the tables ("schema.name") that were in neither publication when
+	// EnsurePublications found them (or neither existed), and that it put back (a managed
+	// publication): a pointer written before streamed none of their changes since they left.
+	Rejoined []string
 }
 
 // Names lists the publications for pgoutput's publication_names.
@@ -288,22 +285,16 @@ func (p Publications) Names() []string {
 // PostgreSQL lets their updates and deletes run without a replica identity, and does not send
 // them). A table is published whole, or with exactly its columns list as the column list; row
 // filters are refused. A refused table may stay in an unmanaged publication (its changes are
-// dropped); a managed one never holds it. The tables that were in neither publication, while one
-// existed, come back in Rejoined (the start reads them again).
+// dropped); a managed one never holds it. The tables that were in neither publication come back
+// in Rejoined (a start whose pointer streamed them reads them again).
 func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
 	out, err := outOfPublications(ctx, q, []string{cfg.Publication, cfg.InsertPublication}, tables, version)
 	if err != nil {
 		return Publications{}, err
 	}
 	pubs, err := ensurePublications(ctx, q, cfg, tables, refused, version)
-	if err != nil || len(out) == 0 {
-		return pubs, err
-	}
 	pubs.Rejoined = out
-	if err := q.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&pubs.RejoinedAt); err != nil {
-		return pubs, fmt.Errorf("read the WAL position: %w", err)
-	}
-	return pubs, nil
+	return pubs, err
 }
 
 // ensurePublications is EnsurePublications without Rejoined.
@@ -338,16 +329,8 @@ func ensurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 	return pubs, ensurePublication(ctx, q, cfg.InsertPublication, cfg.ManagePublication, ins, others, insertOps, version)
 }
 
-// outOfPublications lists the tables that are in none of pubs although one of them exists (none
-// when no publication exists yet: a first start).
+// outOfPublications lists the tables that are in none of pubs (all of them when none exists).
 func outOfPublications(ctx context.Context, q queryer, pubs []string, tables []TableInfo, version int) ([]string, error) {
-	var exist int
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_publication WHERE pubname = ANY($1)`, pubs).Scan(&exist); err != nil {
-		return nil, fmt.Errorf("read pg_publication: %w", err)
-	}
-	if exist == 0 {
-		return nil, nil
-	}
 	in := map[string]bool{}
 	for _, p := range pubs {
 		rels, _, err := publicationTables(ctx, q, p, version)

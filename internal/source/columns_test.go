@@ -216,7 +216,43 @@ func TestPublicationDrift(t *testing.T) {
 			t.Fatalf("%s: %v, want a publication error containing %q", s.name, err, s.drift)
 		}
 		if s.drift != "" && !strings.Contains(s.sql, "DROP COLUMN") {
-			pubs = settle() // put back as configured
+			pubs = settle() // put back as configured: a table that was out is rejoined
+			out := strings.Contains(s.drift, "no longer holds")
+			if got := strings.Join(pubs.Rejoined, ","); out != (got != "") || out && !strings.HasSuffix(s.drift, got) {
+				t.Fatalf("%s: rejoined %q", s.name, got)
+			}
+		}
+	}
+}
+
+// TestEnsurePublicationsRejoined: the tables in none of the source's publications when it starts
+// are Rejoined, all of them when the publications are gone; a table that moved between the main
+// and the insert publication (append_only changed) is not.
+func TestEnsurePublicationsRejoined(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	ctx := context.Background()
+	pg.Exec(`CREATE TABLE k (id int PRIMARY KEY); CREATE TABLE l (v text)`)
+	k := TableInfo{Table: Table{Schema: "public", Name: "k"}}
+	l := TableInfo{Table: Table{Schema: "public", Name: "l", AppendOnly: true}}
+	cfg := &Config{Publication: "r", InsertPublication: "r" + InsertPublicationSuffix, ManagePublication: true}
+	for _, c := range []struct {
+		name   string
+		sql    string
+		tables []TableInfo
+		want   string
+	}{
+		{"no publication yet", "", []TableInfo{k, l}, "public.k,public.l"},
+		{"as settled", "", []TableInfo{k, l}, ""},
+		{"k becomes append-only", "", []TableInfo{{Table: Table{Schema: "public", Name: "k", AppendOnly: true}}, l}, ""},
+		{"l taken out", "ALTER PUBLICATION r_insert DROP TABLE l", []TableInfo{k, l}, "public.l"},
+		{"publications dropped", "DROP PUBLICATION r; DROP PUBLICATION r_insert", []TableInfo{k, l}, "public.k,public.l"},
+	} {
+		if c.sql != "" {
+			pg.Exec(c.sql)
+		}
+		pubs, err := EnsurePublications(ctx, pg.Pool(), cfg, c.tables, nil, pg.Version*10000)
+		if err != nil || strings.Join(pubs.Rejoined, ",") != c.want {
+			t.Fatalf("%s: rejoined %v (%v), want %s", c.name, pubs.Rejoined, err, c.want)
 		}
 	}
 }

@@ -77,7 +77,7 @@ func (s *Source) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
 	}
-	start, err := s.startPointer(ctx, pool, sys)
+	start, written, err := s.startPointer(ctx, pool, sys)
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	var rejoined []string // tables the pointer streams that were in no publication since it was written
 	for _, t := range pubs.Rejoined {
-		if start.LSNValue() < pubs.RejoinedAt && slices.Contains(start.Tables, t) {
+		if !written && slices.Contains(start.Tables, t) {
 			rejoined = append(rejoined, t)
 		}
 	}
@@ -195,48 +195,50 @@ func (s *Source) ensurePublishFunction(ctx context.Context, pool *pgxpool.Pool) 
 }
 
 // startPointer settles the pointer and the slot (DESIGN §5), creating both on the first start,
-// and waits while another process uses the slot.
-func (s *Source) startPointer(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.IdentifySystemResult) (pointer.Pointer, error) {
+// and waits while another process uses the slot. written says the pointer was written by this
+// call (a first start, or a resync): after the publications were settled, so it missed nothing.
+func (s *Source) startPointer(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.IdentifySystemResult) (p pointer.Pointer, written bool, err error) {
 	for {
 		if resync, err := s.resyncRequested(ctx); err != nil {
-			return pointer.Pointer{}, err
+			return pointer.Pointer{}, false, err
 		} else if resync {
 			if _, err := s.resync(ctx, pool, sys); err != nil {
-				return pointer.Pointer{}, err
+				return pointer.Pointer{}, false, err
 			}
+			written = true
 		}
 		ptr, err := s.readPointer(ctx)
 		if err != nil {
-			return pointer.Pointer{}, err
+			return pointer.Pointer{}, false, err
 		}
 		st, err := ReadSlot(ctx, pool, s.cfg.Slot)
 		if err != nil {
-			return pointer.Pointer{}, err
+			return pointer.Pointer{}, false, err
 		}
 		if ptr != nil {
 			if err := CheckPointer(*ptr, s.cfg.Slot, sys.SystemID, st); err != nil {
-				return pointer.Pointer{}, err
+				return pointer.Pointer{}, false, err
 			}
 		} else {
-			p, err := s.firstPointer(ctx, pool, sys, st)
+			first, err := s.firstPointer(ctx, pool, sys, st)
 			if err != nil {
-				return pointer.Pointer{}, err
+				return pointer.Pointer{}, false, err
 			}
-			ptr = &p
+			ptr, written = &first, true
 			if st, err = ReadSlot(ctx, pool, s.cfg.Slot); err != nil {
-				return pointer.Pointer{}, err
+				return pointer.Pointer{}, false, err
 			}
 		}
 		if err := CheckSlot(st, s.cfg.Slot, sys.DBName, *ptr); err != nil {
-			return pointer.Pointer{}, err
+			return pointer.Pointer{}, false, err
 		}
 		if st.ActivePID == 0 {
-			return *ptr, nil
+			return *ptr, written, nil
 		}
 		s.setPhase(PhaseWaitingForSlot, fmt.Errorf("slot %s is in use by process %d", s.cfg.Slot, st.ActivePID))
 		retry.Sleep(ctx, 2*time.Second)
 		if ctx.Err() != nil {
-			return pointer.Pointer{}, ctx.Err()
+			return pointer.Pointer{}, false, ctx.Err()
 		}
 	}
 }
