@@ -264,10 +264,6 @@ var (
 type Publications struct {
 	Main   string // every operation of the tables with a key
 	Insert string // inserts and truncates of the append-only tables; "" when there are none
-	// Rejoined are the tables ("schema.name") that were in neither publication when
-	// EnsurePublications found them (or neither existed), and that it put back (a managed
-	// publication): a pointer written before streamed none of their changes since they left.
-	Rejoined []string
 }
 
 // Names lists the publications for pgoutput's publication_names.
@@ -285,20 +281,8 @@ func (p Publications) Names() []string {
 // PostgreSQL lets their updates and deletes run without a replica identity, and does not send
 // them). A table is published whole, or with exactly its columns list as the column list; row
 // filters are refused. A refused table may stay in an unmanaged publication (its changes are
-// dropped); a managed one never holds it. The tables that were in neither publication come back
-// in Rejoined (a start whose pointer streamed them reads them again).
+// dropped); a managed one never holds it.
 func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
-	out, err := outOfPublications(ctx, q, []string{cfg.Publication, cfg.InsertPublication}, tables, version)
-	if err != nil {
-		return Publications{}, err
-	}
-	pubs, err := ensurePublications(ctx, q, cfg, tables, refused, version)
-	pubs.Rejoined = out
-	return pubs, err
-}
-
-// ensurePublications is EnsurePublications without Rejoined.
-func ensurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
 	var main, ins []pubRel
 	for _, t := range tables {
 		r := newPubRel(t.Schema, t.Name, t.ColumnList)
@@ -327,27 +311,6 @@ func ensurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 	}
 	pubs.Insert = cfg.InsertPublication
 	return pubs, ensurePublication(ctx, q, cfg.InsertPublication, cfg.ManagePublication, ins, others, insertOps, version)
-}
-
-// outOfPublications lists the tables that are in none of pubs (all of them when none exists).
-func outOfPublications(ctx context.Context, q queryer, pubs []string, tables []TableInfo, version int) ([]string, error) {
-	in := map[string]bool{}
-	for _, p := range pubs {
-		rels, _, err := publicationTables(ctx, q, p, version)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range rels {
-			in[r.table] = true
-		}
-	}
-	var out []string
-	for _, t := range tables {
-		if !in[newPubRel(t.Schema, t.Name, nil).table] {
-			out = append(out, t.Full())
-		}
-	}
-	return out, nil
 }
 
 // pubRel is a table of a publication as ALTER PUBLICATION … SET TABLE names it: the quoted table,

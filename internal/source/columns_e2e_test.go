@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 )
@@ -165,4 +168,60 @@ func TestTableLeavingThePublicationEndsTheSession(t *testing.T) {
 	})
 	e.checkOracle("qd", "public.b", "id")
 	e.checkOracle("qd", "public.a", "id")
+}
+
+// TestTableReadAgainAfterAStartKilledOnceItWasBack: the start that finds a table out of the
+// publication and puts it back stops before its first write (here: it waits for a slot another
+// process holds, and is stopped there); the next start finds the table in the publication, yet
+// reads it again, because the first start recorded it before it changed the publication.
+func TestTableReadAgainAfterAStartKilledOnceItWasBack(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY, v text);
+		CREATE PUBLICATION holder FOR TABLE a`) // the holder's: it must exist at the WAL it decodes
+	stop := e.run("cw", `[{table: a, queue: qw}, {table: b, queue: qw}]`, "snapshot: initial")
+	e.waitStatus("qw", "cw", `"phase":"streaming"`)
+	e.pg.Exec(`INSERT INTO a VALUES (1); INSERT INTO b VALUES (1, 'one')`)
+	e.waitEntries("qw", 2)
+	stop()
+	e.pg.Exec(`ALTER PUBLICATION pgrelay_cw DROP TABLE b`)
+	e.pg.Exec(`INSERT INTO b VALUES (2, 'two')`) // while b is out: never sent
+	e.pg.Exec(`UPDATE b SET v = 'changed' WHERE id = 1`)
+
+	cfg, _ := pgconn.ParseConfig(e.pg.DSN() + "&replication=database")
+	holder, err := pgconn.ConnectConfig(e.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(e.ctx)
+	cdctest.Wait(t, 30*time.Second, "the slot free for the holder", func() (bool, string) {
+		err := pglogrepl.StartReplication(e.ctx, holder, "pgrelay_cw", 0, pglogrepl.StartReplicationOptions{
+			PluginArgs: []string{"proto_version '1'", "publication_names 'holder'"}})
+		return err == nil, fmt.Sprint(err)
+	})
+	stop = e.run("cw", `[{table: a, queue: qw}, {table: b, queue: qw}]`, "snapshot: initial")
+	e.waitStatus("qw", "cw", `"phase":"waiting_for_slot"`)
+	var n int
+	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pgrelay_cw' AND tablename = 'b'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("b not put back in the publication: %d %v", n, err)
+	}
+	stop()
+	holder.Close(e.ctx)
+
+	e.run("cw", `[{table: a, queue: qw}, {table: b, queue: qw}]`, "snapshot: initial")
+	e.waitStatus("qw", "cw", `"phase":"streaming"`)
+	e.pg.Exec(`INSERT INTO b VALUES (3, 'three')`)
+	cdctest.Wait(t, 30*time.Second, "b read again and its later insert", func() (bool, string) {
+		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		reread, last := 0, false
+		for _, en := range entries {
+			p := string(en.Payload)
+			reread += strings.Count(p, `"op":"r","table":"public.b"`)
+			last = last || strings.Contains(p, `"v":"three"`)
+		}
+		return reread >= 2 && last, fmt.Sprintf("%d entries, %d rows of b read again", len(entries), reread)
+	})
+	e.checkOracle("qw", "public.b", "id")
 }

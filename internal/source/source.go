@@ -57,12 +57,12 @@ type Hooks struct {
 }
 
 // Keys are the Redis keys of one source (DESIGN §4), under its first queue's hash tag.
-type Keys struct{ Lease, Pointer, Resync, Status string }
+type Keys struct{ Lease, Pointer, Resync, Status, Rejoin string }
 
 // KeysFor derives the keys from the config.
 func KeysFor(c *Config) Keys {
 	k := func(s string) string { return redisconn.Key(c.Redis.Prefix, c.Tables[0].Queue, "src", c.Name, s) }
-	return Keys{Lease: k("lease"), Pointer: k("ptr"), Resync: k("resync"), Status: k("status")}
+	return Keys{Lease: k("lease"), Pointer: k("ptr"), Resync: k("resync"), Status: k("status"), Rejoin: k("rejoin")}
 }
 
 // Source owns the lease, runs streaming sessions, and hands out one batch at a time.

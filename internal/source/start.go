@@ -57,6 +57,10 @@ func (s *Source) session(ctx context.Context) error {
 	if err := s.settleRefusals(tables, refused); err != nil {
 		return err
 	}
+	marked, err := s.markRejoin(ctx, pool, tables, version)
+	if err != nil {
+		return err
+	}
 	pubs, err := EnsurePublications(ctx, pool, &s.cfg, tables, refused, version)
 	if err != nil {
 		return err
@@ -84,20 +88,9 @@ func (s *Source) session(ctx context.Context) error {
 	if err := s.alignFailover(ctx, pool, repl, version); err != nil {
 		return err
 	}
-	var rejoined []string // tables the pointer streams that were in no publication since it was written
-	for _, t := range pubs.Rejoined {
-		if !written && slices.Contains(start.Tables, t) {
-			rejoined = append(rejoined, t)
-		}
-	}
-	if len(rejoined) > 0 { // PlanTables reads them again, as tables added since the pointer
-		start.Tables = slices.DeleteFunc(slices.Clone(start.Tables), func(t string) bool { return slices.Contains(rejoined, t) })
-		what := "snapshotted again while streaming"
-		if !s.cfg.SnapshotInitial {
-			what = "with snapshot: never it is not copied again (pgrelay resync copies every table)"
-		}
-		s.log.Warnf("pg_cdc %s: table(s) %s were in no publication of this source at its start, so PostgreSQL did not send their changes since they left (ALTER PUBLICATION, or DROP COLUMN … CASCADE of a listed column); put back, and %s",
-			s.cfg.Name, strings.Join(rejoined, ", "), what)
+	start, rejoined, err := s.rejoin(ctx, start, written, marked) // PlanTables reads them again
+	if err != nil {
+		return err
 	}
 	start, added, err := PlanTables(start, s.tableNames(), s.cfg.SnapshotInitial)
 	if err != nil {
