@@ -571,7 +571,7 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 		}
 		return errcode.New(errcode.Publication,
 			fmt.Sprintf("publication %s %s while it was streamed (ALTER PUBLICATION, or ALTER TABLE … DROP COLUMN … CASCADE of a listed column): PostgreSQL did not send its changes made since then", want, what),
-			"none for a managed publication: the next start puts the table back and, with snapshot: initial, copies its rows again (with snapshot: never, pgrelay resync); an unmanaged one: ALTER PUBLICATION as the start error says, then pgrelay resync")
+			"none for a managed publication: the next start puts the table back and, with snapshot: initial, reads its rows again (with snapshot: never, pgrelay resync); an unmanaged one: ALTER PUBLICATION as the start error says, and the start after it reads the table again")
 	}
 	return nil
 }

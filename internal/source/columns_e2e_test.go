@@ -225,3 +225,36 @@ func TestTableReadAgainAfterAStartKilledOnceItWasBack(t *testing.T) {
 	})
 	e.checkOracle("qw", "public.b", "id")
 }
+
+// TestTableReadAgainOnceAnUnmanagedPublicationIsFixed: with `publication.manage: false`, a start
+// that finds a streamed table out of the publication is refused (publication) until the
+// administrator puts it back; the start after that reads the table again.
+func TestTableReadAgainOnceAnUnmanagedPublicationIsFixed(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY, v text);
+		CREATE PUBLICATION upub FOR TABLE a, b`)
+	extra := "snapshot: initial\npublication: {name: upub, manage: false}"
+	stop := e.run("um", `[{table: a, queue: qu}, {table: b, queue: qu}]`, extra)
+	e.waitStatus("qu", "um", `"phase":"streaming"`)
+	e.pg.Exec(`INSERT INTO a VALUES (1); INSERT INTO b VALUES (1, 'one')`)
+	e.waitEntries("qu", 2)
+	stop()
+	e.pg.Exec(`ALTER PUBLICATION upub DROP TABLE b`)
+	e.pg.Exec(`INSERT INTO b VALUES (2, 'two')`) // while b is out: never sent
+	e.run("um", `[{table: a, queue: qu}, {table: b, queue: qu}]`, extra)
+	e.waitStatus("qu", "um", `"code":"publication"`)
+	e.pg.Exec(`ALTER PUBLICATION upub ADD TABLE b`)
+	e.waitStatus("qu", "um", `"phase":"streaming"`)
+	cdctest.Wait(t, 30*time.Second, "b read again", func() (bool, string) {
+		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		reread := 0
+		for _, en := range entries {
+			reread += strings.Count(string(en.Payload), `"op":"r","table":"public.b"`)
+		}
+		return reread >= 2, fmt.Sprintf("%d entries, %d rows of b read again", len(entries), reread)
+	})
+	e.checkOracle("qu", "public.b", "id")
+}
