@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
@@ -94,6 +95,9 @@ func (s *Source) rejoin(ctx context.Context, start pointer.Pointer, written bool
 	what := "snapshotted again while streaming"
 	if !s.cfg.SnapshotInitial {
 		what = "with snapshot: never not copied again (pgrelay resync copies every table)"
+	}
+	if s.hooks.Error != nil { // counted like the session error that ends a stream on it
+		s.hooks.Error(string(errcode.Publication))
 	}
 	s.log.Warnf("pg_cdc %s: table(s) %s were in no publication of this source since the pointer was written, so PostgreSQL did not send their changes since they left (ALTER PUBLICATION, or DROP COLUMN … CASCADE of a listed column); put back, and %s",
 		s.cfg.Name, strings.Join(again, ", "), what)
