@@ -53,6 +53,13 @@ func newLoadFollowEnv(t *testing.T) (*loadFollowEnv, *testenv.Process) {
 		err := e.pg.Pool().QueryRow(e.ctx, `SELECT to_regprocedure('pgrelay.publish(text,text,jsonb)') IS NOT NULL`).Scan(&ok)
 		return err == nil && ok, fmt.Sprint(err)
 	})
+	// The queue exists once a producer has written to it: a change the followers ignore (not an
+	// m event) creates it, so the first follower's positions never meet a queue not there yet.
+	e.pg.Exec(`UPDATE accounts SET balance = balance WHERE id = 1`)
+	cdctest.WaitEvery(t, time.Minute, 20*time.Millisecond, "the queue created", func() (bool, string) {
+		_, err := queue.ReadPositions(e.ctx, e.rd.Client(), queue.NewLayout(""), e.queue)
+		return err == nil, fmt.Sprint(err)
+	})
 	return e, p
 }
 
