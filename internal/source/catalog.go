@@ -105,14 +105,14 @@ func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo,
 		return ti, errcode.New(errcode.ColumnList, fmt.Sprintf("tables[].columns needs PostgreSQL 15 or newer (publication column lists); this is %d", version/10000),
 			"stream "+t.Full()+" whole (drop its columns list), or upgrade PostgreSQL to 15 or newer")
 	}
-	var cols []string // without SELECT on the table, the listed columns the role may not read
+	var unreadable []string // without SELECT on the table, the listed columns the role may not read
 	if !sel && len(t.ColumnList) > 0 {
-		if cols, err = unreadableColumns(ctx, q, ti.OID, t.ColumnList); err != nil {
+		if unreadable, err = unreadableColumns(ctx, q, ti.OID, t.ColumnList); err != nil {
 			return ti, err
 		}
-		sel = len(cols) == 0
+		sel = len(unreadable) == 0
 	}
-	if err := tablePrivileges(t, role, usage, sel, cols); err != nil {
+	if err := tablePrivileges(t, role, usage, sel, unreadable); err != nil {
 		return ti, err
 	}
 	// The identity index (USING INDEX) or else the primary key, columns in index order.
@@ -137,10 +137,39 @@ func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo,
 		return ti, errcode.New(errcode.ReplicaIdentity, t.Full()+" has no key pg_cdc can use (REPLICA IDENTITY NOTHING, or no primary key)",
 			"add a primary key, or ALTER TABLE "+t.Full()+" REPLICA IDENTITY USING INDEX <unique index>; for a table that only gets inserts (a log), set tables[].append_only: true")
 	}
-	if err := checkPartitionColumns(ctx, q, ti); err != nil {
+	if ti.Mode != PartitionByColumns && len(ti.ColumnList) == 0 {
+		return ti, nil
+	}
+	cols, err := tableColumns(ctx, q, ti.OID)
+	if err != nil {
 		return ti, err
 	}
-	return ti, checkColumnList(ctx, q, &ti)
+	if err := checkPartitionColumns(ti, cols); err != nil {
+		return ti, err
+	}
+	return ti, checkColumnList(&ti, cols)
+}
+
+// column is a column of a table, as the catalog has it.
+type column struct {
+	name      string
+	generated bool
+}
+
+// tableColumns reads table oid's columns in table order (dropped ones left out).
+func tableColumns(ctx context.Context, q queryer, oid uint32) ([]column, error) {
+	rows, err := q.Query(ctx, `SELECT attname, attgenerated <> '' FROM pg_catalog.pg_attribute
+		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, oid)
+	if err != nil {
+		return nil, fmt.Errorf("read columns: %w", err)
+	}
+	cols, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (c column, err error) {
+		return c, r.Scan(&c.name, &c.generated)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read columns: %w", err)
+	}
+	return cols, nil
 }
 
 // checkColumnList checks that a table's columns list can be a publication column list and puts it
@@ -149,7 +178,7 @@ func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo,
 // DELETE on a table whose column list misses a replica identity column) and the partition_by
 // columns (each event's partition is computed from them). REPLICA IDENTITY FULL makes every
 // column part of the identity, so such a table must be append-only.
-func checkColumnList(ctx context.Context, q queryer, ti *TableInfo) error {
+func checkColumnList(ti *TableInfo, cols []column) error {
 	if len(ti.ColumnList) == 0 {
 		return nil
 	}
@@ -160,28 +189,13 @@ func checkColumnList(ctx context.Context, q queryer, ti *TableInfo) error {
 		return refuse("the table has REPLICA IDENTITY FULL, so its updates and deletes carry every column",
 			"stream it whole (drop its columns list), or ALTER TABLE "+ti.Full()+" REPLICA IDENTITY DEFAULT with a primary key")
 	}
-	rows, err := q.Query(ctx, `SELECT attname, attgenerated <> '' FROM pg_catalog.pg_attribute
-		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, ti.OID)
-	if err != nil {
-		return fmt.Errorf("read columns: %w", err)
-	}
 	var ordered []string
 	generated := map[string]bool{}
-	for rows.Next() {
-		var name string
-		var gen bool
-		if err := rows.Scan(&name, &gen); err != nil {
-			rows.Close()
-			return fmt.Errorf("read columns: %w", err)
+	for _, c := range cols {
+		generated[c.name] = c.generated
+		if slices.Contains(ti.ColumnList, c.name) {
+			ordered = append(ordered, c.name)
 		}
-		generated[name] = gen
-		if slices.Contains(ti.ColumnList, name) {
-			ordered = append(ordered, name)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read columns: %w", err)
 	}
 	for _, c := range ti.ColumnList {
 		gen, ok := generated[c]
@@ -223,21 +237,12 @@ func unreadableColumns(ctx context.Context, q queryer, oid uint32, cols []string
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-func checkPartitionColumns(ctx context.Context, q queryer, ti TableInfo) error {
+func checkPartitionColumns(ti TableInfo, cols []column) error {
 	if ti.Mode != PartitionByColumns {
 		return nil
 	}
-	rows, err := q.Query(ctx, `SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attnum > 0
-		AND NOT attisdropped AND attgenerated = ''`, ti.OID)
-	if err != nil {
-		return fmt.Errorf("read columns: %w", err)
-	}
-	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("read columns: %w", err)
-	}
 	for _, c := range ti.Columns {
-		if !slices.Contains(cols, c) {
+		if !slices.Contains(cols, column{name: c}) { // a generated column is not published
 			return errcode.New(errcode.PartitionBy, "partition_by column "+c+" is not a column of "+ti.Full(), "fix tables[].partition_by")
 		}
 		if ti.Identity != 'f' && !ti.AppendOnly && !slices.Contains(ti.Key, c) {
@@ -318,15 +323,19 @@ func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 type pubRel struct{ table, cols string }
 
 func newPubRel(schema, name string, cols []string) pubRel {
-	r := pubRel{table: pgx.Identifier{schema, name}.Sanitize()}
-	if len(cols) > 0 {
-		q := make([]string, len(cols))
-		for i, c := range cols {
-			q[i] = pgx.Identifier{c}.Sanitize()
-		}
-		r.cols = " (" + strings.Join(q, ", ") + ")"
+	return pubRel{table: pgx.Identifier{schema, name}.Sanitize(), cols: columnListSQL(cols)}
+}
+
+// columnListSQL is cols as a publication's column list, ` ("a", "b")`; "" for none.
+func columnListSQL(cols []string) string {
+	if len(cols) == 0 {
+		return ""
 	}
-	return r
+	q := make([]string, len(cols))
+	for i, c := range cols {
+		q[i] = pgx.Identifier{c}.Sanitize()
+	}
+	return " (" + strings.Join(q, ", ") + ")"
 }
 
 // sqlList is rels as a FOR TABLE / SET TABLE list, sorted.
@@ -413,16 +422,24 @@ func ensurePublication(ctx context.Context, q queryer, name string, manage bool,
 	return publicationErr(err, name)
 }
 
+// columnListExpr is the SQL of the column list of pg_publication_rel pr: its column names in table
+// order, NULL for the whole table (always before PostgreSQL 15, which has no column lists).
+func columnListExpr(version int) string {
+	if version < 150000 {
+		return "NULL::text[]"
+	}
+	return `(SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+		WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[]))`
+}
+
 // publicationTables lists a publication's tables with their column lists, and whether any has a
 // row filter (a FOR ALL TABLES publication counts as filtered: it is never exactly the tables).
 func publicationTables(ctx context.Context, q queryer, name string, version int) ([]pubRel, bool, error) {
-	filterExpr, colsExpr := "false", "NULL::text[]"
+	filterExpr := "false"
 	if version >= 150000 {
 		filterExpr = "pr.prqual IS NOT NULL"
-		colsExpr = `(SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
-			WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[]))`
 	}
-	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname, `+filterExpr+`, `+colsExpr+` FROM pg_catalog.pg_publication_rel pr
+	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname, `+filterExpr+`, `+columnListExpr(version)+` FROM pg_catalog.pg_publication_rel pr
 		JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
 		JOIN pg_catalog.pg_class c ON c.oid = pr.prrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE p.pubname = $1`, name)
@@ -514,16 +531,11 @@ func EnsurePublishFunction(ctx context.Context, db txStarter) (installed bool, e
 // table that no longer exists (DROP TABLE) is no drift: its changes up to the drop are still in the
 // WAL, and the next start refuses it (table_missing).
 func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables []TableInfo, version int) error {
-	colsExpr := "NULL::text[]"
-	if version >= 150000 {
-		colsExpr = `(SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
-			WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[]))`
-	}
 	oids := make([]uint32, len(tables))
 	for i, t := range tables {
 		oids[i] = t.OID
 	}
-	rows, err := q.Query(ctx, `SELECT c.oid, coalesce(p.pubname, ''), `+colsExpr+`
+	rows, err := q.Query(ctx, `SELECT c.oid, coalesce(p.pubname, ''), `+columnListExpr(version)+`
 		FROM pg_catalog.pg_class c
 		LEFT JOIN pg_catalog.pg_publication_rel pr ON pr.prrelid = c.oid
 			AND pr.prpubid IN (SELECT oid FROM pg_catalog.pg_publication WHERE pubname = ANY($2))
@@ -532,8 +544,12 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 	if err != nil {
 		return fmt.Errorf("check the publications: %w", err)
 	}
+	type rel struct {
+		pub string
+		oid uint32
+	}
 	exists := map[uint32]bool{}
-	held := map[string]pubRel{} // "<publication> <table oid>" → the table's column list there
+	held := map[rel]string{} // a publication's table → its column list there
 	for rows.Next() {
 		var oid uint32
 		var pub string
@@ -544,7 +560,7 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 		}
 		exists[oid] = true
 		if pub != "" {
-			held[fmt.Sprint(pub, " ", oid)] = newPubRel("", "", cols)
+			held[rel{pub, oid}] = columnListSQL(cols)
 		}
 	}
 	rows.Close()
@@ -559,12 +575,12 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 		if t.AppendOnly {
 			want = pubs.Insert
 		}
-		r, ok := held[fmt.Sprint(want, " ", t.OID)]
+		cols, ok := held[rel{want, t.OID}]
 		what := ""
 		switch {
 		case !ok:
 			what = "no longer holds " + t.Full()
-		case r.cols != newPubRel("", "", t.ColumnList).cols:
+		case cols != columnListSQL(t.ColumnList):
 			what = "has another column list for " + t.Full()
 		default:
 			continue

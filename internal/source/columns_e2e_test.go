@@ -153,19 +153,7 @@ func TestTableLeavingThePublicationEndsTheSession(t *testing.T) {
 		t.Fatalf("b not put back in the publication: %d %v", n, err)
 	}
 	e.pg.Exec(`INSERT INTO b VALUES (3, 'three')`)
-	cdctest.Wait(t, 30*time.Second, "b read again and its later insert", func() (bool, string) {
-		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qd")
-		if err != nil {
-			t.Fatal(err)
-		}
-		reread, last := 0, false
-		for _, en := range entries {
-			p := string(en.Payload)
-			reread += strings.Count(p, `"op":"r","table":"public.b"`)
-			last = last || strings.Contains(p, `"v":"three"`)
-		}
-		return reread >= 2 && last, fmt.Sprintf("%d entries, %d rows of b read again", len(entries), reread)
-	})
+	e.waitReadAgain("qd", `"v":"three"`)
 	e.checkOracle("qd", "public.b", "id")
 	e.checkOracle("qd", "public.a", "id")
 }
@@ -210,19 +198,7 @@ func TestTableReadAgainAfterAStartKilledOnceItWasBack(t *testing.T) {
 	e.run("cw", `[{table: a, queue: qw}, {table: b, queue: qw}]`, "snapshot: initial")
 	e.waitStatus("qw", "cw", `"phase":"streaming"`)
 	e.pg.Exec(`INSERT INTO b VALUES (3, 'three')`)
-	cdctest.Wait(t, 30*time.Second, "b read again and its later insert", func() (bool, string) {
-		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qw")
-		if err != nil {
-			t.Fatal(err)
-		}
-		reread, last := 0, false
-		for _, en := range entries {
-			p := string(en.Payload)
-			reread += strings.Count(p, `"op":"r","table":"public.b"`)
-			last = last || strings.Contains(p, `"v":"three"`)
-		}
-		return reread >= 2 && last, fmt.Sprintf("%d entries, %d rows of b read again", len(entries), reread)
-	})
+	e.waitReadAgain("qw", `"v":"three"`)
 	e.checkOracle("qw", "public.b", "id")
 }
 
@@ -245,16 +221,25 @@ func TestTableReadAgainOnceAnUnmanagedPublicationIsFixed(t *testing.T) {
 	e.waitStatus("qu", "um", `"code":"publication"`)
 	e.pg.Exec(`ALTER PUBLICATION upub ADD TABLE b`)
 	e.waitStatus("qu", "um", `"phase":"streaming"`)
-	cdctest.Wait(t, 30*time.Second, "b read again", func() (bool, string) {
-		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qu")
-		if err != nil {
-			t.Fatal(err)
-		}
-		reread := 0
-		for _, en := range entries {
-			reread += strings.Count(string(en.Payload), `"op":"r","table":"public.b"`)
-		}
-		return reread >= 2, fmt.Sprintf("%d entries, %d rows of b read again", len(entries), reread)
-	})
+	e.waitReadAgain("qu", "")
 	e.checkOracle("qu", "public.b", "id")
+}
+
+// waitReadAgain waits until queue holds public.b's two rows read again (as r events) and, unless
+// after is "", an entry containing after (a change made once the table was back).
+func (e *env) waitReadAgain(queue, after string) {
+	e.t.Helper()
+	cdctest.Wait(e.t, 30*time.Second, "public.b read again", func() (bool, string) {
+		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", queue)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		reread, seen := 0, after == ""
+		for _, en := range entries {
+			p := string(en.Payload)
+			reread += strings.Count(p, `"op":"r","table":"public.b"`)
+			seen = seen || strings.Contains(p, after)
+		}
+		return reread >= 2 && seen, fmt.Sprintf("%d entries, %d rows of b read again", len(entries), reread)
+	})
 }
