@@ -2,7 +2,8 @@
 -- queue_replay.lua: move dead letters back into their queue, each atomically with its removal from
 -- the dead-letter stream (`pgrelay queue dlq --replay`). A replayed message gets its shard's next
 -- offset and keeps its partition, id, tx, ts, h and d, written in the queue's layout version
--- (DESIGN §4) whichever version the dead letter was written in.
+-- (DESIGN §4; in version 3 an entry of its own) whichever version the dead letter was written in
+-- (a dead letter holds one message in version 1's or 2's fields).
 --
 -- KEYS: 1 the queue's meta, 2 its dead-letter stream, then K shard streams
 -- ARGV: 1 the shard count the caller computed shards with, 2 K, then K shard numbers,
@@ -15,7 +16,7 @@ local version = redis.call('HGET', KEYS[1], 'version') or '1'
 if shards ~= ARGV[1] then
   return redis.error_reply('pgrelay_shards_mismatch ' .. KEYS[1] .. ' ' .. tostring(shards) .. ' ' .. ARGV[1])
 end
-if version ~= '1' and version ~= '2' then
+if version ~= '1' and version ~= '2' and version ~= '3' then
   return redis.error_reply('pgrelay_layout_version ' .. KEYS[1] .. ' ' .. version)
 end
 local k = tonumber(ARGV[2])
@@ -88,7 +89,7 @@ for i = 3 + k, #ARGV, 2 do
     local n = ARGV[2 + j]
     local off = string.format('%d', redis.call('HINCRBY', KEYS[1], 'off:' .. n, 1))
     local tail = f.m and string.match(f.m, '^{"off":%d+(,.*})$')
-    if version == '2' then
+    if version ~= '1' then
       if not tail then -- a layout-1 dead letter: its fields as the m object
         tail = ',"p":' .. jstr(f.p or '') .. ',"id":' .. jstr(f.id or '') ..
           ',"tx":' .. jstr(f.tx or '') .. ',"ts":' .. string.format('%d', tonumber(f.ts) or 0)
@@ -97,7 +98,12 @@ for i = 3 + k, #ARGV, 2 do
         end
         tail = tail .. '}'
       end
-      redis.call('XADD', KEYS[2 + j], '*', 'm', '{"off":' .. off .. tail, 'd', f.d or '')
+      local d = f.d or ''
+      if version == '3' then -- an entry of this one message
+        redis.call('XADD', KEYS[2 + j], '*', 'm', '[{"off":' .. off .. ',"len":' .. string.format('%d', #d) .. tail .. ']', 'd', d)
+      else
+        redis.call('XADD', KEYS[2 + j], '*', 'm', '{"off":' .. off .. tail, 'd', d)
+      end
     else
       if f.m then -- a layout-2 dead letter into a layout-1 queue
         local ok, m = pcall(cjson.decode, f.m)

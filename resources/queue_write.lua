@@ -18,11 +18,14 @@
 --   [8 prev]: optional (the argument count says whether it is there): the pos of the batch written
 --     just before this one; unless the stored pointer's pos is at or past it, nothing is written
 --   then Q pairs, per meta key: the shard count the caller computed shards with, and the layout
---     version (1 or 2) to create the queue with when it does not exist
+--     version (1, 2 or 3) to create the queue with when it does not exist
 --   then K pairs: meta index (1..Q), shard number n
 --   then N groups of 8: stream index (1..K), p, id, tx, ts, h, d, and m's tail: the layout-2 `m` object
 --     after its offset (`,"p":...}`, the writer's one encoding of it); each entry is written in its
---     queue's layout version (1: the seven fields; 2: m = '{"off":<offset>' .. tail, and d)
+--     queue's layout version (1: the seven fields; 2: m = '{"off":<offset>' .. tail, and d; 3: the
+--     messages of each shard in order, up to 64 an entry and 64 KiB of payloads unless one alone is
+--     larger (the writer's PackMessages and PackBytes), m = '[' .. the objects
+--     '{"off":<offset>,"len":<payload bytes>' .. tail joined by ',' .. ']', d = the payloads)
 -- Reply: 'ok', 'duplicate' (the pointer is already at or past the cover: nothing written),
 -- 'fenced' (the lease key does not hold the fence: nothing written), 'behind' (prev given and the
 -- stored pointer below it: the batch before is not in, nothing written).
@@ -110,13 +113,13 @@ if pointerKey then
   end
 end
 
--- 3. each queue's layout: shard count fixed at creation, layout version 1 or 2 (a new queue: the
+-- 3. each queue's layout: shard count fixed at creation, layout version 1, 2 or 3 (a new queue: the
 -- version given)
 local a = fixed
 local create, version = {}, {}
 for i = 1, nq do
   local want, wantVersion = ARGV[a + 2 * i - 1], ARGV[a + 2 * i]
-  if wantVersion ~= '1' and wantVersion ~= '2' then
+  if wantVersion ~= '1' and wantVersion ~= '2' and wantVersion ~= '3' then
     return redis.error_reply('pgrelay_bad_args layout version')
   end
   local meta = KEYS[metaBase + i]
@@ -125,7 +128,7 @@ for i = 1, nq do
     if cur[1] ~= want then
       return redis.error_reply('pgrelay_shards_mismatch ' .. meta .. ' ' .. cur[1] .. ' ' .. want)
     end
-    if cur[2] and cur[2] ~= '1' and cur[2] ~= '2' then
+    if cur[2] and cur[2] ~= '1' and cur[2] ~= '2' and cur[2] ~= '3' then
       return redis.error_reply('pgrelay_layout_version ' .. meta .. ' ' .. cur[2])
     end
     version[i] = cur[2] or '1'
@@ -169,17 +172,43 @@ for i = 1, nq do
     redis.call('HSET', KEYS[metaBase + i], 'shards', create[i], 'version', version[i])
   end
 end
+-- version 3: the entry being filled per stream, written once full and at the end
+local packs = {}
+local function flush(j)
+  local pk = packs[j]
+  redis.call('XADD', KEYS[streamBase + j], '*', 'm', '[' .. table.concat(pk.m, ',') .. ']', 'd', table.concat(pk.d))
+  packs[j] = nil
+end
 for m = 0, nm - 1 do
   local b = a + 8 * m
   local j = tonumber(ARGV[b + 1])
   off[j] = off[j] + 1
-  if versionOf[j] == '2' then
+  if versionOf[j] == '3' then
+    local d = ARGV[b + 7]
+    local pk = packs[j]
+    if pk and (#pk.m >= 64 or pk.size + #d > 65536) then
+      flush(j)
+      pk = nil
+    end
+    if not pk then
+      pk = {m = {}, d = {}, size = 0}
+      packs[j] = pk
+    end
+    pk.m[#pk.m + 1] = '{"off":' .. string.format('%d', off[j]) .. ',"len":' .. string.format('%d', #d) .. ARGV[b + 8]
+    pk.d[#pk.d + 1] = d
+    pk.size = pk.size + #d
+  elseif versionOf[j] == '2' then
     redis.call('XADD', KEYS[streamBase + j], '*',
       'm', '{"off":' .. string.format('%d', off[j]) .. ARGV[b + 8], 'd', ARGV[b + 7])
   else
     redis.call('XADD', KEYS[streamBase + j], '*',
       'off', string.format('%d', off[j]), 'p', ARGV[b + 2], 'id', ARGV[b + 3], 'tx', ARGV[b + 4],
       'ts', ARGV[b + 5], 'h', ARGV[b + 6], 'd', ARGV[b + 7])
+  end
+end
+for j = 1, nk do
+  if packs[j] then
+    flush(j)
   end
 end
 for j = 1, nk do

@@ -359,7 +359,7 @@ func TestExampleConsumersRefuseUnknownLayout(t *testing.T) {
 	l := queue.NewLayout(queue.DefaultPrefix)
 	for _, r := range runners {
 		q := "later_" + r.name
-		rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", "3", "off:0", "1")
+		rdb.HSet(ctx, l.Meta(q), "shards", "1", "version", "4", "off:0", "1")
 		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: l.Stream(q, 0), Values: []any{"m", `{"off":1,"p":"k","id":"m1","tx":"t1","ts":1700000000000}`, "d", `{"op":"m"}`}}).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +369,7 @@ func TestExampleConsumersRefuseUnknownLayout(t *testing.T) {
 			t.Fatalf("%s kept running on a layout-version-3 queue:\n%s", r.name, p.Output())
 		}
 		out := p.Output()
-		if err == nil || !strings.Contains(out, "layout version 3") {
+		if err == nil || !strings.Contains(out, "layout version 4") {
 			t.Errorf("%s on a layout-version-3 queue: exit %v\n%s", r.name, err, out)
 		}
 		if lines := exampleLines(t, out); len(lines) != 0 {

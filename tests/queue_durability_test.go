@@ -54,7 +54,9 @@ redis_queue:
 			t.Fatal(err)
 		}
 		for _, x := range xs {
-			have[queue.EntryOf(x).MessageID] = true
+			for _, e := range queue.EntriesOf(nil, x) {
+				have[e.MessageID] = true
+			}
 		}
 	}
 	batches := 0

@@ -238,7 +238,7 @@ redis_queue:
 		return n == 11, fmt.Sprintf("length %d", n)
 	})
 	first := rdb.XRangeN(ctx, stream, "-", "+", 1).Val()[0]
-	if id := queue.EntryOf(first).MessageID; id != "m29" {
+	if id := queue.EntriesOf(nil, first)[0].MessageID; id != "m29" {
 		t.Fatalf("oldest kept %v", id)
 	}
 }

@@ -58,6 +58,38 @@ func Members(b []byte, fn func(key []byte, escaped bool, v0, v1 int) error) erro
 	}
 }
 
+// Elements validates the JSON array b and calls fn with the position of each element, b[v0:v1].
+// An error from fn ends the scan with a "bad element" error.
+func Elements(b []byte, fn func(v0, v1 int) error) error {
+	s := scanner{b: b}
+	s.ws()
+	if !s.eat('[') {
+		return s.fail("expected [")
+	}
+	s.ws()
+	if s.eat(']') {
+		return s.end()
+	}
+	for {
+		s.ws()
+		vstart := s.i
+		if err := s.value(0); err != nil {
+			return err
+		}
+		if err := fn(vstart, s.i); err != nil {
+			return s.fail("bad element")
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat(']') {
+			return s.end()
+		}
+		return s.fail("expected , or ]")
+	}
+}
+
 // Value validates b as one JSON value.
 func Value(b []byte) error {
 	s := scanner{b: b}

@@ -81,3 +81,35 @@ func TestTextAgreesWithEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestElements: each element's exact bytes, and what is not one array refused.
+func TestElements(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		want []string // nil: refused
+	}{
+		{` [ {"a":[1,2]} , "x,y", 3 ,null] `, []string{`{"a":[1,2]}`, `"x,y"`, `3`, `null`}},
+		{`[]`, []string{}},
+		{`[{"off":1}]`, []string{`{"off":1}`}},
+		{`{"a":1}`, nil},
+		{`[1,]`, nil},
+		{`[1] 2`, nil},
+		{`[1`, nil},
+		{``, nil},
+	} {
+		got := []string{}
+		err := Elements([]byte(tc.doc), func(v0, v1 int) error {
+			got = append(got, tc.doc[v0:v1])
+			return nil
+		})
+		if tc.want == nil {
+			if err == nil {
+				t.Errorf("%q accepted as %q", tc.doc, got)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("%q: %q, %v; want %q", tc.doc, got, err, tc.want)
+		}
+	}
+}

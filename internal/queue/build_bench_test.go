@@ -53,6 +53,6 @@ func benchTxEncode(b *testing.B, version int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		buf = w.appendXAdds(buf[:0], p, msgs, make([]int64, len(p.streams)), []int{version})
+		buf, _ = w.appendXAdds(buf[:0], p, msgs, make([]int64, len(p.streams)), []int{version})
 	}
 }

@@ -45,8 +45,8 @@ type ConsumerConfig struct {
 	// Start, when set, starts a new group after a load from PostgreSQL instead (see Start); the
 	// group is created with it at Consumer.Start, which fails if the group exists with another.
 	Start       *Start
-	BatchCount  int           // most entries per delivery (default 500)
-	BatchBytes  int           // most payload bytes per delivery, at least one entry (default 4 MiB)
+	BatchCount  int           // most messages per delivery, but whole stream entries (default 500)
+	BatchBytes  int           // most payload bytes per delivery, at least one stream entry (default 4 MiB)
 	Block       time.Duration // how long one read waits for new entries (default 1 s)
 	MaxAttempts int           // failed attempts before a message is dead-lettered (default 3)
 	LeaseTTL    time.Duration // shard lease TTL, renewed every TTL/3 (default 10 s)
@@ -131,9 +131,12 @@ func DefaultOwner() string {
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b))
 }
 
-// Entry is one message read from a shard.
+// Entry is one message read from a shard. In layout version 3 a stream entry holds several
+// messages: each is an Entry with the stream entry's ID, told apart by Index.
 type Entry struct {
 	ID        string // stream entry id
+	Index     int    // the message's place in its stream entry (0 in layouts 1 and 2)
+	Count     int    // the messages its stream entry holds (1 in layouts 1 and 2)
 	Offset    int64  // off: per-shard offset
 	Partition string
 	MessageID string
@@ -142,6 +145,7 @@ type Entry struct {
 	Header    []byte // h ("" when absent)
 	Payload   []byte // d
 	Attempts  int64  // failed attempts counted before this delivery
+	packed    bool   // read from a layout-3 entry
 }
 
 // Delivery is one batch of entries of one shard; exactly one per shard is unacknowledged at a time.
@@ -151,6 +155,7 @@ type Delivery struct {
 	Entries []Entry
 	run     *shardRun
 	pending bool // read from the shard's pending entries (or cut short): read pending next
+	retried bool // some entry has a value in the attempts hash: Ack clears them
 }
 
 type ackResult struct{ nacked bool }
@@ -170,6 +175,9 @@ type shardRun struct {
 	// startPast: an entry at or past the group's start lsn was read, so no later one is in the
 	// load; only the shard's reader uses it
 	startPast bool
+	// perEntry: the messages per stream entry of the shard's last read (at least 1), so a read of
+	// layout-3 entries asks for about BatchCount messages; only the shard's reader uses it
+	perEntry int
 }
 
 // handOverWhenIdle makes the reader stop and release the shard after its in-flight delivery.

@@ -77,26 +77,26 @@ func TestConsumerRefusesUnknownLayout(t *testing.T) {
 		}
 	}
 
-	// an existing queue of version 3: Start refuses it, naming the version and the fix
-	create("later", "3", v2)
+	// an existing queue of version 4: Start refuses it, naming the version and the fix
+	create("later", "4", v2)
 	c, err := NewConsumer(rdb, ConsumerConfig{Queue: "later", Group: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Start(ctx); !errcode.Is(err, errcode.LayoutVersion) || !strings.Contains(err.Error(), "layout version 3") {
+	if err := c.Start(ctx); !errcode.Is(err, errcode.LayoutVersion) || !strings.Contains(err.Error(), "layout version 4") {
 		t.Fatalf("start on a version-3 queue: %v", err)
 	}
 	if groups, _ := rdb.XInfoGroups(ctx, l.Stream("later", 0)).Result(); len(groups) != 0 {
 		t.Fatalf("groups created on a refused queue: %+v", groups)
 	}
 
-	// a queue that appears (in version 3) after the consumer started: refused at setup, logged as
+	// a queue that appears (in version 4) after the consumer started: refused at setup, logged as
 	// an error, nothing delivered; then readable once its version is one this code reads
 	log := &errorLog{}
 	c = newConsumer(t, rdb, ConsumerConfig{Queue: "appears", Logger: log})
-	create("appears", "3", v2)
+	create("appears", "4", v2)
 	cdctest.Wait(t, 10*time.Second, "the layout_version error logged", func() (bool, string) {
-		return strings.Contains(log.text(), "layout_version") && strings.Contains(log.text(), "layout version 3"), log.text()
+		return strings.Contains(log.text(), "layout_version") && strings.Contains(log.text(), "layout version 4"), log.text()
 	})
 	rctx, cancel := context.WithTimeout(ctx, time.Second)
 	d, err := c.Read(rctx)

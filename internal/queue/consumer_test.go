@@ -154,7 +154,7 @@ func TestConsumePoison(t *testing.T) {
 	}
 	var ids []string
 	for _, x := range dlq {
-		id := EntryOf(x).MessageID
+		id := entryOf(x).MessageID
 		ids = append(ids, id)
 		if x.Values["error"] != "bad message "+id || x.Values["attempts"] != "3" || x.Values["group"] != "g" ||
 			x.Values["d"] == "" || x.Values["failed_at"] == "" {

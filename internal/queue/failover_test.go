@@ -33,7 +33,9 @@ func ids(t *testing.T, rdb redis.UniversalClient, l Layout, q string) []string {
 		xs, err := rdb.XRange(context.Background(), l.Stream(q, 0), "-", "+").Result()
 		if err == nil {
 			for _, x := range xs {
-				out = append(out, EntryOf(x).MessageID)
+				for _, e := range EntriesOf(nil, x) {
+					out = append(out, e.MessageID)
+				}
 			}
 			return out
 		}

@@ -19,7 +19,7 @@ type Info struct {
 	Queue       string      `json:"queue"`
 	Shards      int         `json:"shards"`
 	Version     string      `json:"version"`
-	Length      int64       `json:"length"` // entries kept, all shards
+	Length      int64       `json:"length"` // messages kept, all shards
 	ShardInfo   []ShardInfo `json:"shard_info"`
 	Groups      []GroupInfo `json:"groups"`
 	DeadLetters int64       `json:"dead_letters"`
@@ -28,16 +28,16 @@ type Info struct {
 // ShardInfo describes one shard stream.
 type ShardInfo struct {
 	Shard       int   `json:"shard"`
-	Length      int64 `json:"length"`
-	FirstOffset int64 `json:"first_offset"` // offset of the oldest entry kept (0 when empty)
+	Length      int64 `json:"length"`       // messages kept
+	FirstOffset int64 `json:"first_offset"` // offset of the oldest message kept (0 when empty)
 	LastOffset  int64 `json:"last_offset"`  // last offset assigned (meta off:<n>)
 }
 
 // GroupInfo describes one consumer group over all shards.
 type GroupInfo struct {
 	Name     string           `json:"name"`
-	Lag      int64            `json:"lag"`     // entries not yet delivered
-	Pending  int64            `json:"pending"` // delivered, not yet acked
+	Lag      int64            `json:"lag"`     // messages not yet delivered
+	Pending  int64            `json:"pending"` // messages delivered, not yet acked
 	Replicas int64            `json:"replicas"`
 	Shards   []GroupShardInfo `json:"shards"`
 }
@@ -118,7 +118,12 @@ func inspectShard(ctx context.Context, rdb redis.UniversalClient, l Layout, q st
 		return si, nil, err
 	}
 	if first, err := rdb.XRangeN(ctx, stream, "-", "+", 1).Result(); err == nil && len(first) > 0 {
-		si.FirstOffset = offsetOf(first[0])
+		si.FirstOffset = firstOffset(first[0])
+	}
+	// version 3: an entry holds several messages, and Redis counts entries
+	packed := layoutOf(meta["version"]) == LayoutV3
+	if packed && si.Length > 0 {
+		si.Length = si.LastOffset - si.FirstOffset + 1
 	}
 	out := map[string]GroupShardInfo{}
 	groups, err := rdb.XInfoGroups(ctx, stream).Result()
@@ -128,10 +133,17 @@ func inspectShard(ctx context.Context, rdb redis.UniversalClient, l Layout, q st
 		}
 		return si, nil, err
 	}
+	var lowest map[string]string // layout 3: each group's lowest pending entry
+	if packed {
+		lowest = lowestPending(ctx, rdb, stream)
+	}
 	for _, g := range groups {
 		gs := GroupShardInfo{Shard: n, Pending: g.Pending, LastDelivered: g.LastDeliveredID, Lag: g.Lag}
-		if gs.Lag < 0 {
+		if gs.Lag < 0 || packed {
 			gs.Lag = lagByOffset(ctx, rdb, stream, g.LastDeliveredID, si)
+		}
+		if low := lowest[g.Name]; packed && gs.Pending > 0 && low != "" {
+			gs.Pending = pendingByOffset(ctx, rdb, stream, low, g.LastDeliveredID, gs.Pending)
 		}
 		gs.Owner, _, _ = lease.Holder(ctx, rdb, l.GroupLease(q, g.Name, n))
 		out[g.Name] = gs
@@ -139,21 +151,59 @@ func inspectShard(ctx context.Context, rdb redis.UniversalClient, l Layout, q st
 	return si, out, nil
 }
 
-// lagByOffset counts entries after lastDelivered from the offsets, when Redis cannot say.
+// lagByOffset counts the messages after lastDelivered from the offsets, when Redis cannot say (or
+// counts entries where a layout-3 entry holds several messages).
 func lagByOffset(ctx context.Context, rdb redis.Cmdable, stream, lastDelivered string, si ShardInfo) int64 {
 	xs, err := rdb.XRangeN(ctx, stream, lastDelivered, lastDelivered, 1).Result()
 	if err == nil && len(xs) == 1 {
-		return si.LastOffset - offsetOf(xs[0])
+		return si.LastOffset - lastOffset(xs[0])
 	}
 	// the last delivered entry is gone: count what is kept after it
 	after, err := rdb.XRange(ctx, stream, "("+lastDelivered, "+").Result()
 	if err != nil {
 		return -1
 	}
-	return int64(len(after))
+	if len(after) == 0 {
+		return 0
+	}
+	return si.LastOffset - firstOffset(after[0]) + 1
 }
 
-func offsetOf(x redis.XMessage) int64 { return EntryOf(x).Offset }
+// lowestPending is each group's lowest pending entry on a shard (XINFO STREAM FULL lists a
+// group's pending entries lowest first), none for a group with nothing pending.
+func lowestPending(ctx context.Context, rdb redis.Cmdable, stream string) map[string]string {
+	full, err := rdb.XInfoStreamFull(ctx, stream, 1).Result()
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, g := range full.Groups {
+		if len(g.Pending) > 0 {
+			out[g.Name] = g.Pending[0].ID
+		}
+	}
+	return out
+}
+
+// pendingByOffset counts the messages of a layout-3 group's pending entries on a shard from the
+// offsets of the lowest of them and of the last delivered one (a redis_queue consumer has one
+// delivery of consecutive entries in flight per shard); entries, Redis' count, when they are gone.
+func pendingByOffset(ctx context.Context, rdb redis.Cmdable, stream, lowest, lastDelivered string, entries int64) int64 {
+	lo, err1 := rdb.XRangeN(ctx, stream, lowest, lowest, 1).Result()
+	hi, err2 := rdb.XRangeN(ctx, stream, lastDelivered, lastDelivered, 1).Result()
+	if err1 != nil || err2 != nil || len(lo) != 1 || len(hi) != 1 {
+		return entries
+	}
+	return lastOffset(hi[0]) - firstOffset(lo[0]) + 1
+}
+
+// firstOffset and lastOffset are the offsets of the first and the last message of an entry.
+func firstOffset(x redis.XMessage) int64 { return EntriesOf(nil, x)[0].Offset }
+
+func lastOffset(x redis.XMessage) int64 {
+	es := EntriesOf(nil, x)
+	return es[len(es)-1].Offset
+}
 
 // DeadLetter is one entry of a queue's dead-letter stream.
 type DeadLetter struct {
@@ -200,7 +250,7 @@ func ListDeadLetters(ctx context.Context, rdb redis.Cmdable, l Layout, q, group 
 func deadLetterOf(x redis.XMessage) DeadLetter {
 	s := func(k string) string { v, _ := x.Values[k].(string); return v }
 	i := func(k string) int64 { n, _ := strconv.ParseInt(s(k), 10, 64); return n }
-	e := EntryOf(x)
+	e := EntriesOf(nil, x)[0] // a dead letter holds one message, in layout 1's or 2's fields
 	return DeadLetter{EntryID: x.ID, Group: s("group"), Error: s("error"), Attempts: i("attempts"),
 		FailedAt: i("failed_at"), Offset: e.Offset, Partition: e.Partition, MessageID: e.MessageID, Tx: e.Tx,
 		CreatedMs: e.CreatedMs, Header: string(e.Header), Payload: string(e.Payload)}

@@ -87,29 +87,29 @@ func TestReplayAcrossLayouts(t *testing.T) {
 			e.CreatedMs == m.CreatedMs && string(e.Header) == string(m.Header) && string(e.Payload) == string(m.Payload)
 	}
 	for _, dv := range []int{LayoutV1, LayoutV2} {
-		for _, qv := range []int{LayoutV1, LayoutV2} {
+		for _, qv := range Layouts {
 			t.Run(fmt.Sprintf("dead letter v%d into queue v%d", dv, qv), func(t *testing.T) {
 				q := fmt.Sprintf("r%d%d", dv, qv)
 				dl, x := replayOne(t, rdb, q, qv, dead[dv])
 				if dl.Offset != 3 || dl.Partition != m.Partition || dl.Header != string(m.Header) {
 					t.Fatalf("dead letter %+v", dl)
 				}
-				if want := map[int]int{LayoutV1: 7, LayoutV2: 2}[qv]; len(x.Values) != want {
+				if want := map[int]int{LayoutV1: 7, LayoutV2: 2, LayoutV3: 2}[qv]; len(x.Values) != want {
 					t.Errorf("fields %v, want %d", x.Values, want)
 				}
-				if e := EntryOf(x); !same(e, 6) {
-					t.Errorf("replayed %+v", e)
+				if es := EntriesOf(nil, x); len(es) != 1 || !same(es[0], 6) {
+					t.Errorf("replayed %+v", es)
 				}
 			})
 		}
 	}
 	// a queue of a layout version the script does not write: refused, the dead letter kept, the
 	// shard untouched
-	t.Run("into queue v3", func(t *testing.T) {
-		ctx, l, q := context.Background(), NewLayout(""), "r3"
-		dls := deadLetterIn(t, rdb, q, 3, dead[LayoutV2])
+	t.Run("into queue v4", func(t *testing.T) {
+		ctx, l, q := context.Background(), NewLayout(""), "r4"
+		dls := deadLetterIn(t, rdb, q, 4, dead[LayoutV2])
 		if _, err := ReplayDeadLetters(ctx, rdb, l, q, dls, false); !errcode.Is(err, errcode.LayoutVersion) {
-			t.Fatalf("replay into a version-3 queue: %v", err)
+			t.Fatalf("replay into a version-4 queue: %v", err)
 		}
 		if n := rdb.XLen(ctx, l.DLQ(q)).Val(); n != 1 {
 			t.Errorf("dead letters left %d, want 1", n)
@@ -142,6 +142,9 @@ func TestReplayKeepsTheWritersBytes(t *testing.T) {
 			Tx: "t\xc0\xaf", CreatedMs: 1700000000005, Header: []byte(`{"k":"v"}`), Payload: []byte("\xff")}},
 		{"line and paragraph separators, into layout 2", LayoutV1, LayoutV2, Message{Partition: "a\u2028b\u2029c\U0001F600", ID: "m", Tx: "t", CreatedMs: 1}},
 		{"no header, into layout 2", LayoutV1, LayoutV2, Message{Partition: "p", ID: "m", Tx: "t", CreatedMs: 2, Payload: []byte(`{}`)}},
+		{"not UTF-8, into layout 3", LayoutV1, LayoutV3, Message{Partition: "p\xff\xfe-\xe2\x82-é", ID: "id\x00\"\\", Tx: "t\xc0\xaf",
+			CreatedMs: 1700000000005, Header: []byte(`{"k":"v"}`), Payload: []byte("\xff")}},
+		{"from layout 2, into layout 3", LayoutV2, LayoutV3, Message{Partition: "p", ID: "m", Tx: "t", CreatedMs: 2, Payload: []byte(`{"i":1}`)}},
 		{"header bytes, into layout 1", LayoutV2, LayoutV1, Message{Partition: "p/q", ID: "m", Tx: "t", CreatedMs: 3,
 			Header: []byte(`{"z":12345678901234567890,"a":"x\/y","n":[1.50,{"h":{}}],"e":"\u00e9"}`), Payload: []byte(`{"i":1}`)}},
 	}
@@ -155,11 +158,20 @@ func TestReplayKeepsTheWritersBytes(t *testing.T) {
 			}
 			_, x := replayOne(t, rdb, fmt.Sprintf("b%d", i), tc.qv, vals)
 			f := x.Values
-			if tc.qv == LayoutV2 {
+			if tc.qv == LayoutV3 {
+				var enc metaEncoder
+				want := "[" + string(enc.appendPacked(nil, 6, &m)) + "]"
+				if got := f[FieldMeta]; got != want {
+					t.Errorf("m\n got %q\nwant %q", got, want)
+				}
+				if es := EntriesOf(nil, x); len(es) != 1 || es[0].Offset != 6 || es[0].CreatedMs != m.CreatedMs || string(es[0].Payload) != string(m.Payload) {
+					t.Errorf("replayed entry does not decode: %+v", es)
+				}
+			} else if tc.qv == LayoutV2 {
 				if got, want := f[FieldMeta], string(appendMeta(nil, 6, &m)); got != want {
 					t.Errorf("m\n got %q\nwant %q", got, want)
 				}
-				if e := EntryOf(x); e.Offset != 6 || e.CreatedMs != m.CreatedMs || e.Partition == "" {
+				if e := entryOf(x); e.Offset != 6 || e.CreatedMs != m.CreatedMs || e.Partition == "" {
 					t.Errorf("replayed entry does not decode: %+v", e)
 				}
 			} else if f[FieldHeader] != string(m.Header) || f[FieldPartition] != m.Partition || f[FieldCreated] != strconv.FormatInt(m.CreatedMs, 10) {
@@ -252,7 +264,7 @@ func TestInspectRefusesUnknownLayout(t *testing.T) {
 	for _, k := range []struct {
 		version string
 		known   bool
-	}{{"", true}, {"1", true}, {"2", true}, {"3", false}, {"2.1", false}} {
+	}{{"", true}, {"1", true}, {"2", true}, {"4", false}, {"2.1", false}} {
 		q := "q" + k.version
 		args := []any{"shards", "1", "off:0", "5"}
 		if k.version != "" {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -104,7 +105,8 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 	c.mu.Lock()
 	reader := c.reader
 	c.mu.Unlock()
-	res, err := readScript.Run(ctx, reader, []string{r.lease.Key(), stream}, token, c.conf.Group, ConsumerName(r.n), c.conf.BatchCount, id).Result()
+	count := max(1, c.conf.BatchCount/max(1, r.perEntry))
+	res, err := readScript.Run(ctx, reader, []string{r.lease.Key(), stream}, token, c.conf.Group, ConsumerName(r.n), count, id).Result()
 	if redis.HasErrorPrefix(err, "NOGROUP") {
 		c.conf.Logger.Warnf("queue %s: group %s missing on shard %d (stream deleted?); creating it", c.conf.Queue, c.conf.Group, r.n)
 		return nil, pending, c.createGroup(ctx, r.n)
@@ -126,28 +128,48 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 	d := &Delivery{Shard: r.n, run: r, pending: pending}
 	var gone, skipped []string
 	start, past := c.groupStart(), r.startPast
-	bytes := 0
+	bytes, read, kept := 0, 0, 0
 	for _, m := range msgs {
 		if len(m.Values) == 0 {
 			gone = append(gone, m.ID)
 			continue
 		}
-		if len(d.Entries) > 0 && bytes >= c.conf.BatchBytes {
+		if len(d.Entries) > 0 && (bytes >= c.conf.BatchBytes || len(d.Entries) >= c.conf.BatchCount) {
 			d.pending = true // the rest were delivered to this shard's consumer: read them as pending
 			break
 		}
-		e := EntryOf(m)
+		n0 := len(d.Entries)
+		d.Entries = EntriesOf(d.Entries, m)
+		read++
+		kept += len(d.Entries) - n0
 		if start != nil && !past {
-			switch start.judge(e.Payload) {
-			case startSkip:
+			// the messages the load holds are not delivered; an entry none of whose messages
+			// is delivered is acked
+			k := n0
+			for _, e := range d.Entries[n0:] {
+				if !past {
+					switch start.judge(e.Payload) {
+					case startSkip:
+						continue
+					case startPast:
+						past = true
+					}
+				}
+				d.Entries[k] = e
+				k++
+			}
+			d.Entries = d.Entries[:k]
+			if k == n0 {
 				skipped = append(skipped, m.ID)
 				continue
-			case startPast:
-				past = true
 			}
 		}
-		bytes += len(e.Payload)
-		d.Entries = append(d.Entries, e)
+		for _, e := range d.Entries[n0:] {
+			bytes += len(e.Payload)
+		}
+	}
+	if read > 0 {
+		r.perEntry = max(1, kept/read)
 	}
 	if len(gone) > 0 {
 		if err := c.ackGone(ctx, r.n, gone); err != nil {
@@ -195,7 +217,9 @@ func (c *Consumer) ackUndelivered(ctx context.Context, n int, ids []string) erro
 // attemptFields are the fields of entries ids of shard n in the attempts hash: "<n>:<id>". The
 // shard is part of the field because entry ids repeat across shards (one script writes several
 // shards with one clock, each stream numbering its own sequence), and one shard's failures must
-// not count for another shard's entry.
+// not count for another shard's entry. The value is the entry's failed attempts; for a layout-3
+// entry, per message: "<index>=<attempts>" comma-separated, "<index>=d" for a message already
+// moved to the dead-letter stream (the entry stays pending until its other messages are done).
 func attemptFields(n int, ids []string) []string {
 	out := make([]string, len(ids))
 	for i, id := range ids {
@@ -204,33 +228,91 @@ func attemptFields(n int, ids []string) []string {
 	return out
 }
 
-// loadAttempts fills Entry.Attempts of a redelivery.
+// loadAttempts fills Entry.Attempts of a redelivery, and leaves out the messages of layout-3
+// entries that were moved to the dead-letter stream (an entry left with none is acked).
 func (c *Consumer) loadAttempts(ctx context.Context, d *Delivery) error {
-	ids := make([]string, len(d.Entries))
-	for i, e := range d.Entries {
-		ids[i] = e.ID
-	}
+	ids := entryIDs(d.Entries)
 	vals, err := c.rdb.HMGet(ctx, c.layout.Attempts(c.conf.Queue, c.conf.Group), attemptFields(d.Shard, ids)...).Result()
 	if err != nil {
 		return fmt.Errorf("read attempts: %w", err)
 	}
+	byID := make(map[string]string, len(ids))
 	for i, v := range vals {
 		if s, ok := v.(string); ok {
-			d.Entries[i].Attempts, _ = strconv.ParseInt(s, 10, 64)
+			byID[ids[i]] = s
+		}
+	}
+	if len(byID) == 0 {
+		return nil
+	}
+	d.retried = true
+	k := 0
+	for _, e := range d.Entries {
+		if s, ok := byID[e.ID]; ok {
+			n, dead := messageAttempts(s, e.Index)
+			if dead {
+				continue
+			}
+			e.Attempts = n
+		}
+		d.Entries[k] = e
+		k++
+	}
+	d.Entries = d.Entries[:k]
+	left := map[string]bool{}
+	for _, e := range d.Entries {
+		left[e.ID] = true
+	}
+	var done []string // entries whose every message is dead
+	for _, id := range ids {
+		if !left[id] {
+			done = append(done, id)
+		}
+	}
+	if len(done) > 0 {
+		if err := c.ackUndelivered(ctx, d.Shard, done); err != nil {
+			return fmt.Errorf("ack dead-lettered entries: %w", err)
 		}
 	}
 	return nil
 }
 
+// messageAttempts reads the attempts of message index of an entry from its attempts value s
+// (attemptFields), and whether the message was moved to the dead-letter stream.
+func messageAttempts(s string, index int) (n int64, dead bool) {
+	if !strings.Contains(s, "=") {
+		n, _ = strconv.ParseInt(s, 10, 64)
+		return n, false
+	}
+	want := strconv.Itoa(index) + "="
+	for _, part := range strings.Split(s, ",") {
+		if v, ok := strings.CutPrefix(part, want); ok {
+			if v == "d" {
+				return 0, true
+			}
+			n, _ = strconv.ParseInt(v, 10, 64)
+			return n, false
+		}
+	}
+	return 0, false
+}
+
+// entryIDs are the stream entries of es, each once (the messages of one entry are adjacent).
+func entryIDs(es []Entry) []string {
+	ids := make([]string, 0, len(es))
+	for i, e := range es {
+		if i == 0 || e.ID != es[i-1].ID {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids
+}
+
 // Ack acknowledges a delivery: XACK of its entries (and their attempt counts cleared). If the
 // XACK cannot be sent, the entries stay pending and are delivered again (at least once).
 func (c *Consumer) Ack(ctx context.Context, d *Delivery) error {
-	ids := make([]string, len(d.Entries))
-	retried := false
-	for i, e := range d.Entries {
-		ids[i] = e.ID
-		retried = retried || e.Attempts > 0
-	}
+	ids := entryIDs(d.Entries)
+	retried := d.retried
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -268,7 +350,13 @@ func (c *Consumer) Nack(ctx context.Context, d *Delivery, failed map[int]error) 
 	idx := make([]int, 0, len(failed))
 	for i := range d.Entries {
 		if err, ok := failed[i]; ok {
-			args = append(args, d.Entries[i].ID, errText(err))
+			e := &d.Entries[i]
+			if e.packed {
+				// the dead letter holds this message alone, in layout 2's fields
+				args = append(args, e.ID, errText(err), e.Index, e.Count, appendEntryMeta(nil, e), e.Payload)
+			} else {
+				args = append(args, e.ID, errText(err), "", 1, "", "")
+			}
 			idx = append(idx, i)
 		}
 	}

@@ -359,8 +359,9 @@ func (w *Writer) appendWrites(b []byte, p *plan, msgs []Message, offs []int64, c
 			queued++
 		}
 	}
-	b = w.appendXAdds(b, p, msgs, offs, versions)
-	queued += len(msgs)
+	var xadds int
+	b, xadds = w.appendXAdds(b, p, msgs, offs, versions)
+	queued += xadds
 	for i, q := range p.queues {
 		n := 0
 		for _, s := range p.streams {
@@ -525,7 +526,7 @@ func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState
 			case k == 1:
 				if st.versions[i] = layoutOf(string(el.Str)); st.versions[i] == 0 {
 					layout(errcode.New(errcode.LayoutVersion,
-						fmt.Sprintf("queue %q has layout version %s; this pgrelay writes versions %d and %d", q, el.Str, LayoutV1, LayoutV2),
+						fmt.Sprintf("queue %q has layout version %s; this pgrelay writes versions %s", q, el.Str, LayoutsText()),
 						"use a pgrelay version that reads this layout, or a new queue name"))
 				}
 			case k >= 2:
@@ -568,9 +569,10 @@ func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState
 	return st, first
 }
 
-// appendXAdds appends the XADD of every message in its queue's layout version, advancing offs to
-// each shard's last offset.
-func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64, versions []int) []byte {
+// appendXAdds appends the XADDs of the messages in their queues' layout versions, advancing offs
+// to each shard's last offset, and returns how many XADDs they are: one per message in layouts 1
+// and 2; in layout 3 the messages of each shard in order, PackMessages (or PackBytes) an entry.
+func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64, versions []int) ([]byte, int) {
 	keys := make([][]byte, len(p.streams)) // each stream key, encoded once
 	size := 0
 	for j, s := range p.streams {
@@ -588,10 +590,20 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64, ve
 	var lastTs int64
 	var meta []byte // version 2: the m object, built here before its length goes out
 	var enc metaEncoder
+	var packed [][]int32 // version 3: per stream, its messages in order
+	xadds := 0
 	for i := range msgs {
 		m := &msgs[i]
 		j := p.msgStream[i]
+		if versions[p.streams[j].queue] == LayoutV3 {
+			if packed == nil {
+				packed = make([][]int32, len(p.streams))
+			}
+			packed[j] = append(packed[j], int32(i))
+			continue
+		}
 		offs[j]++
+		xadds++
 		if versions[p.streams[j].queue] == LayoutV2 {
 			meta = enc.append(meta[:0], offs[j], m)
 			b = append(b, xadd2Head...)
@@ -627,7 +639,48 @@ func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64, ve
 		b = append(b, fieldD...)
 		b = redisconn.AppendBulk(b, m.Payload)
 	}
-	return b
+	for j, idx := range packed {
+		for len(idx) > 0 {
+			n, size := packLen(msgs, idx)
+			meta = append(meta[:0], '[')
+			for k, i := range idx[:n] {
+				if k > 0 {
+					meta = append(meta, ',')
+				}
+				offs[j]++
+				meta = enc.appendPacked(meta, offs[j], &msgs[i])
+			}
+			meta = append(meta, ']')
+			b = append(b, xadd2Head...)
+			b = append(b, keys[j]...)
+			b = append(b, xadd2Meta...)
+			b = redisconn.AppendBulk(b, meta)
+			b = append(b, fieldD...)
+			b = redisconn.AppendBulkHead(b, size)
+			for _, i := range idx[:n] {
+				b = append(b, msgs[i].Payload...)
+			}
+			b = append(b, "\r\n"...)
+			xadds++
+			idx = idx[n:]
+		}
+	}
+	return b, xadds
+}
+
+// packLen is how many of the messages idx (of one shard, in order) the next layout-3 entry holds,
+// and their payloads' size: up to PackMessages, and up to PackBytes of payloads unless the first
+// alone is larger.
+func packLen(msgs []Message, idx []int32) (n, size int) {
+	for n < len(idx) && n < PackMessages {
+		l := len(msgs[idx[n]].Payload)
+		if n > 0 && size+l > PackBytes {
+			break
+		}
+		size += l
+		n++
+	}
+	return n, size
 }
 
 // One entry's XADD in layout version 1: `XADD <stream> * off <n> p <partition> id <id> tx <tx> ts

@@ -51,17 +51,21 @@ func checkQueue(t *testing.T, rdb redis.Cmdable, l Layout, q string, batches ...
 		if err != nil {
 			t.Fatal(err)
 		}
+		var es []Entry
 		for i, x := range xs {
-			if e := EntryOf(x); e.Offset != int64(i+1) {
-				t.Fatalf("shard %d entry %d: off %v", n, i, e.Offset)
-			}
-			if want := map[string]int{"1": 7, "2": 2}[meta["version"]]; len(x.Values) != want {
+			if want := map[string]int{"1": 7, "2": 2, "3": 2}[meta["version"]]; len(x.Values) != want {
 				t.Fatalf("shard %d entry %d: fields %v, want %d for layout version %s", n, i, x.Values, want, meta["version"])
 			}
-			seen[EntryOf(x).MessageID]++
+			es = EntriesOf(es, x)
 		}
-		if len(xs) > 0 && meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(xs)) {
-			t.Fatalf("shard %d: meta off %q, %d entries", n, meta["off:"+strconv.Itoa(n)], len(xs))
+		for i, e := range es {
+			if e.Offset != int64(i+1) {
+				t.Fatalf("shard %d message %d: off %v", n, i, e.Offset)
+			}
+			seen[e.MessageID]++
+		}
+		if len(es) > 0 && meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(es)) {
+			t.Fatalf("shard %d: meta off %q, %d messages", n, meta["off:"+strconv.Itoa(n)], len(es))
 		}
 	}
 	for id, c := range seen {

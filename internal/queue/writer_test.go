@@ -62,33 +62,33 @@ func msgs(q string, n, parts int) []Message {
 	return out
 }
 
-// readAll reads every entry of queue q, shard by shard.
-func readAll(t *testing.T, rdb redis.Cmdable, l Layout, q string, shards int) map[int][]redis.XMessage {
+// readAll reads every message of queue q, shard by shard (a layout-3 entry gives several).
+func readAll(t *testing.T, rdb redis.Cmdable, l Layout, q string, shards int) map[int][]Entry {
 	t.Helper()
-	out := map[int][]redis.XMessage{}
+	out := map[int][]Entry{}
 	for n := 0; n < shards; n++ {
 		xs, err := rdb.XRange(context.Background(), l.Stream(q, n), "-", "+").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(xs) > 0 {
-			out[n] = xs
+		for _, x := range xs {
+			out[n] = EntriesOf(out[n], x)
 		}
 	}
 	return out
 }
 
-func count(m map[int][]redis.XMessage) int {
+func count(m map[int][]Entry) int {
 	c := 0
-	for _, xs := range m {
-		c += len(xs)
+	for _, es := range m {
+		c += len(es)
 	}
 	return c
 }
 
-// TestWriteLayout writes a new queue (layout version 2) and one created in version 1, through the
-// transaction and through the script, and reads every entry back: offsets, shards, and the exact
-// fields on the wire of each version (DESIGN §4).
+// TestWriteLayout writes new queues (layout versions 3 and 2) and one created in version 1, through
+// the transaction and through the script, and reads every message back: offsets, shards, and the
+// exact fields on the wire of each version (DESIGN §4).
 func TestWriteLayout(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := r.Client()
@@ -103,6 +103,11 @@ func TestWriteLayout(t *testing.T) {
 		fields  string
 		first   func(f []any) bool // the first entry of p0's shard (message m0, with a header)
 	}{
+		{LayoutV3, true, "[m d]", func(f []any) bool { // every message of the shard in one entry
+			m, d := f[1].(string), f[3].(string)
+			return strings.HasPrefix(m, `[{"off":1,"len":7,"p":"p0","id":"m0","tx":"tx1","ts":1700000000000,"h":{"k":"v"}},{"off":2,"len":7,`) &&
+				strings.HasSuffix(m, `}]`) && strings.HasPrefix(d, `{"i":0}{"i":`) && strings.Count(m, `"off"`) == strings.Count(d, `{"i"`)
+		}},
 		{LayoutV2, true, "[m d]", func(f []any) bool {
 			return f[1] == `{"off":1,"p":"p0","id":"m0","tx":"tx1","ts":1700000000000,"h":{"k":"v"}}` && f[3] == `{"i":0}`
 		}},
@@ -135,14 +140,13 @@ func TestWriteLayout(t *testing.T) {
 				}
 				got := readAll(t, rdb, w.Layout(), q, 4)
 				if count(got) != 40 {
-					t.Fatalf("%d entries, want 40", count(got))
+					t.Fatalf("%d messages, want 40", count(got))
 				}
-				for n, xs := range got {
-					if meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(xs)) {
-						t.Errorf("shard %d: meta off %q, %d entries", n, meta["off:"+strconv.Itoa(n)], len(xs))
+				for n, es := range got {
+					if meta["off:"+strconv.Itoa(n)] != strconv.Itoa(len(es)) {
+						t.Errorf("shard %d: meta off %q, %d messages", n, meta["off:"+strconv.Itoa(n)], len(es))
 					}
-					for i, x := range xs {
-						e := EntryOf(x)
+					for i, e := range es {
 						if e.Offset != int64(i+1) || e.Tx != "tx1" || e.CreatedMs < 1700000000000 || len(e.Payload) == 0 {
 							t.Errorf("shard %d entry %d: %+v", n, i, e)
 						}
@@ -172,27 +176,52 @@ func TestWriteLayout(t *testing.T) {
 	}
 }
 
-// TestEntryOf decodes entries of both layouts, and the m objects a foreign producer may write:
-// escapes, members in another order, a header, and what does not parse (fields stay zero).
-func TestEntryOf(t *testing.T) {
+// entryOf is the first message of stream entry x (its only one in layouts 1 and 2).
+func entryOf(x redis.XMessage) Entry { return EntriesOf(nil, x)[0] }
+
+// TestEntriesOf decodes entries of every layout, and the m objects a foreign producer may write:
+// escapes, members in another order, a header, and what does not parse (fields stay zero); a
+// layout-3 entry gives each message with its payload cut from d by its len, and one whose lengths
+// do not add up to d is one message holding d with its fields zero.
+func TestEntriesOf(t *testing.T) {
+	one := func(e Entry) []Entry { e.Count = 1; return []Entry{e} }
+	packed := func(es ...Entry) []Entry {
+		for i := range es {
+			es[i].Index, es[i].Count, es[i].packed = i, len(es), true
+		}
+		return es
+	}
 	for _, c := range []struct {
 		name   string
 		values map[string]any
-		want   Entry
+		want   []Entry
 	}{
 		{"v1", map[string]any{"off": "7", "p": "a|b", "id": "m1", "tx": "t", "ts": "12", "h": `{"k":1}`, "d": "x"},
-			Entry{Offset: 7, Partition: "a|b", MessageID: "m1", Tx: "t", CreatedMs: 12, Header: []byte(`{"k":1}`), Payload: []byte("x")}},
+			one(Entry{Offset: 7, Partition: "a|b", MessageID: "m1", Tx: "t", CreatedMs: 12, Header: []byte(`{"k":1}`), Payload: []byte("x")})},
 		{"v2", map[string]any{"m": `{"off":7,"p":"a\"b\u00e9","id":"m1","tx":"t","ts":12,"h":{"k":[1,2]}}`, "d": "x"},
-			Entry{Offset: 7, Partition: "a\"bé", MessageID: "m1", Tx: "t", CreatedMs: 12, Header: []byte(`{"k":[1,2]}`), Payload: []byte("x")}},
+			one(Entry{Offset: 7, Partition: "a\"bé", MessageID: "m1", Tx: "t", CreatedMs: 12, Header: []byte(`{"k":[1,2]}`), Payload: []byte("x")})},
 		{"v2 other order, no header", map[string]any{"m": `{ "ts": 12, "id": "m1", "off": 7 }`, "d": ""},
-			Entry{Offset: 7, MessageID: "m1", CreatedMs: 12, Payload: []byte{}}},
-		{"v2 not JSON", map[string]any{"m": `off=7`, "d": "x"}, Entry{Payload: []byte("x")}},
-		{"v2 cut short", map[string]any{"m": `{"off":7,"p":"a",`, "d": "x"}, Entry{Payload: []byte("x")}},
-		{"v2 wrong types", map[string]any{"m": `{"off":"7","p":5,"id":"m1","h":"x"}`, "d": "x"}, Entry{MessageID: "m1", Payload: []byte("x")}},
+			one(Entry{Offset: 7, MessageID: "m1", CreatedMs: 12, Payload: []byte{}})},
+		{"v2 not JSON", map[string]any{"m": `off=7`, "d": "x"}, one(Entry{Payload: []byte("x")})},
+		{"v2 cut short", map[string]any{"m": `{"off":7,"p":"a",`, "d": "x"}, one(Entry{Payload: []byte("x")})},
+		{"v2 wrong types", map[string]any{"m": `{"off":"7","p":5,"id":"m1","h":"x"}`, "d": "x"}, one(Entry{MessageID: "m1", Payload: []byte("x")})},
+		{"v3", map[string]any{"m": `[{"off":7,"len":3,"p":"a","id":"m1","tx":"t","ts":12,"h":{"k":1}},{"off":8,"len":0,"p":"b","id":"m2","tx":"t","ts":12},{"off":9,"len":2,"p":"a","id":"m3","tx":"u","ts":13}]`, "d": "xyzé"},
+			packed(Entry{Offset: 7, Partition: "a", MessageID: "m1", Tx: "t", CreatedMs: 12, Header: []byte(`{"k":1}`), Payload: []byte("xyz")},
+				Entry{Offset: 8, Partition: "b", MessageID: "m2", Tx: "t", CreatedMs: 12, Payload: []byte{}},
+				Entry{Offset: 9, Partition: "a", MessageID: "m3", Tx: "u", CreatedMs: 13, Payload: []byte("é")})},
+		{"v3 one message, members in another order", map[string]any{"m": ` [ { "len" : 1, "off": 4 } ] `, "d": "x"},
+			packed(Entry{Offset: 4, Payload: []byte("x")})},
+		{"v3 lengths short of d", map[string]any{"m": `[{"off":7,"len":1},{"off":8,"len":1}]`, "d": "xyz"}, one(Entry{Payload: []byte("xyz")})},
+		{"v3 lengths past d", map[string]any{"m": `[{"off":7,"len":2},{"off":8,"len":2}]`, "d": "xyz"}, one(Entry{Payload: []byte("xyz")})},
+		{"v3 without len", map[string]any{"m": `[{"off":7}]`, "d": "x"}, one(Entry{Payload: []byte("x")})},
+		{"v3 empty", map[string]any{"m": `[]`, "d": ""}, one(Entry{Payload: []byte{}})},
+		{"v3 not JSON", map[string]any{"m": `[{"off":7,"len":1}`, "d": "x"}, one(Entry{Payload: []byte("x")})},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			c.want.ID = "1-1"
-			got := EntryOf(redis.XMessage{ID: "1-1", Values: c.values})
+			for i := range c.want {
+				c.want[i].ID = "1-1"
+			}
+			got := EntriesOf(nil, redis.XMessage{ID: "1-1", Values: c.values})
 			if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", c.want) {
 				t.Errorf("got  %+v\nwant %+v", got, c.want)
 			}
@@ -218,7 +247,7 @@ func TestAppendMeta(t *testing.T) {
 	if got.Off != 42 || got.P != m.Partition || got.ID != m.ID || got.Tx == nil || *got.Tx != "" || got.Ts != 5 || string(got.H) != `{"x":"y"}` {
 		t.Errorf("%s", b)
 	}
-	e := EntryOf(redis.XMessage{Values: map[string]any{"m": string(b)}})
+	e := entryOf(redis.XMessage{Values: map[string]any{"m": string(b)}})
 	if e.Partition != m.Partition || e.Offset != 42 || string(e.Header) != `{"x":"y"}` {
 		t.Errorf("round trip %+v", e)
 	}
@@ -355,9 +384,9 @@ func TestWriteShardCount(t *testing.T) {
 		t.Fatalf("after recreate: %v", err)
 	}
 	// a layout this version does not write: the script's error reply becomes a coded error
-	rdb.HSet(ctx, w.Layout().Meta("q"), "version", "3")
+	rdb.HSet(ctx, w.Layout().Meta("q"), "version", "4")
 	if _, err := w.Write(ctx, msgs("q", 1, 1), nil); !errcode.Is(err, errcode.LayoutVersion) {
-		t.Fatalf("layout version 3: %v", err)
+		t.Fatalf("layout version 4: %v", err)
 	}
 }
 

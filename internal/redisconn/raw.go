@@ -504,6 +504,14 @@ func AppendBulk[T string | []byte](b []byte, v T) []byte {
 	return append(b, '\r', '\n')
 }
 
+// AppendBulkHead appends the header of a bulk string of n bytes: the caller appends the bytes and
+// "\r\n" (a value gathered from several pieces without copying them twice).
+func AppendBulkHead(b []byte, n int) []byte {
+	b = append(b, '$')
+	b = strconv.AppendInt(b, int64(n), 10)
+	return append(b, '\r', '\n')
+}
+
 // AppendBulkInt appends the decimal text of v as a bulk string.
 func AppendBulkInt(b []byte, v int64) []byte {
 	var num [20]byte
