@@ -63,7 +63,7 @@ type ConsumerConfig struct {
 	OnGone func(n int)
 	// OnDeadLetter is called with the number of messages moved to the dead-letter stream.
 	OnDeadLetter func(n int)
-	// OnSkip is called with the number of entries acked undelivered because the group's start had
+	// OnSkip is called with the number of messages not delivered because the group's start had
 	// them in its load.
 	OnSkip func(n int)
 }

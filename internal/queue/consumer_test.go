@@ -110,16 +110,28 @@ func TestConsumeInOrder(t *testing.T) {
 	}
 }
 
+// TestConsumePoison: in every layout, a message that fails max_attempts times moves to the
+// dead-letter stream and every other message is acked once. In layout 3 a stream entry holds the
+// poison message and others (here all ten of its shard): they are delivered again with it until it
+// is dead-lettered, then without it, and the entry is acked with them.
 func TestConsumePoison(t *testing.T) {
 	r := testenv.StartRedis(t)
-	rdb := r.Client()
+	for _, v := range Layouts {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) { consumePoison(t, r.Client(), fmt.Sprintf("q%d", v), v) })
+	}
+}
+
+func consumePoison(t *testing.T, rdb redis.UniversalClient, q string, version int) {
 	ctx := context.Background()
-	w := NewWriter(rdb, WriterConfig{Shards: 2})
-	if _, err := w.Write(ctx, msgs("q", 20, 4), nil); err != nil {
+	w := NewWriter(rdb, WriterConfig{Shards: 2, CreateVersion: version})
+	if _, err := w.Write(ctx, msgs(q, 20, 4), nil); err != nil {
 		t.Fatal(err)
 	}
+	if n := rdb.XLen(ctx, w.Layout().Stream(q, 0)).Val() + rdb.XLen(ctx, w.Layout().Stream(q, 1)).Val(); version == LayoutV3 && n > 2 {
+		t.Fatalf("%d entries, want one per shard", n)
+	}
 	poison := map[string]bool{"m3": true, "m10": true, "m17": true}
-	c := newConsumer(t, rdb, ConsumerConfig{BatchCount: 5, MaxAttempts: 3})
+	c := newConsumer(t, rdb, ConsumerConfig{Queue: q, BatchCount: 5, MaxAttempts: 3})
 	done := map[string]int{}
 	attemptsSeen := map[string]int64{}
 	deadline := time.Now().Add(20 * time.Second)
@@ -148,7 +160,7 @@ func TestConsumePoison(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	dlq, err := rdb.XRange(ctx, w.Layout().DLQ("q"), "-", "+").Result()
+	dlq, err := rdb.XRange(ctx, w.Layout().DLQ(q), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,8 +185,13 @@ func TestConsumePoison(t *testing.T) {
 	if attemptsSeen["m3"] != 2 {
 		t.Errorf("attempts metadata of m3 reached %d, want 2", attemptsSeen["m3"])
 	}
-	if n := rdb.HLen(ctx, w.Layout().Attempts("q", "g")).Val(); n != 0 {
+	if n := rdb.HLen(ctx, w.Layout().Attempts(q, "g")).Val(); n != 0 {
 		t.Errorf("%d attempt counts left", n)
+	}
+	for n := 0; n < 2; n++ {
+		if p := rdb.XPending(ctx, w.Layout().Stream(q, n), "g").Val(); p == nil || p.Count != 0 {
+			t.Errorf("shard %d: pending %+v", n, p)
+		}
 	}
 }
 

@@ -126,9 +126,9 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 		return nil, false, nil
 	}
 	d := &Delivery{Shard: r.n, run: r, pending: pending}
-	var gone, skipped []string
+	var gone, skipped []string // entries trimmed away; entries whose every message the load has
 	start, past := c.groupStart(), r.startPast
-	bytes, read, kept := 0, 0, 0
+	bytes, read, kept, skips := 0, 0, 0, 0
 	for _, m := range msgs {
 		if len(m.Values) == 0 {
 			gone = append(gone, m.ID)
@@ -150,6 +150,7 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 				if !past {
 					switch start.judge(e.Payload) {
 					case startSkip:
+						skips++
 						continue
 					case startPast:
 						past = true
@@ -180,6 +181,10 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 		if err := c.ackSkipped(ctx, r.n, skipped); err != nil {
 			return nil, false, err
 		}
+	}
+	if skips > 0 {
+		c.conf.Logger.Debugf("queue %s group %s: skipped %d messages of shard %d already in the load", c.conf.Queue, c.conf.Group, skips, r.n)
+		c.conf.OnSkip(skips)
 	}
 	r.startPast = past
 	if len(d.Entries) == 0 {

@@ -342,13 +342,11 @@ func (c *Consumer) groupStart() *Start {
 	return c.start
 }
 
-// ackSkipped acks the entries the group's start had in the load, never delivered.
+// ackSkipped acks the entries whose every message the group's start had in the load, never
+// delivered (fetch logs and counts the messages skipped).
 func (c *Consumer) ackSkipped(ctx context.Context, n int, ids []string) error {
 	if err := c.ackUndelivered(ctx, n, ids); err != nil {
 		return fmt.Errorf("ack entries in the load: %w", err)
 	}
-	c.conf.Logger.Debugf("queue %s group %s: skipped %d entries of shard %d already in the load (first %s)",
-		c.conf.Queue, c.conf.Group, len(ids), n, ids[0])
-	c.conf.OnSkip(len(ids))
 	return nil
 }

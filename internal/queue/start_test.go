@@ -188,12 +188,19 @@ func sortIDs(ids []string) { slices.Sort(ids) }
 // after the positions whose transaction the snapshot did not see (and those without xid, and those
 // at or past the lsn); the others are acked, never delivered, and nothing stays pending. A replica
 // whose config names no start applies the start stored in Redis: here the group and its start were
-// created by hand, as the recipe for other clients does.
+// created by hand, as the recipe for other clients does. In layout 3 an entry holds messages the
+// load has and messages it does not: only the latter are delivered, and the entry is acked.
 func TestStartSkipsWhatTheLoadHas(t *testing.T) {
+	for _, v := range Layouts {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) { startSkipsWhatTheLoadHas(t, v) })
+	}
+}
+
+func startSkipsWhatTheLoadHas(t *testing.T, version int) {
 	r := testenv.StartRedis(t)
 	rdb := r.Client()
 	ctx := context.Background()
-	w := NewWriter(rdb, WriterConfig{Shards: 2})
+	w := NewWriter(rdb, WriterConfig{Shards: 2, CreateVersion: version})
 	l := w.Layout()
 	// before the positions: whatever they hold, a new group never sees them
 	writeEvents(t, w, "q", ev{"a", "m", "0/10", 90}, ev{"b", "m", "0/11", 91}, ev{"c", "r", "0/12", -1})

@@ -549,3 +549,57 @@ func TestMetaEncoder(t *testing.T) {
 		}
 	}
 }
+
+// TestWritePackBounds: in layout 3 the transaction and the write script pack a shard's messages
+// alike: in order, at most PackMessages an entry, and at most PackBytes of payloads unless one
+// message alone is larger (it then has an entry of its own).
+func TestWritePackBounds(t *testing.T) {
+	rdb := testenv.StartRedis(t).Client()
+	ctx := context.Background()
+	var sizes []int
+	for i := 0; i < 150; i++ {
+		sizes = append(sizes, 10) // 64, then 64, then 22 with what follows
+	}
+	sizes = append(sizes, 30000, 30000, 5000, PackBytes+1, 10, PackBytes, 1, PackBytes-1, 1)
+	var want []int // messages per entry
+	n, size := 0, 0
+	for _, l := range sizes {
+		if n == PackMessages || n > 0 && size+l > PackBytes {
+			want, n, size = append(want, n), 0, 0
+		}
+		n, size = n+1, size+l
+	}
+	want = append(want, n)
+	for _, script := range []bool{false, true} {
+		t.Run(fmt.Sprintf("script=%v", script), func(t *testing.T) {
+			q := fmt.Sprintf("pack%v", script)
+			w := NewWriter(rdb, WriterConfig{Shards: 1, CreateVersion: LayoutV3})
+			defer w.Close()
+			w.scriptOnly = script
+			batch := make([]Message, len(sizes))
+			for i, l := range sizes {
+				batch[i] = Message{Queue: q, Partition: "p", ID: fmt.Sprintf("m%d", i), Tx: "t", CreatedMs: 1,
+					Payload: []byte(strings.Repeat(string(rune('a'+i%26)), l))}
+			}
+			if _, err := w.Write(ctx, batch, nil); err != nil {
+				t.Fatal(err)
+			}
+			xs := rdb.XRange(ctx, w.Layout().Stream(q, 0), "-", "+").Val()
+			var got []int
+			i := 0
+			for _, x := range xs {
+				es := EntriesOf(nil, x)
+				got = append(got, len(es))
+				for _, e := range es {
+					if e.MessageID != batch[i].ID || e.Offset != int64(i+1) || string(e.Payload) != string(batch[i].Payload) {
+						t.Fatalf("message %d: %s off %d, %d bytes", i, e.MessageID, e.Offset, len(e.Payload))
+					}
+					i++
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("messages per entry %v, want %v", got, want)
+			}
+		})
+	}
+}
