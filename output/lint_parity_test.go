@@ -70,7 +70,8 @@ func TestRedisQueueOutputLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "queue interpolation", Set: `queue: '${! meta("queue" }'`, Refused: "queue", Lint: "expected"},
 		{Name: "shards 0 (lint only: the writer takes its default)", Set: "shards: 0", Lint: "shards must be between 1 and 1024"},
 		{Name: "layout_version 1", Set: "layout_version: 1"},
-		{Name: "layout_version 3", Set: "layout_version: 3", Refused: "layout_version: 3 is not 1 or 2", Lint: "layout_version must be between 1 and 2"},
+		{Name: "layout_version 2", Set: "layout_version: 2"},
+		{Name: "layout_version 4", Set: "layout_version: 4", Refused: "layout_version: 4 is not 1, 2 or 3", Lint: "layout_version must be between 1 and 3"},
 		{Name: "max_script_bytes text", Set: "max_script_bytes: lots", Refused: "max_script_bytes", Unlintable: linttest.TypeError},
 		{Name: "metadata filter pattern", Set: "metadata: {include_patterns: ['(']}", Refused: "failed to compile regexp", Lint: "metadata.include_patterns must be regular expressions"},
 	}

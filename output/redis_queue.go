@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,7 +101,7 @@ is retried and may repeat messages (same ids).`).
 				Default("").Example("168h").Advanced().
 				LintRule(fmt.Sprintf(`root = if this != "" && this.parse_duration().catch(null) == null { [%q] }`, rqoFieldMaxAge+" must be empty or a duration such as 168h")),
 			service.NewIntField(rqoFieldMaxLength).
-				Description("Retention: entries beyond the newest max_length of a shard may be trimmed, but only once every consumer group has acked them. 0: no length bound.").
+				Description("Retention: messages beyond the newest max_length of a shard may be trimmed (whole entries: the oldest entry kept may hold older ones), but only once every consumer group has acked them. 0: no length bound.").
 				Default(0).Advanced(),
 			service.NewDurationField(rqoFieldTrimInterval).Description("How often retention runs (more than 0s).").Default("30s").Advanced().
 				LintRule(speclint.DurationAbove(rqoFieldTrimInterval, 0)),
@@ -109,9 +110,10 @@ is retried and may repeat messages (same ids).`).
 			service.NewIntField(rqoFieldMaxScriptBytes).Description(fmt.Sprintf("Most bytes per write (transaction or script call; at least %d).", rqoMinScriptBytes)).Default(8<<20).Advanced().
 				LintRule(speclint.IntMin(rqoFieldMaxScriptBytes, rqoMinScriptBytes)),
 			service.NewIntField(rqoFieldLayoutVersion).
-				Description(fmt.Sprintf("The layout version of a queue this output creates (%d or %d, docs/queue.md): %d, two fields per entry, costs Redis about a third less per entry; %d, seven fields, is for consumers that read only that layout while they are upgraded. A queue that exists keeps its own version.", queue.LayoutV1, queue.LayoutV2, queue.LayoutV2, queue.LayoutV1)).
+				Description(fmt.Sprintf("The layout version of a queue this output creates (%s, docs/queue.md): %d packs up to %d consecutive messages of a shard into one stream entry and costs Redis about a third of version %d per message; %d, one message per entry in two fields, and %d, seven fields, are for consumers that read only those layouts while they are upgraded. A queue that exists keeps its own version.",
+					queue.LayoutsText(), queue.LayoutV3, queue.PackMessages, queue.LayoutV2, queue.LayoutV2, queue.LayoutV1)).
 				Default(queue.LayoutVersion).Advanced().
-				LintRule(speclint.Int(rqoFieldLayoutVersion, queue.LayoutV1, queue.LayoutV2)),
+				LintRule(speclint.Int(rqoFieldLayoutVersion, queue.Layouts[0], queue.Layouts[len(queue.Layouts)-1])),
 			service.NewMetadataFilterField(rqoFieldMetadata).
 				Description("Metadata keys written into each entry's `h` header (a JSON object); the `redis_queue` input restores them. None by default; the `pgrelay_*` keys are never written.").
 				Optional().Advanced().
@@ -223,8 +225,8 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (c RedisQueueConfig,
 	if c.writer.CreateVersion, err = conf.FieldInt(rqoFieldLayoutVersion); err != nil {
 		return c, err
 	}
-	if c.writer.CreateVersion != queue.LayoutV1 && c.writer.CreateVersion != queue.LayoutV2 {
-		return c, fmt.Errorf("%s: %d is not %d or %d", rqoFieldLayoutVersion, c.writer.CreateVersion, queue.LayoutV1, queue.LayoutV2)
+	if !slices.Contains(queue.Layouts, c.writer.CreateVersion) {
+		return c, fmt.Errorf("%s: %d is not %s", rqoFieldLayoutVersion, c.writer.CreateVersion, strings.Replace(queue.LayoutsText(), " and ", " or ", 1))
 	}
 	if c.writer.Durability, err = parseDurability(conf); err != nil {
 		return c, err

@@ -32,12 +32,15 @@ func TestQueueOutputParse(t *testing.T) {
 			return c.retention.MaxAge == time.Hour && c.retention.MaxLength == 10 && c.metadata != nil && c.metadata.Match("x_a") && !c.metadata.Match("y")
 		}, false},
 		{"layout version default", "queue: q\n", func(c RedisQueueConfig) bool {
+			return c.writer.CreateVersion == queue.LayoutVersion
+		}, false},
+		{"layout version 2", "queue: q\nlayout_version: 2\n", func(c RedisQueueConfig) bool {
 			return c.writer.CreateVersion == queue.LayoutV2
 		}, false},
 		{"layout version 1", "queue: q\nlayout_version: 1\n", func(c RedisQueueConfig) bool {
 			return c.writer.CreateVersion == queue.LayoutV1
 		}, false},
-		{"layout version 3", "queue: q\nlayout_version: 3\n", nil, true},
+		{"layout version 4", "queue: q\nlayout_version: 4\n", nil, true},
 		{"replicas zero", "queue: q\ndurability:\n  replicas: 0\n", nil, true},
 		{"unknown durability", "queue: q\ndurability: fsync\n", nil, true},
 	}

@@ -72,30 +72,54 @@ func ReadQueue(ctx context.Context, rdb redis.Cmdable, prefix, queue string) ([]
 	var out []Entry
 	for n, read := range reads {
 		for _, m := range read.Val() {
-			out = append(out, entryOf(n, m))
+			out = append(out, entriesOf(n, m)...)
 		}
 	}
 	return out, nil
 }
 
-// entryOf reads a stream entry of shard n in either layout version of DESIGN §4 (version 2: the
-// fields in the JSON object m), with encoding/json, not the product's decoder.
-func entryOf(n int, m redis.XMessage) Entry {
-	if meta, ok := m.Values["m"].(string); ok {
-		var f struct {
-			Off int64  `json:"off"`
-			P   string `json:"p"`
-			ID  string `json:"id"`
-			Tx  string `json:"tx"`
+// entriesOf reads the messages of a stream entry of shard n in any layout version of DESIGN §4
+// (version 2: the fields in the JSON object m; version 3: m an array of them, each with len, and d
+// their payloads one after another), with encoding/json, not the product's decoder.
+func entriesOf(n int, m redis.XMessage) []Entry {
+	type fields struct {
+		Off int64  `json:"off"`
+		Len int    `json:"len"`
+		P   string `json:"p"`
+		ID  string `json:"id"`
+		Tx  string `json:"tx"`
+	}
+	d := fmt.Sprint(m.Values["d"])
+	meta, ok := m.Values["m"].(string)
+	if ok && strings.HasPrefix(strings.TrimSpace(meta), "[") {
+		var fs []fields
+		if err := json.Unmarshal([]byte(meta), &fs); err != nil || len(fs) == 0 {
+			return []Entry{{Shard: n, Off: -1, Payload: []byte(d)}} // Check finds the offset out of sequence
 		}
+		out := make([]Entry, len(fs))
+		at := 0
+		for i, f := range fs {
+			if f.Len < 0 || at+f.Len > len(d) {
+				f.Off, f.Len = -1, 0
+			}
+			out[i] = Entry{Shard: n, Off: f.Off, Partition: f.P, ID: f.ID, Tx: f.Tx, Payload: []byte(d[at : at+f.Len])}
+			at += f.Len
+		}
+		if at != len(d) {
+			out[len(out)-1].Off = -1
+		}
+		return out
+	}
+	if ok {
+		var f fields
 		if err := json.Unmarshal([]byte(meta), &f); err != nil {
 			f.Off = -1 // an m that is not JSON: Check finds the offset out of sequence
 		}
-		return Entry{Shard: n, Off: f.Off, Partition: f.P, ID: f.ID, Tx: f.Tx, Payload: []byte(fmt.Sprint(m.Values["d"]))}
+		return []Entry{{Shard: n, Off: f.Off, Partition: f.P, ID: f.ID, Tx: f.Tx, Payload: []byte(d)}}
 	}
 	off, _ := strconv.ParseInt(fmt.Sprint(m.Values["off"]), 10, 64)
-	return Entry{Shard: n, Off: off, Partition: fmt.Sprint(m.Values["p"]), ID: fmt.Sprint(m.Values["id"]),
-		Tx: fmt.Sprint(m.Values["tx"]), Payload: []byte(fmt.Sprint(m.Values["d"]))}
+	return []Entry{{Shard: n, Off: off, Partition: fmt.Sprint(m.Values["p"]), ID: fmt.Sprint(m.Values["id"]),
+		Tx: fmt.Sprint(m.Values["tx"]), Payload: []byte(d)}}
 }
 
 // Row is a row as column → JSON value text.

@@ -2,7 +2,9 @@ package oracle
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -67,6 +69,33 @@ func TestReadQueueIsOneMomentOfTheQueue(t *testing.T) {
 			if per[n] != per[0] {
 				t.Fatalf("read %d: entries per shard %v: a write to every shard was seen in part", read, per)
 			}
+		}
+	}
+}
+
+// entriesOf reads every layout of DESIGN §4 on its own (encoding/json): a version-3 entry gives
+// each message with its payload cut from d by its len in bytes; lengths that do not add up to d
+// give an offset Check refuses.
+func TestEntriesOfEveryLayout(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   string
+	}{
+		{"v1", map[string]any{"off": "3", "p": "a", "id": "m", "tx": "t", "ts": "1", "h": "", "d": "x"}, "[{0 3 a m t x}]"},
+		{"v2", map[string]any{"m": `{"off":3,"p":"a","id":"m","tx":"t","ts":1}`, "d": "x"}, "[{0 3 a m t x}]"},
+		{"v3", map[string]any{"m": `[{"off":3,"len":2,"p":"a","id":"m","tx":"t","ts":1},{"off":4,"len":4,"p":"b","id":"n","tx":"t","ts":1}]`, "d": "é😀"},
+			"[{0 3 a m t é} {0 4 b n t 😀}]"},
+		{"v3 lengths short", map[string]any{"m": `[{"off":3,"len":1,"p":"a","id":"m"}]`, "d": "xy"}, "[{0 -1 a m  x}]"},
+		{"v3 lengths past d", map[string]any{"m": `[{"off":3,"len":3,"p":"a","id":"m"}]`, "d": "xy"}, "[{0 -1 a m  }]"},
+		{"v3 not JSON", map[string]any{"m": `[{"off":3`, "d": "xy"}, "[{0 -1    xy}]"},
+	} {
+		var got []string
+		for _, e := range entriesOf(0, redis.XMessage{Values: tc.values}) {
+			got = append(got, fmt.Sprintf("{%d %d %s %s %s %s}", e.Shard, e.Off, e.Partition, e.ID, e.Tx, e.Payload))
+		}
+		if s := "[" + strings.Join(got, " ") + "]"; s != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, s, tc.want)
 		}
 	}
 }

@@ -53,22 +53,37 @@ func read(t *testing.T, c *Consumer, timeout time.Duration) *Delivery {
 	return d
 }
 
+// TestConsumeInOrder: each partition's messages come in order, a delivery holds at most BatchCount
+// messages or ends with the stream entry that reached it (layout 3: entries of 3 messages here),
+// and a nacked delivery comes back whole.
 func TestConsumeInOrder(t *testing.T) {
 	r := testenv.StartRedis(t)
-	rdb := r.Client()
-	ctx := context.Background()
-	w := NewWriter(rdb, WriterConfig{Shards: 3})
-	if _, err := w.Write(ctx, msgs("q", 30, 6), nil); err != nil {
-		t.Fatal(err)
+	for _, v := range Layouts {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) { consumeInOrder(t, r.Client(), fmt.Sprintf("q%d", v), v) })
 	}
-	c := newConsumer(t, rdb, ConsumerConfig{BatchCount: 4})
+}
+
+func consumeInOrder(t *testing.T, rdb redis.UniversalClient, q string, version int) {
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 3, CreateVersion: version})
+	all := msgs(q, 30, 6)
+	for i := 0; i < len(all); i += 3 { // in layout 3: an entry of up to 3 messages per shard and write
+		if _, err := w.Write(ctx, all[i:i+3], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newConsumer(t, rdb, ConsumerConfig{Queue: q, BatchCount: 4})
+	most := 4
+	if version == LayoutV3 {
+		most = 4 - 1 + 3
+	}
 	got := map[string][]string{}
 	lastOff := map[int]int64{}
 	nacked := map[int]bool{}
 	for total := 0; total < 30; {
 		d := read(t, c, 10*time.Second)
-		if len(d.Entries) == 0 || len(d.Entries) > 4 {
-			t.Fatalf("delivery of %d entries", len(d.Entries))
+		if len(d.Entries) == 0 || len(d.Entries) > most {
+			t.Fatalf("delivery of %d messages", len(d.Entries))
 		}
 		if !nacked[d.Shard] { // nack each shard's first delivery once: it must come back whole
 			nacked[d.Shard] = true
@@ -103,7 +118,7 @@ func TestConsumeInOrder(t *testing.T) {
 		}
 	}
 	for n := 0; n < 3; n++ {
-		p, err := rdb.XPending(ctx, w.Layout().Stream("q", n), "g").Result()
+		p, err := rdb.XPending(ctx, w.Layout().Stream(q, n), "g").Result()
 		if err != nil || p.Count != 0 {
 			t.Fatalf("shard %d pending %v %v", n, p, err)
 		}
@@ -249,8 +264,10 @@ func TestConsumeTrimmedPending(t *testing.T) {
 	rdb := r.Client()
 	ctx := context.Background()
 	w := NewWriter(rdb, WriterConfig{Shards: 1})
-	if _, err := w.Write(ctx, msgs("q", 5, 1), nil); err != nil {
-		t.Fatal(err)
+	for _, m := range msgs("q", 5, 1) { // an entry each
+		if _, err := w.Write(ctx, []Message{m}, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	gone := 0
 	var mu sync.Mutex

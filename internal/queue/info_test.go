@@ -285,3 +285,43 @@ func TestInspectRefusesUnknownLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestInspectCountsMessages: queue info counts messages, not stream entries, in a layout-3 queue
+// (where Redis' own length, lag and pending count entries of several messages).
+func TestInspectCountsMessages(t *testing.T) {
+	rdb := testenv.StartRedis(t).Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	w := NewWriter(rdb, WriterConfig{Shards: 1, CreateVersion: LayoutV3})
+	for i := range 3 {
+		batch := msgs("q", 10, 1)
+		for j := range batch {
+			batch[j].ID = fmt.Sprintf("b%d-%d", i, j)
+		}
+		if _, err := w.Write(ctx, batch, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := l.Stream("q", 0)
+	rdb.XGroupCreate(ctx, stream, "g", "0")
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{stream, ">"}, Count: 1, Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	in, err := Inspect(ctx, rdb, l, "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Length != 30 || in.ShardInfo[0].FirstOffset != 1 || in.ShardInfo[0].LastOffset != 30 {
+		t.Fatalf("info %+v", in)
+	}
+	if len(in.Groups) != 1 || in.Groups[0].Lag != 20 || in.Groups[0].Pending != 10 {
+		t.Fatalf("groups %+v, want lag 20 and 10 pending", in.Groups)
+	}
+	// trimmed up to the entry after the last delivered one: the lag is what is kept after it
+	xs := rdb.XRange(ctx, stream, "-", "+").Val()
+	rdb.XAck(ctx, stream, "g", xs[0].ID)
+	rdb.XTrimMinID(ctx, stream, xs[2].ID)
+	if in, err = Inspect(ctx, rdb, l, "q"); err != nil || in.Length != 10 || in.Groups[0].Lag != 10 || in.Groups[0].Pending != 0 {
+		t.Fatalf("after trim: %+v %v", in, err)
+	}
+}

@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Retention bounds what a queue keeps: entries older than MaxAge or beyond the newest MaxLength of
-// a shard may be trimmed, but only below the lowest entry some consumer group has not yet acked
+// Retention bounds what a queue keeps: entries older than MaxAge or beyond those holding the
+// newest MaxLength messages of a shard may be trimmed, but only below the lowest entry some consumer group has not yet acked
 // (its lowest pending entry, or its last-delivered entry). A shard without groups is trimmed by the
 // policy alone. Zero values mean no bound.
 type Retention struct {
@@ -74,8 +74,15 @@ func trimShard(ctx context.Context, rdb redis.Cmdable, stream string, r Retentio
 		if err != nil {
 			return 0, err
 		}
-		if int64(len(xs)) == r.MaxLength && (bound == "" || idLess(bound, xs[len(xs)-1].ID)) {
-			bound = xs[len(xs)-1].ID
+		// the newest entry holding the MaxLength-th newest message (a layout-3 entry holds several)
+		var kept int64
+		for _, x := range xs {
+			if kept += messagesIn(x); kept >= r.MaxLength {
+				if bound == "" || idLess(bound, x.ID) {
+					bound = x.ID
+				}
+				break
+			}
 		}
 	}
 	if bound == "" {
@@ -133,4 +140,12 @@ func splitID(id string) (uint64, uint64) {
 	m, _ := strconv.ParseUint(ms, 10, 64)
 	s, _ := strconv.ParseUint(seq, 10, 64)
 	return m, s
+}
+
+// messagesIn is the number of messages stream entry x holds: several in layout 3, else one.
+func messagesIn(x redis.XMessage) int64 {
+	if m, ok := x.Values[FieldMeta].(string); ok && strings.HasPrefix(strings.TrimLeft(m, " \t\r\n"), "[") {
+		return int64(len(EntriesOf(nil, x)))
+	}
+	return 1
 }

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -28,7 +29,7 @@ func TestTrimKeepsUnacked(t *testing.T) {
 	rdb := r.Client()
 	ctx := context.Background()
 	l := NewLayout("")
-	w := NewWriter(rdb, WriterConfig{Shards: 1})
+	w := NewWriter(rdb, WriterConfig{Shards: 1, CreateVersion: LayoutV2}) // an entry per message
 	if _, err := w.Write(ctx, msgs("q", 10, 1), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +56,37 @@ func TestTrimKeepsUnacked(t *testing.T) {
 	}
 	if got := rdb.XLen(ctx, stream).Val(); got != 6 {
 		t.Fatalf("%d left", got)
+	}
+}
+
+// TestTrimMaxLengthCountsMessages: in layout 3 max_length keeps the entries that hold the newest
+// max_length messages (the oldest of them may hold older messages too).
+func TestTrimMaxLengthCountsMessages(t *testing.T) {
+	rdb := testenv.StartRedis(t).Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	w := NewWriter(rdb, WriterConfig{Shards: 1, CreateVersion: LayoutV3})
+	for i := range 10 {
+		batch := msgs("q", 7, 1)
+		for j := range batch {
+			batch[j].ID = fmt.Sprintf("b%d-%d", i, j)
+		}
+		if _, err := w.Write(ctx, batch, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := l.Stream("q", 0)
+	if n := rdb.XLen(ctx, stream).Val(); n != 10 {
+		t.Fatalf("%d entries, want 10 of 7 messages", n)
+	}
+	if n, err := Trim(ctx, rdb, l, "q", Retention{MaxLength: 20}); err != nil || n != 7 {
+		t.Fatalf("trimmed %d entries (%v), want 7: the newest 3 hold the newest 20 messages", n, err)
+	}
+	if n, err := Trim(ctx, rdb, l, "q", Retention{MaxLength: 21}); err != nil || n != 0 {
+		t.Fatalf("trimmed %d entries (%v), want none", n, err)
+	}
+	if first := entryOf(rdb.XRangeN(ctx, stream, "-", "+", 1).Val()[0]); first.MessageID != "b7-0" || first.Offset != 50 {
+		t.Fatalf("oldest kept %+v", first)
 	}
 }
 

@@ -351,7 +351,9 @@ func TestStartRefusals(t *testing.T) {
 	refused(ConsumerConfig{Group: "elsewhere", Queue: "nope", Start: ok}, errcode.NoQueue)
 
 	// entries after a position trimmed before the group exists
-	writeEvents(t, w, "q", ev{"a", "m", "0/20", 92}, ev{"a", "m", "0/21", 93}, ev{"b", "m", "0/22", 94})
+	for _, e := range []ev{{"a", "m", "0/20", 92}, {"a", "m", "0/21", 93}, {"b", "m", "0/22", 94}} {
+		writeEvents(t, w, "q", e) // an entry each, in every layout
+	}
 	sa := Shard("a", 2)
 	xs, err := rdb.XRange(ctx, l.Stream("q", sa), "-", "+").Result()
 	if err != nil {

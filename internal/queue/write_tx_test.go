@@ -697,7 +697,7 @@ func TestWriteMixedLayouts(t *testing.T) {
 				}
 				olds, news = append(olds, o), append(news, n)
 			}
-			if v := rdb.HGet(ctx, l.Meta(fresh), "version").Val(); v != "2" {
+			if v := rdb.HGet(ctx, l.Meta(fresh), "version").Val(); v != strconv.Itoa(LayoutVersion) {
 				t.Fatalf("new queue: version %s", v)
 			}
 			checkQueue(t, rdb, l, old, olds...)
