@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -31,6 +33,7 @@ type exampleLine struct {
 	Partition string `json:"partition"`
 	Tx        string `json:"tx"`
 	CreatedAt int64  `json:"created_at"`
+	Header    string `json:"header"`
 	Payload   string `json:"payload"`
 }
 
@@ -110,15 +113,18 @@ func exampleLines(t *testing.T, out string) []exampleLine {
 	return lines
 }
 
-// TestExampleConsumers first runs each example alone on a 3-shard queue holding one message (two
-// shard streams do not exist yet: the example must create its group with MKSTREAM). Then it runs
-// examples/python and examples/node against a queue written by pg_cdc
-// (3 shards) while pgrelay's own redis_queue input dead-letters the "poison" rows. Each example
-// reads every entry exactly once with its id, shard, offset, partition, transaction and payload
-// byte for byte as in the queue; the events replay into the source table; after SIGTERM nothing
-// is pending in its group; --dlq prints the dead letters. Then the queue is deleted and created
-// again with 5 shards (a new epoch, snapshotted): both examples, still running, follow the new
-// shard count and read the new queue exactly once too.
+// TestExampleConsumers first runs each example alone on 3-shard queues of each layout version
+// holding four messages on one shard (two shard streams do not exist yet: the example must create
+// its group with MKSTREAM): it prints every message with its fields, header and multi-byte payload
+// as written, in the entries the version puts them in (version 3: three in one), and acknowledges
+// them all. Then it runs examples/python and examples/node against a queue of layout version 3
+// written by pg_cdc (3 shards) while pgrelay's own redis_queue input dead-letters the "poison" rows.
+// Each example reads every message exactly once with its id, shard, offset, partition, transaction
+// and payload byte for byte as in the queue, some of them packed in one entry; the events replay
+// into the source table; after SIGTERM nothing is pending in its group; --dlq prints the dead
+// letters. Then the queue is deleted and created again with 5 shards in layout version 2 (a new
+// epoch, snapshotted): both examples, still running, follow the new shard count and read the new
+// queue exactly once too.
 func TestExampleConsumers(t *testing.T) {
 	runners := exampleRunners(t)
 	e := newCDCEnv(t, "examples", `[{table: w, queue: q}]`, "snapshot: initial")
@@ -132,33 +138,68 @@ func TestExampleConsumers(t *testing.T) {
 	withShards(3)
 	e.pg.Exec(writerTable)
 
-	// each example alone on a queue whose first message created one of its three shard streams:
-	// it creates its group on the other two with MKSTREAM and reads the message; once on a new
-	// queue (layout version 2) and once on one an earlier pgrelay created (version 1)
-	w := queue.NewWriter(e.rd.Client(), queue.WriterConfig{Shards: 3})
-	for _, r := range runners {
-		for _, version := range []int{queue.LayoutV2, queue.LayoutV1} {
+	// each example alone, once per layout version, on a queue whose first batch created one of its
+	// three shard streams: it creates its group on the other two with MKSTREAM and reads the
+	// messages of two batches on that shard. In version 3 the first batch is one entry of three
+	// messages and the second one of one; in versions 1 and 2 each message is an entry. The payloads
+	// and a header hold multi-byte UTF-8, so a version-3 d sliced by characters, not bytes, shows.
+	batches := [][]queue.Message{{
+		{Partition: `p "1"`, ID: "m1", Tx: "t1", CreatedMs: 1700000000001, Payload: []byte(`{"op":"m"}`)},
+		{Partition: `p "1"`, ID: "m2", Tx: "t1", CreatedMs: 1700000000001, Payload: []byte(`{"op":"m","v":"é"}`), Header: []byte(`{"k":"é 😀","n":1}`)},
+		{Partition: `p "1"`, ID: "m3", Tx: "t2", CreatedMs: 1700000000002, Payload: []byte(`{"op":"m","v":"😀 ünïcödé"}`)},
+	}, {
+		{Partition: `p "1"`, ID: "m4", Tx: "t3", CreatedMs: 1700000000003, Payload: []byte(`{"op":"m","v":"😀"}`)},
+	}}
+	for _, version := range []int{queue.LayoutV1, queue.LayoutV2, queue.LayoutV3} {
+		w := queue.NewWriter(e.rd.Client(), queue.WriterConfig{Shards: 3, CreateVersion: version})
+		for _, r := range runners {
 			q := fmt.Sprintf("first%d_%s", version, r.name)
-			if version == queue.LayoutV1 {
-				e.rd.Client().HSet(e.ctx, "pgrelay:{"+q+"}:meta", "shards", "3", "version", "1")
-			}
-			msg := queue.Message{Queue: q, Partition: `p "1"`, ID: "m1", Tx: "t1", CreatedMs: 1700000000001, Payload: []byte(`{"op":"m"}`)}
-			if _, err := w.Write(e.ctx, []queue.Message{msg}, nil); err != nil {
-				t.Fatal(err)
+			var want []queue.Message
+			var entry []int // the stream entry of each message: in version 3 its batch's
+			for n, b := range batches {
+				b = slices.Clone(b)
+				for i := range b {
+					b[i].Queue = q
+					entry = append(entry, len(entry))
+					if version == queue.LayoutV3 {
+						entry[len(entry)-1] = n
+					}
+				}
+				if _, err := w.Write(e.ctx, b, nil); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, b...)
 			}
 			if v := e.rd.Client().HGet(e.ctx, "pgrelay:{"+q+"}:meta", "version").Val(); v != strconv.Itoa(version) {
 				t.Fatalf("%s: layout version %s, want %d", q, v, version)
 			}
 			p := r.start(t, "--url", e.rd.URL(), "--group", r.name, q)
-			waitExampleLines(t, r.name, p, 1)
+			waitExampleLines(t, r.name, p, len(want))
 			p.Signal(syscall.SIGTERM)
 			if err := p.Wait(30 * time.Second); err != nil {
 				t.Fatalf("%s on %s: %v\n%s", r.name, q, err, p.Output())
 			}
-			l := exampleLines(t, p.Output())[0]
-			if l.Offset != 1 || l.ID != msg.ID || l.Partition != msg.Partition || l.Tx != msg.Tx ||
-				l.CreatedAt != msg.CreatedMs || l.Payload != string(msg.Payload) || l.Shard != queue.Shard(msg.Partition, 3) {
-				t.Errorf("%s on %s (layout version %d) printed %+v for %+v", r.name, q, version, l, msg)
+			lines := exampleLines(t, p.Output())
+			if len(lines) != len(want) {
+				t.Fatalf("%s on %s (layout version %d) printed %d messages, want %d:\n%s", r.name, q, version, len(lines), len(want), p.Output())
+			}
+			shard := queue.Shard(want[0].Partition, 3)
+			for i, l := range lines {
+				msg := want[i]
+				if l.Offset != int64(i+1) || l.ID != msg.ID || l.Partition != msg.Partition || l.Tx != msg.Tx ||
+					l.CreatedAt != msg.CreatedMs || l.Payload != string(msg.Payload) || !sameJSON(l.Header, string(msg.Header)) || l.Shard != shard {
+					t.Errorf("%s on %s (layout version %d) printed %+v for %+v", r.name, q, version, l, msg)
+				}
+			}
+			for i := range lines {
+				for j := range i {
+					if same := lines[i].EntryID == lines[j].EntryID; same != (entry[i] == entry[j]) {
+						t.Errorf("%s on %s (layout version %d): messages %d and %d in one entry: %v, want %v", r.name, q, version, j+1, i+1, same, !same)
+					}
+				}
+			}
+			if pending, err := e.rd.Client().XPending(e.ctx, fmt.Sprintf("pgrelay:{%s}:s:%d", q, shard), r.name).Result(); err != nil || pending.Count != 0 {
+				t.Errorf("%s on %s (layout version %d): pending %+v %v after SIGTERM", r.name, q, version, pending, err)
 			}
 		}
 	}
@@ -179,6 +220,14 @@ output:
         output: {reject: 'poison row ${! json("key.id") }'}
       - output: {drop: {}}
 `, e.rd.URL()))
+	// the output keeps the layout version of a queue that exists: the first queue is version 3,
+	// the second (below) version 2, whatever version the output creates
+	createQueue := func(shards, version int) {
+		if err := e.rd.Client().HSet(e.ctx, "pgrelay:{q}:meta", "shards", shards, "version", version).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	createQueue(3, queue.LayoutV3)
 	src := e.start()
 	e.waitPointer()
 
@@ -197,7 +246,13 @@ output:
 	}
 	for name, p := range consumers {
 		waitExampleLines(t, name, p, len(first))
-		checkExampleRead(t, e, name+" (3 shards)", exampleLines(t, p.Output()), first)
+		lines := exampleLines(t, p.Output())
+		checkExampleRead(t, e, name+" (3 shards, layout version 3)", lines, first)
+		if n := entriesOf(lines); n >= len(lines) {
+			t.Errorf("%s: %d messages in %d entries of a version-3 queue: none packed", name, len(lines), n)
+		} else {
+			t.Logf("%s: %d messages in %d entries of the version-3 queue", name, len(lines), n)
+		}
 	}
 
 	// the dead letters: the two poison inserts, dead-lettered by group dlq_maker
@@ -236,6 +291,7 @@ output:
 		t.Fatal(err)
 	}
 	withShards(5)
+	createQueue(5, queue.LayoutV2)
 	e.pg.Exec(`UPDATE w SET v = 'after the change' WHERE id = 1003`)
 	e.start()
 	e.waitPointer()
@@ -245,14 +301,18 @@ output:
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("the examples read %d entries over 3 shards, then %d over 5", len(first), len(second))
+	t.Logf("the examples read %d messages over 3 shards (layout version 3), then %d over 5 (version 2)", len(first), len(second))
 	for name, p := range consumers {
 		waitExampleLines(t, name, p, len(first)+len(second))
 		p.Signal(syscall.SIGTERM)
 		if err := p.Wait(30 * time.Second); err != nil {
 			t.Fatalf("%s after SIGTERM: %v", name, err)
 		}
-		checkExampleRead(t, e, name+" (5 shards)", exampleLines(t, p.Output())[len(first):], second)
+		lines := exampleLines(t, p.Output())[len(first):]
+		checkExampleRead(t, e, name+" (5 shards, layout version 2)", lines, second)
+		if n := entriesOf(lines); n != len(lines) {
+			t.Errorf("%s: %d messages in %d entries of a version-2 queue", name, len(lines), n)
+		}
 		for n := 0; n < 5; n++ {
 			pending, err := rdb.XPending(e.ctx, fmt.Sprintf("pgrelay:{q}:s:%d", n), name).Result()
 			if err != nil || pending.Count != 0 {
@@ -262,11 +322,39 @@ output:
 	}
 }
 
-// waitExampleLines waits until an example has printed n messages.
+// entriesOf counts the stream entries the messages printed came in.
+func entriesOf(lines []exampleLine) int {
+	type entry struct {
+		shard int
+		id    string
+	}
+	seen := map[entry]bool{}
+	for _, l := range lines {
+		seen[entry{l.Shard, l.EntryID}] = true
+	}
+	return len(seen)
+}
+
+// sameJSON says whether a and b are the same JSON value ("" for none): an example prints a version-2
+// or -3 header as its JSON encoder writes it.
+func sameJSON(a, b string) bool {
+	if a == "" || b == "" {
+		return a == b
+	}
+	var x, y any
+	return json.Unmarshal([]byte(a), &x) == nil && json.Unmarshal([]byte(b), &y) == nil && reflect.DeepEqual(x, y)
+}
+
+// waitExampleLines waits until an example has printed n messages; it fails at once when the
+// example exits before.
 func waitExampleLines(t *testing.T, name string, p *testenv.Process, n int) {
 	t.Helper()
 	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, fmt.Sprintf("%s to print %d messages", name, n), func() (bool, string) {
+		exited := p.Exited()
 		got := len(exampleLines(t, p.Output()))
+		if got < n && exited {
+			t.Fatalf("%s exited after printing %d messages of %d:\n%s", name, got, n, p.Output())
+		}
 		return got >= n, fmt.Sprintf("%d lines", got)
 	})
 }
@@ -349,7 +437,7 @@ func checkDeadLetters(t *testing.T, name, out string, poison []oracle.Entry) {
 }
 
 // TestExampleConsumersRefuseUnknownLayout: both examples stop with an error naming the version on a
-// queue whose meta has a layout version they do not read (3), print no message and create no group,
+// queue whose meta has a layout version they do not read (4), print no message and create no group,
 // as the redis_queue input refuses it (layout_version).
 func TestExampleConsumersRefuseUnknownLayout(t *testing.T) {
 	runners := exampleRunners(t)
@@ -366,14 +454,14 @@ func TestExampleConsumersRefuseUnknownLayout(t *testing.T) {
 		p := r.start(t, "--url", rd.URL(), "--group", r.name, q)
 		err := p.Wait(30 * time.Second)
 		if !p.Exited() {
-			t.Fatalf("%s kept running on a layout-version-3 queue:\n%s", r.name, p.Output())
+			t.Fatalf("%s kept running on a layout-version-4 queue:\n%s", r.name, p.Output())
 		}
 		out := p.Output()
 		if err == nil || !strings.Contains(out, "layout version 4") {
-			t.Errorf("%s on a layout-version-3 queue: exit %v\n%s", r.name, err, out)
+			t.Errorf("%s on a layout-version-4 queue: exit %v\n%s", r.name, err, out)
 		}
 		if lines := exampleLines(t, out); len(lines) != 0 {
-			t.Errorf("%s printed %d messages of a layout-version-3 queue", r.name, len(lines))
+			t.Errorf("%s printed %d messages of a layout-version-4 queue", r.name, len(lines))
 		}
 		if groups, _ := rdb.XInfoGroups(ctx, l.Stream(q, 0)).Result(); len(groups) != 0 {
 			t.Errorf("%s created groups on a refused queue: %+v", r.name, groups)

@@ -339,7 +339,9 @@ func followQueue(ctx context.Context, rdb *redis.Client, q string, seen func(pay
 				}
 			}
 			for _, msg := range st.Messages {
-				seen(fmt.Sprint(msg.Values["d"]), now)
+				for _, e := range queue.EntriesOf(nil, msg) {
+					seen(string(e.Payload), now)
+				}
 			}
 		}
 	}
@@ -482,8 +484,13 @@ func (s *shop) replayLoop(b *testing.B, m *benchenv.Metrics, name string, pm int
 			}
 			batch := &pgx.Batch{}
 			acks := make([]string, len(st.Messages))
+			var es []queue.Entry // the messages of the entries (a layout-3 entry holds several)
 			for j, msg := range st.Messages {
-				payload := fmt.Sprint(msg.Values["d"])
+				es = queue.EntriesOf(es, msg)
+				acks[j] = msg.ID
+			}
+			for _, e := range es {
+				payload := string(e.Payload)
 				var ev struct {
 					Table json.RawMessage `json:"table"`
 					LSN   json.RawMessage `json:"lsn"`
@@ -504,7 +511,6 @@ func (s *shop) replayLoop(b *testing.B, m *benchenv.Metrics, name string, pm int
 					}
 					batch.Queue(q, vals...)
 				}
-				acks[j] = msg.ID
 			}
 			tx, err := model.Begin(ctx)
 			if err != nil {
@@ -519,7 +525,7 @@ func (s *shop) replayLoop(b *testing.B, m *benchenv.Metrics, name string, pm int
 			if err := rdb.XAck(ctx, st.Stream, name, acks...).Err(); err != nil {
 				b.Fatal(err)
 			}
-			got += len(st.Messages)
+			got += len(es)
 		}
 	}
 	elapsed := time.Since(t0)

@@ -57,13 +57,17 @@ func checkDelivered(t *testing.T, rdb redis.Cmdable, stream string, gen *seqGen)
 	maxSeen := map[string]int{}
 	distinct := map[string]bool{}
 	repeats := 0
+	var es []queue.Entry
 	for _, x := range xs {
+		es = queue.EntriesOf(es, x)
+	}
+	for _, e := range es {
 		var body struct {
 			P string
 			N int
 		}
-		if err := json.Unmarshal([]byte(x.Values["d"].(string)), &body); err != nil {
-			t.Fatalf("payload %v: %v", x.Values["d"], err)
+		if err := json.Unmarshal(e.Payload, &body); err != nil {
+			t.Fatalf("payload %s: %v", e.Payload, err)
 		}
 		if body.N > maxSeen[body.P]+1 {
 			t.Fatalf("partition %s: message %d written before %d", body.P, body.N, maxSeen[body.P]+1)

@@ -199,8 +199,18 @@ func TestQueueConfigsLint(t *testing.T) {
 }
 
 // TestQueueOutputRetention: the output's retention trims a shard to max_length only below what the
-// queue's group has acked.
+// queue's group has acked, in layout 2 (an entry per message) and 3 (here an entry per batch of 10:
+// the entries holding the newest 5 messages and the last delivered one are kept).
 func TestQueueOutputRetention(t *testing.T) {
+	for _, c := range []struct {
+		version, entries, kept int
+		oldest                 string
+	}{{queue.LayoutV2, 40, 11, "m29"}, {queue.LayoutV3, 4, 2, "m20"}} {
+		t.Run(fmt.Sprintf("v%d", c.version), func(t *testing.T) { outputRetention(t, c.version, c.entries, c.kept, c.oldest) })
+	}
+}
+
+func outputRetention(t *testing.T, version, entries, kept int, oldest string) {
 	r := testenv.StartRedis(t)
 	rdb := r.Client()
 	ctx := context.Background()
@@ -215,7 +225,8 @@ redis_queue:
   shards: 1
   max_length: 5
   trim_interval: 100ms
-`, r.URL()))
+  layout_version: %d
+`, r.URL(), version))
 	defer stop()
 	for i := 0; i < 40; i += 10 {
 		if err := send(ctx, batchOf(10, i, nil)); err != nil {
@@ -223,22 +234,22 @@ redis_queue:
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
-	if n := rdb.XLen(ctx, stream).Val(); n != 40 {
+	if n := rdb.XLen(ctx, stream).Val(); n != int64(entries) {
 		t.Fatalf("trimmed to %d while the group had acked nothing", n)
 	}
-	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "slow", Consumer: "c", Streams: []string{stream, ">"}, Count: 30, Block: -1}).Result()
+	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "slow", Consumer: "c", Streams: []string{stream, ">"}, Count: int64(entries * 3 / 4), Block: -1}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, x := range res[0].Messages {
 		rdb.XAck(ctx, stream, "slow", x.ID)
 	}
-	cdctest.Wait(t, 5*time.Second, "the stream trimmed to 11 entries", func() (bool, string) {
-		n := rdb.XLen(ctx, stream).Val() // entries 30..39 unread, plus the last delivered (29) kept
-		return n == 11, fmt.Sprintf("length %d", n)
+	cdctest.Wait(t, 5*time.Second, "the stream trimmed", func() (bool, string) {
+		n := rdb.XLen(ctx, stream).Val() // messages 30..39 unread, plus the last delivered entry kept
+		return n == int64(kept), fmt.Sprintf("length %d, want %d", n, kept)
 	})
 	first := rdb.XRangeN(ctx, stream, "-", "+", 1).Val()[0]
-	if id := queue.EntriesOf(nil, first)[0].MessageID; id != "m29" {
+	if id := queue.EntriesOf(nil, first)[0].MessageID; id != oldest {
 		t.Fatalf("oldest kept %v", id)
 	}
 }

@@ -136,17 +136,21 @@ func queueLoop(b *testing.B, pool interface {
 			if len(st.Messages) == 0 {
 				continue
 			}
-			k := len(st.Messages)
+			acks := make([]string, len(st.Messages))
+			var es []queue.Entry // the messages of the entries (a layout-3 entry holds several)
+			for j, msg := range st.Messages {
+				es = queue.EntriesOf(es, msg)
+				acks[j] = msg.ID
+			}
+			k := len(es)
 			ids, names, qtys, vers, prices, stats, attrs := make([]int64, k), make([]string, k), make([]int32, k), make([]int32, k),
 				make([]float64, k), make([]string, k), make([]string, k)
-			acks := make([]string, k)
-			for j, msg := range st.Messages {
+			for j, e := range es {
 				var row queueRow
-				if err := json.Unmarshal([]byte(msg.Values["d"].(string)), &row); err != nil {
+				if err := json.Unmarshal(e.Payload, &row); err != nil {
 					b.Fatal(err)
 				}
 				ids[j], names[j], qtys[j], vers[j], prices[j], stats[j], attrs[j] = row.ID, row.Name, row.Qty, row.Version, row.Price, row.Status, row.Attrs
-				acks[j] = msg.ID
 			}
 			tx, err := pool.Begin(ctx)
 			if err != nil {

@@ -5,14 +5,15 @@
 //   node consumer.js --url redis://127.0.0.1:6379 --dlq orders
 //
 // The first form reads every shard of queue `orders` through the consumer group `my_app` and prints
-// each message as one JSON line, then acknowledges it. The second prints the dead letters and exits.
+// each message as one JSON line, then acknowledges its stream entry (which may hold several). The
+// second prints the dead letters and exits.
 // See examples/README.md for what the example does and does not do.
 'use strict';
 
 const Redis = require('ioredis');
 
 const RESCAN_MS = 5000; // how often the shard count is read again
-const LAYOUT_VERSIONS = ['1', '2']; // the layout versions (meta `version`) this consumer reads
+const LAYOUT_VERSIONS = ['1', '2', '3']; // the layout versions (meta `version`) this consumer reads
 
 function parseArgs(argv) {
   const o = { url: 'redis://127.0.0.1:6379', prefix: 'pgrelay', group: 'example', consumer: 'example',
@@ -44,20 +45,28 @@ function keys(prefix, queue) {
   return { meta: base + 'meta', dlq: base + 'dlq', shard: (n) => `${base}s:${n}` };
 }
 
-// fieldsOf turns a stream entry's [k1, v1, k2, v2, ...] into an object with the fields of layout
-// version 1 (off, p, id, tx, ts, h, d). A queue of layout version 2 (the meta hash's `version`)
-// has two fields, `m` (a JSON object: off, p, id, tx, ts, and h when present) and `d`: m's members
-// become the fields (h as JSON text, "" when absent). Both are read, so a consumer follows either.
-function fieldsOf(list) {
+// messagesOf turns a stream entry's [k1, v1, k2, v2, ...], read as Buffers (xreadgroupBuffer,
+// xrangeBuffer), into its messages: objects with layout version 1's fields (off, p, id, tx, ts, h,
+// d) as text, and the entry's other fields (a dead letter's group, error, ...).
+// An entry tells its layout by itself. Version 1: the seven fields. Version 2: `m`, a JSON object
+// (off, p, id, tx, ts, and h when present), and `d`. Version 3: `m`, a JSON array of such objects
+// in offset order, each with `len`, the byte length of its payload, and `d`, the payloads one
+// after another: each message's payload is the next `len` bytes of d, so d is sliced as a Buffer
+// (a string would be sliced by characters). m's members become the fields (h as JSON text, ""
+// when absent).
+function messagesOf(list) {
   const f = {};
-  for (let i = 0; i + 1 < list.length; i += 2) f[list[i]] = list[i + 1];
-  if (f.m !== undefined) {
-    const m = JSON.parse(f.m);
-    Object.assign(f, { off: String(m.off), p: m.p, id: m.id, tx: m.tx, ts: String(m.ts),
-      h: m.h === undefined ? '' : JSON.stringify(m.h) });
-    delete f.m;
+  for (let i = 0; i + 1 < list.length; i += 2) {
+    const k = list[i].toString();
+    f[k] = k === 'm' || k === 'd' ? list[i + 1] : list[i + 1].toString();
   }
-  return f;
+  const { m, d, ...rest } = f;
+  if (m === undefined) return [{ ...rest, d: d.toString() }]; // version 1
+  let ms = JSON.parse(m.toString());
+  if (!Array.isArray(ms)) ms = [{ ...ms, len: d.length }]; // version 2: one message, all of d
+  let at = 0;
+  return ms.map((x) => ({ ...rest, off: String(x.off), p: x.p, id: x.id, tx: x.tx, ts: String(x.ts),
+    h: x.h === undefined ? '' : JSON.stringify(x.h), d: d.subarray(at, (at += x.len)).toString() }));
 }
 
 // The application's work. Here: decode the event and print the message as a JSON line.
@@ -129,7 +138,7 @@ class Consumer {
     const args = ['GROUP', this.o.group, this.o.consumer, 'COUNT', this.o.count];
     if (blockMs !== undefined) args.push('BLOCK', blockMs);
     args.push('STREAMS', ...streams, ...streams.map(() => id));
-    return this.reader.xreadgroup(...args);
+    return this.reader.xreadgroupBuffer(...args); // Buffers: a version-3 entry's d is split by bytes
   }
 
   // Entries delivered to this consumer but not acknowledged (a crash before XACK) first.
@@ -142,16 +151,18 @@ class Consumer {
   }
 
   async process(got) {
-    for (const [stream, entries] of got) {
+    for (const [streamBuf, entries] of got) {
+      const stream = streamBuf.toString();
       const shard = Number(stream.slice(stream.lastIndexOf(':') + 1));
       const done = [];
-      for (const [entryId, list] of entries) {
-        if (list) { // a null entry is a pending one that retention trimmed away
-          const f = fieldsOf(list);
+      for (const [idBuf, list] of entries) {
+        const entryId = idBuf.toString();
+        // a null entry is a pending one that retention trimmed away; version 3: several messages
+        for (const f of list ? messagesOf(list) : []) {
           handle({ shard, offset: Number(f.off), entry_id: entryId, id: f.id, partition: f.p, tx: f.tx,
             created_at: Number(f.ts), header: f.h, payload: f.d });
         }
-        done.push(entryId);
+        done.push(entryId); // acknowledged once all its messages are handled
       }
       if (done.length) await this.cmd.xack(stream, this.o.group, ...done);
     }
@@ -182,13 +193,14 @@ class Consumer {
   }
 }
 
-// Print every dead letter: the entry's fields plus group, error, attempts and failed_at.
+// Print every dead letter: the entry's fields plus group, error, attempts and failed_at. A dead
+// letter holds one message, in version 1's or 2's fields (never several).
 async function deadLetters(opts) {
   const r = new Redis(opts.url);
   try {
-    for (const [entryId, list] of await r.xrange(keys(opts.prefix, opts.queue).dlq, '-', '+')) {
-      const f = fieldsOf(list);
-      process.stdout.write(JSON.stringify({ entry_id: entryId, group: f.group, error: f.error,
+    for (const [entryId, list] of await r.xrangeBuffer(keys(opts.prefix, opts.queue).dlq, '-', '+')) {
+      const [f] = messagesOf(list);
+      process.stdout.write(JSON.stringify({ entry_id: entryId.toString(), group: f.group, error: f.error,
         attempts: Number(f.attempts), failed_at: Number(f.failed_at), offset: Number(f.off), id: f.id,
         partition: f.p, payload: f.d }) + '\n');
     }

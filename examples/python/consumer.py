@@ -5,7 +5,8 @@
     python3 consumer.py --url redis://127.0.0.1:6379 --dlq orders
 
 The first form reads every shard of queue `orders` through the consumer group `my_app` and prints
-each message as one JSON line, then acknowledges it. The second prints the dead letters and exits.
+each message as one JSON line, then acknowledges its stream entry (which may hold several). The
+second prints the dead letters and exits.
 See examples/README.md for what the example does and does not do.
 """
 
@@ -19,7 +20,7 @@ from decimal import Decimal
 import redis
 
 RESCAN_SECONDS = 5  # how often the shard count is read again
-LAYOUT_VERSIONS = ("1", "2")  # the layout versions (meta `version`) this consumer reads
+LAYOUT_VERSIONS = ("1", "2", "3")  # the layout versions (meta `version`) this consumer reads
 
 
 class Queue:
@@ -38,23 +39,33 @@ def text(v):
     return v.decode("utf-8") if isinstance(v, bytes) else v
 
 
-def fields_of(fields):
-    """A stream entry's fields as layout version 1 has them (off, p, id, tx, ts, h, d).
+def messages_of(fields):
+    """The messages of a stream entry, each a dict with layout version 1's fields (off, p, id, tx,
+    ts, h, d) and the entry's other fields (a dead letter's group, error, ...).
 
-    A queue of layout version 2 (the meta hash's `version`) has two fields, `m` (a JSON object: off,
-    p, id, tx, ts, and h when present) and `d`: m's members become the fields (h as JSON text, ""
-    when absent). Both are read, so a consumer follows either."""
+    An entry tells its layout by itself. Version 1: the seven fields. Version 2: `m`, a JSON object
+    (off, p, id, tx, ts, and h when present), and `d`. Version 3: `m`, a JSON array of such objects
+    in offset order, each with `len`, the byte length of its payload, and `d`, the payloads one
+    after another: each message's payload is the next `len` bytes of d. m's members become the
+    fields (h as JSON text, "" when absent)."""
     f = {text(k): v for k, v in fields.items()}
-    if "m" in f:
-        m = json.loads(text(f.pop("m")))
-        f.update(off=str(m["off"]), p=m["p"], id=m["id"], tx=m["tx"], ts=str(m["ts"]),
-                 h=json.dumps(m["h"], separators=(",", ":")) if "h" in m else "")
-    return f
+    if "m" not in f:
+        return [f]  # version 1
+    m, d = json.loads(f.pop("m")), f.pop("d")
+    if isinstance(m, dict):
+        m = [dict(m, len=len(d))]  # version 2: one message, all of d
+    out, at = [], 0
+    for x in m:
+        out.append(dict(f, off=str(x["off"]), p=x["p"], id=x["id"], tx=x["tx"], ts=str(x["ts"]),
+                        h=json.dumps(x["h"], separators=(",", ":")) if "h" in x else "",
+                        d=d[at:at + x["len"]]))  # d is bytes: sliced by bytes
+        at += x["len"]
+    return out
 
 
-def message(shard, entry_id, fields):
-    """One queue entry as a dict. The payload `d` is kept as the exact text the producer wrote."""
-    f = fields_of(fields)
+def message(shard, entry_id, f):
+    """One message of a queue entry (messages_of) as a dict. The payload `d` is kept as the exact
+    text the producer wrote."""
     return {
         "shard": shard,
         "offset": int(f["off"]),
@@ -140,8 +151,9 @@ class Consumer:
             done = []
             for entry_id, fields in entries:
                 if fields:  # an empty entry is a pending one that retention trimmed away
-                    handle(message(shard, entry_id, fields))
-                done.append(entry_id)
+                    for f in messages_of(fields):  # several in layout version 3, in offset order
+                        handle(message(shard, entry_id, f))
+                done.append(entry_id)  # acknowledged once all its messages are handled
             if done:
                 self.r.xack(stream, self.group, *done)
 
@@ -166,9 +178,10 @@ class Consumer:
 
 
 def dead_letters(r, q):
-    """Print every dead letter: the entry's fields plus group, error, attempts and failed_at."""
+    """Print every dead letter: the entry's fields plus group, error, attempts and failed_at. A dead
+    letter holds one message, in version 1's or 2's fields (never several)."""
     for entry_id, fields in r.xrange(q.dlq, "-", "+"):
-        f = {k: text(v) for k, v in fields_of(fields).items()}
+        f = {k: text(v) for k, v in messages_of(fields)[0].items()}
         print(json.dumps({
             "entry_id": text(entry_id),
             "group": f["group"],

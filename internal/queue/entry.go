@@ -34,7 +34,7 @@ const (
 	LayoutV2 = 2
 	LayoutV3 = 3
 	// LayoutVersion is the version of the queues this code creates.
-	LayoutVersion = LayoutV2
+	LayoutVersion = LayoutV3
 )
 
 // Layouts are the layout versions this code reads and writes.

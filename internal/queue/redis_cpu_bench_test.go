@@ -69,6 +69,7 @@ type redisVariant struct {
 // second source on the same queue, and one that writes every piece with the script.
 type benchWriters struct {
 	tx, second, script *Writer
+	txV2, scriptV2     *Writer // writers of queues in layout version 2 (an entry per message)
 	layout             Layout
 }
 
@@ -112,6 +113,16 @@ var redisVariants = []redisVariant{
 	{name: "tx", about: "Writer.Write as pgrelay runs it: fenced, pointer compare-and-set, one optimistic transaction (WATCH, reads, MULTI/EXEC) per batch", batches: 1,
 		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
 			_, err := w.tx.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
+	{name: "tx_v2", about: "tx into a queue of layout version 2 (an entry per message; tx packs up to PackMessages of a shard's messages an entry)", batches: 1,
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.txV2.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
+			return err
+		}},
+	{name: "script_v2", about: "script into a queue of layout version 2", batches: 1,
+		write: func(ctx context.Context, _ *redis.Client, w *benchWriters, msgs [][]Message, seq int) error {
+			_, err := w.scriptV2.Write(ctx, msgs[0], benchCover(msgs[0][0].Queue, seq))
 			return err
 		}},
 	{name: "tx_chain", about: "tx with two batches of one source in flight (a chain, window 2): each batch queued behind the EXEC of the one before it", batches: 4,
@@ -236,7 +247,8 @@ func BenchmarkRedisCPU(b *testing.B) {
 	entries := benchenv.Size("PGRELAY_BENCH_REDIS_ENTRIES", 100000, 10000)
 	w := &benchWriters{tx: NewWriter(rdb, WriterConfig{Shards: 16}), second: NewWriter(rdb, WriterConfig{Shards: 16}),
 		script: NewWriter(rdb, WriterConfig{Shards: 16}), layout: NewLayout("")}
-	w.script.scriptOnly = true
+	w.txV2, w.scriptV2 = NewWriter(rdb, WriterConfig{Shards: 16, CreateVersion: LayoutV2}), NewWriter(rdb, WriterConfig{Shards: 16, CreateVersion: LayoutV2})
+	w.script.scriptOnly, w.scriptV2.scriptOnly = true, true
 	for _, v := range redisVariants {
 		rdb.Set(ctx, "pgrelay:{"+v.name+"}:src:s:lease", "me|1", 0)
 		rdb.Set(ctx, "pgrelay:{"+v.name+"}:src:t:lease", "me|1", 0)

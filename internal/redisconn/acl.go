@@ -77,7 +77,7 @@ var aclCommands = map[Use][]string{
 	UseRetention: {"hget", "xrevrange", "xtrim", "xinfo|groups", "xpending"},
 	UseConsume: {"evalsha", "eval", "exists", "get", "del", "hget", "hmget", "hset", "hdel", "hincrby", "xgroup|create", "xinfo|groups", "xinfo|stream",
 		"xreadgroup", "xread", "xrevrange", "xrange", "xack", "xadd", "zadd", "zrem", "zremrangebyscore", "zcard"},
-	UseInspect:     {"hgetall", "xlen", "xrange", "xinfo|groups", "time", "zcount", "get", "pttl"},
+	UseInspect:     {"hgetall", "xlen", "xrange", "xinfo|groups", "xinfo|stream", "time", "zcount", "get", "pttl"},
 	UseStatus:      {"get", "pttl", "hgetall"},
 	UsePosition:    {"multi", "exec", "hget", "xinfo|stream"},
 	UseDeadLetters: {"xrange"},

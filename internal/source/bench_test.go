@@ -449,10 +449,12 @@ func (m *latencyMetrics) latencyRun(b *testing.B, e *env, stream string, tps, to
 			now := time.Now()
 			for _, m := range res[0].Messages {
 				last = m.ID
-				var ev struct{ TS string }
-				json.Unmarshal([]byte(fmt.Sprint(m.Values["d"])), &ev)
-				ts, _ := time.Parse("2006-01-02T15:04:05.000000Z", ev.TS)
-				lat = append(lat, now.Sub(ts))
+				for _, e := range queue.EntriesOf(nil, m) {
+					var ev struct{ TS string }
+					json.Unmarshal(e.Payload, &ev)
+					ts, _ := time.Parse("2006-01-02T15:04:05.000000Z", ev.TS)
+					lat = append(lat, now.Sub(ts))
+				}
 			}
 		}
 	}()
