@@ -127,7 +127,10 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 	}
 	d := &Delivery{Shard: r.n, run: r, pending: pending}
 	var gone, skipped []string // entries trimmed away; entries whose every message the load has
-	start, past := c.groupStart(), r.startPast
+	// Pending entries are judged again from their first message: a layout-3 entry in which the rule
+	// ended holds messages in the load before the first past its lsn, and those are not acked alone.
+	// (Judging is the same each time: a shard's events are in commit order.)
+	start, past := c.groupStart(), r.startPast && !pending
 	bytes, read, kept, skips := 0, 0, 0, 0
 	for _, m := range msgs {
 		if len(m.Values) == 0 {
@@ -186,7 +189,7 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 		c.conf.Logger.Debugf("queue %s group %s: skipped %d messages of shard %d already in the load", c.conf.Queue, c.conf.Group, skips, r.n)
 		c.conf.OnSkip(skips)
 	}
-	r.startPast = past
+	r.startPast = r.startPast || past
 	if len(d.Entries) == 0 {
 		return nil, pending && len(gone)+len(skipped) > 0, nil
 	}
