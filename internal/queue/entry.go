@@ -211,9 +211,9 @@ func metaText(q string) string {
 	return string(t)
 }
 
-// appendEntryMeta appends the version-2 `m` object of a message read (a dead letter of a layout-3
+// AppendEntryMeta appends the version-2 `m` object of a message read (a dead letter of a layout-3
 // entry holds its message alone, in version 2's fields).
-func appendEntryMeta(dst []byte, e *Entry) []byte {
+func AppendEntryMeta(dst []byte, e *Entry) []byte {
 	return appendMeta(dst, e.Offset, &Message{Partition: e.Partition, ID: e.MessageID, Tx: e.Tx, CreatedMs: e.CreatedMs, Header: e.Header})
 }
 

@@ -361,7 +361,7 @@ func (c *Consumer) Nack(ctx context.Context, d *Delivery, failed map[int]error) 
 			e := &d.Entries[i]
 			if e.packed {
 				// the dead letter holds this message alone, in layout 2's fields
-				args = append(args, e.ID, errText(err), e.Index, e.Count, appendEntryMeta(nil, e), e.Payload)
+				args = append(args, e.ID, errText(err), e.Index, e.Count, AppendEntryMeta(nil, e), e.Payload)
 			} else {
 				args = append(args, e.ID, errText(err), "", 1, "", "")
 			}

@@ -88,8 +88,9 @@ func benchSource(b *testing.B, txRows int) {
 			queue := catchUp(b, e, pids, "q"+strconv.Itoa(r), before)
 			queue2 := catchUp(b, e, pids, "w"+strconv.Itoa(r), before)
 			drop := catchUp(b, e, pids, "d"+strconv.Itoa(r), before)
-			xadd := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), false)
-			multi := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), true)
+			xadd := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), false, false)
+			multi := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), true, false)
+			multiV2 := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), true, true)
 			decode := benchenv.PerChange(raw.walsender, total)
 			m.Add("raw_changes/s", raw.rate(total))
 			m.Add("raw_cpu_walsender_us/change", decode)
@@ -116,6 +117,9 @@ func benchSource(b *testing.B, txRows int) {
 			m.Add("multi_changes/s", multi.rate(total))
 			m.Add("multi_ratio", multi.rate(total)/raw.rate(total))
 			m.Add("multi_cpu_redis_us/change", benchenv.PerChange(multi.redis, total))
+			m.Add("multiv2_changes/s", multiV2.rate(total))
+			m.Add("multiv2_ratio", multiV2.rate(total)/raw.rate(total))
+			m.Add("multiv2_cpu_redis_us/change", benchenv.PerChange(multiV2.redis, total))
 		}
 		m.Report(b)
 	}
@@ -254,31 +258,43 @@ func recvLogical(b *testing.B, e *env, pids benchProcs, bin, slot, endpos string
 }
 
 // rawXAdd reads back every entry pg_cdc wrote to queue q and times writing them again, same
-// fields and bytes, to other keys with pipelines of 1,000 plain XADDs: what the Redis server
-// itself costs under this run's settings. With multi each pipeline is one MULTI/EXEC: with
-// appendfsync always a plain pipeline costs Redis an AOF write and fsync per read of the socket
-// (~16 KiB), a transaction one per 1,000 entries, like pgrelay's one script call per batch. The
-// keys are deleted afterwards.
-func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi bool) phase {
+// fields and bytes, to other keys with pipelines of about 1,000 messages in plain XADDs: what the
+// Redis server itself costs under this run's settings. With multi each pipeline is one MULTI/EXEC:
+// with appendfsync always a plain pipeline costs Redis an AOF write and fsync per read of the socket
+// (~16 KiB), a transaction one per pipeline, like pgrelay's one write per batch. With unpack each
+// message of a layout-3 entry is written as an entry of its own in layout 2 (m and d): the ceiling
+// of the same changes one entry each. The keys are deleted afterwards.
+func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi, unpack bool) phase {
 	rdb := e.rd.Client()
-	var entries []redis.XMessage
-	var keys []string
+	type entry struct {
+		key  string
+		vals []any
+		n    int // messages
+	}
+	var entries []entry
 	for n := 0; n < 16; n++ {
 		key := "pgrelay:{" + q + "}:s:" + strconv.Itoa(n)
-		msgs, err := rdb.XRange(e.ctx, key, "-", "+").Result()
+		xs, err := rdb.XRange(e.ctx, key, "-", "+").Result()
 		if err != nil {
 			b.Fatal(err)
 		}
-		for range msgs {
-			keys = append(keys, "xadd:{x"+q+"}:s:"+strconv.Itoa(n))
-		}
-		entries = append(entries, msgs...)
-	}
-	// the entries' own fields in their layout's order (DESIGN §4: version 2 has m and d)
-	fields := []string{queue.FieldOffset, queue.FieldPartition, queue.FieldID, queue.FieldTx, queue.FieldCreated, queue.FieldHeader, queue.FieldPayload}
-	if len(entries) > 0 {
-		if _, v2 := entries[0].Values[queue.FieldMeta]; v2 {
-			fields = []string{queue.FieldMeta, queue.FieldPayload}
+		to := "xadd:{x" + q + "}:s:" + strconv.Itoa(n)
+		for _, x := range xs {
+			es := queue.EntriesOf(nil, x)
+			switch _, hasMeta := x.Values[queue.FieldMeta]; {
+			case unpack:
+				for i := range es {
+					entries = append(entries, entry{to, []any{queue.FieldMeta, queue.AppendEntryMeta(nil, &es[i]), queue.FieldPayload, es[i].Payload}, 1})
+				}
+			case hasMeta: // layouts 2 and 3: m and d
+				entries = append(entries, entry{to, []any{queue.FieldMeta, x.Values[queue.FieldMeta], queue.FieldPayload, x.Values[queue.FieldPayload]}, len(es)})
+			default: // layout 1: the seven fields in their order (DESIGN §4)
+				var vals []any
+				for _, f := range []string{queue.FieldOffset, queue.FieldPartition, queue.FieldID, queue.FieldTx, queue.FieldCreated, queue.FieldHeader, queue.FieldPayload} {
+					vals = append(vals, f, x.Values[f])
+				}
+				entries = append(entries, entry{to, vals, 1})
+			}
 		}
 	}
 	m := startMeter(b, pids)
@@ -286,14 +302,11 @@ func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi bool) phase 
 	if multi {
 		pipelined = rdb.TxPipelined
 	}
-	for i := 0; i < len(entries); i += 1000 {
+	for i := 0; i < len(entries); {
 		_, err := pipelined(e.ctx, func(p redis.Pipeliner) error {
-			for j := i; j < min(i+1000, len(entries)); j++ {
-				vals := make([]any, 0, 2*len(fields))
-				for _, f := range fields {
-					vals = append(vals, f, entries[j].Values[f])
-				}
-				p.XAdd(e.ctx, &redis.XAddArgs{Stream: keys[j], Values: vals})
+			for msgs := 0; i < len(entries) && msgs < 1000; i++ {
+				p.XAdd(e.ctx, &redis.XAddArgs{Stream: entries[i].key, Values: entries[i].vals})
+				msgs += entries[i].n
 			}
 			return nil
 		})

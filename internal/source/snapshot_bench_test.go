@@ -101,8 +101,9 @@ func BenchmarkSnapshot(b *testing.B) {
 			if dropOnly {
 				continue
 			}
-			xadd := rawXAdd(b, e, pids, name, false)
-			multi := rawXAdd(b, e, pids, name, true)
+			xadd := rawXAdd(b, e, pids, name, false, false)
+			multi := rawXAdd(b, e, pids, name, true, false)
+			multiV2 := rawXAdd(b, e, pids, name, true, true)
 			m.Add("xadd_rows/s", xadd.rate(total))
 			m.Add("xadd_cpu_redis_us/row", benchenv.PerChange(xadd.redis, total))
 			m.Add("queue_xadd_ratio", queue.rate(total)/xadd.rate(total))
@@ -110,6 +111,10 @@ func BenchmarkSnapshot(b *testing.B) {
 			m.Add("multi_cpu_redis_us/row", benchenv.PerChange(multi.redis, total))
 			m.Add("queue_multi_ratio", queue.rate(total)/multi.rate(total))
 			m.Add("queue2_multi_ratio", queue2.rate(total)/multi.rate(total))
+			m.Add("multiv2_rows/s", multiV2.rate(total))
+			m.Add("multiv2_cpu_redis_us/row", benchenv.PerChange(multiV2.redis, total))
+			m.Add("queue_multiv2_ratio", queue.rate(total)/multiV2.rate(total))
+			m.Add("queue2_multiv2_ratio", queue2.rate(total)/multiV2.rate(total))
 			m.Add("queue2_vs_queue_ratio", queue2.rate(total)/queue.rate(total))
 		}
 		m.Report(b)
