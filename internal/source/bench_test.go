@@ -356,10 +356,10 @@ func catchUp(b *testing.B, e *env, pids benchProcs, name string, before pglogrep
 // flight) or into drop (names d*: the source alone, with the pointer written by pg_cdc after each
 // ack); queue, pointer and slot are named after it.
 func runBench(b *testing.B, e *env, name string) func() {
-	output := fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s%s", e.rd.URL(), benchDurability(), benchInFlight())
+	output := fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s%s", e.rd.URL(), benchDurability(), benchOutputExtra())
 	switch name[0] {
 	case 'w':
-		output = fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s\n    max_in_flight: 2", e.rd.URL(), benchDurability())
+		output = fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s\n    max_in_flight: 2%s", e.rd.URL(), benchDurability(), benchLayout())
 	case 'd':
 		output = "drop: {}"
 	}
@@ -501,11 +501,20 @@ func redisArgs() []string {
 	return append(args, strings.Fields(os.Getenv("PGRELAY_BENCH_REDIS_ARGS"))...)
 }
 
-// benchInFlight is the redis_queue output's max_in_flight line of the benchmarks' pipelines
-// (PGRELAY_BENCH_MAX_IN_FLIGHT; "": the output's default).
-func benchInFlight() string {
+// benchOutputExtra is the redis_queue output's max_in_flight and layout_version lines of the
+// benchmarks' pipelines (PGRELAY_BENCH_MAX_IN_FLIGHT, PGRELAY_BENCH_LAYOUT; unset: the output's
+// defaults).
+func benchOutputExtra() string {
 	if n := os.Getenv("PGRELAY_BENCH_MAX_IN_FLIGHT"); n != "" {
-		return "\n    max_in_flight: " + n
+		return "\n    max_in_flight: " + n + benchLayout()
+	}
+	return benchLayout()
+}
+
+// benchLayout is the output's layout_version line (PGRELAY_BENCH_LAYOUT), "" when unset.
+func benchLayout() string {
+	if v := os.Getenv("PGRELAY_BENCH_LAYOUT"); v != "" {
+		return "\n    layout_version: " + v
 	}
 	return ""
 }

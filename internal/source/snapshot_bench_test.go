@@ -135,9 +135,9 @@ func cpuOf(b *testing.B, pid int) time.Duration {
 // in flight), "drop" the source alone.
 func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase {
 	drop := kind == "drop"
-	inFlight := benchInFlight()
+	inFlight := benchOutputExtra()
 	if kind == "queue2" {
-		inFlight = "\n    max_in_flight: 2"
+		inFlight = "\n    max_in_flight: 2" + benchLayout()
 	}
 	defer benchenv.Profile(b, "snapshot_"+kind)()
 	extra := "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")

@@ -167,7 +167,7 @@ func (lr *loadRunner) config(name string, added bool) string {
 		snap = "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
 	}
 	return fmt.Sprintf("input:\n  pg_cdc:\n    name: %[1]s\n    dsn: %[2]s\n    tls: {mode: disable}\n    tables: %[3]s\n    redis: {url: %[4]s}\n    lease_ttl: 3s\n%[5]s\noutput:\n  redis_queue:\n    url: %[4]s\n    durability: %[6]s%[7]s\nlogger:\n  level: warn\n",
-		name, lr.e.pg.DSN(), fmt.Sprintf(tables, name), lr.e.rd.URL(), indent(snap), benchDurability(), benchInFlight())
+		name, lr.e.pg.DSN(), fmt.Sprintf(tables, name), lr.e.rd.URL(), indent(snap), benchDurability(), benchOutputExtra())
 }
 
 // run makes source name stream pgbench's tables, starts the writers when asked, restarts the
