@@ -97,7 +97,6 @@ const (
 	FieldHeader    = "h"   // version 1: the metadata JSON ("" when absent)
 	FieldMeta      = "m"   // version 2: every field above in one JSON object, h only when present; version 3: an array of them
 	FieldPayload   = "d"   // the payload bytes (version 3: every message's, one after another)
-	FieldLen       = "len" // version 3: a member of each m object, its payload's length in bytes
 )
 
 // EntriesOf appends the messages of a stream entry of any layout version to dst: an entry whose
@@ -112,7 +111,7 @@ func EntriesOf(dst []Entry, m redis.XMessage) []Entry {
 	}
 	e := Entry{ID: m.ID, Count: 1}
 	meta, ok := m.Values[FieldMeta].(string)
-	if ok && strings.HasPrefix(strings.TrimLeft(meta, " \t\r\n"), "[") {
+	if ok && isPacked(meta) {
 		return appendPacked(dst, e, meta, []byte(str(FieldPayload)))
 	}
 	e.Payload = []byte(str(FieldPayload))
@@ -124,6 +123,12 @@ func EntriesOf(dst []Entry, m redis.XMessage) []Entry {
 	e.Offset, _ = strconv.ParseInt(str(FieldOffset), 10, 64)
 	e.CreatedMs, _ = strconv.ParseInt(str(FieldCreated), 10, 64)
 	return append(dst, e)
+}
+
+// isPacked reports whether an entry's `m` is a version-3 array (its first character other than
+// JSON white space is '[').
+func isPacked(meta string) bool {
+	return strings.HasPrefix(strings.TrimLeft(meta, " \t\r\n"), "[")
 }
 
 // appendPacked appends the messages of a version-3 entry (m its array, d its payloads), each a

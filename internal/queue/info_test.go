@@ -293,15 +293,7 @@ func TestInspectCountsMessages(t *testing.T) {
 	ctx := context.Background()
 	l := NewLayout("")
 	w := NewWriter(rdb, WriterConfig{Shards: 1, CreateVersion: LayoutV3})
-	for i := range 3 {
-		batch := msgs("q", 10, 1)
-		for j := range batch {
-			batch[j].ID = fmt.Sprintf("b%d-%d", i, j)
-		}
-		if _, err := w.Write(ctx, batch, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeBatches(t, w, "q", 3, 10)
 	stream := l.Stream("q", 0)
 	rdb.XGroupCreate(ctx, stream, "g", "0")
 	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{stream, ">"}, Count: 1, Block: -1}).Err(); err != nil {

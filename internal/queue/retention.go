@@ -144,7 +144,7 @@ func splitID(id string) (uint64, uint64) {
 
 // messagesIn is the number of messages stream entry x holds: several in layout 3, else one.
 func messagesIn(x redis.XMessage) int64 {
-	if m, ok := x.Values[FieldMeta].(string); ok && strings.HasPrefix(strings.TrimLeft(m, " \t\r\n"), "[") {
+	if m, ok := x.Values[FieldMeta].(string); ok && isPacked(m) {
 		return int64(len(EntriesOf(nil, x)))
 	}
 	return 1

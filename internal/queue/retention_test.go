@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -66,15 +65,7 @@ func TestTrimMaxLengthCountsMessages(t *testing.T) {
 	ctx := context.Background()
 	l := NewLayout("")
 	w := NewWriter(rdb, WriterConfig{Shards: 1, CreateVersion: LayoutV3})
-	for i := range 10 {
-		batch := msgs("q", 7, 1)
-		for j := range batch {
-			batch[j].ID = fmt.Sprintf("b%d-%d", i, j)
-		}
-		if _, err := w.Write(ctx, batch, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeBatches(t, w, "q", 10, 7)
 	stream := l.Stream("q", 0)
 	if n := rdb.XLen(ctx, stream).Val(); n != 10 {
 		t.Fatalf("%d entries, want 10 of 7 messages", n)

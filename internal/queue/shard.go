@@ -197,6 +197,9 @@ func (c *Consumer) fetch(ctx context.Context, r *shardRun, pending bool) (*Deliv
 		if err := c.loadAttempts(ctx, d); err != nil {
 			return nil, false, err
 		}
+		if len(d.Entries) == 0 { // every message read was dead-lettered (their entries now acked)
+			return nil, true, nil
+		}
 	}
 	return d, false, nil
 }

@@ -78,6 +78,21 @@ func readAll(t *testing.T, rdb redis.Cmdable, l Layout, q string, shards int) ma
 	return out
 }
 
+// writeBatches writes n batches of size messages of one partition into q, ids "b<batch>-<i>":
+// in layout 3, an entry per batch.
+func writeBatches(t *testing.T, w *Writer, q string, n, size int) {
+	t.Helper()
+	for i := range n {
+		batch := msgs(q, size, 1)
+		for j := range batch {
+			batch[j].ID = fmt.Sprintf("b%d-%d", i, j)
+		}
+		if _, err := w.Write(context.Background(), batch, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func count(m map[int][]Entry) int {
 	c := 0
 	for _, es := range m {
