@@ -16,7 +16,7 @@ import (
 // BenchmarkSourceLargeTransactionRSS streams one transaction of PGRELAY_BENCH_BIG_ROWS rows
 // (default 2,000,000) through the pgrelay binary into redis_queue and reports the process's peak
 // RSS (VmHWM) and the rate; the reader holds at most 2× the bundle limits whatever the size.
-// PGRELAY_BENCH_MAX_IN_FLIGHT sets the output's max_in_flight.
+// PGRELAY_BENCH_MAX_IN_FLIGHT sets the output's max_in_flight, PGRELAY_BENCH_LAYOUT its layout_version.
 func BenchmarkSourceLargeTransactionRSS(b *testing.B) {
 	rows := 2000000
 	if n, err := strconv.Atoi(os.Getenv("PGRELAY_BENCH_BIG_ROWS")); err == nil && n > 0 {
@@ -25,9 +25,14 @@ func BenchmarkSourceLargeTransactionRSS(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		pg := testenv.StartPostgres(b)
 		e := newCDCEnvWith(b, pg, pg.DSN(), "rss", `[{table: b, queue: q, partition_by: single}]`, func(p *cdctest.Pipeline, _ *testenv.Redis) {
+			var extra []string
 			if n := os.Getenv("PGRELAY_BENCH_MAX_IN_FLIGHT"); n != "" {
-				p.Output = "max_in_flight: " + n
+				extra = append(extra, "max_in_flight: "+n)
 			}
+			if v := os.Getenv("PGRELAY_BENCH_LAYOUT"); v != "" {
+				extra = append(extra, "layout_version: "+v)
+			}
+			p.Output = strings.Join(extra, "\n")
 		})
 		e.pg.Exec(`CREATE TABLE b (id int PRIMARY KEY, v text)`)
 		e.start()
@@ -37,7 +42,9 @@ func BenchmarkSourceLargeTransactionRSS(b *testing.B) {
 		e.pg.Exec(`INSERT INTO b SELECT g, 'row ' || g FROM generate_series(1, $1) g`, rows)
 		start := time.Now()
 		for {
-			if p := e.pointer(); p != nil && p.InTxn == nil && e.rd.Client().XLen(e.ctx, "pgrelay:{q}:s:"+shardOfAll()).Val() >= int64(rows) {
+			// the shard's last offset counts messages (a layout-3 entry holds several)
+			written, _ := e.rd.Client().HGet(e.ctx, "pgrelay:{q}:meta", "off:"+shardOfAll()).Int()
+			if p := e.pointer(); p != nil && p.InTxn == nil && written >= rows {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
