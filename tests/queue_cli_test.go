@@ -78,7 +78,7 @@ func TestQueueCLIInfoAndDLQ(t *testing.T) {
 		t.Fatalf("info -c: %+v", fromCfg)
 	}
 	human := runCLI(t, "queue", "info", "--url", r.URL(), "cq")
-	for _, want := range []string{"queue cq: 2 shards, 10 entries kept, 3 dead letters", "group g: lag 0, pending 0"} {
+	for _, want := range []string{"queue cq: 2 shards, 10 messages kept, 3 dead letters", "group g: lag 0, pending 0"} {
 		if !strings.Contains(human, want) {
 			t.Fatalf("info lacks %q:\n%s", want, human)
 		}

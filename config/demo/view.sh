@@ -1,5 +1,6 @@
 # make demo's live view (run by scripts/demo every 2 s with DEMO_PG_DSN and DEMO_REDIS_URL set): one
-# line with the rows in public.orders, the entries kept in the queue "orders" (all shards), the rows in
+# line with the rows in public.orders, the messages written to the queue "orders" (all shards: the sum
+# of their last offsets; nothing trims the demo's queue, and a stream entry may hold several), the rows in
 # public.orders_copy, and whether the two tables are equal (md5 of each whole table in key order, read
 # in one snapshot). The copy trails the writer by a moment, so in_sync=no between writes is normal;
 # then `differ` counts the ids whose rows are not (yet) the same.
@@ -16,7 +17,10 @@ read -r orders copy same differ <<<"$(q "
 
 shards=$(r HGET 'pgrelay:{orders}:meta' shards)
 queue=0
-for ((n = 0; n < ${shards:-0}; n++)); do queue=$((queue + $(r XLEN "pgrelay:{orders}:s:$n"))); done
+for ((n = 0; n < ${shards:-0}; n++)); do
+  off=$(r HGET 'pgrelay:{orders}:meta' "off:$n")
+  queue=$((queue + ${off:-0}))
+done
 [ -n "$shards" ] || queue='?'
 
 case "$same" in

@@ -192,7 +192,7 @@ func info(ctx context.Context, e *env) error {
 	if e.c.Bool("json") {
 		return printJSON(e.out, in)
 	}
-	fmt.Fprintf(e.out, "queue %s: %d shards, %d entries kept, %d dead letters (layout version %s)\n\n",
+	fmt.Fprintf(e.out, "queue %s: %d shards, %d messages kept, %d dead letters (layout version %s)\n\n",
 		in.Queue, in.Shards, in.Length, in.DeadLetters, in.Version)
 	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SHARD\tLENGTH\tFIRST OFFSET\tLAST OFFSET")

@@ -59,7 +59,7 @@ func printSink(w io.Writer, s SinkStatus) {
 				last = p.UpdatedAt
 			}
 		}
-		fmt.Fprintf(w, "  queue %s: %d shards, %d entries applied (the sum of their offsets), last commit %s\n",
+		fmt.Fprintf(w, "  queue %s: %d shards, %d messages applied (the sum of their offsets), last commit %s\n",
 			q, len(byQueue[q]), sum, last.Format(time.RFC3339))
 	}
 }

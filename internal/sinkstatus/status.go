@@ -73,7 +73,7 @@ type GroupStatus struct {
 	Queue       string        `json:"queue"`
 	Group       string        `json:"group"`
 	Shards      int           `json:"shards"`
-	Lag         int64         `json:"lag"`          // entries not yet delivered to the group
+	Lag         int64         `json:"lag"`          // messages not yet delivered to the group
 	Pending     int64         `json:"pending"`      // delivered, not yet acked
 	DeadLetters int64         `json:"dead_letters"` // of this group
 	Replicas    int64         `json:"replicas"`     // live members
