@@ -111,9 +111,10 @@ func BenchmarkInput(b *testing.B) {
 	}
 	b.ResetTimer()
 	t0 := time.Now()
+	perEntry := 1 // messages per entry of the last read: each read asks for about benchBatch messages, as the input does
 	for got, n := 0, 0; got < total; n = (n + 1) % 16 {
 		res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: ConsumerName(n),
-			Streams: []string{l.Stream("raw", n), ">"}, Count: benchBatch, Block: -1}).Result()
+			Streams: []string{l.Stream("raw", n), ">"}, Count: int64(max(1, benchBatch/perEntry)), Block: -1}).Result()
 		if err == redis.Nil {
 			continue
 		}
@@ -128,6 +129,9 @@ func BenchmarkInput(b *testing.B) {
 		}
 		if len(ids) > 0 {
 			rdb.XAck(ctx, l.Stream("raw", n), "g", ids...)
+		}
+		if len(ids) > 0 {
+			perEntry = max(1, msgs/len(ids))
 		}
 		got += msgs
 	}
