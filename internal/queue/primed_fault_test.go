@@ -149,10 +149,22 @@ func TestPrimedExecOutcomeUnknown(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := r.Client()
 	ctx := context.Background()
+	cutReply := func(t *testing.T) {
+		if err := rdb.ConfigSet(ctx, "client-output-buffer-limit", "normal 1024 0 0").Err(); err != nil {
+			t.Errorf("config set: %v", err)
+		}
+	}
+	uncutReply := func(t *testing.T) {
+		if err := rdb.ConfigSet(ctx, "client-output-buffer-limit", "normal 0 0 0").Err(); err != nil {
+			t.Errorf("config set: %v", err)
+		}
+	}
 	for _, c := range []struct {
-		name string
-		want Result
-		size int
+		name    string
+		want    Result
+		size    int
+		layout  int // 0: the default
+		payload int // the second batch's payload bytes (0: batchOf's)
 		// cut runs before the second write's EXEC is sent on the primed connection; done after
 		// the write returned
 		cut  func(t *testing.T)
@@ -177,27 +189,24 @@ func TestPrimedExecOutcomeUnknown(t *testing.T) {
 					t.Errorf("the write never blocked inside MULTI")
 				}()
 			}},
-		{name: "applied, reply lost", want: ResultDuplicate, size: 1000,
-			cut: func(t *testing.T) {
-				// the EXEC reply (an id per XADD) outgrows the 16 KiB reply buffer
-				if err := rdb.ConfigSet(ctx, "client-output-buffer-limit", "normal 1024 0 0").Err(); err != nil {
-					t.Errorf("config set: %v", err)
-				}
-			},
-			done: func(t *testing.T) {
-				if err := rdb.ConfigSet(ctx, "client-output-buffer-limit", "normal 0 0 0").Err(); err != nil {
-					t.Errorf("config set: %v", err)
-				}
-			}},
+		// the EXEC reply (an id per XADD) outgrows the 16 KiB reply buffer: a thousand entries,
+		// in layout 2 a message each, in layout 3 a message each too when two payloads do not
+		// fit in one entry's bytes (PackBytes)
+		{name: "applied, reply lost", want: ResultDuplicate, size: 1000, layout: LayoutV2, cut: cutReply, done: uncutReply},
+		{name: "applied, reply lost, layout 3", want: ResultDuplicate, size: 1000, payload: PackBytes/2 + 1, cut: cutReply, done: uncutReply},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			q := "unknown" + strconv.Itoa(len(c.name))
 			ptrKey, cover := longLease(t, rdb, q)
-			// layout 2: "applied, reply lost" needs an EXEC reply (an id per XADD) larger than the
-			// limit it sets, and layout 3's few entries make a short one
-			w := NewWriter(rdb, WriterConfig{Shards: 4, Durability: Durability{AOF: true}, RetryFor: 10 * time.Second, CreateVersion: LayoutV2})
+			w := NewWriter(rdb, WriterConfig{Shards: 4, Durability: Durability{AOF: true}, RetryFor: 10 * time.Second,
+				CreateVersion: c.layout, MaxScriptBytes: 64 << 20})
 			defer w.Close()
 			first, second := batchOf(q, "first", 20, 6), batchOf(q, "second", c.size, 7)
+			if c.payload > 0 {
+				for i := range second {
+					second[i].Payload = []byte(`"` + strings.Repeat(string(rune('a'+i%26)), c.payload-2) + `"`)
+				}
+			}
 			if res, err := w.Write(ctx, first, cover(pos(1))); err != nil || res != ResultOK {
 				t.Fatalf("first batch: %v %v", res, err)
 			}
