@@ -510,3 +510,52 @@ func TestConsumeAcrossRedisRestart(t *testing.T) {
 		t.Fatalf("%d dead letters", n)
 	}
 }
+
+// TestConsumePendingEntryAllDead: a pending layout-3 entry whose every message the attempts hash
+// marks as moved to the dead-letter stream (a state the fail script does not leave, since it acks
+// such an entry; here made by hand) is acked when read again, with its attempts field, and never
+// delivered, not even as an empty delivery: the first delivery holds the next entry's messages.
+func TestConsumePendingEntryAllDead(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := r.Client()
+	ctx := context.Background()
+	w := NewWriter(rdb, WriterConfig{Shards: 1})
+	all := msgs("q", 8, 1)
+	if _, err := w.Write(ctx, all[:6], nil); err != nil { // one entry of six messages
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, all[6:], nil); err != nil { // one of two
+		t.Fatal(err)
+	}
+	l := w.Layout()
+	stream := l.Stream("q", 0)
+	rdb.XGroupCreate(ctx, stream, "g", "0")
+	// a crashed owner read the first entry and left it pending
+	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: ConsumerName(0),
+		Streams: []string{stream, ">"}, Count: 1, Block: -1}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := res[0].Messages[0].ID
+	field := attemptFields(0, []string{first})[0]
+	rdb.HSet(ctx, l.Attempts("q", "g"), field, "0=d,1=d,2=d,3=d,4=d,5=d")
+
+	c := newConsumer(t, rdb, ConsumerConfig{})
+	d := read(t, c, 10*time.Second)
+	var offsets []int64
+	for _, e := range d.Entries {
+		offsets = append(offsets, e.Offset)
+	}
+	if fmt.Sprint(offsets) != "[7 8]" {
+		t.Fatalf("first delivery offsets %v, want [7 8] (the dead entry left out)", offsets)
+	}
+	if err := c.Ack(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if p := rdb.XPending(ctx, stream, "g").Val(); p.Count != 0 {
+		t.Fatalf("pending %d entries, want none", p.Count)
+	}
+	if rdb.HExists(ctx, l.Attempts("q", "g"), field).Val() {
+		t.Fatal("the dead entry's attempts field is still there")
+	}
+}
