@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -70,19 +71,12 @@ func trimShard(ctx context.Context, rdb redis.Cmdable, stream string, r Retentio
 		bound = strconv.FormatInt(time.Now().Add(-r.MaxAge).UnixMilli(), 10) + "-0"
 	}
 	if r.MaxLength > 0 {
-		xs, err := rdb.XRevRangeN(ctx, stream, "+", "-", r.MaxLength).Result()
+		b, err := lengthBound(ctx, rdb, stream, r.MaxLength)
 		if err != nil {
 			return 0, err
 		}
-		// the newest entry holding the MaxLength-th newest message (a layout-3 entry holds several)
-		var kept int64
-		for _, x := range xs {
-			if kept += messagesIn(x); kept >= r.MaxLength {
-				if bound == "" || idLess(bound, x.ID) {
-					bound = x.ID
-				}
-				break
-			}
+		if b != "" && (bound == "" || idLess(bound, b)) {
+			bound = b
 		}
 	}
 	if bound == "" {
@@ -96,6 +90,118 @@ func trimShard(ctx context.Context, rdb redis.Cmdable, stream string, r Retentio
 		bound = safe
 	}
 	return rdb.XTrimMinID(ctx, stream, bound).Result()
+}
+
+// lengthBound is the id of the entry holding the maxLength-th newest message of stream, the
+// lowest entry max_length keeps ("" when the stream holds no more messages than that). A shard
+// numbers its messages 1, 2, 3... in entry order (DESIGN §4), so that entry is the first whose
+// last offset reaches the newest offset - maxLength + 1: a search over entry ids finds it reading
+// a few dozen entries, however large max_length is (counting back from the newest entry would
+// read max_length messages, payloads and all, on every trim). It reads with XREVRANGE alone, the
+// command retention's ACL grants. A stream whose newest entry carries no offset (another
+// producer's) is counted back instead.
+func lengthBound(ctx context.Context, rdb redis.Cmdable, stream string, maxLength int64) (string, error) {
+	// atOrBefore is the last entry with an id at or before end; reaches, whether there is one and
+	// it holds the target offset or a later one.
+	atOrBefore := func(end string) (redis.XMessage, bool, error) {
+		xs, err := rdb.XRevRangeN(ctx, stream, end, "-", 1).Result()
+		if err != nil || len(xs) == 0 {
+			return redis.XMessage{}, false, err
+		}
+		return xs[0], true, nil
+	}
+	newest, found, err := atOrBefore("+")
+	if err != nil || !found {
+		return "", err
+	}
+	last := lastOffset(newest)
+	if last <= 0 {
+		return countBound(ctx, rdb, stream, maxLength)
+	}
+	target := last - maxLength + 1
+	if target <= 1 {
+		return "", nil
+	}
+	reaches := func(end string) (bool, error) {
+		x, found, err := atOrBefore(end)
+		return found && lastOffset(x) >= target, err
+	}
+	msEnd := func(ms uint64) string { return strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(math.MaxUint64, 10) }
+	// The millisecond h of the entry sought: the first whose entries up to its end reach the
+	// target. Galloping back from the newest entry's finds a millisecond lo that does not reach,
+	// then halving (lo, h] finds it.
+	h, _ := splitID(newest.ID) // reaches
+	lo, below := uint64(0), false
+	for step := uint64(1); h > 0; step *= 2 {
+		probe := h - min(step, h)
+		ok, err := reaches(msEnd(probe))
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			lo, below = probe, true
+			break
+		}
+		h = probe
+	}
+	for below && h-lo > 1 {
+		mid := lo + (h-lo)/2
+		ok, err := reaches(msEnd(mid))
+		if err != nil {
+			return "", err
+		}
+		if ok {
+			h = mid
+		} else {
+			lo = mid
+		}
+	}
+	// The entry sought is one of millisecond h's (the entries before h do not reach, those up to
+	// its end do): the same search over its sequence numbers.
+	ms := strconv.FormatUint(h, 10) + "-"
+	x, _, err := atOrBefore(msEnd(h))
+	if err != nil {
+		return "", err
+	}
+	x0, found, err := atOrBefore(ms + "0")
+	if err != nil {
+		return "", err
+	}
+	if found && lastOffset(x0) >= target {
+		return x0.ID, nil
+	}
+	_, seqHi := splitID(x.ID) // reaches
+	seqLo := uint64(0)        // does not
+	for seqHi-seqLo > 1 {
+		mid := seqLo + (seqHi-seqLo)/2
+		ok, err := reaches(ms + strconv.FormatUint(mid, 10))
+		if err != nil {
+			return "", err
+		}
+		if ok {
+			seqHi = mid
+		} else {
+			seqLo = mid
+		}
+	}
+	x, _, err = atOrBefore(ms + strconv.FormatUint(seqHi, 10))
+	return x.ID, err
+}
+
+// countBound is lengthBound for a stream without offsets: it counts messages back from the
+// newest entry.
+func countBound(ctx context.Context, rdb redis.Cmdable, stream string, maxLength int64) (string, error) {
+	xs, err := rdb.XRevRangeN(ctx, stream, "+", "-", maxLength).Result()
+	if err != nil {
+		return "", err
+	}
+	var kept int64
+	for _, x := range xs {
+		if kept += messagesIn(x); kept >= maxLength {
+			return x.ID, nil
+		}
+	}
+	return "", nil
 }
 
 // ackedBelow returns the lowest entry id some group of stream still needs: every entry below it is

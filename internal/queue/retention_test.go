@@ -2,6 +2,10 @@ package queue
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,4 +102,126 @@ func ackAll(t *testing.T, rdb *redis.Client, stream, group string, xs []redis.XM
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestLengthBoundAgreesWithCounting: the binary search over entry ids finds the same entry as
+// counting messages back from the newest, in every layout, for every max_length from 1 to past the
+// stream's length (near both ends, a sample between): entries of one to 64 messages, many in one millisecond (one batch's), some
+// batches a few milliseconds apart, the oldest entries trimmed away (offsets not from 1).
+func TestLengthBoundAgreesWithCounting(t *testing.T) {
+	rdb := testenv.StartRedis(t).Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, v := range Layouts {
+		q := fmt.Sprintf("v%d", v)
+		w := NewWriter(rdb, WriterConfig{Shards: 1, CreateVersion: v})
+		total := 0
+		for i := range 40 {
+			n := 1 + rng.IntN(150)
+			batch := msgs(q, n, 1)
+			for j := range batch {
+				batch[j].ID = fmt.Sprintf("b%d-%d", i, j)
+			}
+			if _, err := w.Write(ctx, batch, nil); err != nil {
+				t.Fatal(err)
+			}
+			total += n
+			if rng.IntN(4) == 0 {
+				time.Sleep(time.Duration(1+rng.IntN(3)) * time.Millisecond)
+			}
+		}
+		stream := l.Stream(q, 0)
+		third := rdb.XRangeN(ctx, stream, "-", "+", int64(rdb.XLen(ctx, stream).Val()/3)).Val()
+		rdb.XTrimMinID(ctx, stream, third[len(third)-1].ID)
+		xs := rdb.XRange(ctx, stream, "-", "+").Val()
+		kept := 0
+		for _, x := range xs {
+			kept += int(messagesIn(x))
+		}
+		// counted back from the newest entry
+		counted := func(maxLength int64) string {
+			var n int64
+			for i := len(xs) - 1; i >= 0; i-- {
+				if n += messagesIn(xs[i]); n >= maxLength {
+					return xs[i].ID
+				}
+			}
+			return ""
+		}
+		for maxLength := int64(1); maxLength <= int64(kept)+3; maxLength++ {
+			if maxLength > 64 && maxLength < int64(kept)-64 && rng.IntN(20) != 0 {
+				continue // every bound near both ends, a twentieth of those between
+			}
+			got, err := lengthBound(ctx, rdb, stream, maxLength)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := counted(maxLength)
+			if maxLength >= int64(kept) {
+				want = "" // nothing to trim (counting names the oldest entry when it holds exactly max_length)
+				if got != "" && got != third[len(third)-1].ID {
+					t.Fatalf("layout %d, max_length %d of %d: bound %s, want none", v, maxLength, kept, got)
+				}
+				continue
+			}
+			if got != want {
+				t.Fatalf("layout %d, max_length %d of %d messages: bound %s, counting gives %s", v, maxLength, kept, got, want)
+			}
+		}
+	}
+}
+
+// TestTrimMaxLengthReadsLittle: with max_length, a trim reads a few entries per shard, not the
+// max_length newest messages (here 20 MiB of them): Redis' own count of the bytes it sent.
+func TestTrimMaxLengthReadsLittle(t *testing.T) {
+	rdb := testenv.StartRedis(t).Client()
+	ctx := context.Background()
+	l := NewLayout("")
+	w := NewWriter(rdb, WriterConfig{Shards: 1})
+	payload := []byte(`"` + strings.Repeat("x", 4094) + `"`)
+	for i := range 60 {
+		batch := msgs("q", 100, 1)
+		for j := range batch {
+			batch[j].ID = fmt.Sprintf("b%d-%d", i, j)
+			batch[j].Payload = payload
+		}
+		if _, err := w.Write(ctx, batch, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Trim(ctx, rdb, l, "q", Retention{MaxLength: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := infoInt(t, rdb, "total_net_output_bytes")
+	if sent > 4<<20 {
+		t.Fatalf("the trim made Redis send %d bytes; the 5000 messages kept hold %d", sent, 5000*len(payload))
+	}
+	first := entryOf(rdb.XRangeN(ctx, l.Stream("q", 0), "-", "+", 1).Val()[0])
+	if n == 0 || first.Offset > 1001 {
+		t.Fatalf("trimmed %d entries, oldest kept offset %d: want the entry holding offset 1001", n, first.Offset)
+	}
+	if es := EntriesOf(nil, rdb.XRangeN(ctx, l.Stream("q", 0), "-", "+", 1).Val()[0]); es[len(es)-1].Offset < 1001 {
+		t.Fatalf("the oldest entry kept ends at offset %d, before 1001", es[len(es)-1].Offset)
+	}
+}
+
+// infoInt is the integer field name of Redis' INFO.
+func infoInt(t *testing.T, rdb *redis.Client, name string) int64 {
+	t.Helper()
+	for _, line := range strings.Split(rdb.Info(context.Background(), "all").Val(), "\r\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO has no %s", name)
+	return 0
 }
