@@ -126,7 +126,9 @@ func lengthBound(ctx context.Context, rdb redis.Cmdable, stream string, maxLengt
 		x, found, err := atOrBefore(end)
 		return found && lastOffset(x) >= target, err
 	}
-	msEnd := func(ms uint64) string { return strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(math.MaxUint64, 10) }
+	msEnd := func(ms uint64) string {
+		return strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(math.MaxUint64, 10)
+	}
 	// The millisecond h of the entry sought: the first whose entries up to its end reach the
 	// target. Galloping back from the newest entry's finds a millisecond lo that does not reach,
 	// then halving (lo, h] finds it.
