@@ -111,30 +111,7 @@ func BenchmarkInput(b *testing.B) {
 	}
 	b.ResetTimer()
 	t0 := time.Now()
-	perEntry := 1 // messages per entry of the last read: each read asks for about benchBatch messages, as the input does
-	for got, n := 0, 0; got < total; n = (n + 1) % 16 {
-		res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: ConsumerName(n),
-			Streams: []string{l.Stream("raw", n), ">"}, Count: int64(max(1, benchBatch/perEntry)), Block: -1}).Result()
-		if err == redis.Nil {
-			continue
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		ids := make([]string, len(res[0].Messages))
-		msgs := 0 // a layout-3 entry holds several messages
-		for i, m := range res[0].Messages {
-			ids[i] = m.ID
-			msgs += len(EntriesOf(nil, m))
-		}
-		if len(ids) > 0 {
-			rdb.XAck(ctx, l.Stream("raw", n), "g", ids...)
-		}
-		if len(ids) > 0 {
-			perEntry = max(1, msgs/len(ids))
-		}
-		got += msgs
-	}
+	RawReadAll(b, rdb, l, "raw", 16, total, benchBatch)
 	rawDur := time.Since(t0)
 	c, err := NewConsumer(rdb, ConsumerConfig{Queue: "cq", Group: "g", BatchCount: benchBatch, Block: 50 * time.Millisecond})
 	if err != nil {
@@ -224,4 +201,34 @@ func BenchmarkEntryLayout(b *testing.B) {
 		b.ReportMetric(float64(bytes)/entries, l.name+"-bytes/entry")
 	}
 	b.ReportMetric(dur[0].Seconds()/dur[1].Seconds(), "v2/v1")
+}
+
+// RawReadAll is the hand-written consumer the input benchmarks compare with: plain XREADGROUP of
+// group g over queue q's shards in turn, each read asking for about batch messages (as the input
+// does: a layout-3 entry holds several) and acked with one XACK, until total messages are read.
+func RawReadAll(b *testing.B, rdb *redis.Client, l Layout, q string, shards, total, batch int) {
+	ctx := context.Background()
+	perEntry := 1 // messages per entry of the last read
+	for got, n := 0, 0; got < total; n = (n + 1) % shards {
+		res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: ConsumerName(n),
+			Streams: []string{l.Stream(q, n), ">"}, Count: int64(max(1, batch/perEntry)), Block: -1}).Result()
+		if err == redis.Nil {
+			continue
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(res[0].Messages) == 0 {
+			continue
+		}
+		ids := make([]string, len(res[0].Messages))
+		msgs := 0
+		for i, m := range res[0].Messages {
+			ids[i] = m.ID
+			msgs += len(EntriesOf(nil, m))
+		}
+		rdb.XAck(ctx, l.Stream(q, n), "g", ids...)
+		perEntry = max(1, msgs/len(ids))
+		got += msgs
+	}
 }

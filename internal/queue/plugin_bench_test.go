@@ -120,30 +120,7 @@ func BenchmarkInputPlugin(b *testing.B) {
 	}
 	b.ResetTimer()
 	t0 := time.Now()
-	perEntry := 1 // messages per entry of the last read: each read asks for about 500 messages, as the input does
-	for got, n := 0, 0; got < total; n = (n + 1) % 16 {
-		res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: queue.ConsumerName(n),
-			Streams: []string{l.Stream("raw", n), ">"}, Count: int64(max(1, 500/perEntry)), Block: -1}).Result()
-		if err == redis.Nil {
-			continue
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		ids := make([]string, len(res[0].Messages))
-		msgs := 0 // a layout-3 entry holds several messages
-		for i, m := range res[0].Messages {
-			ids[i] = m.ID
-			msgs += len(queue.EntriesOf(nil, m))
-		}
-		if len(ids) > 0 {
-			rdb.XAck(ctx, l.Stream("raw", n), "g", ids...)
-		}
-		if len(ids) > 0 {
-			perEntry = max(1, msgs/len(ids))
-		}
-		got += msgs
-	}
+	queue.RawReadAll(b, rdb, l, "raw", 16, total, 500)
 	rawDur := time.Since(t0)
 
 	sb := service.NewStreamBuilder()

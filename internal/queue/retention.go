@@ -101,20 +101,11 @@ func trimShard(ctx context.Context, rdb redis.Cmdable, stream string, r Retentio
 // command retention's ACL grants. A stream whose newest entry carries no offset (another
 // producer's) is counted back instead.
 func lengthBound(ctx context.Context, rdb redis.Cmdable, stream string, maxLength int64) (string, error) {
-	// atOrBefore is the last entry with an id at or before end; reaches, whether there is one and
-	// it holds the target offset or a later one.
-	atOrBefore := func(end string) (redis.XMessage, bool, error) {
-		xs, err := rdb.XRevRangeN(ctx, stream, end, "-", 1).Result()
-		if err != nil || len(xs) == 0 {
-			return redis.XMessage{}, false, err
-		}
-		return xs[0], true, nil
-	}
-	newest, found, err := atOrBefore("+")
-	if err != nil || !found {
+	newest, err := rdb.XRevRangeN(ctx, stream, "+", "-", 1).Result()
+	if err != nil || len(newest) == 0 {
 		return "", err
 	}
-	last := lastOffset(newest)
+	last := lastOffset(newest[0])
 	if last <= 0 {
 		return countBound(ctx, rdb, stream, maxLength)
 	}
@@ -122,71 +113,62 @@ func lengthBound(ctx context.Context, rdb redis.Cmdable, stream string, maxLengt
 	if target <= 1 {
 		return "", nil
 	}
-	reaches := func(end string) (bool, error) {
-		x, found, err := atOrBefore(end)
-		return found && lastOffset(x) >= target, err
+	// probe is the last entry at or before id end, and whether it holds the target offset or a
+	// later one.
+	probe := func(end string) (redis.XMessage, bool, error) {
+		xs, err := rdb.XRevRangeN(ctx, stream, end, "-", 1).Result()
+		if err != nil || len(xs) == 0 {
+			return redis.XMessage{}, false, err
+		}
+		return xs[0], lastOffset(xs[0]) >= target, nil
 	}
-	msEnd := func(ms uint64) string {
-		return strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(math.MaxUint64, 10)
+	// search bisects (lo, hi] for the smallest k whose probe at(k) reaches the target, given that
+	// at(hi) reaches (x is its entry) and lo does not; it returns k and its entry. Both searches
+	// below count from 1 (k - 1 is the millisecond, then the sequence number), so that 0 stands for
+	// "before any", which never reaches.
+	search := func(lo, hi uint64, x redis.XMessage, at func(k uint64) string) (uint64, redis.XMessage, error) {
+		for hi-lo > 1 {
+			mid := lo + (hi-lo)/2
+			mx, ok, err := probe(at(mid))
+			if err != nil {
+				return 0, x, err
+			}
+			if ok {
+				hi, x = mid, mx
+			} else {
+				lo = mid
+			}
+		}
+		return hi, x, nil
 	}
-	// The millisecond h of the entry sought: the first whose entries up to its end reach the
-	// target. Galloping back from the newest entry's finds a millisecond lo that does not reach,
-	// then halving (lo, h] finds it.
-	h, _ := splitID(newest.ID) // reaches
-	lo, below := uint64(0), false
-	for step := uint64(1); h > 0; step *= 2 {
-		probe := h - min(step, h)
-		ok, err := reaches(msEnd(probe))
+	// The millisecond of the entry sought: the first whose entries up to its end reach the
+	// target. Galloping back from the newest entry's finds one that does not, then bisecting.
+	msEnd := func(k uint64) string {
+		return strconv.FormatUint(k-1, 10) + "-" + strconv.FormatUint(math.MaxUint64, 10)
+	}
+	ms, _ := splitID(newest[0].ID)
+	hi, x, lo := ms+1, newest[0], uint64(0)
+	for step := uint64(1); hi-lo > 1; step *= 2 {
+		k := hi - min(step, hi-1-lo)
+		kx, ok, err := probe(msEnd(k))
 		if err != nil {
 			return "", err
 		}
 		if !ok {
-			lo, below = probe, true
+			lo = k
 			break
 		}
-		h = probe
+		hi, x = k, kx
 	}
-	for below && h-lo > 1 {
-		mid := lo + (h-lo)/2
-		ok, err := reaches(msEnd(mid))
-		if err != nil {
-			return "", err
-		}
-		if ok {
-			h = mid
-		} else {
-			lo = mid
-		}
-	}
-	// The entry sought is one of millisecond h's (the entries before h do not reach, those up to
-	// its end do): the same search over its sequence numbers.
-	ms := strconv.FormatUint(h, 10) + "-"
-	x, _, err := atOrBefore(msEnd(h))
+	hi, x, err = search(lo, hi, x, msEnd)
 	if err != nil {
 		return "", err
 	}
-	x0, found, err := atOrBefore(ms + "0")
-	if err != nil {
-		return "", err
-	}
-	if found && lastOffset(x0) >= target {
-		return x0.ID, nil
-	}
-	_, seqHi := splitID(x.ID) // reaches
-	seqLo := uint64(0)        // does not
-	for seqHi-seqLo > 1 {
-		mid := seqLo + (seqHi-seqLo)/2
-		ok, err := reaches(ms + strconv.FormatUint(mid, 10))
-		if err != nil {
-			return "", err
-		}
-		if ok {
-			seqHi = mid
-		} else {
-			seqLo = mid
-		}
-	}
-	x, _, err = atOrBefore(ms + strconv.FormatUint(seqHi, 10))
+	// The entry sought is one of that millisecond's (those before it do not reach, those up to its
+	// end do): the same search over its sequence numbers.
+	prefix := strconv.FormatUint(hi-1, 10) + "-"
+	_, seq := splitID(x.ID)
+	_, x, err = search(0, seq+1, x, func(k uint64) string { return prefix + strconv.FormatUint(k-1, 10) })
 	return x.ID, err
 }
 
