@@ -398,7 +398,9 @@ func newPgCDC(conf *service.ParsedConfig, mgr *service.Resources) (service.Batch
 	if err != nil {
 		return nil, err
 	}
-	return &pgCDC{src: src}, nil
+	p := &pgCDC{src: src, base: tracingBase(context.Background(), mgr.OtelTracer())}
+	p.prepare = func(b *source.Batch) { b.Out = toMessages(p.base, b) }
+	return p, nil
 }
 
 // sourcePhases are the phases pgrelay_source_phase reports, one series each (docs/metrics.md).
@@ -463,6 +465,10 @@ func hooks(mgr *service.Resources, name string) source.Hooks {
 type pgCDC struct {
 	src  *source.Source
 	once sync.Once
+	// base is the context of every message (tracingBase), under the batch's own value
+	base context.Context
+	// prepare converts a batch Next built ahead, while the previous batch is in flight
+	prepare func(*source.Batch)
 }
 
 func (p *pgCDC) Connect(ctx context.Context) error {
@@ -471,7 +477,7 @@ func (p *pgCDC) Connect(ctx context.Context) error {
 }
 
 func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
-	b, err := p.src.Next(ctx, prepareMessages)
+	b, err := p.src.Next(ctx, p.prepare)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
@@ -481,26 +487,24 @@ func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.Ac
 	batch, ok := b.Out.(service.MessageBatch)
 	b.Out = nil // a re-send after a nack gets fresh messages
 	if !ok {
-		batch = toMessages(b)
+		batch = toMessages(p.base, b)
 	}
 	return batch, func(ctx context.Context, err error) error {
 		return p.src.Ack(ctx, b, err)
 	}, nil
 }
 
-// prepareMessages converts a batch Next built ahead, while the previous batch is in flight.
-func prepareMessages(b *source.Batch) { b.Out = toMessages(b) }
-
 // toMessages turns a source batch into Benthos messages (docs/batch-contract.md). The batch's cover
-// and receipt travel in the context of a template, which every message shares as a copy of it: one
-// value for the batch, where metadata would cost map entries on every message. The template has no
+// and receipt travel in the context of a template (base with the batch added), which every message
+// shares as a copy of it: one value for the batch, where metadata would cost map entries on every
+// message. The template has no
 // metadata: a copy of a template's metadata clones its map by iteration, which costs more than
 // filling a new one. Values repeated from the previous message (queue, transaction, op, table,
 // lsn...) reuse its boxed value instead of allocating one each. Eight keys at most: a Go map of up to
 // eight entries is one allocated group, and a ninth key makes it grow into a table (three more
 // allocations and a rehash on every message).
-func toMessages(b *source.Batch) service.MessageBatch {
-	tmpl := service.NewMessage(nil).WithContext(queue.WithSourceBatch(context.Background(), b.ForQueue()))
+func toMessages(base context.Context, b *source.Batch) service.MessageBatch {
+	tmpl := service.NewMessage(nil).WithContext(queue.WithSourceBatch(base, b.ForQueue()))
 	batch := make(service.MessageBatch, len(b.Events))
 	var queueV, txV, opV, tableV, lsnV repeated
 	var created any

@@ -1,6 +1,7 @@
 package input
 
 import (
+	"context"
 	"strconv"
 	"testing"
 
@@ -35,7 +36,7 @@ func BenchmarkToMessages(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for done := 0; done < b.N; done += len(batch.Events) {
-		if msgs := toMessages(batch); len(msgs) != len(batch.Events) {
+		if msgs := toMessages(context.Background(), batch); len(msgs) != len(batch.Events) {
 			b.Fatal(len(msgs))
 		}
 	}

@@ -2,6 +2,7 @@ package input
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"maps"
 	"testing"
@@ -15,7 +16,7 @@ import (
 func TestToMessagesMetadata(t *testing.T) {
 	b := benchBatch(3)
 	b.Events[2].Op, b.Events[2].Table, b.Events[2].CreatedMs = "u", "public.other", 1790000000001
-	msgs := toMessages(b)
+	msgs := toMessages(context.Background(), b)
 	if len(msgs) != len(b.Events) {
 		t.Fatalf("%d messages for %d events", len(msgs), len(b.Events))
 	}

@@ -175,6 +175,9 @@ type queueInput struct {
 
 	gauges groupGauges
 	log    *service.Logger
+	// tmpl is the message every delivered one is a copy of: no content, no metadata, the context
+	// of tracingBase
+	tmpl *service.Message
 
 	mu        sync.Mutex
 	rdb       redis.UniversalClient
@@ -188,7 +191,8 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 	if err != nil {
 		return nil, err
 	}
-	in := &queueInput{conn: rc.Conn, conf: rc.Consumer}
+	in := &queueInput{conn: rc.Conn, conf: rc.Consumer,
+		tmpl: service.NewMessage(nil).WithContext(tracingBase(context.Background(), mgr.OtelTracer()))}
 	c := &in.conf
 	c.Logger = aclLogger{mgr.Logger(), rc.Conn}
 	in.log, in.gauges = mgr.Logger(), newGroupGauges(mgr.Metrics())
@@ -292,7 +296,8 @@ var standardMeta = map[string]bool{"queue": true, "shard": true, "offset": true,
 	"message_id": true, "transaction_id": true, "created_at": true, "attempts": true}
 
 func (in *queueInput) message(shard int, e *queue.Entry) *service.Message {
-	m := service.NewMessage(e.Payload)
+	m := in.tmpl.Copy()
+	m.SetBytes(e.Payload)
 	for k, v := range headerMeta(e.Header) {
 		if !standardMeta[k] {
 			m.MetaSetMut(k, v)
