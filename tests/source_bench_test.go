@@ -8,20 +8,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/benchenv"
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/lease"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // BenchmarkSourceLargeTransactionRSS streams one transaction of PGRELAY_BENCH_BIG_ROWS rows
-// (default 2,000,000) through the pgrelay binary into redis_queue and reports the process's peak
+// (2,000,000; 200,000 in quick mode) through the pgrelay binary into redis_queue and reports the process's peak
 // RSS (VmHWM) and the rate; the reader holds at most 2× the bundle limits whatever the size.
 // PGRELAY_BENCH_MAX_IN_FLIGHT sets the output's max_in_flight, PGRELAY_BENCH_LAYOUT its layout_version.
 func BenchmarkSourceLargeTransactionRSS(b *testing.B) {
-	rows := 2000000
-	if n, err := strconv.Atoi(os.Getenv("PGRELAY_BENCH_BIG_ROWS")); err == nil && n > 0 {
-		rows = n
-	}
+	rows := benchenv.Size("PGRELAY_BENCH_BIG_ROWS", 2000000, 200000)
 	for i := 0; i < b.N; i++ {
 		pg := testenv.StartPostgres(b)
 		e := newCDCEnvWith(b, pg, pg.DSN(), "rss", `[{table: b, queue: q, partition_by: single}]`, func(p *cdctest.Pipeline, _ *testenv.Redis) {

@@ -136,6 +136,7 @@ const (
 	q2t    = "BenchmarkQueueToTable"
 	proj   = "BenchmarkProjection"
 	pub    = "BenchmarkPublishOutbox"
+	rss    = "BenchmarkSourceLargeTransactionRSS"
 )
 
 var figures = []figure{
@@ -163,6 +164,10 @@ var figures = []figure{
 		goal: "—", chart: true},
 	{section: "Streaming (1,000-row transactions)", name: "projected ratio with a core per process → drop", bench: stream, unit: "drop_projected_ratio",
 		goal: "—"},
+	{section: rssSection, name: "peak RSS of the pgrelay binary, MiB", bench: rss, unit: "peak_rss_MiB",
+		baseName: "its RSS before the transaction, MiB", baseUnit: "rss_before_MiB", lowerBetter: true, goal: "≤ 128 MiB",
+		met: atMost(rss, "peak_rss_MiB", 128)},
+	{section: rssSection, name: "the transaction streamed, rows/s", bench: rss, unit: "rows/s", goal: "—"},
 	{section: "Snapshot", name: "snapshot → drop (the source alone), from the snapshot's start, rows/s", bench: snap, unit: "drop_own_rows/s",
 		baseName: "COPY TO STDOUT (on a connection already open)", baseUnit: "copy_rows/s", ratioUnit: "drop_own_ratio", goal: "≥ 0.5",
 		met: atLeast(snap, "drop_own_ratio", 0.5), chart: true, chartGoal: 0.5},
@@ -242,6 +247,10 @@ var figures = []figure{
 	{section: pubSection, name: "outbox rows left dead for VACUUM after the runs", bench: pub, unit: "outbox_dead_rows",
 		baseName: "pgrelay.publish(): no table", goal: "—"},
 }
+
+// rssSection is the memory a transaction far larger than a batch takes (the reader holds at most two
+// bundles' worth of it, whatever its size).
+const rssSection = "Memory: one transaction of 2,000,000 rows (the pgrelay binary → redis_queue)"
 
 // loadSection is the snapshot's share of the pipeline under pgbench's writers.
 const loadSection = "Snapshot under load (pgbench -c 4 -j 2 on the source's other tables)"

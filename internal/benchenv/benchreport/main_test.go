@@ -13,6 +13,7 @@ BenchmarkSourceLatency-2   	       1	1 ns/op	         9 p50_ms	       70 p99_ms	
 BenchmarkUpsert/batch=500-2         	       1	 551450891 ns/op	         0.95 ratio	     51251 sink_rows/s	     53000 unnest_rows/s
 BenchmarkSnapshotUnderLoad-2   	       1	1 ns/op	  140000 idle_rows/s	 0.45 idle_pgrelay_cores	 0.64 idle_redis_cores	 0.14 idle_postgres_cores	 0.27 steady_pgrelay_cores	 0.37 steady_redis_cores	 0.91 steady_postgres_cores	 0.20 steady_pgbench_cores	 0.9 steady_waiting_pgbench_cores	 0.6 steady_waiting_redis_cores
 ok  	github.com/pgrelay/pgrelay/internal/source	105.257s
+BenchmarkSourceLargeTransactionRSS-2   	       1	30000000000 ns/op	        80.50 peak_rss_MiB	        40.25 rss_before_MiB	    110000 rows/s
 `
 
 func TestReportPlacesFiguresBesideBaselinesAndKeepsHandWrittenText(t *testing.T) {
@@ -45,6 +46,8 @@ func TestReportPlacesFiguresBesideBaselinesAndKeepsHandWrittenText(t *testing.T)
 		"| pgrelay CPU per change → redis_queue, µs | 8.00 | decode (walsender of pg_recvlogical), µs | 4.00 | 0.50 | ≤ 3 µs | **no** |",
 		"| redis-server CPU per change (durability aof), µs | 2.50 | decode, µs | 4.00 | 1.60 | ≤ 6 µs | yes |",
 		"| upsert, 500-row batches, rows/s | 51,251 | hand-written unnest + ON CONFLICT | 53,000 | 0.95 | ≥ 0.9 | yes |",
+		// the memory of one large transaction, judged against its ceiling
+		"| peak RSS of the pgrelay binary, MiB | 80.5 | its RSS before the transaction, MiB | 40.2 | 0.50 | ≤ 128 MiB | yes |",
 		// an overloaded machine's latency run is not judged
 		"not valid: the baseline shows an overloaded machine",
 		// the CPU table
