@@ -24,6 +24,9 @@ type Spec struct {
 	Schema, Name string
 	Columns      []Column // every published, non-generated column, in table order
 	Key          []string // key columns, in key order (primary key or replica identity index)
+	// OlderThan, when not 0, also reads each row's xmin (not part of the row) and counts in
+	// Chunk.Young the rows whose xmin does not precede it (see Chunk.Young).
+	OlderThan uint32
 }
 
 // Chunk is one read of up to Limit rows after a cursor.
@@ -32,6 +35,13 @@ type Chunk struct {
 	Rows     [][][]byte // per row, per column: output-function text, nil = NULL
 	LastKey  []string   // key values (text) of the last row read; nil when the chunk is empty
 	Snapshot Snapshot   // pg_current_snapshot() of the reading transaction
+	// Young counts the rows whose xmin (the transaction that last wrote the row) does not precede
+	// Spec.OlderThan modulo 2^32, and XminRead says it was counted. Every unfrozen xmin lies within
+	// 2^31 before the next xid, so a row written by a transaction at or after OlderThan is always
+	// counted. The xmin column shows a frozen row's original xid, so a row frozen more than 2^31
+	// xids ago may be counted too (only ever too many).
+	Young    int
+	XminRead bool
 	ReadAt   time.Time
 	Buffers  *Buffers // the memory Rows are in: give it to the next read once Rows is no longer used
 }
@@ -99,6 +109,9 @@ func (s Spec) Query(after []string, limit int) (string, []any, error) {
 		}
 	}
 	var b strings.Builder
+	if s.OlderThan != 0 {
+		cols = append(cols, "xmin")
+	}
 	fmt.Fprintf(&b, "SELECT %s FROM %s", strings.Join(cols, ", "), pgx.Identifier{s.Schema, s.Name}.Sanitize())
 	var args []any
 	if after != nil {
@@ -132,8 +145,8 @@ func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, lim
 // ReadBetween reads one chunk as Read does, in a single round trip (pipeline mode): first the
 // statements of low, then the read transaction (BEGIN, pg_current_snapshot(), the chunk query,
 // COMMIT), then the statements of high, each of the three groups its own transaction, run by the
-// server in that order. It returns the first value of each high statement's first row (nil where
-// there is none): a snapshot's watermarks go before and after its read this way at the cost of
+// server in that order. It returns the first value of each low, then each high statement's first
+// row (nil where there is none): a snapshot's watermarks go before and after its read this way at the cost of
 // one round trip instead of six. each, when not nil, is given every row as it arrives (its values
 // are the chunk's, kept), so the caller works on the rows while the server still sends the next
 // ones; after an error the rows it was given are not a chunk. The rows are copied into buf (nil:
@@ -181,8 +194,8 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 	if cap(buf.rows) < min(limit, 1<<16) {
 		buf.rows = make([][][]byte, 0, min(limit, 1<<16))
 	}
-	chunk := &Chunk{Columns: s.Columns, Rows: buf.rows[:0], Buffers: buf}
-	marks := make([][]byte, len(high))
+	chunk := &Chunk{Columns: s.Columns, Rows: buf.rows[:0], Buffers: buf, XminRead: s.OlderThan != 0}
+	marks := make([][]byte, len(low)+len(high))
 	first := func(dst *[]byte) func(*pgconn.ResultReader) {
 		return func(rr *pgconn.ResultReader) {
 			if rr.NextRow() {
@@ -190,10 +203,13 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 			}
 		}
 	}
-	groups := [][]func(*pgconn.ResultReader){make([]func(*pgconn.ResultReader), len(low)),
+	groups := [][]func(*pgconn.ResultReader){nil,
 		{nil, first(&snapText), func(rr *pgconn.ResultReader) { s.readRows(rr, chunk, limit, each) }, nil}, nil}
+	for i := range low {
+		groups[0] = append(groups[0], first(&marks[i]))
+	}
 	for i := range high {
-		groups[2] = append(groups[2], first(&marks[i]))
+		groups[2] = append(groups[2], first(&marks[len(low)+i]))
 	}
 	err = readPipeline(pl, groups)
 	if cerr := pl.Close(); err == nil {
@@ -263,6 +279,12 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each fu
 	var block []byte
 	for rr.NextRow() {
 		row := rr.Values()
+		if s.OlderThan != 0 && len(row) > n {
+			if x, ok := parseXid(row[n]); !ok || (x >= firstNormalXid && !Precedes(x, s.OlderThan)) {
+				chunk.Young++
+			}
+			row = row[:n]
+		}
 		if cap(vals)-len(vals) < len(row) {
 			vals = buf.take(max(n*min(limit, 4096), len(row)))
 		}
@@ -289,6 +311,29 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each fu
 		}
 	}
 	buf.rows = chunk.Rows // grown past limit's capacity: kept as grown
+}
+
+// firstNormalXid is PostgreSQL's FirstNormalTransactionId: an xmin below it (1, bootstrap; 2,
+// frozen by releases before 9.4) is older than any transaction.
+const firstNormalXid = 3
+
+// Precedes reports whether xid a is older than xid b, both normal xids of the last 2^31 (the
+// window PostgreSQL keeps unfrozen xids in), compared modulo 2^32 as PostgreSQL does.
+func Precedes(a, b uint32) bool { return int32(a-b) < 0 }
+
+// parseXid reads an xid as PostgreSQL prints it (decimal).
+func parseXid(b []byte) (uint32, bool) {
+	if len(b) == 0 || len(b) > 10 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	return uint32(v), v <= 1<<32-1
 }
 
 // valueBlock is the size of the blocks a chunk's values are copied into.

@@ -343,3 +343,89 @@ func TestReadBetweenReusesBuffers(t *testing.T) {
 		})
 	}
 }
+
+func TestPrecedesAndBefore(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		a, b     uint32
+		precedes bool
+	}{
+		{"older", 100, 200, true},
+		{"newer", 200, 100, false},
+		{"equal", 100, 100, false},
+		{"across the wrap", 0xFFFFFFF0, 5, true},
+		{"after the wrap", 5, 0xFFFFFFF0, false},
+		{"half the space back", 10, 10 + 1<<31 - 1, true},
+	} {
+		if got := Precedes(c.a, c.b); got != c.precedes {
+			t.Errorf("%s: Precedes(%d, %d) = %v", c.name, c.a, c.b, got)
+		}
+	}
+	for _, c := range []struct {
+		in string
+		v  uint32
+		ok bool
+	}{
+		{"0", 0, true}, {"742", 742, true}, {"4294967295", 4294967295, true},
+		{"4294967296", 0, false}, {"", 0, false}, {"12a", 0, false}, {"-1", 0, false},
+	} {
+		if v, ok := parseXid([]byte(c.in)); ok != c.ok || (ok && v != c.v) {
+			t.Errorf("parseXid(%q) = %d, %v", c.in, v, ok)
+		}
+	}
+}
+
+// TestReadCountsYoungRows: with OlderThan the chunk holds the same rows as without, and counts
+// the rows last written by a transaction not older than it: the one updated row when OlderThan is
+// its writer, none when it is the next xid.
+func TestReadCountsYoungRows(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	pg.Exec(`CREATE TABLE y (id int PRIMARY KEY, v text);
+		INSERT INTO y SELECT g, 'v' || g FROM generate_series(1, 30) g`)
+	ctx := context.Background()
+	var inserter, updater uint32
+	if err := pg.Pool().QueryRow(ctx, `SELECT xmin::text::bigint FROM y WHERE id = 1`).Scan(&inserter); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Pool().QueryRow(ctx, `UPDATE y SET v = 'new' WHERE id = 7 RETURNING xmin::text::bigint`).Scan(&updater); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgconn.Connect(ctx, pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	cols := []Column{{Name: "id", SQLType: "integer"}, {Name: "v", SQLType: "text"}}
+	spec := Spec{Schema: "public", Name: "y", Key: []string{"id"}, Columns: cols}
+	plain, err := spec.Read(ctx, conn, nil, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		olderThan uint32
+		limit     int
+		young     int
+	}{
+		{"the updater's xid", updater, 100, 1},
+		{"the next xid", updater + 1, 100, 0},
+		{"rows 1-6 only, the updater's xid", updater, 6, 0},
+		{"the insert's xid", inserter, 100, 30},
+	} {
+		s := spec
+		s.OlderThan = c.olderThan
+		ch, err := s.Read(ctx, conn, nil, c.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := plain.Rows[:min(c.limit, len(plain.Rows))]; !reflect.DeepEqual(ch.Rows, want) {
+			t.Errorf("%s: rows with xmin differ: %q", c.name, ch.Rows)
+		}
+		if !ch.XminRead || ch.Young != c.young {
+			t.Errorf("%s: %d young rows (read %v), want %d", c.name, ch.Young, ch.XminRead, c.young)
+		}
+	}
+	if plain.XminRead || plain.Young != 0 {
+		t.Errorf("a read without OlderThan counted xmins")
+	}
+}

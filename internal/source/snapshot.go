@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -39,6 +40,7 @@ type snapTable struct {
 	enc    *event.Table // spec.Columns with their types, the key and the partition columns
 	isKey  []bool       // per column of spec.Columns
 	nonKey []string
+	xmin   bool // the role may read the rows' xmin (SELECT on the whole table)
 }
 
 // pendingChunk is the chunk between its low watermark and the moment the reader hands it over.
@@ -58,6 +60,11 @@ type pendingChunk struct {
 	ready    chan struct{}
 	rows     *rowRender // the rows rendered up to their tails while they arrived (nil: render them all)
 	hwAt     pglogrepl.LSN
+	// early: every row read was last written by a transaction older than the slot's catalog_xmin
+	// at an earlier read (snapshotter.horizon), so the chunk may go ahead of its watermarks (see
+	// early); its `r` and fill events then carry the low watermark, lwAt, as their lsn.
+	early    bool
+	lwAt     pglogrepl.LSN
 	events   []Event
 	size     int // bytes of events (Event.size)
 	readSize int // bytes of the chunk's values
@@ -102,6 +109,12 @@ type snapshotter struct {
 	bufs    chan *snapshot.Buffers // memory of chunks handed over, free for the next reads
 
 	progress *tableProgress // the table being read (run's goroutine only)
+
+	// horizon is the slot's catalog_xmin, read with the last chunk (run's goroutine only): every
+	// transaction older than it ended before a running-transactions record at or before the slot's
+	// confirmed position then, which the stream has passed, and every position it reaches later
+	// (0: none read yet).
+	horizon uint32
 }
 
 // newSnapshotter prepares the snapshot of the cursor in start (nil when there is none).
@@ -172,6 +185,10 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 	if err := sn.reg.Load(ctx, sn.pool, oids); err != nil {
 		return nil, err
 	}
+	// A role granted SELECT on some columns only cannot read xmin: its chunks never go early.
+	if err := sn.pool.QueryRow(ctx, `SELECT pg_catalog.has_table_privilege($1::oid, 'SELECT')`, t.info.OID).Scan(&t.xmin); err != nil {
+		return nil, fmt.Errorf("snapshot %s: read privileges: %w", name, err)
+	}
 	t.spec = snapshot.Spec{Schema: t.info.Schema, Name: t.info.Name, Columns: cols, Key: t.info.Key}
 	ecols := make([]event.Column, len(cols))
 	for i, c := range cols {
@@ -216,6 +233,9 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 	src := sn.ss.src
 	src.log.Infof("pg_cdc %s: snapshot of %d table(s) at %s (%d rows done)", src.cfg.Name, len(cur.Tables), cur.Table, cur.Rows)
 	if err := sn.waitEarlierTransactions(ctx); err != nil {
+		return err
+	}
+	if err := sn.readHorizon(ctx); err != nil {
 		return err
 	}
 	sn.trackTable(ctx, cur)
@@ -418,12 +438,24 @@ func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cur
 		}
 		p.rows.reset(t)
 	}
-	chunk, hw, err := sn.readBetween(ctx, t, cur, p.id, p.rows)
+	chunk, lw, hw, err := sn.readBetween(ctx, t, cur, p.id, p.rows)
 	if err != nil {
 		return nil, err
 	}
+	p.lwAt = lw
+	p.early = t != nil && chunk.XminRead && chunk.Young == 0 && lw != 0 &&
+		sn.ss.src.cfg.Envelope(t.info.Queue) == nil // an enveloped queue keeps its chunks at their high watermark, in commit order
 	sn.prepare(p, chunk, hw)
 	return p, nil
+}
+
+// rowLSN is the lsn of p's `r` and fill events for its high watermark hw: the low watermark when the
+// chunk may go early.
+func (p *pendingChunk) rowLSN(hw pglogrepl.LSN) pglogrepl.LSN {
+	if p.early {
+		return p.lwAt
+	}
+	return hw
 }
 
 // open registers the next chunk before its low watermark is emitted: its window sees the commits
@@ -457,7 +489,7 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 	sn.mu.Unlock()
 	go func() {
 		if r := p.rows; r != nil && len(r.ends) == len(chunk.Rows) {
-			p.events, p.size = r.finish(sn.tx(hw), sn.position(hw, chunk), chunk.ReadAt.UnixMilli())
+			p.events, p.size = r.finish(sn.tx(hw), sn.position(p.rowLSN(hw), chunk), chunk.ReadAt.UnixMilli())
 		} else {
 			p.events, p.size = sn.render(p, hw)
 		}
@@ -475,23 +507,25 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 	}()
 }
 
-// readBetween reads one chunk between its watermarks and returns the high watermark's LSN; rows
-// (when not nil) renders the rows as they arrive. A table no longer configured (nil) reads as an
-// empty chunk, which moves the cursor to the next table.
-func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string, rows *rowRender) (*snapshot.Chunk, pglogrepl.LSN, error) {
+// readBetween reads one chunk between its watermarks and returns their LSNs; rows (when not nil)
+// renders the rows as they arrive. The low watermark's group also reads the slot's catalog_xmin
+// into sn.horizon. A table no longer configured (nil) reads as an empty chunk, which moves the
+// cursor to the next table.
+func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string, rows *rowRender) (*snapshot.Chunk, pglogrepl.LSN, pglogrepl.LSN, error) {
 	if t == nil {
 		if err := sn.watermark(ctx, id+":lw"); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		ch, _ := sn.read(ctx, nil, cur)
-		return ch, 0, sn.watermark(ctx, id+":hw")
+		return ch, 0, 0, sn.watermark(ctx, id+":hw")
 	}
 	conn, err := sn.pool.Acquire(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("snapshot: %w", err)
+		return nil, 0, 0, fmt.Errorf("snapshot: %w", err)
 	}
 	defer conn.Release()
-	low := []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: []string{WatermarkPrefix, id + ":lw"}}}
+	low := []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: []string{WatermarkPrefix, id + ":lw"}},
+		{SQL: horizonSQL, Args: []string{sn.ss.src.cfg.Slot}}}
 	high, at := sn.highStatements(id + ":hw")
 	var each func([][]byte)
 	if rows != nil {
@@ -502,15 +536,45 @@ func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapsh
 	case buf = <-sn.bufs:
 	default:
 	}
-	ch, marks, err := t.spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high, each, buf)
-	if err != nil {
-		return nil, 0, err
+	spec := t.spec
+	if t.xmin {
+		spec.OlderThan = sn.horizon // the rows are checked against the horizon of an earlier read (0: none yet)
 	}
-	hw, err := pglogrepl.ParseLSN(string(marks[at]))
+	ch, marks, err := spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high, each, buf)
 	if err != nil {
-		return nil, 0, fmt.Errorf("snapshot: the high watermark's LSN %q: %w", marks[at], err)
+		return nil, 0, 0, err
 	}
-	return ch, hw, nil
+	hw, err := pglogrepl.ParseLSN(string(marks[len(low)+at]))
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("snapshot: the high watermark's LSN %q: %w", marks[len(low)+at], err)
+	}
+	lw, _ := pglogrepl.ParseLSN(string(marks[0])) // 0 if unreadable: the chunk does not go early
+	sn.setHorizon(marks[1])
+	return ch, lw, hw, nil
+}
+
+// horizonSQL reads the slot's catalog_xmin (snapshotter.horizon) as text, NULL before the slot
+// has one.
+const horizonSQL = `SELECT catalog_xmin::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`
+
+// readHorizon reads the slot's catalog_xmin before the first chunk, so that chunk may go early too.
+func (sn *snapshotter) readHorizon(ctx context.Context) error {
+	var text *string
+	err := sn.pool.QueryRow(ctx, horizonSQL, sn.ss.src.cfg.Slot).Scan(&text)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("snapshot: read the slot's catalog_xmin: %w", err)
+	}
+	if text != nil {
+		sn.setHorizon([]byte(*text))
+	}
+	return nil
+}
+
+// setHorizon takes a catalog_xmin as text (nil or unreadable: the horizon stays).
+func (sn *snapshotter) setHorizon(text []byte) {
+	if x, err := strconv.ParseUint(string(text), 10, 32); err == nil && x >= 3 {
+		sn.horizon = uint32(x)
+	}
 }
 
 // highStatements emit a high watermark flushed at once, so the stream sees it without waiting for
@@ -729,6 +793,55 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 			return true, sn.ss.ctx.Err()
 		}
 	}
+	return true, sn.deliver(p, hw, hw, emit)
+}
+
+// earlyDistance: a chunk whose rows are all older than the stream's position (pendingChunk.early)
+// goes into the item queue where the stream is, ahead of its high watermark, when the stream still
+// has to pass more than this many times the chunk's own bytes of WAL to reach that watermark: the
+// stream is working off a backlog, which the chunk would otherwise wait behind. A stream that keeps
+// up reaches the watermark within a few chunks' worth of WAL, and its chunks go there as before.
+const earlyDistance = 8
+
+// early hands the first pending chunk over at the stream's position at (reader goroutine, between
+// transactions) when it is ready, early, and far enough ahead of the stream (earlyDistance). Its
+// rows cannot have changed between at and its read: each was last written by a transaction that
+// ended before the slot's confirmed position when the chunk was read, which is at or before at.
+// So the rows are what the stream would give at at, and every later change of them follows in the
+// queue. Commits already decoded that the chunk's snapshot did not see (a synchronous standby
+// holding them) drop their rows as at the high watermark. Chunks go in order: the first pending one
+// only.
+func (sn *snapshotter) early(at pglogrepl.LSN, emit func(item) error) error {
+	if at == 0 {
+		return nil
+	}
+	sn.mu.Lock()
+	if len(sn.pending) == 0 {
+		sn.mu.Unlock()
+		return nil
+	}
+	p := sn.pending[0]
+	select {
+	case <-p.ready:
+	default:
+		sn.mu.Unlock()
+		return nil
+	}
+	if !p.early || p.hwAt <= at || uint64(p.hwAt-at) <= uint64(earlyDistance*max(p.size, 1)) {
+		sn.mu.Unlock()
+		return nil
+	}
+	sn.pending = slices.Delete(sn.pending, 0, 1)
+	sn.share.reached()
+	sn.mu.Unlock()
+	sn.signalTurn()
+	return sn.deliver(p, p.hwAt, at+1, emit)
+}
+
+// deliver builds the parts of p (ready, and out of the pending chunks) for its high watermark hw and
+// pushes them into the item queue at commit (hw, or the stream's position + 1 for an early chunk):
+// the cover of a part holds every commit before that (reader goroutine).
+func (sn *snapshotter) deliver(p *pendingChunk, hw, commit pglogrepl.LSN, emit func(item) error) error {
 	sn.mu.Lock()
 	kept := sn.history[:0]
 	for _, c := range sn.history { // a commit this chunk's snapshot saw is seen by every later one
@@ -741,15 +854,16 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 	sn.mu.Unlock()
 	items, err := sn.build(p, hw)
 	if err != nil {
-		return true, err
+		return err
 	}
 	if p.over { // no chunk comes after the last: stop keeping the stream's commits for one
 		sn.setActive("")
 		sn.over.Store(true)
 	}
 	for _, it := range items {
+		it.commit = commit
 		if err := emit(it); err != nil {
-			return true, err
+			return err
 		}
 	}
 	p.parts = len(items)
@@ -764,7 +878,7 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 		default:
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // handOver records that the reader pushed p's parts: the share may let the next chunk go.
@@ -789,14 +903,14 @@ func (sn *snapshotter) signalTurn() {
 	}
 }
 
-// render renders every row of p's chunk as an `r` event for the high watermark at hw, into an
+// render renders every row of p's chunk as an `r` event for the high watermark at hw (rowLSN), into an
 // arena of its own (it runs on a goroutine of its own).
 func (sn *snapshotter) render(p *pendingChunk, hw pglogrepl.LSN) ([]Event, int) {
 	t, ch := p.table, p.chunk
 	if t == nil || len(ch.Rows) == 0 {
 		return nil, 0
 	}
-	tx, pos, ms := sn.tx(hw), sn.position(hw, ch), ch.ReadAt.UnixMilli()
+	tx, pos, ms := sn.tx(hw), sn.position(p.rowLSN(hw), ch), ch.ReadAt.UnixMilli()
 	events := make([]Event, len(ch.Rows))
 	var a arena
 	var buf []byte
@@ -816,9 +930,10 @@ func (sn *snapshotter) tx(hw pglogrepl.LSN) string {
 	return fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
 }
 
-// position is the tail of a chunk's events but their seq: the high watermark and the read time.
-func (sn *snapshotter) position(hw pglogrepl.LSN, ch *snapshot.Chunk) event.Position {
-	return event.Position{LSN: hw.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
+// position is the tail of a chunk's events but their seq: their lsn (the chunk's high watermark, or
+// its low one: rowLSN) and the read time.
+func (sn *snapshotter) position(lsn pglogrepl.LSN, ch *snapshot.Chunk) event.Position {
+	return event.Position{LSN: lsn.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
 }
 
 // rowRender renders a chunk's rows as `r` events while the round trip receives them, each up to
@@ -929,7 +1044,7 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 			kind[i], fillCols[i] = 'f', f.Columns
 		}
 	}
-	tx, pos, ms := sn.tx(hw), sn.position(hw, ch), ch.ReadAt.UnixMilli()
+	tx, pos, ms := sn.tx(hw), sn.position(p.rowLSN(hw), ch), ch.ReadAt.UnixMilli()
 	var buf []byte
 	var row event.Row
 	cfg := &sn.ss.src.cfg

@@ -2,6 +2,7 @@ package source_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"sort"
 	"strings"
 	"testing"
@@ -102,4 +103,123 @@ func TestSnapshotReadsAheadWhileTheStreamCatchesUp(t *testing.T) {
 			fifth.Format(evt.TimeFormat), below.UTC().Format(evt.TimeFormat))
 	}
 	t.Logf("fifth chunk read %v before the stream had half its backlog in the queue; %d events", below.Sub(fifth), res.Events)
+}
+
+// TestSnapshotGoesAheadOfTheBacklog: the same backlog (20,000 changes of b written while the source
+// was stopped) is in the WAL when the snapshot of the added table a starts; a's rows were written
+// long before, so each chunk's rows are older than the slot's catalog_xmin and the chunk goes into
+// the queue where the stream is instead of behind the backlog, at its high watermark. A pointer
+// still below the backlog's middle already holds a's snapshot progress; under the high-watermark
+// rule every chunk's cover lies past the backlog's end. Then, with the source stopped, a's rows are
+// updated and a table c is filled: c's rows are younger than the slot's catalog_xmin, so its chunks
+// keep their high watermark (as their place and their `r` events' lsn). The queue replays to all
+// three tables, and in every partition the events' lsns never go down.
+func TestSnapshotGoesAheadOfTheBacklog(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
+		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 200) i;
+		CREATE TABLE b (id bigint PRIMARY KEY, v text)`)
+	extra := "snapshot: initial\nchunk_rows: 20\nmax_bundle_messages: 100"
+	stop := e.run("early", `[{table: b, queue: q}]`, extra)
+	e.waitTables("early", "q", "public.b")
+	stop()
+	var mid pglogrepl.LSN
+	for i := range 20 {
+		e.pg.Exec(`INSERT INTO b SELECT g, md5(g::text) FROM generate_series($1::bigint * 1000, $1::bigint * 1000 + 999) g`, i)
+		if i == 9 {
+			var s string
+			if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			mid, _ = pglogrepl.ParseLSN(s)
+		}
+	}
+
+	// The most rows of a the snapshot had in the queue while the pointer was below the backlog's middle.
+	var aheadRows int64
+	watching := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			p, err := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{q}:src:early:ptr")
+			if err == nil && p != nil && p.LSNValue() < mid {
+				var cur struct {
+					Table string `json:"table"`
+					Rows  int64  `json:"rows"`
+				}
+				if json.Unmarshal(p.Snapshot, &cur) == nil && cur.Table == "public.a" {
+					aheadRows = max(aheadRows, cur.Rows)
+				}
+			} else if err == nil && p != nil {
+				return
+			}
+			select {
+			case <-watching:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	stop = e.run("early", `[{table: b, queue: q}, {table: a, queue: q}]`, extra)
+	e.waitTables("early", "q", "public.b", "public.a")
+	close(watching)
+	<-watched
+	if aheadRows == 0 {
+		t.Errorf("no chunk of a was in the queue before the stream passed the middle of its backlog")
+	}
+	t.Logf("%d rows of a in the queue before the stream passed the middle of its backlog", aheadRows)
+
+	stop()
+	e.pg.Exec(`UPDATE a SET v = 'changed' WHERE id % 3 = 0;
+		CREATE TABLE c (id int PRIMARY KEY, v text);
+		INSERT INTO c SELECT i, md5(i::text) FROM generate_series(1, 50) i`)
+	stop = e.run("early", `[{table: b, queue: q}, {table: a, queue: q}, {table: c, queue: q}]`, extra)
+	defer stop()
+	e.waitTables("early", "q", "public.b", "public.a", "public.c")
+	e.waitOracle("q", 60*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}, "public.c": {"id"}})
+
+	entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type seen struct {
+		lsn pglogrepl.LSN
+		op  string
+	}
+	last := map[string]seen{} // partition → the last event's lsn and op, in queue order
+	var cEarly, cHigh int
+	for _, en := range entries {
+		var ev struct {
+			Op    string `json:"op"`
+			Table string `json:"table"`
+			LSN   string `json:"lsn"`
+		}
+		if err := json.Unmarshal(en.Payload, &ev); err != nil {
+			t.Fatal(err)
+		}
+		lsn, err := pglogrepl.ParseLSN(ev.LSN)
+		if err != nil {
+			t.Fatalf("entry %s: lsn %q: %v", en.ID, ev.LSN, err)
+		}
+		k := ev.Table + "/" + en.Partition
+		if prev, ok := last[k]; ok && lsn < prev.lsn {
+			t.Errorf("%s: %s event at %s after a %s event at %s", k, ev.Op, lsn, prev.op, prev.lsn)
+		}
+		last[k] = seen{lsn, ev.Op}
+		if ev.Table == "public.c" && ev.Op == "r" {
+			// the chunk's transaction id holds its high watermark
+			if hw := en.Tx[strings.LastIndexByte(en.Tx, ':')+1:]; fmt.Sprintf("%016X", uint64(lsn)) == hw {
+				cHigh++
+			} else {
+				cEarly++
+			}
+		}
+	}
+	// c's rows were written while the source was stopped, after the slot's catalog_xmin: its first
+	// chunk at least waits for its high watermark (later ones may find the horizon moved on).
+	if cHigh == 0 {
+		t.Errorf("c: no r event at its high watermark (%d at the low one)", cEarly)
+	}
+	t.Logf("c: %d r events at their high watermark, %d at their low one", cHigh, cEarly)
 }

@@ -125,6 +125,14 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 				}
 				return err
 			}
+			if ss.snap != nil && !dec.inTxn { // between transactions, a chunk may go ahead of the stream
+				if err := ss.snap.early(lastPos, emit); err != nil {
+					if ss.ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+			}
 			if lastStatus.IsZero() { // a keepalive asked for a reply
 				deadline = time.Time{}
 			}
