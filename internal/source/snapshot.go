@@ -57,17 +57,19 @@ type pendingChunk struct {
 
 	// Set before ready is closed: the chunk's rows rendered as `r` events for the high watermark
 	// at hwAt (what emitting it returned), so the reader only sorts them out at the watermark.
-	ready    chan struct{}
-	rows     *rowRender // the rows rendered up to their tails while they arrived (nil: render them all)
-	hwAt     pglogrepl.LSN
+	ready chan struct{}
+	rows  *rowRender // the rows rendered up to their tails while they arrived (nil: render them all)
+	hwAt  pglogrepl.LSN
 	// early: every row read was last written by a transaction older than the slot's catalog_xmin
 	// at an earlier read (snapshotter.horizon), so the chunk may go ahead of its watermarks (see
-	// early); its `r` and fill events then carry the low watermark, lwAt, as their lsn.
-	early    bool
-	lwAt     pglogrepl.LSN
-	events   []Event
-	size     int // bytes of events (Event.size)
-	readSize int // bytes of the chunk's values
+	// early); its `r` events then carry the low watermark, lwAt, as their lsn, and so do its fills
+	// when it went ahead (wentEarly; at the high watermark they follow the window's commits).
+	early     bool
+	wentEarly bool
+	lwAt      pglogrepl.LSN
+	events    []Event
+	size      int // bytes of events (Event.size)
+	readSize  int // bytes of the chunk's values
 }
 
 // snapshotter reads the tables chunk by chunk while the session streams (DESIGN §5).
@@ -449,10 +451,21 @@ func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cur
 	return p, nil
 }
 
-// rowLSN is the lsn of p's `r` and fill events for its high watermark hw: the low watermark when the
-// chunk may go early.
+// rowLSN is the lsn of p's `r` events for its high watermark hw: the low watermark when the chunk
+// may go early. Every later change of a key comes after both watermarks, or after the stream's
+// position where the chunk went ahead, which is before its read: the rows predate the horizon.
 func (p *pendingChunk) rowLSN(hw pglogrepl.LSN) pglogrepl.LSN {
 	if p.early {
+		return p.lwAt
+	}
+	return hw
+}
+
+// fillLSN is the lsn of p's fill events: the high watermark, after the window's commits that
+// dropped their rows, or the low watermark when the chunk went ahead of the stream (its rows were
+// dropped by commits decoded before that position only).
+func (p *pendingChunk) fillLSN(hw pglogrepl.LSN) pglogrepl.LSN {
+	if p.wentEarly {
 		return p.lwAt
 	}
 	return hw
@@ -835,6 +848,7 @@ func (sn *snapshotter) early(at pglogrepl.LSN, emit func(item) error) error {
 	sn.share.reached()
 	sn.mu.Unlock()
 	sn.signalTurn()
+	p.wentEarly = true
 	return sn.deliver(p, p.hwAt, at+1, emit)
 }
 
@@ -1044,7 +1058,7 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 			kind[i], fillCols[i] = 'f', f.Columns
 		}
 	}
-	tx, pos, ms := sn.tx(hw), sn.position(p.rowLSN(hw), ch), ch.ReadAt.UnixMilli()
+	tx, pos, ms := sn.tx(hw), sn.position(p.fillLSN(hw), ch), ch.ReadAt.UnixMilli() // fills (and an envelope, never early)
 	var buf []byte
 	var row event.Row
 	cfg := &sn.ss.src.cfg
