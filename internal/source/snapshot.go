@@ -117,6 +117,9 @@ type snapshotter struct {
 	// confirmed position then, which the stream has passed, and every position it reaches later
 	// (0: none read yet).
 	horizon uint32
+	lastHW  pglogrepl.LSN // the last chunk's high watermark (run's goroutine only)
+	// streamAt is the reader's position at its last look for an early chunk.
+	streamAt atomic.Uint64
 }
 
 // newSnapshotter prepares the snapshot of the cursor in start (nil when there is none).
@@ -521,8 +524,8 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 }
 
 // readBetween reads one chunk between its watermarks and returns their LSNs; rows (when not nil)
-// renders the rows as they arrive. The low watermark's group also reads the slot's catalog_xmin
-// into sn.horizon. A table no longer configured (nil) reads as an empty chunk, which moves the
+// renders the rows as they arrive. While the stream is behind (sn.behind), the chunk also reads its
+// rows' xmin, and the low watermark's group the slot's catalog_xmin into sn.horizon. A table no longer configured (nil) reads as an empty chunk, which moves the
 // cursor to the next table.
 func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string, rows *rowRender) (*snapshot.Chunk, pglogrepl.LSN, pglogrepl.LSN, error) {
 	if t == nil {
@@ -537,8 +540,14 @@ func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapsh
 		return nil, 0, 0, fmt.Errorf("snapshot: %w", err)
 	}
 	defer conn.Release()
-	low := []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: []string{WatermarkPrefix, id + ":lw"}},
-		{SQL: horizonSQL, Args: []string{sn.ss.src.cfg.Slot}}}
+	low := []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: []string{WatermarkPrefix, id + ":lw"}}}
+	spec := t.spec
+	if t.xmin && sn.behind() {
+		// the rows are checked against the horizon of an earlier read (0: none yet), and the
+		// horizon is read again for the next chunk
+		spec.OlderThan = sn.horizon
+		low = append(low, snapshot.Stmt{SQL: horizonSQL, Args: []string{sn.ss.src.cfg.Slot}})
+	}
 	high, at := sn.highStatements(id + ":hw")
 	var each func([][]byte)
 	if rows != nil {
@@ -549,10 +558,6 @@ func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapsh
 	case buf = <-sn.bufs:
 	default:
 	}
-	spec := t.spec
-	if t.xmin {
-		spec.OlderThan = sn.horizon // the rows are checked against the horizon of an earlier read (0: none yet)
-	}
 	ch, marks, err := spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high, each, buf)
 	if err != nil {
 		return nil, 0, 0, err
@@ -562,7 +567,10 @@ func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapsh
 		return nil, 0, 0, fmt.Errorf("snapshot: the high watermark's LSN %q: %w", marks[len(low)+at], err)
 	}
 	lw, _ := pglogrepl.ParseLSN(string(marks[0])) // 0 if unreadable: the chunk does not go early
-	sn.setHorizon(marks[1])
+	if len(low) > 1 {
+		sn.setHorizon(marks[1])
+	}
+	sn.lastHW = hw
 	return ch, lw, hw, nil
 }
 
@@ -816,6 +824,21 @@ func (sn *snapshotter) highWatermark(id string, hw pglogrepl.LSN, emit func(item
 // up reaches the watermark within a few chunks' worth of WAL, and its chunks go there as before.
 const earlyDistance = 8
 
+// behind reports whether the next chunk should read its rows' xmin, which costs the chunk reader
+// and pgrelay a column more per row: when the stream was far behind the last chunk's high
+// watermark at the reader's last look (as early requires), and for a session's first chunk, which
+// holds the later ones back if it may not go early (run's goroutine).
+func (sn *snapshotter) behind() bool {
+	if sn.lastHW == 0 {
+		return true
+	}
+	at := pglogrepl.LSN(sn.streamAt.Load())
+	sn.mu.Lock()
+	last := sn.share.last
+	sn.mu.Unlock()
+	return sn.lastHW > at && uint64(sn.lastHW-at) > uint64(earlyDistance*max(last, 1))
+}
+
 // early hands the first pending chunk over at the stream's position at (reader goroutine, between
 // transactions) when it is ready, early, and far enough ahead of the stream (earlyDistance). Its
 // rows cannot have changed between at and its read: each was last written by a transaction that
@@ -828,6 +851,7 @@ func (sn *snapshotter) early(at pglogrepl.LSN, emit func(item) error) error {
 	if at == 0 {
 		return nil
 	}
+	sn.streamAt.Store(uint64(at))
 	sn.mu.Lock()
 	if len(sn.pending) == 0 {
 		sn.mu.Unlock()
