@@ -146,8 +146,8 @@ func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, lim
 // statements of low, then the read transaction (BEGIN, pg_current_snapshot(), the chunk query,
 // COMMIT), then the statements of high, each of the three groups its own transaction, run by the
 // server in that order. It returns the first value of each low, then each high statement's first
-// row (nil where there is none): a snapshot's watermarks go before and after its read this way at the cost of
-// one round trip instead of six. each, when not nil, is given every row as it arrives (its values
+// row (nil where there is none): a snapshot's watermarks go before and after its read this way at
+// the cost of one round trip instead of six. each, when not nil, is given every row as it arrives (its values
 // are the chunk's, kept), so the caller works on the rows while the server still sends the next
 // ones; after an error the rows it was given are not a chunk. The rows are copied into buf (nil:
 // new Buffers), which the chunk keeps as its Buffers.
@@ -280,7 +280,7 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each fu
 	for rr.NextRow() {
 		row := rr.Values()
 		if s.OlderThan != 0 && len(row) > n {
-			if x, ok := parseXid(row[n]); !ok || (x >= firstNormalXid && !Precedes(x, s.OlderThan)) {
+			if x, ok := ParseXid(row[n]); !ok || (x >= FirstNormalXid && !Precedes(x, s.OlderThan)) {
 				chunk.Young++
 			}
 			row = row[:n]
@@ -313,16 +313,16 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each fu
 	buf.rows = chunk.Rows // grown past limit's capacity: kept as grown
 }
 
-// firstNormalXid is PostgreSQL's FirstNormalTransactionId: an xmin below it (1, bootstrap; 2,
+// FirstNormalXid is PostgreSQL's FirstNormalTransactionId: an xmin below it (1, bootstrap; 2,
 // frozen by releases before 9.4) is older than any transaction.
-const firstNormalXid = 3
+const FirstNormalXid = 3
 
 // Precedes reports whether xid a is older than xid b, both normal xids of the last 2^31 (the
 // window PostgreSQL keeps unfrozen xids in), compared modulo 2^32 as PostgreSQL does.
 func Precedes(a, b uint32) bool { return int32(a-b) < 0 }
 
 // parseXid reads an xid as PostgreSQL prints it (decimal).
-func parseXid(b []byte) (uint32, bool) {
+func ParseXid(b []byte) (uint32, bool) {
 	if len(b) == 0 || len(b) > 10 {
 		return 0, false
 	}

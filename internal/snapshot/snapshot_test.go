@@ -369,8 +369,8 @@ func TestPrecedesAndBefore(t *testing.T) {
 		{"0", 0, true}, {"742", 742, true}, {"4294967295", 4294967295, true},
 		{"4294967296", 0, false}, {"", 0, false}, {"12a", 0, false}, {"-1", 0, false},
 	} {
-		if v, ok := parseXid([]byte(c.in)); ok != c.ok || (ok && v != c.v) {
-			t.Errorf("parseXid(%q) = %d, %v", c.in, v, ok)
+		if v, ok := ParseXid([]byte(c.in)); ok != c.ok || (ok && v != c.v) {
+			t.Errorf("ParseXid(%q) = %d, %v", c.in, v, ok)
 		}
 	}
 }

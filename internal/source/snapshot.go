@@ -525,8 +525,8 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 
 // readBetween reads one chunk between its watermarks and returns their LSNs; rows (when not nil)
 // renders the rows as they arrive. While the stream is behind (sn.behind), the chunk also reads its
-// rows' xmin, and the low watermark's group the slot's catalog_xmin into sn.horizon. A table no longer configured (nil) reads as an empty chunk, which moves the
-// cursor to the next table.
+// rows' xmin, and the low watermark's group the slot's catalog_xmin into sn.horizon. A table no
+// longer configured (nil) reads as an empty chunk, which moves the cursor to the next table.
 func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string, rows *rowRender) (*snapshot.Chunk, pglogrepl.LSN, pglogrepl.LSN, error) {
 	if t == nil {
 		if err := sn.watermark(ctx, id+":lw"); err != nil {
@@ -593,8 +593,8 @@ func (sn *snapshotter) readHorizon(ctx context.Context) error {
 
 // setHorizon takes a catalog_xmin as text (nil or unreadable: the horizon stays).
 func (sn *snapshotter) setHorizon(text []byte) {
-	if x, err := strconv.ParseUint(string(text), 10, 32); err == nil && x >= 3 {
-		sn.horizon = uint32(x)
+	if x, ok := snapshot.ParseXid(text); ok && x >= snapshot.FirstNormalXid {
+		sn.horizon = x
 	}
 }
 
@@ -836,7 +836,13 @@ func (sn *snapshotter) behind() bool {
 	sn.mu.Lock()
 	last := sn.share.last
 	sn.mu.Unlock()
-	return sn.lastHW > at && uint64(sn.lastHW-at) > uint64(earlyDistance*max(last, 1))
+	return far(sn.lastHW, at, last)
+}
+
+// far reports whether a stream at at still has more than earlyDistance times size bytes of WAL
+// to pass before hw.
+func far(hw, at pglogrepl.LSN, size int) bool {
+	return hw > at && uint64(hw-at) > uint64(earlyDistance*max(size, 1))
 }
 
 // early hands the first pending chunk over at the stream's position at (reader goroutine, between
@@ -864,7 +870,7 @@ func (sn *snapshotter) early(at pglogrepl.LSN, emit func(item) error) error {
 		sn.mu.Unlock()
 		return nil
 	}
-	if !p.early || p.hwAt <= at || uint64(p.hwAt-at) <= uint64(earlyDistance*max(p.size, 1)) {
+	if !p.early || !far(p.hwAt, at, p.size) {
 		sn.mu.Unlock()
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 
 	evt "github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/source"
 )
 
@@ -24,51 +25,15 @@ import (
 // the whole backlog is there.) The queue replays to both tables.
 func TestSnapshotReadsAheadWhileTheStreamCatchesUp(t *testing.T) {
 	e := newEnv(t)
-	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
-		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 200) i;
-		CREATE TABLE b (id bigint PRIMARY KEY, v text)`)
-	extra := "snapshot: initial\nchunk_rows: 20\nmax_bundle_messages: 100"
-	stop := e.run("ahead", `[{table: b, queue: q}]`, extra)
-	e.waitTables("ahead", "q", "public.b")
-	stop()
-	var mid pglogrepl.LSN
-	for i := range 20 {
-		e.pg.Exec(`INSERT INTO b SELECT g, md5(g::text) FROM generate_series($1::bigint * 1000, $1::bigint * 1000 + 999) g`, i)
-		if i == 9 {
-			var s string
-			if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-				t.Fatal(err)
-			}
-			mid, _ = pglogrepl.ParseLSN(s)
-		}
-	}
+	mid := writeBacklog(e, "ahead")
 
 	// The last moment the pointer was seen below the backlog's middle.
 	var below time.Time
-	watching := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		for {
-			at := time.Now()
-			p, err := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{q}:src:ahead:ptr")
-			if err == nil && p != nil && p.LSNValue() < mid {
-				below = at
-			} else if err == nil && p != nil {
-				return
-			}
-			select {
-			case <-watching:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}()
-	stop = e.run("ahead", `[{table: b, queue: q}, {table: a, queue: q}]`, extra)
+	watched := watchBelow(e, "pgrelay:{q}:src:ahead:ptr", mid, func(_ *pointer.Pointer, at time.Time) { below = at })
+	stop := e.run("ahead", `[{table: b, queue: q}, {table: a, queue: q}]`, backlogExtra)
 	defer stop()
 	e.waitTables("ahead", "q", "public.b", "public.a")
-	close(watching)
-	<-watched
+	watched()
 	res := e.waitOracle("q", 60*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}})
 
 	entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
@@ -116,55 +81,22 @@ func TestSnapshotReadsAheadWhileTheStreamCatchesUp(t *testing.T) {
 // three tables, and in every partition the events' lsns never go down.
 func TestSnapshotGoesAheadOfTheBacklog(t *testing.T) {
 	e := newEnv(t)
-	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
-		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 200) i;
-		CREATE TABLE b (id bigint PRIMARY KEY, v text)`)
-	extra := "snapshot: initial\nchunk_rows: 20\nmax_bundle_messages: 100"
-	stop := e.run("early", `[{table: b, queue: q}]`, extra)
-	e.waitTables("early", "q", "public.b")
-	stop()
-	var mid pglogrepl.LSN
-	for i := range 20 {
-		e.pg.Exec(`INSERT INTO b SELECT g, md5(g::text) FROM generate_series($1::bigint * 1000, $1::bigint * 1000 + 999) g`, i)
-		if i == 9 {
-			var s string
-			if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-				t.Fatal(err)
-			}
-			mid, _ = pglogrepl.ParseLSN(s)
-		}
-	}
+	mid := writeBacklog(e, "early")
 
 	// The most rows of a the snapshot had in the queue while the pointer was below the backlog's middle.
 	var aheadRows int64
-	watching := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		for {
-			p, err := source.ReadPointer(e.ctx, e.rd.Client(), "pgrelay:{q}:src:early:ptr")
-			if err == nil && p != nil && p.LSNValue() < mid {
-				var cur struct {
-					Table string `json:"table"`
-					Rows  int64  `json:"rows"`
-				}
-				if json.Unmarshal(p.Snapshot, &cur) == nil && cur.Table == "public.a" {
-					aheadRows = max(aheadRows, cur.Rows)
-				}
-			} else if err == nil && p != nil {
-				return
-			}
-			select {
-			case <-watching:
-				return
-			case <-time.After(time.Millisecond):
-			}
+	watched := watchBelow(e, "pgrelay:{q}:src:early:ptr", mid, func(p *pointer.Pointer, _ time.Time) {
+		var cur struct {
+			Table string `json:"table"`
+			Rows  int64  `json:"rows"`
 		}
-	}()
-	stop = e.run("early", `[{table: b, queue: q}, {table: a, queue: q}]`, extra)
+		if json.Unmarshal(p.Snapshot, &cur) == nil && cur.Table == "public.a" {
+			aheadRows = max(aheadRows, cur.Rows)
+		}
+	})
+	stop := e.run("early", `[{table: b, queue: q}, {table: a, queue: q}]`, backlogExtra)
 	e.waitTables("early", "q", "public.b", "public.a")
-	close(watching)
-	<-watched
+	watched()
 	if aheadRows == 0 {
 		t.Errorf("no chunk of a was in the queue before the stream passed the middle of its backlog")
 	}
@@ -174,7 +106,7 @@ func TestSnapshotGoesAheadOfTheBacklog(t *testing.T) {
 	e.pg.Exec(`UPDATE a SET v = 'changed' WHERE id % 3 = 0;
 		CREATE TABLE c (id int PRIMARY KEY, v text);
 		INSERT INTO c SELECT i, md5(i::text) FROM generate_series(1, 50) i`)
-	stop = e.run("early", `[{table: b, queue: q}, {table: a, queue: q}, {table: c, queue: q}]`, extra)
+	stop = e.run("early", `[{table: b, queue: q}, {table: a, queue: q}, {table: c, queue: q}]`, backlogExtra)
 	defer stop()
 	e.waitTables("early", "q", "public.b", "public.a", "public.c")
 	e.waitOracle("q", 60*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}, "public.c": {"id"}})
@@ -222,4 +154,59 @@ func TestSnapshotGoesAheadOfTheBacklog(t *testing.T) {
 		t.Errorf("c: no r event at its high watermark (%d at the low one)", cEarly)
 	}
 	t.Logf("c: %d r events at their high watermark, %d at their low one", cHigh, cEarly)
+}
+
+// backlogExtra is the pg_cdc settings of the backlog tests: small chunks and bundles.
+const backlogExtra = "snapshot: initial\nchunk_rows: 20\nmax_bundle_messages: 100"
+
+// writeBacklog creates a (200 rows) and b, streams b with source name until it is in, stops, and
+// writes 20,000 rows of b in 20 transactions; it returns the WAL position after the tenth.
+func writeBacklog(e *env, name string) pglogrepl.LSN {
+	t := e.t
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
+		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 200) i;
+		CREATE TABLE b (id bigint PRIMARY KEY, v text)`)
+	stop := e.run(name, `[{table: b, queue: q}]`, backlogExtra)
+	e.waitTables(name, "q", "public.b")
+	stop()
+	var mid pglogrepl.LSN
+	for i := range 20 {
+		e.pg.Exec(`INSERT INTO b SELECT g, md5(g::text) FROM generate_series($1::bigint * 1000, $1::bigint * 1000 + 999) g`, i)
+		if i == 9 {
+			var s string
+			if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			mid, _ = pglogrepl.ParseLSN(s)
+		}
+	}
+	return mid
+}
+
+// watchBelow polls the pointer at key every millisecond and hands each one below mid to seen, with
+// the time it was read, until the first at or past mid; the returned func stops it and waits.
+func watchBelow(e *env, key string, mid pglogrepl.LSN, seen func(p *pointer.Pointer, at time.Time)) (stop func()) {
+	watching := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			at := time.Now()
+			p, err := source.ReadPointer(e.ctx, e.rd.Client(), key)
+			if err == nil && p != nil && p.LSNValue() < mid {
+				seen(p, at)
+			} else if err == nil && p != nil {
+				return
+			}
+			select {
+			case <-watching:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	return func() {
+		close(watching)
+		<-watched
+	}
 }
