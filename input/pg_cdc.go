@@ -46,6 +46,7 @@ const (
 	pcFieldTruncate          = "truncate"
 	pcFieldSnapshot          = "snapshot"
 	pcFieldChunkRows         = "chunk_rows"
+	pcFieldMetadata          = "metadata"
 	pcFieldEnvelopes         = "envelopes"
 	pcFieldEnvQueue          = "queue"
 	pcFieldEnvPartition      = "partition"
@@ -87,7 +88,7 @@ exactly once. With any other output pg_cdc writes the pointer itself after the a
 between the output's write and the pointer write repeats the batch). PostgreSQL is told a position only after
 the pointer holds it.
 
-Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_id`, `op`, `table`, `lsn`"+`,
+Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partition`, `message_id`, `transaction_id`, `op`, `table`, `lsn`"+`,
 `+"`created_at`"+` (the transaction's `+"`xid`"+` is in the event). The batch's lease, fence and cover travel in the messages' context, where the
 `+"`redis_queue`"+` output reads them. Keep a batch whole on its way there (no output `+"`batching`"+`).`).
 		Fields(pgconnect.Fields()...).
@@ -161,6 +162,8 @@ Metadata on every message: `+"`queue`, `partition`, `message_id`, `transaction_i
 			service.NewStringEnumField(pcFieldSnapshot, pcSnapshotNever, pcSnapshotInit).Description("`never`: stream from the slot's creation. `initial`: on the first start (and after `pgrelay resync`) also copy the rows already in the tables, as `r` events, chunk by chunk while the stream runs. Opt-in, so adding pg_cdc to a big database never starts a copy by surprise; a resync always snapshots.").Default(pcSnapshotNever),
 			service.NewIntField(pcFieldChunkRows).Description(fmt.Sprintf("Rows per snapshot chunk (%d-%d): each chunk is one short REPEATABLE READ read between two watermarks.", source.MinChunkRows, source.MaxChunkRows)).Default(source.DefaultChunkRows).
 				LintRule(speclint.Int(pcFieldChunkRows, source.MinChunkRows, source.MaxChunkRows)),
+			service.NewBoolField(pcFieldMetadata).Description("Set the eight metadata keys on every message. `false` sets none, for a pipeline where nothing after pg_cdc reads them, such as straight into `redis_queue`: that output then takes each message's queue, partition, id and transaction from pg_cdc's batch, by the message's place in it, and each message saves its metadata map (about a tenth of pgrelay's CPU per change into the queue). The messages must then reach `redis_queue` one for one and in order: a processor may change their payloads, or set `queue`, `partition`, `message_id` or `transaction_id` metadata (which the output prefers), but a batch of another size is refused with `batch_reshaped`, and other outputs, processors and interpolations see no pg_cdc metadata.").
+				Default(true),
 		).
 		LintRule(speclint.Rule(slices.Concat(pgconnect.LintChecks(), speclint.RedisURLChecks(pcFieldRedis), []string{
 			speclint.Check(fmt.Sprintf(`this.%s.or(%q) == %q && this.%s.or([]).any(t -> t.%s.or(%q) != %q)`,
@@ -398,8 +401,12 @@ func newPgCDC(conf *service.ParsedConfig, mgr *service.Resources) (service.Batch
 	if err != nil {
 		return nil, err
 	}
-	p := &pgCDC{src: src, base: tracingBase(context.Background(), mgr.OtelTracer())}
-	p.prepare = func(b *source.Batch) { b.Out = toMessages(p.base, b) }
+	meta, err := conf.FieldBool(pcFieldMetadata)
+	if err != nil {
+		return nil, err
+	}
+	p := &pgCDC{src: src, base: tracingBase(context.Background(), mgr.OtelTracer()), meta: meta}
+	p.prepare = func(b *source.Batch) { b.Out = toMessages(p.base, b, p.meta) }
 	return p, nil
 }
 
@@ -469,6 +476,7 @@ type pgCDC struct {
 	base context.Context
 	// prepare converts a batch Next built ahead, while the previous batch is in flight
 	prepare func(*source.Batch)
+	meta    bool // metadata: set the metadata keys on every message
 }
 
 func (p *pgCDC) Connect(ctx context.Context) error {
@@ -487,7 +495,7 @@ func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.Ac
 	batch, ok := b.Out.(service.MessageBatch)
 	b.Out = nil // a re-send after a nack gets fresh messages
 	if !ok {
-		batch = toMessages(p.base, b)
+		batch = toMessages(p.base, b, p.meta)
 	}
 	return batch, func(ctx context.Context, err error) error {
 		return p.src.Ack(ctx, b, err)
@@ -502,10 +510,19 @@ func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.Ac
 // filling a new one. Values repeated from the previous message (queue, transaction, op, table,
 // lsn...) reuse its boxed value instead of allocating one each. Eight keys at most: a Go map of up to
 // eight entries is one allocated group, and a ninth key makes it grow into a table (three more
-// allocations and a rehash on every message).
-func toMessages(base context.Context, b *source.Batch) service.MessageBatch {
-	tmpl := service.NewMessage(nil).WithContext(queue.WithSourceBatch(base, b.ForQueue()))
+// allocations and a rehash on every message). Without meta the messages carry no metadata and the
+// batch in their context gives the redis_queue output their keys.
+func toMessages(base context.Context, b *source.Batch, meta bool) service.MessageBatch {
+	tmpl := service.NewMessage(nil).WithContext(queue.WithSourceBatch(base, b.ForQueue(!meta)))
 	batch := make(service.MessageBatch, len(b.Events))
+	if !meta {
+		for i := range b.Events {
+			m := tmpl.Copy()
+			m.SetBytes(b.Events[i].Payload)
+			batch[i] = m
+		}
+		return batch
+	}
 	var queueV, txV, opV, tableV, lsnV repeated
 	var created any
 	for i := range b.Events {

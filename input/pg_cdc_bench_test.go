@@ -2,6 +2,7 @@ package input
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"testing"
 
@@ -30,14 +31,19 @@ func benchBatch(n int) *source.Batch {
 	return b
 }
 
-// BenchmarkToMessages turns 1,000-event source batches into Benthos messages; one op is one event.
+// BenchmarkToMessages turns 1,000-event source batches into Benthos messages, with their metadata
+// and without (metadata: false); one op is one event.
 func BenchmarkToMessages(b *testing.B) {
-	batch := benchBatch(1000)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for done := 0; done < b.N; done += len(batch.Events) {
-		if msgs := toMessages(context.Background(), batch); len(msgs) != len(batch.Events) {
-			b.Fatal(len(msgs))
-		}
+	for _, meta := range []bool{true, false} {
+		b.Run(fmt.Sprintf("metadata=%v", meta), func(b *testing.B) {
+			batch := benchBatch(1000)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; done += len(batch.Events) {
+				if msgs := toMessages(context.Background(), batch, meta); len(msgs) != len(batch.Events) {
+					b.Fatal(len(msgs))
+				}
+			}
+		})
 	}
 }

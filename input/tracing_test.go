@@ -81,7 +81,7 @@ func TestInputMessagesReuseTheirContext(t *testing.T) {
 	}
 	msgs := map[string]*service.Message{
 		"redis_queue": in.message(0, &queue.Entry{Payload: []byte(`{}`)}),
-		"pg_cdc":      toMessages(tracingBase(context.Background(), noop.NewTracerProvider()), benchBatch(1))[0],
+		"pg_cdc":      toMessages(tracingBase(context.Background(), noop.NewTracerProvider()), benchBatch(1), true)[0],
 	}
 	for name, m := range msgs {
 		if got, _ := tracer.Start(m.Context(), "input"); got != m.Context() {

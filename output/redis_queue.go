@@ -414,11 +414,11 @@ func (o *queueOutput) remember(msgs []queue.Message) {
 
 // toMessages converts a batch. The cover comes from the source batch in the messages' context
 // (pg_cdc), the same value on every message, or else from the pgrelay_* metadata, parsed once and
-// only compared on the other messages.
+// only compared on the other messages. A pg_cdc batch made without metadata (its `metadata: false`)
+// also gives each message's queue, partition, id and transaction, by the message's place, where
+// the message has no metadata of its own for them; it must then be the batch pg_cdc made, message
+// for message.
 func (o *queueOutput) toMessages(batch service.MessageBatch, buf *[]queue.Message) ([]queue.Message, *queue.Cover, *queue.SourceBatch, error) {
-	qf := o.conf.queueField.reader(batch)
-	pf := o.conf.partitionField.reader(batch)
-	idf := o.conf.idField.reader(batch)
 	if cap(*buf) < len(batch) {
 		*buf = make([]queue.Message, len(batch))
 	}
@@ -426,11 +426,20 @@ func (o *queueOutput) toMessages(batch service.MessageBatch, buf *[]queue.Messag
 	*buf = msgs
 	var cover *queue.Cover
 	var sb *queue.SourceBatch
+	var keys queue.Keys
 	if len(batch) > 0 {
 		if sb = queue.SourceBatchOf(batch[0].Context()); sb != nil {
-			cover = &sb.Cover
+			cover, keys = &sb.Cover, sb.Keys
 		}
 	}
+	if keys != nil && keys.Len() != len(batch) {
+		return nil, nil, nil, errcode.New(errcode.BatchReshaped,
+			fmt.Sprintf("a pg_cdc batch made without metadata (metadata: false) holds %d messages here where pg_cdc made %d, so their queue, partition and id cannot be known", len(batch), keys.Len()),
+			"set metadata: true on pg_cdc (the default) when processors drop, split or add messages")
+	}
+	qf := o.conf.queueField.reader(batch, keys)
+	pf := o.conf.partitionField.reader(batch, keys)
+	idf := o.conf.idField.reader(batch, keys)
 	var first coverMeta
 	now := time.Now().UnixMilli()
 	for i, m := range batch {
@@ -445,7 +454,10 @@ func (o *queueOutput) toMessages(batch service.MessageBatch, buf *[]queue.Messag
 		if qm.ID, err = idf(i); err != nil {
 			return nil, nil, nil, fmt.Errorf("message %d: id: %w", i, err)
 		}
-		qm.Tx, _ = metaString(m, "transaction_id")
+		var ok bool
+		if qm.Tx, ok = metaString(m, "transaction_id"); !ok && keys != nil {
+			_, _, _, qm.Tx = keys.Keys(i)
+		}
 		qm.CreatedMs = now
 		if qm.Payload, err = m.AsBytes(); err != nil {
 			return nil, nil, nil, fmt.Errorf("message %d: %w", i, err)
@@ -495,8 +507,10 @@ func newFieldReader(conf *service.ParsedConfig, name string) (fieldReader, error
 	return f, nil
 }
 
-// reader returns the field's value getter for the messages of batch.
-func (f fieldReader) reader(batch service.MessageBatch) func(i int) (string, error) {
+// reader returns the field's value getter for the messages of batch. A field that is exactly a
+// metadata key takes the value from keys (a source batch's, when its messages carry no metadata)
+// where the message has no such metadata.
+func (f fieldReader) reader(batch service.MessageBatch, keys queue.Keys) func(i int) (string, error) {
 	if s, ok := f.interp.Static(); ok {
 		return func(int) (string, error) { return s, nil }
 	}
@@ -505,6 +519,17 @@ func (f fieldReader) reader(batch service.MessageBatch) func(i int) (string, err
 		if f.metaKey != "" {
 			if s, ok := metaString(batch[i], f.metaKey); ok {
 				return s, nil
+			}
+			if keys != nil {
+				q, p, id, _ := keys.Keys(i)
+				switch f.metaKey {
+				case "queue":
+					return q, nil
+				case "partition":
+					return p, nil
+				default: // message_id
+					return id, nil
+				}
 			}
 		}
 		if exec == nil {

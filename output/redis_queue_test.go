@@ -2,11 +2,13 @@ package output
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
 )
 
@@ -156,5 +158,89 @@ func TestQueueOutputSourceBatch(t *testing.T) {
 		if _, _, _, err := o.toMessages(batch, new([]queue.Message)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// fixedKeys is a source batch's keys for messages without metadata (pg_cdc's metadata: false).
+type fixedKeys [][4]string
+
+func (k fixedKeys) Len() int { return len(k) }
+func (k fixedKeys) Keys(i int) (q, p, id, tx string) {
+	return k[i][0], k[i][1], k[i][2], k[i][3]
+}
+
+// TestQueueOutputKeysWithoutMetadata: messages of a source batch that carries its keys (pg_cdc's
+// metadata: false) take queue, partition, id and transaction from it by their place, unless the
+// message has that metadata itself (a processor set it); a field that is not a metadata key is
+// evaluated as usual; a batch of another size than the source made is refused with
+// batch_reshaped.
+func TestQueueOutputKeysWithoutMetadata(t *testing.T) {
+	keys := fixedKeys{{"q1", "p1", "id1", "tx1"}, {"q2", "p2", "id2", "tx1"}, {"q1", "p3", "id3", "tx2"}}
+	sb := &queue.SourceBatch{Cover: queue.Cover{LeaseKey: "lk", Fence: "f", PointerKey: "pk", Pointer: []byte(`{"pos":"01"}`), Pos: "01"},
+		Receipt: queue.NewCoverReceipt("01"), Keys: keys}
+	tmpl := service.NewMessage(nil).WithContext(queue.WithSourceBatch(context.Background(), sb))
+	batch := func(n int) service.MessageBatch {
+		out := make(service.MessageBatch, n)
+		for i := range out {
+			out[i] = tmpl.Copy()
+			out[i].SetBytes([]byte(fmt.Sprintf(`{"n":%d,"customer":"c%d"}`, i, i)))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name, yaml string
+		edit       func(service.MessageBatch)
+		want       [][4]string // queue, partition, id, tx of each message
+		code       errcode.Code
+	}{
+		{name: "keys by place", yaml: "{}", want: keys},
+		{name: "metadata set by a processor wins", yaml: "{}",
+			edit: func(b service.MessageBatch) {
+				b[1].MetaSetMut("partition", "moved")
+				b[2].MetaSetMut("transaction_id", "mine")
+			},
+			want: [][4]string{{"q1", "p1", "id1", "tx1"}, {"q2", "moved", "id2", "tx1"}, {"q1", "p3", "id3", "mine"}}},
+		{name: "an interpolated partition", yaml: `partition: ${! json("customer") }`,
+			want: [][4]string{{"q1", "c0", "id1", "tx1"}, {"q2", "c1", "id2", "tx1"}, {"q1", "c2", "id3", "tx2"}}},
+		{name: "a static queue", yaml: "queue: fixed",
+			want: [][4]string{{"fixed", "p1", "id1", "tx1"}, {"fixed", "p2", "id2", "tx1"}, {"fixed", "p3", "id3", "tx2"}}},
+		{name: "a message dropped", yaml: "{}", edit: func(service.MessageBatch) {}, code: errcode.BatchReshaped},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc, err := RedisQueueSpec().ParseYAML(tc.yaml, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conf, err := RedisQueueConfigFromParsed(pc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := &queueOutput{conf: conf}
+			b := batch(len(keys))
+			if tc.code != "" {
+				b = b[:2]
+			}
+			if tc.edit != nil {
+				tc.edit(b)
+			}
+			msgs, cv, got, err := o.toMessages(b, new([]queue.Message))
+			if tc.code != "" {
+				if !errcode.Is(err, tc.code) {
+					t.Fatalf("error %v, want %s", err, tc.code)
+				}
+				return
+			}
+			if err != nil || got != sb || cv != &sb.Cover {
+				t.Fatalf("source batch %v, cover %v: %v", got, cv, err)
+			}
+			for i, m := range msgs {
+				if g := [4]string{m.Queue, m.Partition, m.ID, m.Tx}; g != tc.want[i] {
+					t.Errorf("message %d: %q, want %q", i, g, tc.want[i])
+				}
+				if want := fmt.Sprintf(`{"n":%d,"customer":"c%d"}`, i, i); string(m.Payload) != want {
+					t.Errorf("message %d payload %s", i, m.Payload)
+				}
+			}
+		})
 	}
 }

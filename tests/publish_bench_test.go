@@ -91,6 +91,7 @@ input:
     dsn: %q
     tables: [ { table: public.unused, queue: pub } ]
     redis: { url: %s }
+    metadata: false
 output:
   redis_queue:
     url: %s

@@ -41,6 +41,9 @@ const (
 	// QueueConfig means a redis_queue output config value the linter also catches (trim_interval not
 	// above 0s).
 	QueueConfig Code = "queue_config"
+	// BatchReshaped means a pg_cdc batch made without metadata (`metadata: false`) reached the
+	// redis_queue output with another number of messages than pg_cdc made.
+	BatchReshaped Code = "batch_reshaped"
 	// BadQueue means a queue name is empty, over 256 bytes, or contains `{` or `}`.
 	BadQueue Code = "bad_queue"
 	// BadGroup means a consumer group name is empty or contains `:`, `{` or `}`.

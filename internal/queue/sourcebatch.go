@@ -11,6 +11,18 @@ type SourceBatch struct {
 	// Chain is the source's chain, on every batch (Cover.Chain only on those registered with it):
 	// the output offers it its window (Chain.Offer).
 	Chain *Chain
+	// Keys, when set, gives each message's queue, partition, id and transaction: the source set
+	// no metadata on its messages (pg_cdc's `metadata: false`). nil when the messages carry them.
+	Keys Keys
+}
+
+// Keys is the queue, partition, id and transaction of each message of a source batch, by its
+// place in the batch, for messages that carry no metadata.
+type Keys interface {
+	// Len is the number of messages the source made.
+	Len() int
+	// Keys returns message i's queue, partition, id and transaction id.
+	Keys(i int) (queue, partition, id, tx string)
 }
 
 type sourceBatchKey struct{}

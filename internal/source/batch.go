@@ -65,16 +65,29 @@ func (b *Batch) Receipt() *queue.CoverReceipt {
 }
 
 // ForQueue is the batch's cover and receipt, as the redis_queue output takes them from the
-// messages' context, with the source's chain. Made once per batch: the hand-out sets its Prev.
-func (b *Batch) ForQueue() *queue.SourceBatch {
+// messages' context, with the source's chain; keyed: with the batch itself as the messages' keys,
+// for messages made without metadata. Made once per batch: the hand-out sets its Prev.
+func (b *Batch) ForQueue(keyed bool) *queue.SourceBatch {
 	if b.sb == nil {
 		b.sb = &queue.SourceBatch{Cover: *b.cover(), Receipt: b.Receipt()}
 		if b.sess != nil {
 			b.sb.Chain = b.sess.src.chain
 		}
+		if keyed {
+			b.sb.Keys = b
+		}
 		b.chained()
 	}
 	return b.sb
+}
+
+// Len is the number of events (queue.Keys).
+func (b *Batch) Len() int { return len(b.Events) }
+
+// Keys returns event i's queue, partition, id and transaction (queue.Keys).
+func (b *Batch) Keys(i int) (queue, partition, id, tx string) {
+	e := &b.Events[i]
+	return e.Queue, e.Partition, e.ID, e.Tx
 }
 
 // chained puts the batch's place in the chain (Prev, and the chain when registered) into what

@@ -36,8 +36,11 @@ func BenchmarkSourceTx1000(b *testing.B) { benchSource(b, 1000) }
 //
 //   - raw: pg_recvlogical (C, PostgreSQL's own client) writing the pgoutput bytes to /dev/null:
 //     its walsender's CPU per change is the decode cost, its rate the decode ceiling;
-//   - queue: pg_cdc into redis_queue (durability aof unless PGRELAY_BENCH_FSYNC says otherwise);
-//   - drop: pg_cdc into the drop output (the source alone);
+//   - queue: pg_cdc into redis_queue (durability aof unless PGRELAY_BENCH_FSYNC says otherwise)
+//     with metadata: false, as config/pg_cdc_redis_queue.yaml ships it; queue2 the same with
+//     max_in_flight 2; queuemeta with pg_cdc's metadata on every message (metadata: true, the
+//     default);
+//   - drop: pg_cdc into the drop output (the source alone, metadata: true);
 //   - xadd: the entries pg_cdc wrote, XADDed again in plain pipelines of 1,000 (the Redis ceiling);
 //   - multi: the same in MULTI/EXEC pipelines of 1,000 (one AOF write and fsync per 1,000).
 //
@@ -59,7 +62,7 @@ func benchSource(b *testing.B, txRows int) {
 	e.pg.Exec(`CREATE PUBLICATION raw FOR TABLE bench`)
 	for r := 0; r < runs; r++ {
 		e.pg.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, "raw"+strconv.Itoa(r))
-		for _, name := range []string{"q" + strconv.Itoa(r), "w" + strconv.Itoa(r), "d" + strconv.Itoa(r)} {
+		for _, name := range []string{"q" + strconv.Itoa(r), "w" + strconv.Itoa(r), "m" + strconv.Itoa(r), "d" + strconv.Itoa(r)} {
 			stop := runBench(b, e, name)
 			waitBenchPointer(b, e, name, name)
 			stop()
@@ -87,6 +90,7 @@ func benchSource(b *testing.B, txRows int) {
 			raw := recvLogical(b, e, pids, recv, "raw"+strconv.Itoa(r), endpos)
 			queue := catchUp(b, e, pids, "q"+strconv.Itoa(r), before)
 			queue2 := catchUp(b, e, pids, "w"+strconv.Itoa(r), before)
+			queueMeta := catchUp(b, e, pids, "m"+strconv.Itoa(r), before)
 			drop := catchUp(b, e, pids, "d"+strconv.Itoa(r), before)
 			xadd := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), false, false)
 			multi := rawXAdd(b, e, pids, "q"+strconv.Itoa(r), true, false)
@@ -98,7 +102,7 @@ func benchSource(b *testing.B, txRows int) {
 			for _, p := range []struct {
 				name string
 				ph   phase
-			}{{"queue", queue}, {"queue2", queue2}, {"drop", drop}} {
+			}{{"queue", queue}, {"queue2", queue2}, {"queuemeta", queueMeta}, {"drop", drop}} {
 				m.Add(p.name+"_changes/s", p.ph.rate(total))
 				m.Add(p.name+"_ratio", p.ph.rate(total)/raw.rate(total))
 				m.Add(p.name+"_cpu_pgrelay_us/change", benchenv.PerChange(p.ph.pgrelay, total))
@@ -111,6 +115,7 @@ func benchSource(b *testing.B, txRows int) {
 				addAlloc(&m, p.name, "change", p.ph, total)
 			}
 			m.Add("queue2_vs_queue_ratio", queue2.rate(total)/queue.rate(total))
+			m.Add("queue_vs_queuemeta_ratio", queue.rate(total)/queueMeta.rate(total))
 			m.Add("xadd_changes/s", xadd.rate(total))
 			m.Add("xadd_ratio", xadd.rate(total)/raw.rate(total))
 			m.Add("xadd_cpu_redis_us/change", benchenv.PerChange(xadd.redis, total))
@@ -326,7 +331,7 @@ func rawXAdd(b *testing.B, e *env, pids benchProcs, q string, multi, unpack bool
 // after LSN before, and returns the window. The pipeline runs in this process: its CPU is
 // this process' over the window (the pointer polling beside it costs ~1 %).
 func catchUp(b *testing.B, e *env, pids benchProcs, name string, before pglogrepl.LSN) phase {
-	kind := map[byte]string{'q': "queue", 'w': "queue2", 'd': "drop"}[name[0]]
+	kind := map[byte]string{'q': "queue", 'w': "queue2", 'm': "queuemeta", 'd': "drop"}[name[0]]
 	defer benchenv.Profile(b, "stream_"+kind)()
 	m := startMeter(b, pids)
 	stop := runBench(b, e, name)
@@ -352,16 +357,20 @@ func catchUp(b *testing.B, e *env, pids benchProcs, name string, before pglogrep
 	}
 }
 
-// runBench runs pg_cdc into redis_queue (names q*; w*: with max_in_flight 2, two batches in
-// flight) or into drop (names d*: the source alone, with the pointer written by pg_cdc after each
-// ack); queue, pointer and slot are named after it.
+// runBench runs pg_cdc into redis_queue with metadata: false (names q*; w*: with max_in_flight 2,
+// two batches in flight; m*: with pg_cdc's metadata, the default) or into drop (names d*: the
+// source alone, with the pointer written by pg_cdc after each ack); queue, pointer and slot are
+// named after it.
 func runBench(b *testing.B, e *env, name string) func() {
 	output := fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s%s", e.rd.URL(), benchDurability(), benchOutputExtra())
+	meta := "false"
 	switch name[0] {
 	case 'w':
 		output = fmt.Sprintf("redis_queue:\n    url: %s\n    durability: %s\n    max_in_flight: 2%s", e.rd.URL(), benchDurability(), benchLayout())
+	case 'm':
+		meta = "true"
 	case 'd':
-		output = "drop: {}"
+		output, meta = "drop: {}", "true"
 	}
 	yaml := fmt.Sprintf(`
 input:
@@ -371,11 +380,12 @@ input:
     tls: {mode: disable}
     tables: [{table: bench, queue: %s}]
     redis: {url: %s}
+    metadata: %s
 output:
   %s
 logger:
   level: warn
-`, name, e.pg.DSN(), name, e.rd.URL(), output)
+`, name, e.pg.DSN(), name, e.rd.URL(), meta, output)
 	return startStream(b, yaml)
 }
 

@@ -23,8 +23,10 @@ import (
 //
 //   - copy: `COPY (SELECT ...) TO STDOUT` drained to nowhere (PostgreSQL printing the rows);
 //   - queue: pg_cdc's snapshot into redis_queue, from the start of the pipeline to the pointer's
-//     snapshot becoming null (default chunk_rows and bundle limits; PGRELAY_BENCH_SNAPSHOT_EXTRA
-//     adds pg_cdc fields);
+//     snapshot becoming null (default chunk_rows and bundle limits, metadata: false as
+//     config/pg_cdc_redis_queue.yaml ships it; PGRELAY_BENCH_SNAPSHOT_EXTRA adds pg_cdc fields);
+//     queue2 the same with max_in_flight 2; queuemeta with pg_cdc's metadata on every message
+//     (metadata: true, the default);
 //   - drop: the same snapshot into the drop output (the source alone); also timed from the
 //     snapshot's start (pg_cdc connected, its slot and lease held: its "snapshot of" log line) to
 //     its end ("snapshot done"), like the COPY on a connection already open;
@@ -68,16 +70,17 @@ func BenchmarkSnapshot(b *testing.B) {
 			m.Add("copy_rows/s", cp.rate(total))
 			m.Add("copy_cpu_backend_us/row", benchenv.PerChange(cp.postgres, total))
 			name := fmt.Sprintf("sq%d_%d", i, r)
-			var queue, queue2 phase
+			var queue, queue2, queueMeta phase
 			if !dropOnly {
 				queue = snapshotRun(b, e, pids, name, "queue")
 				queue2 = snapshotRun(b, e, pids, fmt.Sprintf("sw%d_%d", i, r), "queue2")
+				queueMeta = snapshotRun(b, e, pids, fmt.Sprintf("sm%d_%d", i, r), "queuemeta")
 			}
 			drop := snapshotRun(b, e, pids, fmt.Sprintf("sd%d_%d", i, r), "drop")
 			for _, p := range []struct {
 				name string
 				ph   phase
-			}{{"queue", queue}, {"queue2", queue2}, {"drop", drop}} {
+			}{{"queue", queue}, {"queue2", queue2}, {"queuemeta", queueMeta}, {"drop", drop}} {
 				if dropOnly && p.name != "drop" {
 					continue
 				}
@@ -116,6 +119,7 @@ func BenchmarkSnapshot(b *testing.B) {
 			m.Add("queue_multiv2_ratio", queue.rate(total)/multiV2.rate(total))
 			m.Add("queue2_multiv2_ratio", queue2.rate(total)/multiV2.rate(total))
 			m.Add("queue2_vs_queue_ratio", queue2.rate(total)/queue.rate(total))
+			m.Add("queue_vs_queuemeta_ratio", queue.rate(total)/queueMeta.rate(total))
 		}
 		m.Report(b)
 	}
@@ -131,8 +135,9 @@ func cpuOf(b *testing.B, pid int) time.Duration {
 
 // snapshotRun runs a new pg_cdc source name (queue of the same name) with snapshot: initial of
 // snap until the pointer's snapshot is null, and returns the window with the CPU of its
-// walsender: kind "queue" into redis_queue, "queue2" the same with max_in_flight 2 (two batches
-// in flight), "drop" the source alone.
+// walsender: kind "queue" into redis_queue with metadata: false, "queue2" the same with
+// max_in_flight 2 (two batches in flight), "queuemeta" into redis_queue with pg_cdc's metadata,
+// "drop" the source alone (with metadata).
 func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase {
 	drop := kind == "drop"
 	inFlight := benchOutputExtra()
@@ -141,6 +146,9 @@ func snapshotRun(b *testing.B, e *env, pids benchProcs, name, kind string) phase
 	}
 	defer benchenv.Profile(b, "snapshot_"+kind)()
 	extra := "snapshot: initial\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
+	if kind == "queue" || kind == "queue2" {
+		extra = "snapshot: initial\nmetadata: false\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
+	}
 	m := startMeter(b, pids)
 	var stop func()
 	marks := &snapshotMarks{}

@@ -106,7 +106,7 @@ func TestWindowOfTwo(t *testing.T) {
 	if b1.Prev != "" || b2.Prev != b1.Cover.Position() || !b1.expected || !b2.expected {
 		t.Fatalf("prev %q / %q, want \"\" / %q", b1.Prev, b2.Prev, b1.Cover.Position())
 	}
-	if sb := b2.ForQueue(); sb.Cover.Prev != b1.Cover.Position() || sb.Cover.Chain != s.chain {
+	if sb := b2.ForQueue(false); sb.Cover.Prev != b1.Cover.Position() || sb.Cover.Chain != s.chain {
 		t.Fatalf("the second batch's cover does not follow the first: %+v", sb.Cover)
 	}
 	b3, wait := nextWithin(t, s, 200*time.Millisecond)

@@ -152,9 +152,13 @@ var figures = []figure{
 		baseName: "pg_recvlogical", baseUnit: "raw_changes/s", ratioUnit: "multiv2_ratio", goal: "—"},
 	{section: "Streaming (1,000-row transactions)", name: "pg_cdc → redis_queue with max_in_flight 2 (two batches in flight), changes/s", bench: stream, unit: "queue2_changes/s",
 		baseName: "pg_cdc → redis_queue, max_in_flight 1", baseUnit: "queue_changes/s", ratioUnit: "queue2_vs_queue_ratio", goal: "—"},
+	{section: "Streaming (1,000-row transactions)", name: "pg_cdc → redis_queue, changes/s", bench: stream, unit: "queue_changes/s",
+		baseName: "the same with pg_cdc's metadata on every message (metadata: true, the default)", baseUnit: "queuemeta_changes/s", ratioUnit: "queue_vs_queuemeta_ratio", goal: "—"},
 	{section: "Streaming (1,000-row transactions)", name: "pgrelay CPU per change → redis_queue, µs", bench: stream, unit: "queue_cpu_pgrelay_us/change",
 		baseName: "decode (walsender of pg_recvlogical), µs", baseUnit: "raw_cpu_walsender_us/change", lowerBetter: true, goal: "≤ 3 µs",
 		met: atMost(stream, "queue_cpu_pgrelay_us/change", 3), chart: true},
+	{section: "Streaming (1,000-row transactions)", name: "pgrelay CPU per change → redis_queue with pg_cdc's metadata (the default), µs", bench: stream, unit: "queuemeta_cpu_pgrelay_us/change",
+		baseName: "decode, µs", baseUnit: "raw_cpu_walsender_us/change", lowerBetter: true, goal: "—"},
 	{section: "Streaming (1,000-row transactions)", name: "pgrelay CPU per change → drop, µs", bench: stream, unit: "drop_cpu_pgrelay_us/change",
 		baseName: "decode, µs", baseUnit: "raw_cpu_walsender_us/change", lowerBetter: true, goal: "—"},
 	{section: "Streaming (1,000-row transactions)", name: "redis-server CPU per change (durability aof), µs", bench: stream, unit: "queue_cpu_redis_us/change",
@@ -188,12 +192,16 @@ var figures = []figure{
 		baseName: "plain XADD pipelines (no ceiling with appendfsync always)", baseUnit: "xadd_rows/s", ratioUnit: "queue_xadd_ratio", goal: "—"},
 	{section: "Snapshot", name: "snapshot → redis_queue, rows/s", bench: snap, unit: "queue_rows/s",
 		baseName: "COPY TO STDOUT", baseUnit: "copy_rows/s", ratioUnit: "queue_ratio", goal: "—"},
+	{section: "Snapshot", name: "snapshot → redis_queue, rows/s", bench: snap, unit: "queue_rows/s",
+		baseName: "the same with pg_cdc's metadata on every message (metadata: true, the default)", baseUnit: "queuemeta_rows/s", ratioUnit: "queue_vs_queuemeta_ratio", goal: "—"},
 	{section: "Snapshot", name: "pgrelay CPU per snapshot row → drop, µs", bench: snap, unit: "drop_cpu_pgrelay_us/row",
 		baseName: "COPY's backend, µs", baseUnit: "copy_cpu_backend_us/row", lowerBetter: true, goal: "≤ 2 µs",
 		met: atMost(snap, "drop_cpu_pgrelay_us/row", 2)},
 	{section: "Snapshot", name: "pgrelay CPU per snapshot row → redis_queue, µs", bench: snap, unit: "queue_cpu_pgrelay_us/row",
 		baseName: "COPY's backend, µs", baseUnit: "copy_cpu_backend_us/row", lowerBetter: true, goal: "≤ 2 µs",
 		met: atMost(snap, "queue_cpu_pgrelay_us/row", 2)},
+	{section: "Snapshot", name: "pgrelay CPU per snapshot row → redis_queue with pg_cdc's metadata (the default), µs", bench: snap, unit: "queuemeta_cpu_pgrelay_us/row",
+		baseName: "COPY's backend, µs", baseUnit: "copy_cpu_backend_us/row", lowerBetter: true, goal: "—"},
 	{section: loadSection, name: "snapshot of a separate table with pgbench writing, s", bench: sload, unit: "steady_s",
 		baseName: "the same with no writers, s", baseUnit: "idle_s", lowerBetter: true, goal: "≤ 2× (ratio ≥ 0.5)",
 		met: atMost(sload, "steady_slowdown", 2), chart: true, chartGoal: 0.5},
@@ -451,7 +459,9 @@ func generate(r results, meta [][2]string, pngName string) string {
 		"Ratio: pgrelay ÷ baseline for rates, baseline ÷ pgrelay for CPU and latency (higher is better for pgrelay); where a benchmark " +
 		"reports it, the median of the runs' own ratios (so not always the ratio of the two medians). The Redis ceiling of the goals is " +
 		"the entries XADDed again in MULTI/EXEC pipelines of 1,000: with appendfsync always a plain pipeline makes Redis fsync once " +
-		"per socket read (see Where the CPU goes).\n")
+		"per socket read (see Where the CPU goes). pg_cdc → redis_queue runs as config/pg_cdc_redis_queue.yaml ships it, with " +
+		"`metadata: false` (no metadata map on the messages; the output takes their keys from pg_cdc's batch), unless a row says " +
+		"\"with pg_cdc's metadata\"; pg_cdc → drop keeps the default (metadata on every message).\n")
 	section := ""
 	for _, f := range figures {
 		if f.section != section {
