@@ -113,7 +113,7 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 	// events as rendering the chunk after its read.
 	rows := &rowRender{}
 	rows.reset(tab)
-	sch, _, hw, err := sn.readBetween(ctx, tab, cur, "test:1", rows)
+	sch, hw, err := sn.readBetween(ctx, tab, cur, "test:1", rows)
 	if err != nil || len(sch.Rows) != 1 {
 		t.Fatalf("chunk between watermarks: %v, %v", sch, err)
 	}

@@ -62,11 +62,11 @@ type pendingChunk struct {
 	hwAt  pglogrepl.LSN
 	// early: every row read was last written by a transaction older than the slot's catalog_xmin
 	// at an earlier read (snapshotter.horizon), so the chunk may go ahead of its watermarks (see
-	// early); its `r` events then carry the low watermark, lwAt, as their lsn, and so do its fills
-	// when it went ahead (wentEarly; at the high watermark they follow the window's commits).
+	// early). When it went ahead (wentEarly), its `r` events and fills carry the position it went
+	// into the queue at, wentAt, as their lsn (see lsn).
 	early     bool
 	wentEarly bool
-	lwAt      pglogrepl.LSN
+	wentAt    pglogrepl.LSN
 	events    []Event
 	size      int // bytes of events (Event.size)
 	readSize  int // bytes of the chunk's values
@@ -443,33 +443,26 @@ func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cur
 		}
 		p.rows.reset(t)
 	}
-	chunk, lw, hw, err := sn.readBetween(ctx, t, cur, p.id, p.rows)
+	chunk, hw, err := sn.readBetween(ctx, t, cur, p.id, p.rows)
 	if err != nil {
 		return nil, err
 	}
-	p.lwAt = lw
-	p.early = t != nil && chunk.XminRead && chunk.Young == 0 && lw != 0 &&
+	p.early = t != nil && chunk.XminRead && chunk.Young == 0 &&
 		sn.ss.src.cfg.Envelope(t.info.Queue) == nil // an enveloped queue keeps its chunks at their high watermark, in commit order
 	sn.prepare(p, chunk, hw)
 	return p, nil
 }
 
-// rowLSN is the lsn of p's `r` events for its high watermark hw: the low watermark when the chunk
-// may go early. Every later change of a key comes after both watermarks, or after the stream's
-// position where the chunk went ahead, which is before its read: the rows predate the horizon.
-func (p *pendingChunk) rowLSN(hw pglogrepl.LSN) pglogrepl.LSN {
-	if p.early {
-		return p.lwAt
-	}
-	return hw
-}
-
-// fillLSN is the lsn of p's fill events: the high watermark, after the window's commits that
-// dropped their rows, or the low watermark when the chunk went ahead of the stream (its rows were
-// dropped by commits decoded before that position only).
-func (p *pendingChunk) fillLSN(hw pglogrepl.LSN) pglogrepl.LSN {
+// lsn is the lsn of p's `r` and fill events for its high watermark hw: the position the chunk goes
+// into the queue at, so that every change before them in the queue has a lower or equal lsn and
+// every later one a higher one, in each partition. That is hw, or, for a chunk that went ahead of
+// the stream, just past the stream's position there (wentAt). Not the low watermark: a commit
+// written to the WAL before it that the chunk's read did not see (a synchronous standby holding
+// it) comes after the chunk in the queue, and so may other keys' changes in a partition the chunk
+// shares with them.
+func (p *pendingChunk) lsn(hw pglogrepl.LSN) pglogrepl.LSN {
 	if p.wentEarly {
-		return p.lwAt
+		return p.wentAt
 	}
 	return hw
 }
@@ -505,7 +498,7 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 	sn.mu.Unlock()
 	go func() {
 		if r := p.rows; r != nil && len(r.ends) == len(chunk.Rows) {
-			p.events, p.size = r.finish(sn.tx(hw), sn.position(p.rowLSN(hw), chunk), chunk.ReadAt.UnixMilli())
+			p.events, p.size = r.finish(sn.tx(hw), sn.position(p.lsn(hw), chunk), chunk.ReadAt.UnixMilli())
 		} else {
 			p.events, p.size = sn.render(p, hw)
 		}
@@ -523,21 +516,21 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 	}()
 }
 
-// readBetween reads one chunk between its watermarks and returns their LSNs; rows (when not nil)
+// readBetween reads one chunk between its watermarks and returns the high one's LSN; rows (when not nil)
 // renders the rows as they arrive. While the stream is behind (sn.behind), the chunk also reads its
 // rows' xmin, and the low watermark's group the slot's catalog_xmin into sn.horizon. A table no
 // longer configured (nil) reads as an empty chunk, which moves the cursor to the next table.
-func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string, rows *rowRender) (*snapshot.Chunk, pglogrepl.LSN, pglogrepl.LSN, error) {
+func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapshot.Cursor, id string, rows *rowRender) (*snapshot.Chunk, pglogrepl.LSN, error) {
 	if t == nil {
 		if err := sn.watermark(ctx, id+":lw"); err != nil {
-			return nil, 0, 0, err
+			return nil, 0, err
 		}
 		ch, _ := sn.read(ctx, nil, cur)
-		return ch, 0, 0, sn.watermark(ctx, id+":hw")
+		return ch, 0, sn.watermark(ctx, id+":hw")
 	}
 	conn, err := sn.pool.Acquire(ctx)
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("snapshot: %w", err)
+		return nil, 0, fmt.Errorf("snapshot: %w", err)
 	}
 	defer conn.Release()
 	low := []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: []string{WatermarkPrefix, id + ":lw"}}}
@@ -560,18 +553,17 @@ func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapsh
 	}
 	ch, marks, err := spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high, each, buf)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, 0, err
 	}
 	hw, err := pglogrepl.ParseLSN(string(marks[len(low)+at]))
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("snapshot: the high watermark's LSN %q: %w", marks[len(low)+at], err)
+		return nil, 0, fmt.Errorf("snapshot: the high watermark's LSN %q: %w", marks[len(low)+at], err)
 	}
-	lw, _ := pglogrepl.ParseLSN(string(marks[0])) // 0 if unreadable: the chunk does not go early
 	if len(low) > 1 {
 		sn.setHorizon(marks[1])
 	}
 	sn.lastHW = hw
-	return ch, lw, hw, nil
+	return ch, hw, nil
 }
 
 // horizonSQL reads the slot's catalog_xmin (snapshotter.horizon) as text, NULL before the slot
@@ -847,12 +839,12 @@ func far(hw, at pglogrepl.LSN, size int) bool {
 
 // early hands the first pending chunk over at the stream's position at (reader goroutine, between
 // transactions) when it is ready, early, and far enough ahead of the stream (earlyDistance). Its
-// rows cannot have changed between at and its read: each was last written by a transaction that
-// ended before the slot's confirmed position when the chunk was read, which is at or before at.
-// So the rows are what the stream would give at at, and every later change of them follows in the
-// queue. Commits already decoded that the chunk's snapshot did not see (a synchronous standby
-// holding them) drop their rows as at the high watermark. Chunks go in order: the first pending one
-// only.
+// rows as read are what the stream gives at at: each was last written by a transaction that ended
+// before the slot's confirmed position when the chunk was read, which is at or before at, and a
+// commit after at follows the chunk in the queue, also one written before the read that the read
+// did not see (a synchronous standby holding it). Commits already decoded that the chunk's snapshot
+// did not see drop their rows as at the high watermark. Its events are rendered again for their
+// lsn there (pendingChunk.lsn). Chunks go in order: the first pending one only.
 func (sn *snapshotter) early(at pglogrepl.LSN, emit func(item) error) error {
 	if at == 0 {
 		return nil
@@ -878,8 +870,8 @@ func (sn *snapshotter) early(at pglogrepl.LSN, emit func(item) error) error {
 	sn.share.reached()
 	sn.mu.Unlock()
 	sn.signalTurn()
-	p.wentEarly = true
-	return sn.deliver(p, p.hwAt, at+1, emit)
+	p.wentEarly, p.wentAt = true, at+1
+	return sn.deliver(p, p.hwAt, p.wentAt, emit)
 }
 
 // deliver builds the parts of p (ready, and out of the pending chunks) for its high watermark hw and
@@ -947,14 +939,14 @@ func (sn *snapshotter) signalTurn() {
 	}
 }
 
-// render renders every row of p's chunk as an `r` event for the high watermark at hw (rowLSN), into an
+// render renders every row of p's chunk as an `r` event for the high watermark at hw (lsn), into an
 // arena of its own (it runs on a goroutine of its own).
 func (sn *snapshotter) render(p *pendingChunk, hw pglogrepl.LSN) ([]Event, int) {
 	t, ch := p.table, p.chunk
 	if t == nil || len(ch.Rows) == 0 {
 		return nil, 0
 	}
-	tx, pos, ms := sn.tx(hw), sn.position(p.rowLSN(hw), ch), ch.ReadAt.UnixMilli()
+	tx, pos, ms := sn.tx(hw), sn.position(p.lsn(hw), ch), ch.ReadAt.UnixMilli()
 	events := make([]Event, len(ch.Rows))
 	var a arena
 	var buf []byte
@@ -975,7 +967,7 @@ func (sn *snapshotter) tx(hw pglogrepl.LSN) string {
 }
 
 // position is the tail of a chunk's events but their seq: their lsn (the chunk's high watermark, or
-// its low one: rowLSN) and the read time.
+// where it went ahead: pendingChunk.lsn) and the read time.
 func (sn *snapshotter) position(lsn pglogrepl.LSN, ch *snapshot.Chunk) event.Position {
 	return event.Position{LSN: lsn.String(), TS: ch.ReadAt.Format(event.TimeFormat)}
 }
@@ -1053,7 +1045,8 @@ func decimalDigits(v uint64) int {
 
 // build applies the DBLog rule to the chunk and gives its survivors (r) and fills (u) in row
 // order, split into bundle-sized parts, each carrying the cursor after its last row. The `r`
-// events are those rendered ahead for this high watermark, or rendered now.
+// events are those rendered ahead for this high watermark, or rendered now (a chunk that went
+// ahead of the stream: their lsn is where it went).
 func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) {
 	t, ch := p.table, p.chunk
 	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, sn.ss.src.cfg.ChunkRows)
@@ -1061,7 +1054,7 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		p.next, p.over = next, over
 	}
 	events := p.events
-	if len(events) != len(ch.Rows) || p.hwAt != hw {
+	if len(events) != len(ch.Rows) || p.hwAt != hw || p.wentEarly {
 		events, _ = sn.render(p, hw)
 	}
 	var kind []byte // per row: 0 dropped, 'r' survivor, 'f' fill; nil: every row survives
@@ -1088,7 +1081,7 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 			kind[i], fillCols[i] = 'f', f.Columns
 		}
 	}
-	tx, pos, ms := sn.tx(hw), sn.position(p.fillLSN(hw), ch), ch.ReadAt.UnixMilli() // fills (and an envelope, never early)
+	tx, pos, ms := sn.tx(hw), sn.position(p.lsn(hw), ch), ch.ReadAt.UnixMilli() // fills (and an envelope, never early)
 	var buf []byte
 	var row event.Row
 	cfg := &sn.ss.src.cfg

@@ -151,9 +151,47 @@ func TestSnapshotGoesAheadOfTheBacklog(t *testing.T) {
 	// c's rows were written while the source was stopped, after the slot's catalog_xmin: its first
 	// chunk at least waits for its high watermark (later ones may find the horizon moved on).
 	if cHigh == 0 {
-		t.Errorf("c: no r event at its high watermark (%d at the low one)", cEarly)
+		t.Errorf("c: no r event at its high watermark (%d where they went ahead)", cEarly)
 	}
-	t.Logf("c: %d r events at their high watermark, %d at their low one", cHigh, cEarly)
+	t.Logf("c: %d r events at their high watermark, %d where they went ahead", cHigh, cEarly)
+}
+
+// TestSnapshotAheadOfTheBacklogSharesPartitions: a queue's partition is a key's values, whatever
+// the table, so a's row 5 and b's row 5 are in one partition. The backlog's last transaction
+// updates b's rows 1–200, in the partitions of a's rows; a's chunks go into the queue ahead of the
+// backlog, before that update, and their events must carry an lsn no later than where they went:
+// the replay requires the lsns never to decrease in a partition.
+func TestSnapshotAheadOfTheBacklogSharesPartitions(t *testing.T) {
+	e := newEnv(t)
+	writeBacklog(e, "shared")
+	e.pg.Exec(`UPDATE b SET v = 'late' WHERE id BETWEEN 1 AND 200`)
+	stop := e.run("shared", `[{table: b, queue: q}, {table: a, queue: q}]`, backlogExtra)
+	defer stop()
+	e.waitTables("shared", "q", "public.b", "public.a")
+	e.waitOracle("q", 60*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}})
+
+	entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := map[string]bool{} // partitions where a's row is in the queue
+	ahead := 0                // of them, before b's update
+	for _, en := range entries {
+		var ev struct{ Op, Table string }
+		if err := json.Unmarshal(en.Payload, &ev); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case ev.Op == "r" && ev.Table == "public.a":
+			read[en.Partition] = true
+		case ev.Op == "u" && ev.Table == "public.b" && read[en.Partition]:
+			ahead++
+		}
+	}
+	if ahead == 0 {
+		t.Errorf("no row of a came before b's update in its partition")
+	}
+	t.Logf("a's row came before b's update in %d partitions of 200", ahead)
 }
 
 // backlogExtra is the pg_cdc settings of the backlog tests: small chunks and bundles.
@@ -188,11 +226,12 @@ func writeBacklog(e *env, name string) pglogrepl.LSN {
 func watchBelow(e *env, key string, mid pglogrepl.LSN, seen func(p *pointer.Pointer, at time.Time)) (stop func()) {
 	watching := make(chan struct{})
 	watched := make(chan struct{})
+	rdb := e.rd.Client() // one connection: a client per poll would use up Redis' connections
 	go func() {
 		defer close(watched)
 		for {
 			at := time.Now()
-			p, err := source.ReadPointer(e.ctx, e.rd.Client(), key)
+			p, err := source.ReadPointer(e.ctx, rdb, key)
 			if err == nil && p != nil && p.LSNValue() < mid {
 				seen(p, at)
 			} else if err == nil && p != nil {

@@ -77,7 +77,7 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 			} else {
 				render = nil
 			}
-			ch, _, hw, err := sn.readBetween(ctx, tab, cur, p.id, render)
+			ch, hw, err := sn.readBetween(ctx, tab, cur, p.id, render)
 			if err != nil {
 				b.Fatal(err)
 			}
