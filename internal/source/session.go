@@ -40,8 +40,9 @@ type session struct {
 	lastAck       atomic.Int64 // unix ns of the last ack of a batch with events (set by acked)
 	readPause     atomic.Int64 // unix ns: the reader may leave the WAL unread until then (a wait to fill)
 
-	lag      lagMeter      // how late transactions arrive after their commit (reader only)
-	dataMsgs atomic.Uint64 // WAL data messages received, for the heartbeat (counted: a clock read per message costs)
+	lag      lagMeter       // how late transactions arrive after their commit (reader only)
+	dataMsgs atomic.Uint64  // WAL data messages received, for the heartbeat (counted: a clock read per message costs)
+	coalesce *readCoalescer // the replication connection's reader: told at each commit whether the stream is behind
 
 	snap *snapshotter // nil when the pointer has no snapshot in progress
 }
@@ -50,7 +51,8 @@ type session struct {
 func (ss *session) fail(err error) { ss.cancel(err) }
 
 // stream starts replication at the pointer and runs the reader and heartbeat until one fails.
-func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, tables []TableInfo, pubs Publications, start pointer.Pointer, version int) error {
+// reads is the replication connection's reader (nil: reads go straight to the connection).
+func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, reads *readCoalescer, tables []TableInfo, pubs Publications, start pointer.Pointer, version int) error {
 	names := pubs.Names()
 	for i, n := range names { // a list of quoted identifiers inside a string literal
 		names[i] = `"` + strings.ReplaceAll(strings.ReplaceAll(n, `"`, `""`), "'", "''") + `"`
@@ -68,7 +70,7 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	ss := &session{src: s, ctx: sctx, cancel: cancel, q: newItemQueue(s.cfg.MaxBundleMessages, s.cfg.MaxBundleBytes),
-		fence: s.lease.Token(), plan: start}
+		fence: s.lease.Token(), plan: start, coalesce: reads}
 	ss.flush.Store(uint64(start.LSNValue()))
 	ss.every = statusInterval(ctx, pool)
 	byName := map[string]*TableInfo{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -72,6 +74,11 @@ func (s *Source) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var reads *readCoalescer
+	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		reads = newReadCoalescer(r)
+		return pgproto3.NewFrontend(reads, w)
+	}
 	repl, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return pgconnect.Explain(fmt.Errorf("open the replication connection: %w", err))
@@ -104,7 +111,7 @@ func (s *Source) session(ctx context.Context) error {
 		}
 		s.log.Infof("pg_cdc %s: table(s) %s added since the last start: %s", s.cfg.Name, strings.Join(added, ", "), what)
 	}
-	return s.stream(ctx, pool, repl, tables, pubs, start, version)
+	return s.stream(ctx, pool, repl, reads, tables, pubs, start, version)
 }
 
 // checkACL checks, on each of the source's queues, that its Redis user may run the commands of the

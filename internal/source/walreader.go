@@ -72,6 +72,7 @@ func (ss *session) read(repl *pgconn.PgConn, dec *decoder) error {
 				lastPos = it.commit
 			}
 			it.behind = behind(ss.lag.excess(time.Now(), dec.at), ss.src.cfg.LoadLinger)
+			ss.coalesce.setBehind(it.behind)
 		}
 		if it.kind == itemChunk && it.commit-1 > lastPos {
 			lastPos = it.commit - 1

@@ -1,0 +1,62 @@
+package source
+
+import (
+	"io"
+	"sync/atomic"
+	"time"
+)
+
+// While the stream is behind the writers (a backlog, a catch-up after a restart), the walsender
+// sends each message as it decodes it, one small send each, and a reader that reads as soon as
+// data arrives takes a few messages per read (about four changes in BenchmarkSourceTx1000): a read
+// system call, the kernel's receive work for what arrived, and a wake-up of the reading goroutine
+// (and of an idle scheduler thread that spins looking for work) every few messages, which cost
+// pgrelay more than decoding them. The replication connection's reads go through a
+// readCoalescer: while the stream is behind (the lag meter's verdict at each commit, which needs
+// load_linger above 0), a read that found the socket drained waits coalesceWait before the next
+// one, so what the walsender sends meanwhile is taken in a few large reads (about sixty changes per
+// read). A stream that keeps up is never behind: its reads go at once, with no latency added.
+const coalesceWait = time.Millisecond
+
+// readCoalescer is the replication connection's reader (pgconn.Config.BuildFrontend): the
+// reader goroutine alone calls Read; the session sets behind at each commit.
+type readCoalescer struct {
+	r       io.Reader
+	behind  atomic.Bool
+	drained bool // the last read returned less than it asked for: the socket had no more
+	timer   *time.Timer
+	wait    func() // sleeps coalesceWait
+}
+
+func newReadCoalescer(r io.Reader) *readCoalescer {
+	c := &readCoalescer{r: r}
+	c.wait = c.sleep
+	return c
+}
+
+// Read waits coalesceWait first when the stream is behind and the previous read drained the
+// socket.
+func (c *readCoalescer) Read(p []byte) (int, error) {
+	if c.drained && c.behind.Load() {
+		c.wait()
+	}
+	n, err := c.r.Read(p)
+	c.drained = n < len(p)
+	return n, err
+}
+
+func (c *readCoalescer) sleep() {
+	if c.timer == nil {
+		c.timer = time.NewTimer(coalesceWait)
+	} else {
+		c.timer.Reset(coalesceWait)
+	}
+	<-c.timer.C
+}
+
+// setBehind records whether the stream is behind (nil-safe: a connection without a coalescer).
+func (c *readCoalescer) setBehind(behind bool) {
+	if c != nil && c.behind.Load() != behind {
+		c.behind.Store(behind)
+	}
+}
