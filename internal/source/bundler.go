@@ -114,7 +114,9 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			ss.firstSeen = time.Now()
 		}
 		until := ss.firstSeen.Add(cfg.Linger)
-		if fill := ss.fillUntil(behind); fill.After(until) {
+		fill := ss.fillUntil(behind)
+		ss.coalesce.setLoaded(!fill.IsZero())
+		if fill.After(until) {
 			until = fill
 			// The reader may leave the WAL unread until shortly before: what arrives meanwhile is
 			// then read in a few large reads instead of one read per message as it comes.

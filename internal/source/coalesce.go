@@ -11,18 +11,22 @@ import (
 // data arrives takes a few messages per read (about four changes in BenchmarkSourceTx1000): a read
 // system call, the kernel's receive work for what arrived, and a wake-up of the reading goroutine
 // (and of an idle scheduler thread that spins looking for work) every few messages, which cost
-// pgrelay more than decoding them. The replication connection's reads go through a
-// readCoalescer: while the stream is behind (the lag meter's verdict at each commit, which needs
-// load_linger above 0), a read that found the socket drained waits coalesceWait before the next
-// one, so what the walsender sends meanwhile is taken in a few large reads (about sixty changes per
-// read). A stream that keeps up is never behind: its reads go at once, with no latency added.
+// pgrelay more than decoding them. Under sustained load of small transactions it is the same, a
+// read every few messages. The replication connection's reads go through a readCoalescer: while
+// the stream is behind (the lag meter's verdict at each commit) or under load (batches wait to fill,
+// load_linger), a read that found the socket drained waits coalesceWait before the next one, so
+// what the walsender sends meanwhile is taken in a few large reads (about sixty changes per read
+// in a catch-up). Both need load_linger above 0. A stream that keeps up at a moderate rate is
+// neither: its reads go at once, with no latency added.
 const coalesceWait = time.Millisecond
 
 // readCoalescer is the replication connection's reader (pgconn.Config.BuildFrontend): the
-// reader goroutine alone calls Read; the session sets behind at each commit.
+// reader goroutine alone calls Read; the session sets behind at each commit, the bundler loaded
+// as it decides whether a batch waits to fill.
 type readCoalescer struct {
 	r       io.Reader
 	behind  atomic.Bool
+	loaded  atomic.Bool
 	drained bool // the last read returned less than it asked for: the socket had no more
 	timer   *time.Timer
 	wait    func() // sleeps coalesceWait
@@ -34,10 +38,10 @@ func newReadCoalescer(r io.Reader) *readCoalescer {
 	return c
 }
 
-// Read waits coalesceWait first when the stream is behind and the previous read drained the
-// socket.
+// Read waits coalesceWait first when the stream is behind or under load and the previous read
+// drained the socket.
 func (c *readCoalescer) Read(p []byte) (int, error) {
-	if c.drained && c.behind.Load() {
+	if c.drained && (c.behind.Load() || c.loaded.Load()) {
 		c.wait()
 	}
 	n, err := c.r.Read(p)
@@ -56,7 +60,21 @@ func (c *readCoalescer) sleep() {
 
 // setBehind records whether the stream is behind (nil-safe: a connection without a coalescer).
 func (c *readCoalescer) setBehind(behind bool) {
-	if c != nil && c.behind.Load() != behind {
-		c.behind.Store(behind)
+	if c != nil {
+		setFlag(&c.behind, behind)
+	}
+}
+
+// setLoaded records whether batches wait to fill (nil-safe).
+func (c *readCoalescer) setLoaded(loaded bool) {
+	if c != nil {
+		setFlag(&c.loaded, loaded)
+	}
+}
+
+// setFlag stores v in flag when it differs (a load is cheaper than a store to a shared line).
+func setFlag(flag *atomic.Bool, v bool) {
+	if flag.Load() != v {
+		flag.Store(v)
 	}
 }

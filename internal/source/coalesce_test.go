@@ -22,19 +22,20 @@ func (c *chunks) Read(p []byte) (int, error) {
 }
 
 // TestReadCoalescerWaitsOnlyBehindAfterADrainedRead: a read waits before it goes only while the
-// stream is behind and the previous read returned less than it asked for (the socket was
-// drained); a full read, or a stream that keeps up, never waits.
+// stream is behind or under load and the previous read returned less than it asked for (the
+// socket was drained); a full read, or a stream that keeps up, never waits.
 func TestReadCoalescerWaitsOnlyBehindAfterADrainedRead(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		behind bool
-		reads  []int // bytes each Read returns, buffer of 8
-		waits  int
+		name           string
+		behind, loaded bool
+		reads          []int // bytes each Read returns, buffer of 8
+		waits          int
 	}{
-		{"caught up", false, []int{3, 3, 3}, 0},
-		{"behind, every read drained", true, []int{3, 3, 3}, 2},
-		{"behind, full reads", true, []int{8, 8, 8}, 0},
-		{"behind, full then drained", true, []int{8, 2, 8, 1}, 1},
+		{"caught up", false, false, []int{3, 3, 3}, 0},
+		{"behind, every read drained", true, false, []int{3, 3, 3}, 2},
+		{"under load, every read drained", false, true, []int{3, 3, 3}, 2},
+		{"behind, full reads", true, false, []int{8, 8, 8}, 0},
+		{"behind, full then drained", true, false, []int{8, 2, 8, 1}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var src chunks
@@ -45,6 +46,7 @@ func TestReadCoalescerWaitsOnlyBehindAfterADrainedRead(t *testing.T) {
 			waits := 0
 			c.wait = func() { waits++ }
 			c.setBehind(tc.behind)
+			c.setLoaded(tc.loaded)
 			buf := make([]byte, 8)
 			for i, want := range tc.reads {
 				if n, err := c.Read(buf); n != want || err != nil {
