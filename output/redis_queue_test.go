@@ -84,7 +84,6 @@ func TestQueueOutputMessages(t *testing.T) {
 		return m
 	}
 	cover := `{"v":1,"pos":"00000001/00000000000000c8"}`
-	spec := RedisQueueSpec()
 	for _, c := range []struct {
 		yaml, wantQueue, wantPart string
 	}{
@@ -92,15 +91,7 @@ func TestQueueOutputMessages(t *testing.T) {
 		{`queue: ${! meta("queue") }-x` + "\npartition: ${! json(\"n\") }\n", "q1-x", "1"},
 		{"queue: fixed\n", "fixed", "7"},
 	} {
-		pc, err := spec.ParseYAML(c.yaml, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conf, err := RedisQueueConfigFromParsed(pc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		o := &queueOutput{conf: conf}
+		o := parsedOutput(t, c.yaml)
 		msgs, cv, _, err := o.toMessages(service.MessageBatch{msg("7", cover), msg("7", cover)}, new([]queue.Message))
 		if err != nil {
 			t.Fatal(err)
@@ -136,15 +127,7 @@ func TestQueueOutputSourceBatch(t *testing.T) {
 		}
 		return m
 	}
-	pc, err := RedisQueueSpec().ParseYAML("{}", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf, err := RedisQueueConfigFromParsed(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := &queueOutput{conf: conf}
+	o := parsedOutput(t, "{}")
 	a, b := sb("01"), sb("02")
 	_, cv, got, err := o.toMessages(service.MessageBatch{msg(a), msg(a)}, new([]queue.Message))
 	if err != nil || got != a || cv != &a.Cover {
@@ -207,15 +190,7 @@ func TestQueueOutputKeysWithoutMetadata(t *testing.T) {
 		{name: "a message dropped", yaml: "{}", edit: func(service.MessageBatch) {}, code: errcode.BatchReshaped},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pc, err := RedisQueueSpec().ParseYAML(tc.yaml, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			conf, err := RedisQueueConfigFromParsed(pc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			o := &queueOutput{conf: conf}
+			o := parsedOutput(t, tc.yaml)
 			b := batch(len(keys))
 			if tc.code != "" {
 				b = b[:2]
@@ -243,4 +218,18 @@ func TestQueueOutputKeysWithoutMetadata(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parsedOutput is an output (not connected) with the config yaml.
+func parsedOutput(t *testing.T, yaml string) *queueOutput {
+	t.Helper()
+	pc, err := RedisQueueSpec().ParseYAML(yaml, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := RedisQueueConfigFromParsed(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &queueOutput{conf: conf}
 }
