@@ -285,8 +285,9 @@ func TestSourceSIGKILLWithTransactionInFlight(t *testing.T) {
 	t.Logf("%d transactions, %d events, %d EXECs, %.1f TYPEs per EXEC", committed, res.Events, execs, types)
 }
 
-// TestSourceSIGKILLWithTwoBatchesInFlight runs pg_cdc into redis_queue with max_in_flight 2
-// through a proxy, and kills pgrelay three times while two of its batches are in flight on one
+// TestSourceSIGKILLWithTwoBatchesInFlight runs pg_cdc into redis_queue with max_in_flight 2 and
+// metadata: false (the shipped config's pair: the output takes each message's keys from pg_cdc's
+// batch) through a proxy, and kills pgrelay three times while two of its batches are in flight on one
 // connection: the proxy holds Redis's replies until the connection has sent a batch's entries
 // behind an EXEC it has no reply to (the next batch queued behind the one being written); then
 // SIGKILL, and the replies are let go. Redis ran the first EXEC and had the second batch queued
@@ -298,7 +299,8 @@ func TestSourceSIGKILLWithTwoBatchesInFlight(t *testing.T) {
 	var proxy *testenv.HoldProxy
 	e := newCDCEnvWith(t, pg, pg.DSN(), "winkill", `[{table: w, queue: q}]`, func(p *cdctest.Pipeline, rd *testenv.Redis) {
 		proxy = testenv.StartHoldProxy(t, rd.Addr())
-		p.Redis, p.Source, p.Output = proxy.URL(), "max_bundle_messages: 7", "max_in_flight: 2"
+		// as config/pg_cdc_redis_queue.yaml: two in flight, messages without metadata
+		p.Redis, p.Source, p.Output = proxy.URL(), "max_bundle_messages: 7\nmetadata: false", "max_in_flight: 2"
 	})
 	e.pg.Exec(writerTable)
 	p := e.start()
