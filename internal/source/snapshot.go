@@ -593,15 +593,18 @@ func (sn *snapshotter) setHorizon(text []byte) {
 // highStatements emit a high watermark flushed at once, so the stream sees it without waiting for
 // the WAL writer: with the flush argument on 17+, and before 17 by committing a transaction that
 // has an xid right after it (its commit flushes the WAL up to there; the transaction itself is
-// empty, so pgoutput sends nothing or an empty transaction). at is the statement returning the
-// message's LSN.
+// empty, so pgoutput sends nothing or an empty transaction). That commit is local
+// (synchronous_commit = local): it flushes the WAL here and never waits for a synchronous standby,
+// which an empty transaction does not need, so a slow or silent standby does not hold every chunk.
+// at is the statement returning the message's LSN.
 func (sn *snapshotter) highStatements(content string) (stmts []snapshot.Stmt, at int) {
 	args := []string{WatermarkPrefix, content}
 	if sn.flushArg {
 		return []snapshot.Stmt{{SQL: `SELECT pg_logical_emit_message(false, $1, $2, true)`, Args: args}}, 0
 	}
-	return []snapshot.Stmt{{SQL: `BEGIN`}, {SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: args},
-		{SQL: `SELECT pg_current_xact_id()`}, {SQL: `COMMIT`}}, 1
+	return []snapshot.Stmt{{SQL: `BEGIN`}, {SQL: `SET LOCAL synchronous_commit = local`},
+		{SQL: `SELECT pg_logical_emit_message(false, $1, $2)`, Args: args},
+		{SQL: `SELECT pg_current_xact_id()`}, {SQL: `COMMIT`}}, 2
 }
 
 // read reads one chunk; a table no longer configured (nil) reads as an empty chunk, which moves the
