@@ -72,14 +72,7 @@ func lintedQueueOutput(t *testing.T, yaml string) (*queueOutput, *bytes.Buffer) 
 	if err := service.NewStreamBuilder().AddOutputYAML("redis_queue: " + yaml); err != nil {
 		t.Fatalf("%s: lint: %v", yaml, err)
 	}
-	pc, err := RedisQueueSpec().ParseYAML(yaml, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf, err := RedisQueueConfigFromParsed(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conf := parsedConfig(t, yaml)
 	logs := &bytes.Buffer{}
 	log := service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(logs, nil)))
 	return newQueueOutput(conf, service.MockResources(service.MockResourcesOptUseLogger(log))), logs

@@ -223,6 +223,12 @@ func TestQueueOutputKeysWithoutMetadata(t *testing.T) {
 // parsedOutput is an output (not connected) with the config yaml.
 func parsedOutput(t *testing.T, yaml string) *queueOutput {
 	t.Helper()
+	return &queueOutput{conf: parsedConfig(t, yaml)}
+}
+
+// parsedConfig is the output config of yaml (parsed, not linted).
+func parsedConfig(t *testing.T, yaml string) RedisQueueConfig {
+	t.Helper()
 	pc, err := RedisQueueSpec().ParseYAML(yaml, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -231,5 +237,5 @@ func parsedOutput(t *testing.T, yaml string) *queueOutput {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &queueOutput{conf: conf}
+	return conf
 }

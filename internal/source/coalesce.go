@@ -27,15 +27,12 @@ type readCoalescer struct {
 	r       io.Reader
 	behind  atomic.Bool
 	loaded  atomic.Bool
-	drained bool // the last read returned less than it asked for: the socket had no more
-	timer   *time.Timer
+	drained bool   // the last read returned less than it asked for: the socket had no more
 	wait    func() // sleeps coalesceWait
 }
 
 func newReadCoalescer(r io.Reader) *readCoalescer {
-	c := &readCoalescer{r: r}
-	c.wait = c.sleep
-	return c
+	return &readCoalescer{r: r, wait: func() { time.Sleep(coalesceWait) }}
 }
 
 // Read waits coalesceWait first when the stream is behind or under load and the previous read
@@ -47,15 +44,6 @@ func (c *readCoalescer) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.drained = n < len(p)
 	return n, err
-}
-
-func (c *readCoalescer) sleep() {
-	if c.timer == nil {
-		c.timer = time.NewTimer(coalesceWait)
-	} else {
-		c.timer.Reset(coalesceWait)
-	}
-	<-c.timer.C
 }
 
 // setBehind records whether the stream is behind (nil-safe: a connection without a coalescer).
