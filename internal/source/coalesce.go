@@ -18,7 +18,14 @@ import (
 // what the walsender sends meanwhile is taken in a few large reads (about sixty changes per read
 // in a catch-up). Both need load_linger above 0. A stream that keeps up at a moderate rate is
 // neither: its reads go at once, with no latency added.
-const coalesceWait = time.Millisecond
+//
+// The coalescer also reads the socket in pieces of up to coalesceBuf bytes and hands them to
+// pgproto3 from memory: pgproto3 reads into what is left of its 8 KiB buffer, often a few hundred
+// bytes, so a backlog waiting in the socket took one system call per few KiB.
+const (
+	coalesceWait = time.Millisecond
+	coalesceBuf  = 256 << 10
+)
 
 // readCoalescer is the replication connection's reader (pgconn.Config.BuildFrontend): the
 // reader goroutine alone calls Read; the session sets behind at each commit, the bundler loaded
@@ -27,23 +34,48 @@ type readCoalescer struct {
 	r       io.Reader
 	behind  atomic.Bool
 	loaded  atomic.Bool
-	drained bool   // the last read returned less than it asked for: the socket had no more
+	buf     []byte // read from the socket, not yet handed out: buf[rp:wp]
+	rp, wp  int
+	err     error // the socket read's error, returned once, when buf[rp:wp] is handed out
+	drained bool   // the last socket read returned less than it asked for: the socket had no more
 	wait    func() // sleeps coalesceWait
 }
 
-func newReadCoalescer(r io.Reader) *readCoalescer {
-	return &readCoalescer{r: r, wait: func() { time.Sleep(coalesceWait) }}
+// newReadCoalescer reads r in pieces of up to size bytes.
+func newReadCoalescer(r io.Reader, size int) *readCoalescer {
+	return &readCoalescer{r: r, buf: make([]byte, size), wait: func() { time.Sleep(coalesceWait) }}
 }
 
-// Read waits coalesceWait first when the stream is behind or under load and the previous read
-// drained the socket.
+// Read hands out what an earlier socket read left; else it reads the socket, first waiting
+// coalesceWait when the stream is behind or under load and the previous socket read drained it.
 func (c *readCoalescer) Read(p []byte) (int, error) {
+	if c.rp < c.wp {
+		n := copy(p, c.buf[c.rp:c.wp])
+		c.rp += n
+		if c.rp == c.wp {
+			err := c.err
+			c.err = nil
+			return n, err
+		}
+		return n, nil
+	}
 	if c.drained && (c.behind.Load() || c.loaded.Load()) {
 		c.wait()
 	}
-	n, err := c.r.Read(p)
-	c.drained = n < len(p)
-	return n, err
+	if len(p) >= len(c.buf) { // a large message: straight into its buffer
+		n, err := c.r.Read(p)
+		c.drained = n < len(p)
+		return n, err
+	}
+	n, err := c.r.Read(c.buf)
+	c.drained = n < len(c.buf)
+	c.wp = n
+	c.rp = copy(p, c.buf[:n])
+	if c.rp == c.wp {
+		return c.rp, err
+	}
+	c.err = err // once, after the bytes read with it: a read deadline's timeout does not end the connection
+	return c.rp, nil
 }
 
 // setBehind records whether the stream is behind (nil-safe: a connection without a coalescer).

@@ -1,7 +1,9 @@
 package source
 
 import (
+	"errors"
 	"io"
+	"slices"
 	"testing"
 )
 
@@ -42,7 +44,7 @@ func TestReadCoalescerWaitsOnlyBehindAfterADrainedRead(t *testing.T) {
 			for _, n := range tc.reads {
 				src = append(src, make([]byte, n))
 			}
-			c := newReadCoalescer(&src)
+			c := newReadCoalescer(&src, 8)
 			waits := 0
 			c.wait = func() { waits++ }
 			c.setBehind(tc.behind)
@@ -57,5 +59,92 @@ func TestReadCoalescerWaitsOnlyBehindAfterADrainedRead(t *testing.T) {
 				t.Errorf("%d waits, want %d", waits, tc.waits)
 			}
 		})
+	}
+}
+
+// TestReadCoalescerHandsOutLargeReads: a socket read fills as much of the coalescer's buffer as
+// has arrived and the smaller reads after it are served from memory, in order, with no socket
+// read or wait between them; a read as large as the buffer goes straight to the socket; the
+// socket's error comes after the bytes read before it.
+func TestReadCoalescerHandsOutLargeReads(t *testing.T) {
+	data := make([]byte, 60)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	sock := &countingReader{r: &chunks{data[:16], data[16:20], data[20:40], data[40:]}}
+	c := newReadCoalescer(sock, 16)
+	waits := 0
+	c.wait = func() { waits++ }
+	c.setBehind(true)
+	var got, sizes []int
+	for len(got) < 40 {
+		p := make([]byte, 5)
+		n, err := c.Read(p)
+		if err != nil {
+			t.Fatalf("read %d: %v", len(sizes), err)
+		}
+		for _, b := range p[:n] {
+			got = append(got, int(b))
+		}
+		sizes = append(sizes, n)
+	}
+	for i, b := range got {
+		if b != i {
+			t.Fatalf("byte %d is %d: out of order (%v)", i, b, got)
+		}
+	}
+	// 16 (one socket read, the buffer full) as 5+5+5+1; 4 (drained) at once; after a wait 16
+	// of the next 20 (full) as 5+5+5+1; their last 4 (drained) at once
+	if want := []int{5, 5, 5, 1, 4, 5, 5, 5, 1, 4}; !slices.Equal(sizes, want) {
+		t.Errorf("reads of %v bytes, want %v", sizes, want)
+	}
+	if sock.reads != 4 || waits != 1 {
+		t.Errorf("%d socket reads and %d waits, want 4 and 1", sock.reads, waits)
+	}
+	big := make([]byte, 32) // the buffer's size or more: straight to the socket
+	if n, err := c.Read(big); n != 20 || err != nil || big[0] != 40 {
+		t.Errorf("large read: %d bytes from %d, %v; want 20 from 40", n, big[0], err)
+	}
+	if n, err := c.Read(big); n != 0 || err != io.EOF {
+		t.Errorf("after the end: %d, %v; want 0, EOF", n, err)
+	}
+}
+
+type countingReader struct {
+	r     io.Reader
+	reads int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	c.reads++
+	return c.r.Read(p)
+}
+
+// errOnce returns err on its first Read, then reads r: a read deadline that fired once.
+type errOnce struct {
+	err error
+	r   io.Reader
+}
+
+func (e *errOnce) Read(p []byte) (int, error) {
+	if err := e.err; err != nil {
+		e.err = nil
+		return 0, err
+	}
+	return e.r.Read(p)
+}
+
+// TestReadCoalescerErrorIsNotSticky: an error of the socket (a read deadline's timeout, after
+// which pgconn goes on using the connection) is returned once, and the reads after it read the
+// socket again.
+func TestReadCoalescerErrorIsNotSticky(t *testing.T) {
+	timeout := errors.New("i/o timeout")
+	c := newReadCoalescer(&errOnce{err: timeout, r: &chunks{[]byte("abc")}}, 16)
+	p := make([]byte, 8)
+	if n, err := c.Read(p); n != 0 || err != timeout {
+		t.Fatalf("first read: %d, %v; want the timeout", n, err)
+	}
+	if n, err := c.Read(p); n != 3 || err != nil || string(p[:3]) != "abc" {
+		t.Fatalf("read after the timeout: %d %q, %v; want abc", n, p[:n], err)
 	}
 }

@@ -76,7 +76,7 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	var reads *readCoalescer
 	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		reads = newReadCoalescer(r)
+		reads = newReadCoalescer(r, coalesceBuf)
 		return pgproto3.NewFrontend(reads, w)
 	}
 	repl, err := pgconn.ConnectConfig(ctx, rcfg)
