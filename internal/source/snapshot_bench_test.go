@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -113,6 +114,13 @@ func BenchmarkSnapshot(b *testing.B) {
 			m.Add("multi_rows/s", multi.rate(total))
 			m.Add("multi_cpu_redis_us/row", benchenv.PerChange(multi.redis, total))
 			m.Add("queue_multi_ratio", queue.rate(total)/multi.rate(total))
+			// The most the pipeline's three processes allow on this machine's cores if their work
+			// overlapped perfectly: the cores over their CPU per row (pgrelay, Redis, PostgreSQL).
+			if cpu := queue.pgrelay + queue.redis + queue.postgres; cpu > 0 {
+				bound := float64(runtime.NumCPU()) * float64(total) / cpu.Seconds()
+				m.Add("queue_cpu_bound_rows/s", bound)
+				m.Add("queue_cpu_bound_multi_ratio", bound/multi.rate(total))
+			}
 			m.Add("queue2_multi_ratio", queue2.rate(total)/multi.rate(total))
 			m.Add("multiv2_rows/s", multiV2.rate(total))
 			m.Add("multiv2_cpu_redis_us/row", benchenv.PerChange(multiV2.redis, total))

@@ -181,6 +181,8 @@ var figures = []figure{
 	{section: "Snapshot", name: "snapshot → redis_queue, rows/s", bench: snap, unit: "queue_rows/s",
 		baseName: "Redis ceiling: the entries in MULTI/EXEC pipelines of 1,000", baseUnit: "multi_rows/s", ratioUnit: "queue_multi_ratio", goal: "≥ 0.9",
 		met: atLeast(snap, "queue_multi_ratio", 0.9), chart: true, chartGoal: 0.9},
+	{section: "Snapshot", name: "the most the CPU allows: the machine's cores ÷ the CPU per row of pgrelay, Redis and PostgreSQL (their work overlapping perfectly), rows/s", bench: snap, unit: "queue_cpu_bound_rows/s",
+		baseName: "Redis ceiling: the entries in MULTI/EXEC pipelines of 1,000", baseUnit: "multi_rows/s", ratioUnit: "queue_cpu_bound_multi_ratio", goal: "—"},
 	{section: "Snapshot", name: "snapshot → redis_queue with max_in_flight 2 (two batches in flight), rows/s", bench: snap, unit: "queue2_rows/s",
 		baseName: "Redis ceiling: the entries in MULTI/EXEC pipelines of 1,000", baseUnit: "multi_rows/s", ratioUnit: "queue2_multi_ratio", goal: "≥ 0.9",
 		met: atLeast(snap, "queue2_multi_ratio", 0.9)},
