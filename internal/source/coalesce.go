@@ -1,9 +1,12 @@
 package source
 
 import (
+	"bufio"
 	"io"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // While the stream is behind the writers (a backlog, a catch-up after a restart), the walsender
@@ -27,6 +30,16 @@ const (
 	coalesceBuf  = 256 << 10
 )
 
+// queryReadBuf is how much a query connection of the source reads from its socket at once.
+const queryReadBuf = 128 << 10
+
+// readLarge builds the frontend of the source's query connections (pgconn.Config.BuildFrontend)
+// over a reader of queryReadBuf: a snapshot chunk arrives as a stream of rows, which pgproto3
+// alone reads a few KiB per system call.
+func readLarge(r io.Reader, w io.Writer) *pgproto3.Frontend {
+	return pgproto3.NewFrontend(bufio.NewReaderSize(r, queryReadBuf), w)
+}
+
 // readCoalescer is the replication connection's reader (pgconn.Config.BuildFrontend): the
 // reader goroutine alone calls Read; the session sets behind at each commit, the bundler loaded
 // as it decides whether a batch waits to fill.
@@ -36,7 +49,7 @@ type readCoalescer struct {
 	loaded  atomic.Bool
 	buf     []byte // read from the socket, not yet handed out: buf[rp:wp]
 	rp, wp  int
-	err     error // the socket read's error, returned once, when buf[rp:wp] is handed out
+	err     error  // the socket read's error, returned once, when buf[rp:wp] is handed out
 	drained bool   // the last socket read returned less than it asked for: the socket had no more
 	wait    func() // sleeps coalesceWait
 }

@@ -39,6 +39,7 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	pcfg, _ := pgxpool.ParseConfig("")
 	pcfg.ConnConfig.Config = *qcfg
+	pcfg.ConnConfig.BuildFrontend = readLarge
 	pcfg.MaxConns = 5 // readback, heartbeat, the snapshot's read and its watermarks
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
