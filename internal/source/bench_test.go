@@ -223,14 +223,15 @@ func addAlloc(m *benchenv.Metrics, name, per string, p phase, n int) {
 	m.Add(name+"_gc_cycles", float64(p.gcs))
 }
 
-func currentLSN(b *testing.B, e *env) pglogrepl.LSN {
+// currentLSN is the server's pg_current_wal_lsn().
+func currentLSN(tb testing.TB, e *env) pglogrepl.LSN {
 	var s string
 	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	l, err := pglogrepl.ParseLSN(s)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return l
 }
