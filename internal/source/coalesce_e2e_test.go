@@ -20,8 +20,9 @@ import (
 // read, once it starts, in large reads of the replication connection: the process's read system
 // calls over the catch-up stay within one per millisecond (the coalescer's wait) plus a startup
 // allowance (260-420 measured), where a reader that reads as soon as data arrives takes one per
-// few changes (8,800-10,100 with the session's behind and loaded flags never set). Not parallel: it counts every read of this process (/proc/self/io), and no parallel test
-// runs beside a sequential one.
+// few changes (8,800-10,100 with the session's behind and loaded flags never set). Not parallel:
+// it counts every read of this process (/proc/self/io), and no parallel test runs beside a
+// sequential one.
 func TestBacklogIsReadInLargePieces(t *testing.T) {
 	if _, err := readSyscalls(); err != nil {
 		t.Skipf("no /proc/self/io: %v", err)
