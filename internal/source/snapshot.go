@@ -846,8 +846,8 @@ func far(hw, at pglogrepl.LSN, size int) bool {
 // before the slot's confirmed position when the chunk was read, which is at or before at, and a
 // commit after at follows the chunk in the queue, also one written before the read that the read
 // did not see (a synchronous standby holding it). Commits already decoded that the chunk's snapshot
-// did not see drop their rows as at the high watermark. Its events are rendered again for their
-// lsn there (pendingChunk.lsn). Chunks go in order: the first pending one only.
+// did not see drop their rows as at the high watermark. Its events get their lsn there
+// (pendingChunk.lsn, retail). Chunks go in order: the first pending one only.
 func (sn *snapshotter) early(at pglogrepl.LSN, emit func(item) error) error {
 	if at == 0 {
 		return nil
@@ -964,6 +964,27 @@ func (sn *snapshotter) render(p *pendingChunk, hw pglogrepl.LSN) ([]Event, int) 
 	return events, size
 }
 
+// retail rewrites, in place, p's events rendered with lsn from in their tails for lsn to instead (a
+// chunk that went ahead of the stream: pendingChunk.lsn): each payload's body is copied, not rendered
+// again from the row's values, and its tail written anew; id and partition stay (the transaction id
+// is the high watermark's either way).
+func (sn *snapshotter) retail(p *pendingChunk, events []Event, from, to pglogrepl.LSN) []Event {
+	old, pos := sn.position(from, p.chunk), sn.position(to, p.chunk)
+	var a arena
+	var tail []byte
+	for i := range events {
+		e := &events[i]
+		old.Seq, pos.Seq = uint64(i), uint64(i)
+		tail = event.AppendTail(tail[:0], &old)
+		body := e.Payload[:len(e.Payload)-len(tail)]
+		tail = event.AppendTail(tail[:0], &pos)
+		b := a.room(len(body) + len(tail))
+		b = append(append(b, body...), tail...)
+		e.Payload, e.LSN = b[:len(b):len(b)], pos.LSN
+	}
+	return events
+}
+
 // tx is the transaction id of a chunk's events (§3): the chunk's high watermark.
 func (sn *snapshotter) tx(hw pglogrepl.LSN) string {
 	return fmt.Sprintf("pg:%s:s:%016X", sn.epoch, uint64(hw))
@@ -1048,8 +1069,8 @@ func decimalDigits(v uint64) int {
 
 // build applies the DBLog rule to the chunk and gives its survivors (r) and fills (u) in row
 // order, split into bundle-sized parts, each carrying the cursor after its last row. The `r`
-// events are those rendered ahead for this high watermark, or rendered now (a chunk that went
-// ahead of the stream: their lsn is where it went).
+// events are those rendered ahead for this high watermark (with their lsn rewritten for a chunk
+// that went ahead of the stream: where it went), or rendered now.
 func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) {
 	t, ch := p.table, p.chunk
 	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, sn.ss.src.cfg.ChunkRows)
@@ -1057,8 +1078,11 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		p.next, p.over = next, over
 	}
 	events := p.events
-	if len(events) != len(ch.Rows) || p.hwAt != hw || p.wentEarly {
+	switch {
+	case len(events) != len(ch.Rows) || p.hwAt != hw:
 		events, _ = sn.render(p, hw)
+	case p.wentEarly: // rendered for the high watermark before the chunk went ahead
+		events = sn.retail(p, events, hw, p.lsn(hw))
 	}
 	var kind []byte // per row: 0 dropped, 'r' survivor, 'f' fill; nil: every row survives
 	var fillCols map[int][]string

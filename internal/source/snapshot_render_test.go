@@ -3,9 +3,12 @@ package source
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/jackc/pglogrepl"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -62,5 +65,33 @@ func TestRowRenderFinish(t *testing.T) {
 				t.Fatalf("%d events not right after the previous one in the arena (%d blocks)", gaps, blocks)
 			}
 		})
+	}
+}
+
+// TestRetailIsARenderAtTheNewLSN: a chunk's events rendered for its high watermark and given
+// another lsn (retail, an early chunk) are what rendering the chunk for that lsn makes, for each
+// partitioning, also when the new lsn's text is shorter or longer than the old one's.
+func TestRetailIsARenderAtTheNewLSN(t *testing.T) {
+	reg := convert.NewRegistry()
+	cols := []event.Column{{Name: "id", Type: reg.Lookup(20)}, {Name: "v", Type: reg.Lookup(25)}}
+	for _, part := range [][]int{nil, {0}, {1}} {
+		for _, to := range []uint64{0x16B3749, 0x1, 0x1A_0000_0000} {
+			tab := &snapTable{info: &TableInfo{Table: Table{Schema: "public", Name: "t", Queue: "q"}}, full: "public.t",
+				enc: event.NewTable("public.t", cols, []int{0}, part)}
+			ch := &snapshot.Chunk{ReadAt: time.Date(2026, 12, 6, 6, 0, 0, 0, time.UTC)}
+			for i := range 150 {
+				ch.Rows = append(ch.Rows, [][]byte{[]byte(fmt.Sprint(i)), []byte(fmt.Sprintf("v%d", i))})
+			}
+			sn := &snapshotter{epoch: "e"}
+			const hw = 0x16B3748
+			p := &pendingChunk{table: tab, chunk: ch}
+			events, _ := sn.render(p, hw)
+			p.wentEarly, p.wentAt = true, pglogrepl.LSN(to)
+			got := sn.retail(p, slices.Clone(events), hw, p.lsn(hw))
+			want, _ := sn.render(p, hw) // lsn: wentAt
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("part %v, lsn %X: retail and render differ:\n%+v\n%+v", part, to, got[:2], want[:2])
+			}
+		}
 	}
 }
