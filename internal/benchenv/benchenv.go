@@ -60,6 +60,30 @@ func procTimes(pid int) (own, children time.Duration, err error) {
 	return tick(t[0] + t[1]), tick(t[2] + t[3]), nil
 }
 
+// ReadCalls is the number of read system calls pid has made so far (syscr of /proc/<pid>/io;
+// socket reads included).
+func ReadCalls(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscr: "); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/io: no syscr", pid)
+}
+
+// SelfReadCalls is ReadCalls of this process; an error fails tb.
+func SelfReadCalls(tb testing.TB) int64 {
+	n, err := ReadCalls(os.Getpid())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
 // CPU is the user + system CPU time pid has used so far.
 func CPU(pid int) (time.Duration, error) {
 	own, _, err := procTimes(pid)

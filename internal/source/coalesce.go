@@ -18,77 +18,51 @@ import (
 // read every few messages. The replication connection's reads go through a readCoalescer: while
 // the stream is behind (the lag meter's verdict at each commit) or under load (batches wait to fill,
 // load_linger), a read that found the socket drained waits coalesceWait before the next one, so
-// what the walsender sends meanwhile is taken in a few large reads (about sixty changes per read
+// what the walsender sends meanwhile is taken in a few large reads (a few hundred changes per read
 // in a catch-up). Both need load_linger above 0. A stream that keeps up at a moderate rate is
 // neither: its reads go at once, with no latency added.
 //
-// The coalescer also reads the socket in pieces of up to coalesceBuf bytes and hands them to
-// pgproto3 from memory: pgproto3 reads into what is left of its 8 KiB buffer, often a few hundred
-// bytes, so a backlog waiting in the socket took one system call per few KiB.
+// Every connection of the source reads its socket through a bufio.Reader (readLarge): pgproto3
+// reads into what is left of its 8 KiB buffer, often a few hundred bytes, so a backlog waiting in
+// the replication socket, or a snapshot chunk's rows, took one system call per few KiB. The
+// coalescer sits under the replication connection's, so each of its reads asks for up to
+// replReadBuf bytes and a short one means the socket was drained.
 const (
 	coalesceWait = time.Millisecond
-	coalesceBuf  = 256 << 10
+	replReadBuf  = 256 << 10 // the replication connection's reads
+	queryReadBuf = 128 << 10 // a query connection's (snapshot chunks, watermarks, read-back)
 )
 
-// queryReadBuf is how much a query connection of the source reads from its socket at once.
-const queryReadBuf = 128 << 10
-
-// readLarge builds the frontend of the source's query connections (pgconn.Config.BuildFrontend)
-// over a reader of queryReadBuf: a snapshot chunk arrives as a stream of rows, which pgproto3
-// alone reads a few KiB per system call.
-func readLarge(r io.Reader, w io.Writer) *pgproto3.Frontend {
-	return pgproto3.NewFrontend(bufio.NewReaderSize(r, queryReadBuf), w)
+// readLarge builds a connection's frontend (pgconn.Config.BuildFrontend) over a reader of size
+// bytes.
+func readLarge(r io.Reader, w io.Writer, size int) *pgproto3.Frontend {
+	return pgproto3.NewFrontend(bufio.NewReaderSize(r, size), w)
 }
 
-// readCoalescer is the replication connection's reader (pgconn.Config.BuildFrontend): the
-// reader goroutine alone calls Read; the session sets behind at each commit, the bundler loaded
-// as it decides whether a batch waits to fill.
+// readCoalescer is the replication connection's reader (under readLarge's buffer): the reader
+// goroutine alone calls Read; the session sets behind at each commit, the bundler loaded as it
+// decides whether a batch waits to fill.
 type readCoalescer struct {
 	r       io.Reader
 	behind  atomic.Bool
 	loaded  atomic.Bool
-	buf     []byte // read from the socket, not yet handed out: buf[rp:wp]
-	rp, wp  int
-	err     error  // the socket read's error, returned once, when buf[rp:wp] is handed out
-	drained bool   // the last socket read returned less than it asked for: the socket had no more
+	drained bool   // the last read returned less than it asked for: the socket had no more
 	wait    func() // sleeps coalesceWait
 }
 
-// newReadCoalescer reads r in pieces of up to size bytes.
-func newReadCoalescer(r io.Reader, size int) *readCoalescer {
-	return &readCoalescer{r: r, buf: make([]byte, size), wait: func() { time.Sleep(coalesceWait) }}
+func newReadCoalescer(r io.Reader) *readCoalescer {
+	return &readCoalescer{r: r, wait: func() { time.Sleep(coalesceWait) }}
 }
 
-// Read hands out what an earlier socket read left; else it reads the socket, first waiting
-// coalesceWait when the stream is behind or under load and the previous socket read drained it.
+// Read waits coalesceWait first when the stream is behind or under load and the previous read
+// drained the socket.
 func (c *readCoalescer) Read(p []byte) (int, error) {
-	if c.rp < c.wp {
-		n := copy(p, c.buf[c.rp:c.wp])
-		c.rp += n
-		if c.rp == c.wp {
-			err := c.err
-			c.err = nil
-			return n, err
-		}
-		return n, nil
-	}
 	if c.drained && (c.behind.Load() || c.loaded.Load()) {
 		c.wait()
 	}
-	if len(p) >= len(c.buf) { // a large message: straight into its buffer
-		n, err := c.r.Read(p)
-		c.drained = n < len(p)
-		return n, err
-	}
-	n, err := c.r.Read(c.buf)
-	c.drained = n < len(c.buf)
-	c.wp = n
-	c.rp = copy(p, c.buf[:n])
-	if c.rp == c.wp {
-		return c.rp, err
-	}
-	c.err = err // once, after the bytes read with it: a read deadline's timeout does not end the connection
-	return c.rp, nil
+	n, err := c.r.Read(p)
+	c.drained = n < len(p)
+	return n, err
 }
 
 // setBehind records whether the stream is behind (nil-safe: a connection without a coalescer).

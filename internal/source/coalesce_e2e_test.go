@@ -1,17 +1,14 @@
 package source_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/pgrelay/pgrelay/internal/benchenv"
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -24,9 +21,6 @@ import (
 // it counts every read of this process (/proc/self/io), and no parallel test runs beside a
 // sequential one.
 func TestBacklogIsReadInLargePieces(t *testing.T) {
-	if _, err := readSyscalls(); err != nil {
-		t.Skipf("no /proc/self/io: %v", err)
-	}
 	e := &env{t: t, pg: testenv.StartPostgres(t), rd: testenv.StartRedis(t), ctx: context.Background()}
 	e.pg.Exec(`CREATE TABLE big (id bigint PRIMARY KEY, v text)`)
 	yaml := fmt.Sprintf(`
@@ -54,7 +48,7 @@ logger: {level: warn}
 		}
 		e.pg.Exec(`INSERT INTO big SELECT g, 'value ' || g FROM generate_series($1::bigint, $2::bigint) g`, i, i+perTx-1)
 	}
-	r0, _ := readSyscalls()
+	r0 := benchenv.SelfReadCalls(t)
 	start := time.Now()
 	stop = startStream(t, yaml)
 	defer stop()
@@ -62,7 +56,7 @@ logger: {level: warn}
 		lsn := e.pointerLSN("bl")
 		return lsn > before, fmt.Sprintf("pointer at %s, want past %s", lsn, before)
 	})
-	r1, _ := readSyscalls()
+	r1 := benchenv.SelfReadCalls(t)
 	took := time.Since(start)
 	reads := r1 - r0
 	// at most one wait (1 ms) per read that drains the socket, plus the startup's reads and the
@@ -73,20 +67,4 @@ logger: {level: warn}
 		t.Fatalf("%d read system calls for a backlog of %d changes in %v, want at most %d: the WAL was read as it arrived, a few changes per read",
 			reads, changes, took.Round(time.Millisecond), limit)
 	}
-}
-
-// readSyscalls is this process's count of read system calls so far (syscr of /proc/self/io).
-func readSyscalls() (int64, error) {
-	f, err := os.Open("/proc/self/io")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "syscr: "); ok {
-			return strconv.ParseInt(v, 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("no syscr in /proc/self/io")
 }

@@ -1,6 +1,7 @@
 package source
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"slices"
@@ -44,7 +45,7 @@ func TestReadCoalescerWaitsOnlyBehindAfterADrainedRead(t *testing.T) {
 			for _, n := range tc.reads {
 				src = append(src, make([]byte, n))
 			}
-			c := newReadCoalescer(&src, 8)
+			c := newReadCoalescer(&src)
 			waits := 0
 			c.wait = func() { waits++ }
 			c.setBehind(tc.behind)
@@ -62,24 +63,25 @@ func TestReadCoalescerWaitsOnlyBehindAfterADrainedRead(t *testing.T) {
 	}
 }
 
-// TestReadCoalescerHandsOutLargeReads: a socket read fills as much of the coalescer's buffer as
-// has arrived and the smaller reads after it are served from memory, in order, with no socket
-// read or wait between them; a read as large as the buffer goes straight to the socket; the
-// socket's error comes after the bytes read before it.
+// TestReadCoalescerHandsOutLargeReads: through the buffer over the coalescer (readLarge), a
+// socket read fills as much of the buffer as has arrived and the smaller reads after it are
+// served from memory, in order, with no socket read or wait between them; a read as large as the
+// buffer goes straight to the socket; the socket's error comes after the bytes read before it.
 func TestReadCoalescerHandsOutLargeReads(t *testing.T) {
 	data := make([]byte, 60)
 	for i := range data {
 		data[i] = byte(i)
 	}
 	sock := &countingReader{r: &chunks{data[:16], data[16:20], data[20:40], data[40:]}}
-	c := newReadCoalescer(sock, 16)
+	c := newReadCoalescer(sock)
+	br := bufio.NewReaderSize(c, 16)
 	waits := 0
 	c.wait = func() { waits++ }
 	c.setBehind(true)
 	var got, sizes []int
 	for len(got) < 40 {
 		p := make([]byte, 5)
-		n, err := c.Read(p)
+		n, err := br.Read(p)
 		if err != nil {
 			t.Fatalf("read %d: %v", len(sizes), err)
 		}
@@ -102,10 +104,10 @@ func TestReadCoalescerHandsOutLargeReads(t *testing.T) {
 		t.Errorf("%d socket reads and %d waits, want 4 and 1", sock.reads, waits)
 	}
 	big := make([]byte, 32) // the buffer's size or more: straight to the socket
-	if n, err := c.Read(big); n != 20 || err != nil || big[0] != 40 {
+	if n, err := br.Read(big); n != 20 || err != nil || big[0] != 40 {
 		t.Errorf("large read: %d bytes from %d, %v; want 20 from 40", n, big[0], err)
 	}
-	if n, err := c.Read(big); n != 0 || err != io.EOF {
+	if n, err := br.Read(big); n != 0 || err != io.EOF {
 		t.Errorf("after the end: %d, %v; want 0, EOF", n, err)
 	}
 }
@@ -139,12 +141,12 @@ func (e *errOnce) Read(p []byte) (int, error) {
 // socket again.
 func TestReadCoalescerErrorIsNotSticky(t *testing.T) {
 	timeout := errors.New("i/o timeout")
-	c := newReadCoalescer(&errOnce{err: timeout, r: &chunks{[]byte("abc")}}, 16)
+	br := bufio.NewReaderSize(newReadCoalescer(&errOnce{err: timeout, r: &chunks{[]byte("abc")}}), 16)
 	p := make([]byte, 8)
-	if n, err := c.Read(p); n != 0 || err != timeout {
+	if n, err := br.Read(p); n != 0 || err != timeout {
 		t.Fatalf("first read: %d, %v; want the timeout", n, err)
 	}
-	if n, err := c.Read(p); n != 3 || err != nil || string(p[:3]) != "abc" {
+	if n, err := br.Read(p); n != 3 || err != nil || string(p[:3]) != "abc" {
 		t.Fatalf("read after the timeout: %d %q, %v; want abc", n, p[:n], err)
 	}
 }

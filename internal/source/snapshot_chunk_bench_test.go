@@ -2,10 +2,8 @@ package source
 
 import (
 	"context"
-	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -108,7 +106,7 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 				name   string
 				stream bool
 			}{{"after", false}, {"stream", true}} {
-				self, server, reads := benchenv.SelfCPU(), cpuTree(b, pm), readCalls(b)
+				self, server, reads := benchenv.SelfCPU(), cpuTree(b, pm), benchenv.SelfReadCalls(b)
 				var mem0, mem1 runtime.MemStats
 				runtime.ReadMemStats(&mem0)
 				start := time.Now()
@@ -117,7 +115,7 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 				}
 				elapsed := time.Since(start)
 				runtime.ReadMemStats(&mem1)
-				m.Add(mode.name+"_reads/row", float64(readCalls(b)-reads)/float64(total))
+				m.Add(mode.name+"_reads/row", float64(benchenv.SelfReadCalls(b)-reads)/float64(total))
 				m.Add(mode.name+"_alloc_bytes/row", float64(mem1.TotalAlloc-mem0.TotalAlloc)/float64(total))
 				m.Add(mode.name+"_allocs/row", float64(mem1.Mallocs-mem0.Mallocs)/float64(total))
 				m.Add(mode.name+"_rows/s", float64(total)/elapsed.Seconds())
@@ -127,25 +125,6 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 		}
 		m.Report(b)
 	}
-}
-
-// readCalls is the number of read system calls this process made so far.
-func readCalls(b *testing.B) int {
-	data, err := os.ReadFile("/proc/self/io")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "syscr: "); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return n
-		}
-	}
-	b.Fatal("no syscr in /proc/self/io")
-	return 0
 }
 
 func cpuTree(b *testing.B, pid int) time.Duration {

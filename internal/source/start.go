@@ -39,7 +39,7 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	pcfg, _ := pgxpool.ParseConfig("")
 	pcfg.ConnConfig.Config = *qcfg
-	pcfg.ConnConfig.BuildFrontend = readLarge
+	pcfg.ConnConfig.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend { return readLarge(r, w, queryReadBuf) }
 	pcfg.MaxConns = 5 // readback, heartbeat, the snapshot's read and its watermarks
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -77,8 +77,8 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	var reads *readCoalescer
 	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		reads = newReadCoalescer(r, coalesceBuf)
-		return pgproto3.NewFrontend(reads, w)
+		reads = newReadCoalescer(r)
+		return readLarge(reads, w, replReadBuf)
 	}
 	repl, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
