@@ -501,11 +501,13 @@ func (m *latencyMetrics) latencyRun(b *testing.B, e *env, stream string, tps, to
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// redisArgs are extra redis-server arguments for the throughput benchmarks: PGRELAY_BENCH_FSYNC
-// (default always, as every test Redis: appendonly yes, appendfsync always; e.g. "everysec"),
-// then PGRELAY_BENCH_REDIS_ARGS (space-separated, e.g. "--stream-node-max-bytes 16384").
+// redisArgs are extra redis-server arguments for the throughput benchmarks: no automatic AOF
+// rewrite (a rewrite set off by a window's own writes forks a child that takes CPU from the rest of
+// that window, from pgrelay and its baseline alike, at random), PGRELAY_BENCH_FSYNC (default
+// always, as every test Redis: appendonly yes, appendfsync always; e.g. "everysec"), then
+// PGRELAY_BENCH_REDIS_ARGS (space-separated, e.g. "--stream-node-max-bytes 16384").
 func redisArgs() []string {
-	var args []string
+	args := []string{"--auto-aof-rewrite-percentage", "0"}
 	if f := os.Getenv("PGRELAY_BENCH_FSYNC"); f != "" {
 		args = append(args, "--appendfsync", f)
 	}
