@@ -39,6 +39,21 @@ func readLarge(r io.Reader, w io.Writer, size int) *pgproto3.Frontend {
 	return pgproto3.NewFrontend(bufio.NewReaderSize(r, size), w)
 }
 
+// queryFrontend is the query connections' BuildFrontend.
+func queryFrontend(r io.Reader, w io.Writer) *pgproto3.Frontend {
+	return readLarge(r, w, queryReadBuf)
+}
+
+// replicationFrontend is the replication connection's BuildFrontend: its reads go through a
+// readCoalescer, which it hands to set (the session flags it).
+func replicationFrontend(set func(*readCoalescer)) func(io.Reader, io.Writer) *pgproto3.Frontend {
+	return func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		c := newReadCoalescer(r)
+		set(c)
+		return readLarge(c, w, replReadBuf)
+	}
+}
+
 // readCoalescer is the replication connection's reader (under readLarge's buffer): the reader
 // goroutine alone calls Read; the session sets behind at each commit, the bundler loaded as it
 // decides whether a batch waits to fill.

@@ -6,6 +6,8 @@ import (
 	"io"
 	"slices"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // chunks is a reader that returns its chunks one per Read (as a socket returns what has arrived).
@@ -148,5 +150,50 @@ func TestReadCoalescerErrorIsNotSticky(t *testing.T) {
 	}
 	if n, err := br.Read(p); n != 3 || err != nil || string(p[:3]) != "abc" {
 		t.Fatalf("read after the timeout: %d %q, %v; want abc", n, p[:n], err)
+	}
+}
+
+// askedReader records how many bytes each Read asked for.
+type askedReader struct {
+	r     io.Reader
+	asked []int
+}
+
+func (a *askedReader) Read(p []byte) (int, error) {
+	a.asked = append(a.asked, len(p))
+	return a.r.Read(p)
+}
+
+// TestConnectionsAskForLargeReads: the frontends the source builds its connections with ask the
+// socket for large reads (pgproto3 alone asks for what is left of its 8 KiB buffer, often a few
+// hundred bytes) and hand out the messages in them in order; the replication connection's goes
+// through the coalescer it gives the session.
+func TestConnectionsAskForLargeReads(t *testing.T) {
+	var reads *readCoalescer
+	for _, tc := range []struct {
+		name  string
+		build func(io.Reader, io.Writer) *pgproto3.Frontend
+		want  int
+	}{
+		{"replication", replicationFrontend(func(c *readCoalescer) { reads = c }), replReadBuf},
+		{"query", queryFrontend, queryReadBuf},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ready := func(status byte) []byte { return []byte{'Z', 0, 0, 0, 5, status} }
+			sock := &askedReader{r: &chunks{ready('I'), ready('T')}}
+			fe := tc.build(sock, io.Discard)
+			for _, want := range []byte{'I', 'T'} {
+				msg, err := fe.Receive()
+				if r, ok := msg.(*pgproto3.ReadyForQuery); err != nil || !ok || r.TxStatus != want {
+					t.Fatalf("received %#v, %v; want ReadyForQuery %c", msg, err, want)
+				}
+			}
+			if len(sock.asked) == 0 || sock.asked[0] < tc.want || tc.want < 64<<10 {
+				t.Errorf("the socket was asked for %v bytes; want reads of %d (at least 64 KiB)", sock.asked, tc.want)
+			}
+		})
+	}
+	if reads == nil {
+		t.Error("the replication frontend gave the session no coalescer")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -39,7 +37,7 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	pcfg, _ := pgxpool.ParseConfig("")
 	pcfg.ConnConfig.Config = *qcfg
-	pcfg.ConnConfig.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend { return readLarge(r, w, queryReadBuf) }
+	pcfg.ConnConfig.BuildFrontend = queryFrontend
 	pcfg.MaxConns = 5 // readback, heartbeat, the snapshot's read and its watermarks
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -76,10 +74,7 @@ func (s *Source) session(ctx context.Context) error {
 		return err
 	}
 	var reads *readCoalescer
-	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		reads = newReadCoalescer(r)
-		return readLarge(reads, w, replReadBuf)
-	}
+	rcfg.BuildFrontend = replicationFrontend(func(c *readCoalescer) { reads = c })
 	repl, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return pgconnect.Explain(fmt.Errorf("open the replication connection: %w", err))

@@ -461,9 +461,10 @@ func generate(r results, meta [][2]string, pngName string) string {
 		"Ratio: pgrelay ÷ baseline for rates, baseline ÷ pgrelay for CPU and latency (higher is better for pgrelay); where a benchmark " +
 		"reports it, the median of the runs' own ratios (so not always the ratio of the two medians). The Redis ceiling of the goals is " +
 		"the entries XADDed again in MULTI/EXEC pipelines of 1,000: with appendfsync always a plain pipeline makes Redis fsync once " +
-		"per socket read (see Where the CPU goes). pg_cdc → redis_queue runs as config/pg_cdc_redis_queue.yaml ships it, with " +
-		"`metadata: false` (no metadata map on the messages; the output takes their keys from pg_cdc's batch), unless a row says " +
-		"\"with pg_cdc's metadata\"; pg_cdc → drop keeps the default (metadata on every message).\n")
+		"per socket read (see Where the CPU goes). pg_cdc → redis_queue runs with " +
+		"`metadata: false` as config/pg_cdc_redis_queue.yaml ships it (no metadata map on the messages; the output takes their keys " +
+		"from pg_cdc's batch), unless a row says \"with pg_cdc's metadata\", and with one batch in flight (`max_in_flight: 1`, the " +
+		"output's default) unless a row says two (the shipped config sets 2); pg_cdc → drop keeps the default (metadata on every message).\n")
 	section := ""
 	for _, f := range figures {
 		if f.section != section {
