@@ -1,12 +1,15 @@
 package output
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/sink"
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // TestToSinkMessage: the queue position and created_at are read whether an input sets them as
@@ -46,5 +49,33 @@ func TestToSinkMessage(t *testing.T) {
 				t.Fatalf("got %+v", sm)
 			}
 		})
+	}
+}
+
+// TestPGSinkKeepsAConnectionWhileIdle: the sink's pool keeps a connection open however long the
+// sink idles (pgxpool closes connections idle for MaxConnIdleTime, a minute, down to MinConns), and
+// that connection is open from the sink's start.
+func TestPGSinkKeepsAConnectionWhileIdle(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	pg.Exec(`CREATE TABLE kept (id int PRIMARY KEY, v text)`)
+	parsed, err := PgSinkSpec().ParseYAML(fmt.Sprintf("dsn: %q\nname: kept\ntable: kept\nmode: upsert\n", pg.DSN()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := PgSinkConfigFromParsed(parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s := newPGSink(conf, service.MockResources())
+	if err := s.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	if got := s.pool.Config().MinConns; got < 1 {
+		t.Errorf("the sink's pool keeps %d connections while idle; want at least 1", got)
+	}
+	if idle := s.pool.Stat().IdleConns(); idle < 1 {
+		t.Errorf("%d idle connections after Connect; want at least 1", idle)
 	}
 }
