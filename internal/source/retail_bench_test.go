@@ -2,9 +2,10 @@ package source
 
 import (
 	"fmt"
-	"github.com/jackc/pglogrepl"
 	"testing"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 
 	"github.com/pgrelay/pgrelay/internal/convert"
 	"github.com/pgrelay/pgrelay/internal/event"
