@@ -13,8 +13,8 @@ import (
 // sends each message as it decodes it, one small send each, and a reader that reads as soon as
 // data arrives takes a few messages per read (about four changes in BenchmarkSourceTx1000): a read
 // system call, the kernel's receive work for what arrived, and a wake-up of the reading goroutine
-// (and of an idle scheduler thread that spins looking for work) every few messages, which cost
-// pgrelay more than decoding them. Under sustained load of small transactions it is the same, a
+// every few messages, which cost pgrelay more than decoding them (the socket is outside Go's
+// network poller, pollconn_linux.go, so what arrives during the wait wakes no one). Under sustained load of small transactions it is the same, a
 // read every few messages. The replication connection's reads go through a readCoalescer: while
 // the stream is behind (the lag meter's verdict at each commit) or under load (batches wait to fill,
 // load_linger), a read that found the socket drained waits coalesceWait before the next one, so

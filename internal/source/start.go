@@ -75,6 +75,7 @@ func (s *Source) session(ctx context.Context) error {
 	}
 	var reads *readCoalescer
 	rcfg.BuildFrontend = replicationFrontend(func(c *readCoalescer) { reads = c })
+	rcfg.DialFunc = dialOutsidePoller(rcfg.DialFunc)
 	repl, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return pgconnect.Explain(fmt.Errorf("open the replication connection: %w", err))

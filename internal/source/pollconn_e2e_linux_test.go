@@ -1,0 +1,117 @@
+//go:build linux
+
+package source_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pgrelay/pgrelay/internal/source"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// TestReplicationSocketIsOutsideTheNetworkPoller: while pg_cdc streams, the socket of its
+// replication connection (found by the client port PostgreSQL shows for the walsender) is in
+// none of the process's epoll sets, so what the walsender sends wakes no idle thread until the
+// reader asks for it; the source's query connections stay in Go's poller.
+func TestReplicationSocketIsOutsideTheNetworkPoller(t *testing.T) {
+	e := &env{t: t, pg: testenv.StartPostgres(t), rd: testenv.StartRedis(t), ctx: context.Background()}
+	e.pg.Exec(`CREATE TABLE polled (id bigint PRIMARY KEY)`)
+	stop := startStream(t, fmt.Sprintf(`
+input:
+  pg_cdc:
+    name: po
+    dsn: %s
+    tls: {mode: disable}
+    tables: [{table: polled, queue: po}]
+    redis: {url: %s}
+output:
+  drop: {}
+logger: {level: warn}
+`, e.pg.DSN(), e.rd.URL()))
+	defer stop()
+	e.waitPointer("po", "po")
+
+	var port int
+	if err := e.pg.Pool().QueryRow(e.ctx, `SELECT client_port FROM pg_stat_replication`).Scan(&port); err != nil {
+		t.Fatal(err)
+	}
+	fd := socketFd(t, port, e.pg.Port)
+	polled := source.Polled(t)
+	if polled[fd] {
+		t.Fatalf("the replication connection's socket (fd %d, local port %d) is in an epoll set", fd, port)
+	}
+	// The same check finds a socket that is: the source's query connections to PostgreSQL.
+	var pooled int
+	for _, s := range tcpSockets(t) {
+		if s.remote == e.pg.Port && s.local != port && polled[socketFd(t, s.local, e.pg.Port)] {
+			pooled++
+		}
+	}
+	if pooled == 0 {
+		t.Fatal("setup: none of the source's query connections is in an epoll set; the check sees nothing")
+	}
+}
+
+// tcpSocket is a loopback TCP socket of the network namespace (/proc/net/tcp).
+type tcpSocket struct {
+	local, remote int // ports
+	inode         uint64
+}
+
+// tcpSockets lists the namespace's TCP sockets (any process's; socketFd finds this one's).
+func tcpSockets(t *testing.T) []tcpSocket {
+	t.Helper()
+	var out []tcpSocket
+	for _, name := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+		f, err := os.Open(name)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			// sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 10 || !strings.Contains(fields[1], ":") {
+				continue
+			}
+			local, err1 := strconv.ParseUint(fields[1][strings.LastIndex(fields[1], ":")+1:], 16, 32)
+			remote, err2 := strconv.ParseUint(fields[2][strings.LastIndex(fields[2], ":")+1:], 16, 32)
+			inode, err3 := strconv.ParseUint(fields[9], 10, 64)
+			if err1 == nil && err2 == nil && err3 == nil && inode != 0 {
+				out = append(out, tcpSocket{int(local), int(remote), inode})
+			}
+		}
+		f.Close()
+	}
+	return out
+}
+
+// socketFd is the descriptor of this process's socket from local port to remote port.
+func socketFd(t *testing.T, local, remote int) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := map[string]int{}
+	for _, e := range fds {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil {
+			n, _ := strconv.Atoi(e.Name())
+			mine[target] = n
+		}
+	}
+	for _, s := range tcpSockets(t) {
+		if fd, ok := mine[fmt.Sprintf("socket:[%d]", s.inode)]; ok && s.local == local && s.remote == remote {
+			return fd
+		}
+	}
+	t.Fatalf("no socket of this process goes from port %d to port %d", local, remote)
+	return -1
+}
