@@ -25,20 +25,27 @@ import (
 // found nothing: what arrives while the reader decodes or sleeps wakes no one.
 //
 // pollConn is a net.Conn over such a socket: non-blocking reads and writes, each waiting with
-// poll(2) for the socket or for a wake-up (a deadline moved, Close), so deadlines (pgconn's
+// poll(2) for the socket or for a wake-up (its deadline moved, Close), so deadlines (pgconn's
 // context cancellation, the reader's status reports) and Close work as on a net.Conn.
 type pollConn struct {
 	fd     int // the socket (a duplicate of the dialled one, which was closed: out of the poller)
-	wakeFd int // an eventfd: written to wake a waiting poll
 	local  net.Addr
 	remote net.Addr
 
-	readDeadline  atomic.Int64 // unix nanoseconds; 0: none
-	writeDeadline atomic.Int64
+	read, write direction
 
 	mu     sync.Mutex
 	users  int // Read and Write calls in progress: the descriptors stay open until they end
 	closed bool
+}
+
+// direction is the reads' or the writes' deadline and wake-up, apart: a read waits on while a
+// write's deadline moves, and the other way round.
+type direction struct {
+	op       string       // "read" or "write", for errors
+	events   int16        // what its poll waits for on the socket
+	wakeFd   int          // an eventfd, written to wake a poll waiting in this direction
+	deadline atomic.Int64 // unix nanoseconds; 0: none
 }
 
 // errPollConnTimeout is a read or write past its deadline: a net.Error whose Timeout is true and
@@ -76,21 +83,18 @@ func newPollConn(c net.Conn) (net.Conn, error) {
 	if err != nil {
 		return c, nil
 	}
-	fd := -1
+	pc := &pollConn{fd: -1, local: c.LocalAddr(), remote: c.RemoteAddr(),
+		read:  direction{op: "read", events: unix.POLLIN, wakeFd: -1},
+		write: direction{op: "write", events: unix.POLLOUT, wakeFd: -1}}
 	var dupErr error
-	if err := raw.Control(func(s uintptr) { fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || dupErr != nil {
-		c.Close()
-		return nil, errors.Join(err, dupErr)
+	err = raw.Control(func(s uintptr) { pc.fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) })
+	for _, d := range []*direction{&pc.read, &pc.write} {
+		if err == nil && dupErr == nil {
+			d.wakeFd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		}
 	}
-	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(fd)
-		c.Close()
-		return nil, err
-	}
-	pc := &pollConn{fd: fd, wakeFd: wake, local: c.LocalAddr(), remote: c.RemoteAddr()}
-	if err := c.Close(); err != nil {
-		pc.Close()
+	if err = errors.Join(err, dupErr, c.Close()); err != nil {
+		pc.release()
 		return nil, err
 	}
 	return pc, nil
@@ -118,35 +122,44 @@ func (c *pollConn) leave() {
 }
 
 func (c *pollConn) release() {
-	unix.Close(c.fd)
-	unix.Close(c.wakeFd)
+	for _, fd := range []int{c.fd, c.read.wakeFd, c.write.wakeFd} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 }
 
-// wake makes a waiting poll return (Close, a deadline moved).
-func (c *pollConn) wake() {
+// wake makes a poll waiting in direction d return.
+func (d *direction) wake() {
 	one := [8]byte{1}
-	_, _ = unix.Write(c.wakeFd, one[:])
+	_, _ = unix.Write(d.wakeFd, one[:])
 }
 
-// wait polls the socket for events until deadline (unix nanoseconds, 0: none) or a wake-up.
-func (c *pollConn) wait(events int16, deadline *atomic.Int64) error {
-	fds := []unix.PollFd{{Fd: int32(c.fd), Events: events}, {Fd: int32(c.wakeFd), Events: unix.POLLIN}}
+// expired reports whether d's deadline has passed: as on a net.Conn, a call past its deadline
+// fails even when the socket is ready (the WAL reader's status reports rely on it).
+func (d *direction) expired() bool {
+	n := d.deadline.Load()
+	return n != 0 && time.Now().UnixNano() >= n
+}
+
+// wait polls the socket for d's events until d's deadline or a wake-up.
+func (c *pollConn) wait(d *direction) error {
+	fds := []unix.PollFd{{Fd: int32(c.fd), Events: d.events}, {Fd: int32(d.wakeFd), Events: unix.POLLIN}}
 	var ts *unix.Timespec
-	if d := deadline.Load(); d != 0 {
-		left := d - time.Now().UnixNano()
+	if dl := d.deadline.Load(); dl != 0 {
+		left := dl - time.Now().UnixNano()
 		if left <= 0 {
 			return errPollConnTimeout{}
 		}
 		t := unix.NsecToTimespec(left)
 		ts = &t
 	}
-	_, err := unix.Ppoll(fds, ts, nil)
-	if err != nil && err != unix.EINTR {
-		return err
+	if _, err := unix.Ppoll(fds, ts, nil); err != nil && err != unix.EINTR {
+		return os.NewSyscallError("ppoll", err)
 	}
 	if fds[1].Revents != 0 {
 		var buf [8]byte
-		_, _ = unix.Read(c.wakeFd, buf[:])
+		_, _ = unix.Read(d.wakeFd, buf[:])
 	}
 	c.mu.Lock()
 	closed := c.closed
@@ -163,7 +176,7 @@ func (c *pollConn) Read(p []byte) (int, error) {
 	}
 	defer c.leave()
 	for {
-		if expired(&c.readDeadline) {
+		if c.read.expired() {
 			return 0, c.opError("read", errPollConnTimeout{})
 		}
 		n, err := unix.Read(c.fd, p)
@@ -175,9 +188,9 @@ func (c *pollConn) Read(p []byte) (int, error) {
 		case err == unix.EINTR:
 			continue
 		case err != unix.EAGAIN:
-			return 0, &net.OpError{Op: "read", Net: c.remote.Network(), Source: c.local, Addr: c.remote, Err: os.NewSyscallError("read", err)}
+			return 0, c.opError("read", os.NewSyscallError("read", err))
 		}
-		if err := c.wait(unix.POLLIN, &c.readDeadline); err != nil {
+		if err := c.wait(&c.read); err != nil {
 			return 0, c.opError("read", err)
 		}
 	}
@@ -190,7 +203,7 @@ func (c *pollConn) Write(p []byte) (int, error) {
 	defer c.leave()
 	written := 0
 	for written < len(p) {
-		if expired(&c.writeDeadline) {
+		if c.write.expired() {
 			return written, c.opError("write", errPollConnTimeout{})
 		}
 		n, err := unix.Write(c.fd, p[written:])
@@ -201,20 +214,13 @@ func (c *pollConn) Write(p []byte) (int, error) {
 		case err == unix.EINTR:
 			continue
 		case err != unix.EAGAIN:
-			return written, &net.OpError{Op: "write", Net: c.remote.Network(), Source: c.local, Addr: c.remote, Err: os.NewSyscallError("write", err)}
+			return written, c.opError("write", os.NewSyscallError("write", err))
 		}
-		if err := c.wait(unix.POLLOUT, &c.writeDeadline); err != nil {
+		if err := c.wait(&c.write); err != nil {
 			return written, c.opError("write", err)
 		}
 	}
 	return written, nil
-}
-
-// expired reports whether the deadline d has passed: as on a net.Conn, a call past its deadline
-// fails even when the socket is ready (the WAL reader's status reports rely on it).
-func expired(d *atomic.Int64) bool {
-	n := d.Load()
-	return n != 0 && time.Now().UnixNano() >= n
 }
 
 func (c *pollConn) opError(op string, err error) error {
@@ -232,7 +238,8 @@ func (c *pollConn) Close() error {
 	if c.users == 0 {
 		c.release()
 	} else {
-		c.wake()
+		c.read.wake()
+		c.write.wake()
 	}
 	return nil
 }
@@ -241,32 +248,33 @@ func (c *pollConn) LocalAddr() net.Addr  { return c.local }
 func (c *pollConn) RemoteAddr() net.Addr { return c.remote }
 
 func (c *pollConn) SetDeadline(t time.Time) error {
-	c.setDeadline(&c.readDeadline, t)
-	c.setDeadline(&c.writeDeadline, t)
+	c.setDeadline(&c.read, t)
+	c.setDeadline(&c.write, t)
 	return nil
 }
 
 func (c *pollConn) SetReadDeadline(t time.Time) error {
-	c.setDeadline(&c.readDeadline, t)
+	c.setDeadline(&c.read, t)
 	return nil
 }
 
 func (c *pollConn) SetWriteDeadline(t time.Time) error {
-	c.setDeadline(&c.writeDeadline, t)
+	c.setDeadline(&c.write, t)
 	return nil
 }
 
-// setDeadline stores t and wakes a waiting poll when the deadline came closer, so it ends in time.
-func (c *pollConn) setDeadline(d *atomic.Int64, t time.Time) {
+// setDeadline stores t as d's deadline and, when it came closer, wakes a poll waiting in
+// direction d so that it ends in time.
+func (c *pollConn) setDeadline(d *direction, t time.Time) {
 	var n int64
 	if !t.IsZero() {
 		n = max(t.UnixNano(), 1)
 	}
-	old := d.Swap(n)
+	old := d.deadline.Swap(n)
 	if n != 0 && (old == 0 || n < old) {
 		c.mu.Lock()
 		if !c.closed && c.users > 0 {
-			c.wake()
+			d.wake()
 		}
 		c.mu.Unlock()
 	}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -171,6 +172,35 @@ func TestPollConnBehavesAsANetConn(t *testing.T) {
 			n, err := c.Write(make([]byte, 64<<20))
 			if !isTimeout(err) || n >= 64<<20 {
 				t.Fatalf("Write = %d, %v; want a timeout after part of it", n, err)
+			}
+		}},
+		{"a write's deadline ends a waiting write and leaves a waiting read waiting", func(t *testing.T, c *pollConn, peer net.Conn) {
+			read := make(chan string, 1)
+			go func() {
+				buf := make([]byte, 16)
+				n, err := c.Read(buf)
+				read <- fmt.Sprintf("%s %v", buf[:n], err)
+			}()
+			wrote := make(chan error, 1)
+			go func() { _, err := c.Write(make([]byte, 64<<20)); wrote <- err }() // the peer does not read
+			time.Sleep(50 * time.Millisecond)
+			c.SetWriteDeadline(time.Now())
+			select {
+			case err := <-wrote:
+				if !isTimeout(err) {
+					t.Fatalf("Write = %v, want a timeout", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiting write did not end when its deadline moved to now")
+			}
+			select {
+			case got := <-read:
+				t.Fatalf("the waiting read ended with %q when the write's deadline moved", got)
+			case <-time.After(50 * time.Millisecond):
+			}
+			peer.Write([]byte("x"))
+			if got := <-read; got != "x <nil>" {
+				t.Fatalf("Read = %q, want x", got)
 			}
 		}},
 	}
