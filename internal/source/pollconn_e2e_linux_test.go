@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -96,16 +95,9 @@ func tcpSockets(t *testing.T) []tcpSocket {
 // socketFd is the descriptor of this process's socket from local port to remote port.
 func socketFd(t *testing.T, local, remote int) int {
 	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
 	mine := map[string]int{}
-	for _, e := range fds {
-		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil {
-			n, _ := strconv.Atoi(e.Name())
-			mine[target] = n
-		}
+	for fd, target := range source.OpenFiles(t) {
+		mine[target] = fd
 	}
 	for _, s := range tcpSockets(t) {
 		if fd, ok := mine[fmt.Sprintf("socket:[%d]", s.inode)]; ok && s.local == local && s.remote == remote {

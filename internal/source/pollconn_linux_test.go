@@ -258,21 +258,34 @@ func connFd(t *testing.T, c net.Conn) int {
 	return fd
 }
 
-// polled is the set of descriptors registered in any of this process's epoll sets, from the
-// "tfd:" lines of /proc/self/fdinfo.
-func polled(t *testing.T) map[int]bool {
+// openFiles maps this process's descriptors to what they refer to (/proc/self/fd's links:
+// "socket:[inode]", "anon_inode:[eventpoll]", a path).
+func openFiles(t *testing.T) map[int]string {
 	t.Helper()
 	fds, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := map[int]bool{}
+	files := map[int]string{}
 	for _, e := range fds {
-		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
-		if err != nil || target != "anon_inode:[eventpoll]" {
+		n, err := strconv.Atoi(e.Name())
+		if target, lerr := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && lerr == nil {
+			files[n] = target
+		}
+	}
+	return files
+}
+
+// polled is the set of descriptors registered in any of this process's epoll sets, from the
+// "tfd:" lines of /proc/self/fdinfo.
+func polled(t *testing.T) map[int]bool {
+	t.Helper()
+	in := map[int]bool{}
+	for fd, target := range openFiles(t) {
+		if target != "anon_inode:[eventpoll]" {
 			continue
 		}
-		info, err := os.ReadFile(filepath.Join("/proc/self/fdinfo", e.Name()))
+		info, err := os.ReadFile(filepath.Join("/proc/self/fdinfo", strconv.Itoa(fd)))
 		if err != nil {
 			continue
 		}
