@@ -10,7 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
+	"github.com/pgrelay/pgrelay/internal/pointer"
 	"github.com/pgrelay/pgrelay/internal/source"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -56,6 +59,34 @@ logger: {level: warn}
 	if pooled == 0 {
 		t.Fatal("setup: none of the source's query connections is in an epoll set; the check sees nothing")
 	}
+}
+
+// TestStreamOverTheUnixSocket: pg_cdc reaches PostgreSQL over its Unix socket (the replication
+// connection a pollConn over a Unix stream socket): transactions written while it streams, large
+// enough to fill the socket, and a restart replay exactly to the table.
+func TestStreamOverTheUnixSocket(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE sock (id bigint PRIMARY KEY, v text)`)
+	run := func() func() {
+		return startStream(t, cdctest.Pipeline{Name: "us", DSN: e.pg.SocketDSN(), Tables: `[{table: sock, queue: us}]`, Redis: e.rd.URL()}.YAML())
+	}
+	stop := run()
+	e.waitPointer("us", "us")
+	for i := 0; i < 20; i++ {
+		e.pg.Exec(`INSERT INTO sock SELECT g, repeat('v', 200) || g FROM generate_series($1::bigint, $1::bigint + 999) g`, i*1000)
+		if i == 10 {
+			stop()
+			stop = run()
+		}
+	}
+	e.pg.Exec(`UPDATE sock SET v = 'updated' WHERE id % 7 = 0`)
+	e.pg.Exec(`DELETE FROM sock WHERE id % 11 = 0`)
+	defer stop()
+	end := cdctest.CurrentLSN(t, e.pg.Pool())
+	cdctest.WaitCovered(t, 60*time.Second, 20*time.Millisecond, end, func() *pointer.Pointer {
+		return cdctest.ReadPointer(t, e.rd.Client(), "us", "us")
+	})
+	e.checkOracle("us", "public.sock", "id")
 }
 
 // tcpSocket is a loopback TCP socket of the network namespace (/proc/net/tcp).
