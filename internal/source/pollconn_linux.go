@@ -21,12 +21,13 @@ import (
 // thread, even while the reader sleeps its coalescing wait (coalesce.go) and nobody reads. While
 // the stream is behind, the walsender sends each message as it decodes it, one segment per change
 // or so over TCP without pacing, and those wake-ups were the largest cost pgrelay had per change.
-// A pollConn takes the socket out of the poller and waits for it with poll(2) only when a read
-// found nothing: what arrives while the reader decodes or sleeps wakes no one.
+// A pollConn keeps the socket out of the poller and puts it in only while a read (or write) waits
+// because the socket had nothing (a duplicate of the descriptor, registered for that wait and
+// closed after it): what arrives while the reader decodes or sleeps wakes no one, and a wait parks
+// the goroutine in the poller like any network read, holding no thread.
 //
-// pollConn is a net.Conn over such a socket: non-blocking reads and writes, each waiting with
-// poll(2) for the socket or for a wake-up (its deadline moved, Close), so deadlines (pgconn's
-// context cancellation, the reader's status reports) and Close work as on a net.Conn.
+// pollConn is a net.Conn over such a socket, with a net.Conn's deadlines (pgconn's context
+// cancellation, the reader's status reports) and Close.
 type pollConn struct {
 	fd     int // the socket (a duplicate of the dialled one, which was closed: out of the poller)
 	local  net.Addr
@@ -35,17 +36,15 @@ type pollConn struct {
 	read, write direction
 
 	mu     sync.Mutex
-	users  int // Read and Write calls in progress: the descriptors stay open until they end
+	users  int // Read and Write calls in progress: the descriptor stays open until they end
 	closed bool
 }
 
-// direction is the reads' or the writes' deadline and wake-up, apart: a read waits on while a
-// write's deadline moves, and the other way round.
+// direction is the reads' or the writes' deadline and wait.
 type direction struct {
-	op       string       // "read" or "write", for errors
-	events   int16        // what its poll waits for on the socket
-	wakeFd   int          // an eventfd, written to wake a poll waiting in this direction
+	op       string       // "read" or "write"
 	deadline atomic.Int64 // unix nanoseconds; 0: none
+	waiting  *os.File     // the socket's registered duplicate a call waits on (pollConn.mu)
 }
 
 // errPollConnTimeout is a read or write past its deadline: a net.Error whose Timeout is true and
@@ -83,18 +82,13 @@ func newPollConn(c net.Conn) (net.Conn, error) {
 	if err != nil {
 		return c, nil
 	}
-	pc := &pollConn{fd: -1, local: c.LocalAddr(), remote: c.RemoteAddr(),
-		read:  direction{op: "read", events: unix.POLLIN, wakeFd: -1},
-		write: direction{op: "write", events: unix.POLLOUT, wakeFd: -1}}
+	pc := &pollConn{fd: -1, local: c.LocalAddr(), remote: c.RemoteAddr(), read: direction{op: "read"}, write: direction{op: "write"}}
 	var dupErr error
 	err = raw.Control(func(s uintptr) { pc.fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) })
-	for _, d := range []*direction{&pc.read, &pc.write} {
-		if err == nil && dupErr == nil {
-			d.wakeFd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-		}
-	}
 	if err = errors.Join(err, dupErr, c.Close()); err != nil {
-		pc.release()
+		if pc.fd >= 0 {
+			unix.Close(pc.fd)
+		}
 		return nil, err
 	}
 	return pc, nil
@@ -111,28 +105,14 @@ func (c *pollConn) enter() error {
 	return nil
 }
 
-// leave ends a call; the last one after Close closes the descriptors.
+// leave ends a call; the last one after Close closes the descriptor.
 func (c *pollConn) leave() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.users--
 	if c.closed && c.users == 0 {
-		c.release()
+		unix.Close(c.fd)
 	}
-}
-
-func (c *pollConn) release() {
-	for _, fd := range []int{c.fd, c.read.wakeFd, c.write.wakeFd} {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-	}
-}
-
-// wake makes a poll waiting in direction d return.
-func (d *direction) wake() {
-	one := [8]byte{1}
-	_, _ = unix.Write(d.wakeFd, one[:])
 }
 
 // expired reports whether d's deadline has passed: as on a net.Conn, a call past its deadline
@@ -142,32 +122,72 @@ func (d *direction) expired() bool {
 	return n != 0 && time.Now().UnixNano() >= n
 }
 
-// wait polls the socket for d's events until d's deadline or a wake-up.
+// wait waits in the network poller until the socket is ready for d (or d's deadline, or Close):
+// a duplicate of the socket is registered for the wait and closed after it.
 func (c *pollConn) wait(d *direction) error {
-	fds := []unix.PollFd{{Fd: int32(c.fd), Events: d.events}, {Fd: int32(d.wakeFd), Events: unix.POLLIN}}
-	var ts *unix.Timespec
-	if dl := d.deadline.Load(); dl != 0 {
-		left := dl - time.Now().UnixNano()
-		if left <= 0 {
-			return errPollConnTimeout{}
-		}
-		t := unix.NsecToTimespec(left)
-		ts = &t
+	dup, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return os.NewSyscallError("fcntl", err)
 	}
-	if _, err := unix.Ppoll(fds, ts, nil); err != nil && err != unix.EINTR {
-		return os.NewSyscallError("ppoll", err)
+	f := os.NewFile(uintptr(dup), "pg_cdc replication socket") // non-blocking: registered in the poller
+	defer f.Close()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return net.ErrClosed
 	}
-	if fds[1].Revents != 0 {
-		var buf [8]byte
-		_, _ = unix.Read(d.wakeFd, buf[:])
+	d.waiting = f
+	deadline := d.deadline.Load()
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		d.waiting = nil
+		c.mu.Unlock()
+	}()
+	if deadline != 0 {
+		setFileDeadline(f, d, deadline)
+	}
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	asked := false
+	ready := func(uintptr) bool { // false once: wait for the poller to report the socket ready
+		done := asked
+		asked = true
+		return done
+	}
+	if d == &c.write {
+		err = raw.Write(ready)
+	} else {
+		err = raw.Read(ready)
+	}
+	if err == nil {
+		return nil
 	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
-	if closed {
+	switch {
+	case closed: // Close closed the duplicate under the wait
 		return net.ErrClosed
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return errPollConnTimeout{}
 	}
-	return nil
+	return err
+}
+
+// setFileDeadline gives the registered duplicate f d's deadline (unix nanoseconds; 0: none).
+func setFileDeadline(f *os.File, d *direction, deadline int64) {
+	t := time.Time{}
+	if deadline != 0 {
+		t = time.Unix(0, deadline)
+	}
+	if d.op == "write" {
+		_ = f.SetWriteDeadline(t)
+	} else {
+		_ = f.SetReadDeadline(t)
+	}
 }
 
 func (c *pollConn) Read(p []byte) (int, error) {
@@ -235,11 +255,13 @@ func (c *pollConn) Close() error {
 		return net.ErrClosed
 	}
 	c.closed = true
+	for _, d := range []*direction{&c.read, &c.write} {
+		if d.waiting != nil {
+			_ = d.waiting.Close() // ends the wait
+		}
+	}
 	if c.users == 0 {
-		c.release()
-	} else {
-		c.read.wake()
-		c.write.wake()
+		unix.Close(c.fd)
 	}
 	return nil
 }
@@ -263,19 +285,18 @@ func (c *pollConn) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// setDeadline stores t as d's deadline and, when it came closer, wakes a poll waiting in
-// direction d so that it ends in time.
+// setDeadline stores t as d's deadline and gives it to a wait in progress.
 func (c *pollConn) setDeadline(d *direction, t time.Time) {
 	var n int64
 	if !t.IsZero() {
 		n = max(t.UnixNano(), 1)
 	}
-	old := d.deadline.Swap(n)
-	if n != 0 && (old == 0 || n < old) {
-		c.mu.Lock()
-		if !c.closed && c.users > 0 {
-			d.wake()
-		}
-		c.mu.Unlock()
+	if d.deadline.Swap(n) == n {
+		return
 	}
+	c.mu.Lock()
+	if d.waiting != nil {
+		setFileDeadline(d.waiting, d, n)
+	}
+	c.mu.Unlock()
 }

@@ -245,6 +245,17 @@ func TestPollConnIsOutsideTheNetworkPoller(t *testing.T) {
 	if polled(t)[pc.fd] {
 		t.Fatalf("the pollConn's socket (fd %d) is in an epoll set", pc.fd)
 	}
+	// A wait leaves no duplicate behind: between waits the socket has one descriptor.
+	if err := pc.wait(&pc.write); err != nil { // writable at once
+		t.Fatal(err)
+	}
+	files := openFiles(t)
+	self := files[pc.fd]
+	for fd, target := range files {
+		if target == self && fd != pc.fd {
+			t.Fatalf("after a wait the socket still has descriptor %d beside %d", fd, pc.fd)
+		}
+	}
 }
 
 func connFd(t *testing.T, c net.Conn) int {
