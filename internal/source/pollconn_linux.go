@@ -151,11 +151,18 @@ func (c *pollConn) wait(d *direction) error {
 	if err != nil {
 		return err
 	}
-	asked := false
-	ready := func(uintptr) bool { // false once: wait for the poller to report the socket ready
-		done := asked
-		asked = true
-		return done
+	// ready looks at the socket itself, each time the poller is asked: the registration may have
+	// reported it ready before RawRead resets the poller's state, so a "not yet" without looking
+	// could wait for an edge that already came (data the walsender sent before the wait, and no more
+	// while it waits for an answer).
+	events := int16(unix.POLLIN)
+	if d == &c.write {
+		events = unix.POLLOUT
+	}
+	ready := func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: events}}
+		n, err := unix.Poll(fds, 0)
+		return err != nil || n > 0 // an error or a hang-up: the caller's read or write reports it
 	}
 	if d == &c.write {
 		err = raw.Write(ready)

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // pollPair is a pollConn dialled to a loopback listener, and the listener's end.
@@ -68,6 +70,32 @@ func TestPollConnBehavesAsANetConn(t *testing.T) {
 			if err != nil || string(buf[:n]) != "hello" {
 				t.Fatalf("Read = %q, %v; want hello", buf[:n], err)
 			}
+		}},
+		{"a wait for data already in the socket returns at once, every time", func(t *testing.T, c *pollConn, peer net.Conn) {
+			buf := make([]byte, 1)
+			for i := 0; i < 300; i++ {
+				peer.Write([]byte{byte(i)})
+				for {
+					n, err := unix.Read(c.fd, buf) // as Read does, then wait on EAGAIN
+					if err == nil && n == 1 {
+						break
+					}
+					c.SetReadDeadline(time.Now().Add(2 * time.Second))
+					if err := c.wait(&c.read); err != nil {
+						t.Fatalf("wait %d for a byte sent before it: %v", i, err)
+					}
+				}
+				peer.Write([]byte{byte(i)}) // in the socket before the wait
+				time.Sleep(time.Millisecond)
+				c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				if err := c.wait(&c.read); err != nil {
+					t.Fatalf("wait %d for a byte already in the socket: %v", i, err)
+				}
+				if n, err := unix.Read(c.fd, buf); err != nil || n != 1 {
+					t.Fatalf("read %d after the wait: %d, %v", i, n, err)
+				}
+			}
+			c.SetReadDeadline(time.Time{})
 		}},
 		{"a read past its deadline fails even with data waiting", func(t *testing.T, c *pollConn, peer net.Conn) {
 			peer.Write([]byte("waiting"))
