@@ -137,16 +137,15 @@ func (c *pollConn) wait(d *direction) error {
 		return net.ErrClosed
 	}
 	d.waiting = f
-	deadline := d.deadline.Load()
+	if deadline := d.deadline.Load(); deadline != 0 { // under mu: setDeadline's later value wins
+		setFileDeadline(f, d, deadline)
+	}
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
 		d.waiting = nil
 		c.mu.Unlock()
 	}()
-	if deadline != 0 {
-		setFileDeadline(f, d, deadline)
-	}
 	raw, err := f.SyscallConn()
 	if err != nil {
 		return err
@@ -303,7 +302,7 @@ func (c *pollConn) setDeadline(d *direction, t time.Time) {
 	}
 	c.mu.Lock()
 	if d.waiting != nil {
-		setFileDeadline(d.waiting, d, n)
+		setFileDeadline(d.waiting, d, d.deadline.Load()) // the latest, whichever call stored it
 	}
 	c.mu.Unlock()
 }
