@@ -70,10 +70,7 @@ func BenchmarkPublishOutbox(b *testing.B) {
 	rd := testenv.StartRedis(b)
 	pg.Exec(publishDDL)
 	ctx := context.Background()
-	dsn := pg.DSN()
-	if os.Getenv("PGRELAY_BENCH_PG_SOCKET") != "" {
-		dsn = pg.SocketDSN()
-	}
+	dsn := benchenv.PGDSN(pg)
 	httpConf := "{ enabled: false }"
 	profileDir := os.Getenv("PGRELAY_BENCH_PROFILE")
 	port := 0

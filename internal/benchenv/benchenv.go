@@ -287,6 +287,15 @@ func (s *Sampler) Stop() time.Duration {
 // smoke run of seconds.
 func Quick() bool { return os.Getenv("PGRELAY_BENCH_QUICK") == "1" }
 
+// PGDSN is how a benchmark's clients reach pg: over its Unix socket when PGRELAY_BENCH_PG_SOCKET
+// is set, else TCP on 127.0.0.1.
+func PGDSN(pg *testenv.Postgres) string {
+	if os.Getenv("PGRELAY_BENCH_PG_SOCKET") != "" {
+		return pg.SocketDSN()
+	}
+	return pg.DSN()
+}
+
 // Size is the integer in environment variable name, else quick in quick mode, else full.
 func Size(name string, full, quick int) int {
 	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {

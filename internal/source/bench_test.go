@@ -239,7 +239,7 @@ func currentLSN(tb testing.TB, e *env) pglogrepl.LSN {
 // recvLogical runs pg_recvlogical on slot until endpos, its pgoutput bytes to /dev/null, and
 // returns the window with its walsender's CPU and its own.
 func recvLogical(b *testing.B, e *env, pids benchProcs, bin, slot, endpos string) phase {
-	cmd := exec.Command(bin, "-d", benchDSN(e), "-S", slot, "--start", "-E", endpos, "--no-loop", "-f", "/dev/null",
+	cmd := exec.Command(bin, "-d", benchenv.PGDSN(e.pg), "-S", slot, "--start", "-E", endpos, "--no-loop", "-f", "/dev/null",
 		"-o", "proto_version=1", "-o", "publication_names=raw", "-o", "messages=true")
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -386,17 +386,8 @@ output:
   %s
 logger:
   level: warn
-`, name, benchDSN(e), name, e.rd.URL(), meta, output)
+`, name, benchenv.PGDSN(e.pg), name, e.rd.URL(), meta, output)
 	return startStream(b, yaml)
-}
-
-// benchDSN is how the streaming benchmark's pg_cdc and pg_recvlogical reach PostgreSQL: TCP on
-// 127.0.0.1, or its Unix socket with PGRELAY_BENCH_PG_SOCKET set.
-func benchDSN(e *env) string {
-	if os.Getenv("PGRELAY_BENCH_PG_SOCKET") != "" {
-		return e.pg.SocketDSN()
-	}
-	return e.pg.DSN()
 }
 
 func waitBenchPointer(b *testing.B, e *env, queue, name string) {

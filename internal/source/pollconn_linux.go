@@ -43,6 +43,7 @@ type pollConn struct {
 // direction is the reads' or the writes' deadline and wait.
 type direction struct {
 	op       string       // "read" or "write"
+	events   int16        // what poll waits for: POLLIN or POLLOUT
 	deadline atomic.Int64 // unix nanoseconds; 0: none
 	waiting  *os.File     // the socket's registered duplicate a call waits on (pollConn.mu)
 }
@@ -82,7 +83,7 @@ func newPollConn(c net.Conn) (net.Conn, error) {
 	if err != nil {
 		return c, nil
 	}
-	pc := &pollConn{fd: -1, local: c.LocalAddr(), remote: c.RemoteAddr(), read: direction{op: "read"}, write: direction{op: "write"}}
+	pc := &pollConn{fd: -1, local: c.LocalAddr(), remote: c.RemoteAddr(), read: direction{op: "read", events: unix.POLLIN}, write: direction{op: "write", events: unix.POLLOUT}}
 	var dupErr error
 	err = raw.Control(func(s uintptr) { pc.fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) })
 	if err = errors.Join(err, dupErr, c.Close()); err != nil {
@@ -154,16 +155,12 @@ func (c *pollConn) wait(d *direction) error {
 	// reported it ready before RawRead resets the poller's state, so a "not yet" without looking
 	// could wait for an edge that already came (data the walsender sent before the wait, and no more
 	// while it waits for an answer).
-	events := int16(unix.POLLIN)
-	if d == &c.write {
-		events = unix.POLLOUT
-	}
 	ready := func(fd uintptr) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: events}}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: d.events}}
 		n, err := unix.Poll(fds, 0)
 		return err != nil || n > 0 // an error or a hang-up: the caller's read or write reports it
 	}
-	if d == &c.write {
+	if d.events == unix.POLLOUT {
 		err = raw.Write(ready)
 	} else {
 		err = raw.Read(ready)
@@ -189,7 +186,7 @@ func setFileDeadline(f *os.File, d *direction, deadline int64) {
 	if deadline != 0 {
 		t = time.Unix(0, deadline)
 	}
-	if d.op == "write" {
+	if d.events == unix.POLLOUT {
 		_ = f.SetWriteDeadline(t)
 	} else {
 		_ = f.SetReadDeadline(t)
