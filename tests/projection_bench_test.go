@@ -37,7 +37,8 @@ import (
 //     the event readable in the queue (a blocking XREAD) of the same transactions; after a second
 //     of the same transactions as a warm-up (the projection's first batches after its start run
 //     on new connections and backends and took 12-50 ms, which alone set the p99 of a 5-second
-//     window; the reference figures are a running projector's);
+//     window; the reference figures are a running projector's); PGRELAY_BENCH_SLOWEST=n logs
+//     the window's n slowest documents;
 //   - live: 4 writers as fast as they can for twice that time while the projection follows:
 //     changes / (first commit → every change's document committed), beside the writers' own rate;
 //   - replay: the whole queue from its start into an empty read model (PGRELAY_BENCH_RUNS runs, 3),
@@ -75,6 +76,25 @@ func BenchmarkProjection(b *testing.B) {
 			m.Add("replay_ratio", sinkRate/loopRate)
 		}
 		m.Report(b)
+	}
+}
+
+// logSlowest logs the n slowest documents of the window that started at c0: when each was
+// committed (from c0), commit → document and commit → queue. A p99 set by one burst shows as slow
+// documents committed close together; a machine that is slower throughout, as documents spread
+// over the window.
+func logSlowest(b *testing.B, n int, c0 time.Time, docAt, queueAt, commitTS map[string]time.Time) {
+	type doc struct{ at, doc, queue time.Duration }
+	var docs []doc
+	for lsn, at := range docAt {
+		if !commitTS[lsn].Before(c0) {
+			docs = append(docs, doc{commitTS[lsn].Sub(c0), at.Sub(commitTS[lsn]), queueAt[lsn].Sub(commitTS[lsn])})
+		}
+	}
+	sort.Slice(docs, func(i, j int) bool { return docs[i].doc > docs[j].doc })
+	for _, d := range docs[:min(n, len(docs))] {
+		b.Logf("slow document: committed at %v, commit → document %v, commit → queue %v",
+			d.at.Round(time.Millisecond), d.doc.Round(100*time.Microsecond), d.queue.Round(100*time.Microsecond))
 	}
 }
 
@@ -302,6 +322,9 @@ func (s *shop) projectionLatency(b *testing.B, m *benchenv.Metrics, w *projWrite
 		b.Fatalf("%d document versions notified for %d changes", len(doc), changes)
 	}
 	b.Logf("latency: %d transactions' documents, %d of them seen in the queue", len(doc), len(q))
+	if n := benchenv.Size("PGRELAY_BENCH_SLOWEST", 0, 0); n > 0 {
+		logSlowest(b, n, c0, docAt, queueAt, commitTS)
+	}
 	for _, p := range []struct {
 		name string
 		q    float64
