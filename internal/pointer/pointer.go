@@ -215,9 +215,10 @@ func (p Pointer) marshalReflect() []byte {
 
 // appendPlain appends p's JSON as encoding/json writes it (fields in order, parts' keys sorted,
 // empty tables and parts left out); ok is false, and the JSON left to encoding/json, when p has
-// a snapshot cursor or a string that is not plain.
+// a snapshot cursor or a string that is not plain. A snapshot of JSON null (a pointer read back:
+// Parse keeps the null) is no cursor.
 func (p Pointer) appendPlain(b []byte) (_ []byte, ok bool) {
-	if p.Snapshot != nil || !plain(p.Epoch, p.SystemID, p.Slot, p.LSN, p.UpdatedAt, p.Pos) || !plain(p.Tables...) {
+	if (p.Snapshot != nil && string(p.Snapshot) != "null") || !plain(p.Epoch, p.SystemID, p.Slot, p.LSN, p.UpdatedAt, p.Pos) || !plain(p.Tables...) {
 		return b, false
 	}
 	var keys []string

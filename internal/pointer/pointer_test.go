@@ -161,7 +161,8 @@ func TestPositionText(t *testing.T) {
 	}
 }
 
-// Marshal writes the bytes encoding/json writes, by hand or not, for pointers of every shape.
+// Marshal writes the bytes encoding/json writes, by hand or not, for pointers of every shape; a
+// pointer without a snapshot cursor is written by hand whether made here or read back.
 func TestMarshalIsEncodingJSONs(t *testing.T) {
 	base := New(3, "0a1b2c3d", "7412345678901234567", "pgrelay_pub", 0x16B3748)
 	now := time.Date(2026, 12, 1, 6, 15, 3, 583036000, time.FixedZone("x", 3600))
@@ -180,6 +181,7 @@ func TestMarshalIsEncodingJSONs(t *testing.T) {
 		{"snapshot cursor", with(func(p *Pointer) { p.Snapshot = json.RawMessage(`{"table": "public.a", "after": [1, "<x>"]}`) }), false},
 		{"a table name encoding/json escapes", with(func(p *Pointer) { p.Tables = []string{`public."we<ird>"`, "s.é"} }), false},
 		{"a queue name with an ampersand", base.InsideTxn(1, 1).WithParts(map[string]uint64{"a&b": 1}), false},
+		{"read back from the queue (its null snapshot)", parsed(t, base.Marshal(now)), true},
 		{"the largest values", with(func(p *Pointer) {
 			p.Gen, p.SnapshotChunks, p.V = ^uint32(0), ^uint64(0), -1
 			*p = p.InsideTxn(^pglogrepl.LSN(0), ^uint64(0)-1)
@@ -197,6 +199,15 @@ func TestMarshalIsEncodingJSONs(t *testing.T) {
 			}
 		})
 	}
+}
+
+func parsed(t *testing.T, b []byte) Pointer {
+	t.Helper()
+	p, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func BenchmarkMarshal(b *testing.B) {
