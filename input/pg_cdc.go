@@ -125,9 +125,9 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 				service.NewIntField(pcFieldEnvMaxEvents).Description(fmt.Sprintf("Most change events in one envelope (%d-%d): a transaction with more for the queue goes in parts.", source.MinEnvelopeEvents, source.MaxEnvelopeEvs)).
 					Default(source.DefaultEnvelopeEvents).
 					LintRule(speclint.Int(envPath(pcFieldEnvMaxEvents), source.MinEnvelopeEvents, source.MaxEnvelopeEvs)),
-				service.NewIntField(pcFieldEnvMaxBytes).Description(fmt.Sprintf("Most bytes of one envelope (%d up to `%s`, whose limit is %d): a transaction with more for the queue goes in parts.", source.MinEnvelopeBytes, pcFieldMaxBundleBytes, source.MaxBundleBytesLim)).
+				service.NewIntField(pcFieldEnvMaxBytes).Description(fmt.Sprintf("Most bytes of one envelope (%d up to `%s`, whose limit is %d): a transaction with more for the queue goes in parts.", source.MinEnvelopeBytes, pcFieldMaxBundleBytes, source.MaxBundleBytes)).
 					Default(source.DefaultEnvelopeBytes).
-					LintRule(speclint.Int(envPath(pcFieldEnvMaxBytes), source.MinEnvelopeBytes, source.MaxBundleBytesLim)),
+					LintRule(speclint.Int(envPath(pcFieldEnvMaxBytes), source.MinEnvelopeBytes, source.MaxBundleBytes)),
 			).Description(`Queues that get one message per transaction: an envelope `+"`"+`{"op":"x","id","lsn","xid","ts","part","last","events":[...]}`+"`"+` holding, in order, the transaction's change events for that queue (its tables' changes and the `+"`pgrelay.publish()`"+` messages sent to it), in one partition. A transaction over `+"`max_events`"+` or `+"`max_bytes`"+` goes in parts 1, 2, ... each written exactly once, the last with `+"`last: true`"+`. Snapshot chunks of the queue's tables come the same way, one envelope per part of a chunk. Events in an envelope are not partitioned: a key change is one `+"`u`"+` whose `+"`before`"+` holds the old key, whatever `+"`partition_by`"+` says.`).
 				Default([]any{}).
 				LintRule(fmt.Sprintf(`root = if this.type() == "array" && this.map_each(e -> e.%s.or("")).unique().length() != this.length() { [%q] }`,
@@ -148,10 +148,10 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 			service.NewObjectField(pcFieldRedis, redisconn.Fields()...).Description("The Redis holding the lease and pointer (the same as the redis_queue output's), nested under `redis` so its `tls` does not clash with PostgreSQL's."),
 			service.NewDurationField(pcFieldLeaseTTL).Description(fmt.Sprintf("Lease time to live (%s-%s); renewed every third of it, released at once on SIGTERM.", source.MinLeaseTTL, source.MaxLeaseTTL)).Default("10s").
 				LintRule(speclint.Duration(pcFieldLeaseTTL, source.MinLeaseTTL, source.MaxLeaseTTL)),
-			service.NewIntField(pcFieldMaxBundleMessages).Description(fmt.Sprintf("Most messages per batch (%d-%d); a larger transaction goes in pieces.", source.MinBundleMessages, source.MaxBundleMsgs)).Default(1000).
-				LintRule(speclint.Int(pcFieldMaxBundleMessages, source.MinBundleMessages, source.MaxBundleMsgs)),
-			service.NewIntField(pcFieldMaxBundleBytes).Description(fmt.Sprintf("Most payload bytes per batch (%d-%d).", source.MinBundleBytes, source.MaxBundleBytesLim)).Default(pcDefaultBundleBytes).
-				LintRule(speclint.Int(pcFieldMaxBundleBytes, source.MinBundleBytes, source.MaxBundleBytesLim)),
+			service.NewIntField(pcFieldMaxBundleMessages).Description(fmt.Sprintf("Most messages per batch (%d-%d); a larger transaction goes in pieces.", source.MinBundleMessages, source.MaxBundleMessages)).Default(1000).
+				LintRule(speclint.Int(pcFieldMaxBundleMessages, source.MinBundleMessages, source.MaxBundleMessages)),
+			service.NewIntField(pcFieldMaxBundleBytes).Description(fmt.Sprintf("Most payload bytes per batch (%d-%d).", source.MinBundleBytes, source.MaxBundleBytes)).Default(pcDefaultBundleBytes).
+				LintRule(speclint.Int(pcFieldMaxBundleBytes, source.MinBundleBytes, source.MaxBundleBytes)),
 			service.NewDurationField(pcFieldLinger).Description(fmt.Sprintf("How long a batch may wait for more transactions before it goes, whatever the load (0s-%s); 0 sends as soon as nothing more is buffered (unless `%s` holds it under load).", source.MaxLinger, pcFieldLoadLinger)).Default("0s").
 				LintRule(speclint.Duration(pcFieldLinger, 0, source.MaxLinger)),
 			service.NewDurationField(pcFieldLoadLinger).Description(fmt.Sprintf("Under sustained load, how long after the previous batch's acknowledgement a batch that is not full waits to fill (0s-%s; 0s: never). It waits only while events arrive fast enough that the wait is expected to bring at least %d more (the rate averaged over the last batches), or while the stream is behind the writers (catch-up batching: the newest transaction arrived more than %d times this long later after its commit than the quickest recent delivery, so more WAL is waiting in the server), so a trickle that is caught up goes at once; under load batches grow, and each event costs less CPU in pgrelay and Redis, for up to this much more latency.", source.MaxLinger, source.FillMinEvents, source.BehindLingers)).Default(source.DefaultLoadLinger.String()).

@@ -17,7 +17,7 @@ func TestBuildAhead(t *testing.T) {
 	if b, _, err := ss.build(ctx, true); b != nil || err != nil {
 		t.Fatalf("a bundle below the limit was built ahead: %v %v", b, err)
 	}
-	if items, _ := ss.q.snapshot(); len(items) != 3 || ss.plan.Position() != start.Position() {
+	if items, _ := ss.q.peek(); len(items) != 3 || ss.plan.Position() != start.Position() {
 		t.Fatalf("building ahead consumed items or moved the plan: %d items, plan %s", len(items), ss.plan.Position())
 	}
 

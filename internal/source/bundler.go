@@ -27,7 +27,7 @@ func (ss *session) bundle(ctx context.Context) (*Batch, waitFor, error) { return
 // batch and never writes the pointer, so nothing moves it under the batch in flight.
 func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, error) {
 	cfg := &ss.src.cfg
-	items, changed := ss.q.snapshot()
+	items, changed := ss.q.peek()
 	idle := waitFor{ch: changed, after: time.Hour}
 	if ss.ctx.Err() != nil {
 		return nil, idle, nil

@@ -90,21 +90,21 @@ type PGConfig = pgconnect.Config
 
 // Limits of the numeric fields; a value outside is refused with its path, never clamped.
 const (
-	MinLeaseTTL, MaxLeaseTTL          = 3 * time.Second, 120 * time.Second
-	MinBundleMessages, MaxBundleMsgs  = 1, 50000
-	MinBundleBytes, MaxBundleBytesLim = 64 << 10, 64 << 20
-	MaxLinger                         = 5 * time.Second
-	DefaultLoadLinger                 = 2 * time.Millisecond // load_linger's default
-	MinHeartbeat, MaxHeartbeat        = 1 * time.Second, time.Hour
-	MaxTables                         = 256
-	MinChunkRows, MaxChunkRows        = 1, 100000
-	DefaultChunkRows                  = 2000
-	MaxQueueBytes                     = 128 // a table's queue name
-	MinEnvelopeEvents, MaxEnvelopeEvs = 1, 1000000
-	DefaultEnvelopeEvents             = 10000
-	MinEnvelopeBytes                  = MinBundleBytes // an envelope's bytes are also at most max_bundle_bytes
-	DefaultEnvelopeBytes              = 4 << 20
-	MaxPublicationBytes               = 63 // PostgreSQL's identifier limit
+	MinLeaseTTL, MaxLeaseTTL             = 3 * time.Second, 120 * time.Second
+	MinBundleMessages, MaxBundleMessages = 1, 50000
+	MinBundleBytes, MaxBundleBytes       = 64 << 10, 64 << 20
+	MaxLinger                            = 5 * time.Second
+	DefaultLoadLinger                    = 2 * time.Millisecond // load_linger's default
+	MinHeartbeat, MaxHeartbeat           = 1 * time.Second, time.Hour
+	MaxTables                            = 256
+	MinChunkRows, MaxChunkRows           = 1, 100000
+	DefaultChunkRows                     = 2000
+	MaxQueueBytes                        = 128 // a table's queue name
+	MinEnvelopeEvents, MaxEnvelopeEvs    = 1, 1000000
+	DefaultEnvelopeEvents                = 10000
+	MinEnvelopeBytes                     = MinBundleBytes // an envelope's bytes are also at most max_bundle_bytes
+	DefaultEnvelopeBytes                 = 4 << 20
+	MaxPublicationBytes                  = 63 // PostgreSQL's identifier limit
 	// InsertPublicationSuffix names the publication of the append-only tables after the main one.
 	InsertPublicationSuffix = "_insert"
 )
@@ -240,10 +240,10 @@ func (c *Config) validateLimits() error {
 	switch {
 	case c.LeaseTTL < MinLeaseTTL || c.LeaseTTL > MaxLeaseTTL:
 		return fieldErr("lease_ttl", "%s is not in %s-%s", c.LeaseTTL, MinLeaseTTL, MaxLeaseTTL)
-	case c.MaxBundleMessages < MinBundleMessages || c.MaxBundleMessages > MaxBundleMsgs:
-		return fieldErr("max_bundle_messages", "%d is not in %d-%d", c.MaxBundleMessages, MinBundleMessages, MaxBundleMsgs)
-	case c.MaxBundleBytes < MinBundleBytes || c.MaxBundleBytes > MaxBundleBytesLim:
-		return fieldErr("max_bundle_bytes", "%d is not in %d-%d", c.MaxBundleBytes, MinBundleBytes, MaxBundleBytesLim)
+	case c.MaxBundleMessages < MinBundleMessages || c.MaxBundleMessages > MaxBundleMessages:
+		return fieldErr("max_bundle_messages", "%d is not in %d-%d", c.MaxBundleMessages, MinBundleMessages, MaxBundleMessages)
+	case c.MaxBundleBytes < MinBundleBytes || c.MaxBundleBytes > MaxBundleBytes:
+		return fieldErr("max_bundle_bytes", "%d is not in %d-%d", c.MaxBundleBytes, MinBundleBytes, MaxBundleBytes)
 	case c.Linger < 0 || c.Linger > MaxLinger:
 		return fieldErr("linger", "%s is not in 0s-%s", c.Linger, MaxLinger)
 	case c.LoadLinger < 0 || c.LoadLinger > MaxLinger:

@@ -281,7 +281,7 @@ func TestEnvelopePartsExactlyOnceAcrossRestarts(t *testing.T) {
 				}
 				err = ack(b)
 			}
-			if items, _ := ss.q.snapshot(); err == nil && len(items) == 1 && items[0].kind == itemCommit {
+			if items, _ := ss.q.peek(); err == nil && len(items) == 1 && items[0].kind == itemCommit {
 				// The commit alone: the pointer-only write of an idle advance, which may be lost too.
 				if rng.IntN(2) == 0 {
 					continue

@@ -97,9 +97,9 @@ func (q *itemQueue) tryPush(it item) (bool, <-chan struct{}) {
 	return true, nil
 }
 
-// snapshot returns the queued items without removing them, plus the channel signalling a change.
+// peek returns the queued items without removing them, plus the channel signalling a change.
 // Only the bundler may call it (the items stay valid until its own next pop).
-func (q *itemQueue) snapshot() ([]item, <-chan struct{}) {
+func (q *itemQueue) peek() ([]item, <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.items[q.head:], q.waitChanged()

@@ -51,7 +51,7 @@ func TestItemQueuePop(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		q.tryPush(change(100, uint64(i), 2))
 	}
-	_, before := q.snapshot()
+	_, before := q.peek()
 	q.pop(0)
 	select {
 	case <-before:
@@ -59,7 +59,7 @@ func TestItemQueuePop(t *testing.T) {
 	default:
 	}
 	q.pop(2)
-	items, _ := q.snapshot()
+	items, _ := q.peek()
 	if len(items) != 3 || items[0].seq != 2 || items[2].seq != 4 || q.events != 6 {
 		t.Fatalf("after pop(2): %d items (first seq %d), %d events", len(items), items[0].seq, q.events)
 	}
@@ -69,7 +69,7 @@ func TestItemQueuePop(t *testing.T) {
 		t.Fatal("pop(2) did not signal")
 	}
 	q.pop(3)
-	if items, _ := q.snapshot(); len(items) != 0 || q.events != 0 || q.bytes != 0 {
+	if items, _ := q.peek(); len(items) != 0 || q.events != 0 || q.bytes != 0 {
 		t.Fatalf("after popping all: %d items, %d events, %d bytes", len(items), q.events, q.bytes)
 	}
 }

@@ -175,6 +175,6 @@ func TestChunksGoWhileTheStreamIsNeverQuiet(t *testing.T) {
 }
 
 func mustItems(ss *session) []item {
-	items, _ := ss.q.snapshot()
+	items, _ := ss.q.peek()
 	return items
 }
