@@ -282,10 +282,10 @@ func (e *pubEnv) outboxPoller(ctx context.Context) {
 			return
 		}
 		e.pollerStep.Store("delete")
-		// The ids are taken first (an init plan), then deleted through the primary key: with
-		// `id IN (subquery)` the planner, trusting statistics taken while the outbox was nearly empty,
-		// chose a nested loop that scanned the whole table once per id, and one poll of 55,000 rows
-		// ran for minutes.
+		// The ids are taken first (an init plan), then deleted through the primary key, a plan no
+		// statistics can change: with `id IN (subquery)` and statistics taken while the outbox was
+		// nearly empty, one poll with 55,000 rows queued ran for minutes at a full core (the shape
+		// of a scan of the table per id).
 		rows, err := tx.Query(ctx, `DELETE FROM outbox WHERE id = ANY (ARRAY(SELECT id FROM outbox ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
 			RETURNING id, partition, payload::text, to_char(pg_xact_commit_timestamp(xmin) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`)
 		if err != nil {
