@@ -201,6 +201,34 @@ func PostmasterPid(dataDir string) (int, error) {
 	return strconv.Atoi(strings.TrimSpace(line))
 }
 
+// WatchRedisFsync makes the Redis of rdb record each AOF fsync of 1 ms or more (its latency
+// monitor) and forgets those recorded so far: RedisFsyncMax then reads the slowest since. With
+// appendfsync always every queue write waits for one, so a disk that stalls shows here.
+func WatchRedisFsync(ctx context.Context, rdb *redis.Client) error {
+	if err := rdb.ConfigSet(ctx, "latency-monitor-threshold", "1").Err(); err != nil {
+		return err
+	}
+	return rdb.Do(ctx, "LATENCY", "RESET").Err()
+}
+
+// RedisFsyncMax is the slowest AOF fsync (appendfsync always: latency event aof-fsync-always), in
+// ms, since WatchRedisFsync; 0 when none took 1 ms.
+func RedisFsyncMax(ctx context.Context, rdb *redis.Client) (float64, error) {
+	rows, err := rdb.Do(ctx, "LATENCY", "LATEST").Slice()
+	if err != nil {
+		return 0, err
+	}
+	for _, row := range rows {
+		// event name, time of the latest, the latest and the slowest, in ms
+		if f, ok := row.([]any); ok && len(f) == 4 && f[0] == "aof-fsync-always" {
+			if max, ok := f[3].(int64); ok {
+				return float64(max), nil
+			}
+		}
+	}
+	return 0, nil
+}
+
 // RedisPid is the pid of the redis-server rdb talks to (INFO server process_id).
 func RedisPid(ctx context.Context, rdb *redis.Client) (int, error) {
 	info, err := rdb.Info(ctx, "server").Result()

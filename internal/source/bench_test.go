@@ -409,7 +409,9 @@ func waitBenchPointer(b *testing.B, e *env, queue, name string) {
 // baseline, measured at the same time on the same transactions: commit time → the commit message
 // decoded by pglogrepl from a plain pgoutput slot (raw_p50_ms, raw_p99_ms), what PostgreSQL and
 // the host cost before any connector does anything. Medians of PGRELAY_BENCH_RUNS runs; also
-// p99_over_raw_ms, the p99 minus the raw p99 of the same run.
+// p99_over_raw_ms, the p99 minus the raw p99 of the same run, and redis_fsync_max_ms, the slowest
+// AOF fsync Redis recorded in the run (every queue write waits for one with appendfsync always, so a
+// stalling disk lengthens pgrelay's tail and not the raw one).
 func BenchmarkSourceLatency(b *testing.B) {
 	tps := 2000
 	if n, err := strconv.Atoi(os.Getenv("PGRELAY_BENCH_TPS")); err == nil && n > 0 {
@@ -489,6 +491,9 @@ func (m *latencyMetrics) latencyRun(b *testing.B, e *env, stream string, tps, to
 			}
 		}
 	}()
+	if err := benchenv.WatchRedisFsync(e.ctx, reader); err != nil {
+		b.Fatal(err)
+	}
 	writeAtRate(b, e, tps, total, base)
 	<-done
 	sort.Slice(lat, func(a, c int) bool { return lat[a] < lat[c] })
@@ -498,6 +503,11 @@ func (m *latencyMetrics) latencyRun(b *testing.B, e *env, stream string, tps, to
 	p99 := ms(lat[len(lat)*99/100])
 	m.Add("p50_ms", ms(lat[len(lat)/2]))
 	m.Add("p99_ms", p99)
+	fsync, err := benchenv.RedisFsyncMax(e.ctx, reader)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m.Add("redis_fsync_max_ms", fsync)
 	if raw := <-rawDone; len(raw) > 0 {
 		sort.Slice(raw, func(a, c int) bool { return raw[a] < raw[c] })
 		m.Add("raw_p50_ms", ms(raw[len(raw)/2]))
