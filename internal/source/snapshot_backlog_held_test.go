@@ -64,12 +64,14 @@ func TestSnapshotAheadOfTheBacklogHeldCommits(t *testing.T) {
 	t2 := e.commitHeld(`UPDATE a SET v = 'held 2' WHERE id BETWEEN 21 AND 80 AND id % 3 = 0;
 		DELETE FROM a WHERE id BETWEEN 21 AND 80 AND id % 3 = 1`)
 	afterT2 := cdctest.CurrentLSN(t, e.pg.Pool())
-	e.writeLocal(100, 100) // room for a's chunks to go ahead before the stream reaches T3
+	// room for a's chunks to go ahead before the stream reaches T3: 150,000 rows in batches of
+	// 100, seconds of the stream's work (50,000 were passed in a CI run before the chunks began)
+	e.writeLocal(100, 300)
 	beforeT3 := cdctest.CurrentLSN(t, e.pg.Pool())
 	t3 := e.commitHeld(`UPDATE a SET v = 'held 3' WHERE id BETWEEN 121 AND 180 AND id % 3 = 0;
 		DELETE FROM a WHERE id BETWEEN 121 AND 180 AND id % 3 = 1;
 		INSERT INTO a SELECT i, 'held 3' FROM generate_series(201, 210) i`)
-	e.writeLocal(300, 10)
+	e.writeLocal(400, 10)
 
 	// The highest key of a the snapshot had in the queue while the stream was short of T3.
 	var ahead int
@@ -96,6 +98,12 @@ func TestSnapshotAheadOfTheBacklogHeldCommits(t *testing.T) {
 		t.Fatalf("setup: the held commits are visible (%d rows, %v)", visible, err)
 	}
 	if _, err := open.Exec(ctx, `SET LOCAL synchronous_commit = local`); err != nil {
+		t.Fatal(err)
+	}
+	// Redis takes no writes for a second from here: the stream, its item queue full, stays short of
+	// T3 while the snapshot notices the commit below (it polls every 20-200 ms) and reads its first
+	// chunks, which are then far ahead of the stream whatever the machine's speed.
+	if err := rdb.Do(ctx, "CLIENT", "PAUSE", "1000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := open.Commit(ctx); err != nil {
