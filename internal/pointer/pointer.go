@@ -132,6 +132,12 @@ func appendHex(b []byte, v uint64, width int) []byte {
 	return b
 }
 
+// SnapshotRuns reports whether p carries a snapshot cursor: a pointer read back keeps JSON null in
+// Snapshot when none runs, one made here has nil.
+func (p Pointer) SnapshotRuns() bool {
+	return len(p.Snapshot) > 0 && string(p.Snapshot) != "null"
+}
+
 // Covered reports whether change seq of the transaction committing at commit is already in.
 func (p Pointer) Covered(commit pglogrepl.LSN, seq uint64) bool {
 	if commit <= p.LSNValue() {
@@ -215,10 +221,9 @@ func (p Pointer) marshalReflect() []byte {
 
 // appendPlain appends p's JSON as encoding/json writes it (fields in order, parts' keys sorted,
 // empty tables and parts left out); ok is false, and the JSON left to encoding/json, when p has
-// a snapshot cursor or a string that is not plain. A snapshot of JSON null (a pointer read back:
-// Parse keeps the null) is no cursor.
+// a snapshot cursor (SnapshotRuns) or a string that is not plain.
 func (p Pointer) appendPlain(b []byte) (_ []byte, ok bool) {
-	if (p.Snapshot != nil && string(p.Snapshot) != "null") || !plain(p.Epoch, p.SystemID, p.Slot, p.LSN, p.UpdatedAt, p.Pos) || !plain(p.Tables...) {
+	if p.SnapshotRuns() || !plain(p.Epoch, p.SystemID, p.Slot, p.LSN, p.UpdatedAt, p.Pos) || !plain(p.Tables...) {
 		return b, false
 	}
 	var keys []string

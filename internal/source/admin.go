@@ -238,7 +238,7 @@ func Teardown(ctx context.Context, cfg Config, force bool, w io.Writer) error {
 // done as the queue holds them, the table's estimate, and the rate and time left the owner last
 // reported for that table.
 func (st *Status) readSnapshot(ctx context.Context, pool *pgxpool.Pool, ptr *pointer.Pointer, live *SnapshotProgress) error {
-	if ptr == nil || len(ptr.Snapshot) == 0 || string(ptr.Snapshot) == "null" {
+	if ptr == nil || !ptr.SnapshotRuns() {
 		return nil
 	}
 	var cur snapshot.Cursor

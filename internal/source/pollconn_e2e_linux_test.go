@@ -139,12 +139,14 @@ func tcpSockets(t *testing.T) []tcpSocket {
 func socketFds(t *testing.T, local, remote int) []int {
 	t.Helper()
 	var fds []int
+	files := source.OpenFiles(t)
 	for _, s := range tcpSockets(t) {
 		if s.local != local || s.remote != remote {
 			continue
 		}
-		for fd, target := range source.OpenFiles(t) {
-			if target == fmt.Sprintf("socket:[%d]", s.inode) {
+		want := fmt.Sprintf("socket:[%d]", s.inode)
+		for fd, target := range files {
+			if target == want {
 				fds = append(fds, fd)
 			}
 		}

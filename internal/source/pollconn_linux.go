@@ -42,7 +42,6 @@ type pollConn struct {
 
 // direction is the reads' or the writes' deadline and wait.
 type direction struct {
-	op       string       // "read" or "write"
 	events   int16        // what poll waits for: POLLIN or POLLOUT
 	deadline atomic.Int64 // unix nanoseconds; 0: none
 	waiting  *os.File     // the socket's registered duplicate a call waits on (pollConn.mu)
@@ -83,7 +82,7 @@ func newPollConn(c net.Conn) (net.Conn, error) {
 	if err != nil {
 		return c, nil
 	}
-	pc := &pollConn{fd: -1, local: c.LocalAddr(), remote: c.RemoteAddr(), read: direction{op: "read", events: unix.POLLIN}, write: direction{op: "write", events: unix.POLLOUT}}
+	pc := &pollConn{fd: -1, local: c.LocalAddr(), remote: c.RemoteAddr(), read: direction{events: unix.POLLIN}, write: direction{events: unix.POLLOUT}}
 	var dupErr error
 	err = raw.Control(func(s uintptr) { pc.fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) })
 	if err = errors.Join(err, dupErr, c.Close()); err != nil {

@@ -35,7 +35,7 @@ func PlanTables(p pointer.Pointer, configured []string, snapshotNew bool) (point
 		return p, added, nil
 	}
 	var cur snapshot.Cursor
-	if len(p.Snapshot) > 0 && string(p.Snapshot) != "null" {
+	if p.SnapshotRuns() {
 		if err := json.Unmarshal(p.Snapshot, &cur); err != nil || cur.Table == "" {
 			return p, nil, fmt.Errorf("the pointer's snapshot cursor is unreadable: %s", p.Snapshot)
 		}
