@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
@@ -76,9 +77,18 @@ func BenchmarkSnapshotUnderLoad(b *testing.B) {
 			m.Add("idle_s", idle.elapsed.Seconds())
 			m.Add("idle_rows/s", idle.pace)
 			idle.addCores(&m, "idle")
+			m.Add("idle_cpu_pgrelay_us/row", idle.cpu.pgrelay.Seconds()*1e6/float64(total))
 			m.Add("steady_s", steady.elapsed.Seconds())
 			steady.addCores(&m, "steady")
+			// pgrelay's CPU over the snapshot, the stream of pgbench's changes included: the
+			// slowdown is this against idle's times the cores pgrelay got against idle's
+			m.Add("steady_cpu_pgrelay_us/row", steady.cpu.pgrelay.Seconds()*1e6/float64(total))
 			m.Add("steady_slowdown", steady.elapsed.Seconds()/idle.elapsed.Seconds())
+			if idle.own > 0 && steady.own > 0 {
+				m.Add("idle_own_s", idle.own.Seconds())
+				m.Add("steady_own_s", steady.own.Seconds())
+				m.Add("steady_own_slowdown", steady.own.Seconds()/idle.own.Seconds())
+			}
 			m.Add("steady_lag_max_s", steady.lagMax.Seconds())
 			m.Add("steady_writers_tx/s", steady.writersTPS)
 			m.Add("catchup_rows/s", catchup.pace)
@@ -110,6 +120,7 @@ type loadResult struct {
 	cpu        phase                    // the CPU time of each process over window
 	pgbench    time.Duration            // pgbench's own CPU time over the same window
 	waits      map[string]time.Duration // per process: its threads' time runnable without a core
+	own        time.Duration            // the snapshot's own time: its "snapshot of" log line to "snapshot done" (the last start's)
 	firstChunk time.Duration            // catchup: from the restart to the first rows delivered after it
 	paceAfter  float64                  // catchup: rows per second from those rows to the end
 }
@@ -207,7 +218,17 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 	if pgbenchPid != 0 {
 		pgbench0 = meter.cpu(benchenv.CPU, pgbenchPid)
 	}
-	stop = startStream(b, lr.config(name, true))
+	phaseName := "idle"
+	switch {
+	case kill:
+		phaseName = "catchup"
+	case writers:
+		phaseName = "steady"
+	}
+	endProfile := benchenv.Profile(b, "load_"+phaseName)
+	defer endProfile()
+	marks := &snapshotMarks{}
+	stop = runStream(b, lr.config(name, true), slog.New(marks))
 	defer func() { stop() }()
 	from, paceStart := int64(0), start // the pace's window: rows delivered at its start, its start
 	stopped := false
@@ -229,6 +250,8 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 					res.pgbench = meter.cpu(benchenv.CPU, pgbenchPid) - pgbench0
 				}
 				res.window = now.Sub(paceStart)
+				endProfile()
+				res.own = marks.own()
 				res.pace = float64(int64(lr.total)-from) / res.window.Seconds()
 				if stopped {
 					if moved.IsZero() { // the rest went in one step
@@ -262,7 +285,8 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 				meter = startMeter(b, pids) // the catch-up's cores: from the restart
 				waits = startWaits(pids, pgbenchPid)
 				pgbench0 = meter.cpu(benchenv.CPU, pgbenchPid)
-				stop = startStream(b, lr.config(name, true))
+				marks = &snapshotMarks{}
+				stop = runStream(b, lr.config(name, true), slog.New(marks))
 			}
 		}
 		if now.After(deadline) {
