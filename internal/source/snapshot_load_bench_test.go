@@ -82,6 +82,10 @@ func BenchmarkSnapshotUnderLoad(b *testing.B) {
 			steady.addCores(&m, "steady")
 			// pgrelay's CPU over the snapshot, the stream of pgbench's changes included: the
 			// slowdown is this against idle's times the cores pgrelay got against idle's
+			m.Add("steady_stream_pgrelay_cores", steady.streamCores)
+			if steady.writersTPS > 0 {
+				m.Add("steady_stream_pgrelay_us/tx", steady.streamCores*1e6/steady.writersTPS)
+			}
 			m.Add("steady_cpu_pgrelay_us/row", steady.cpu.pgrelay.Seconds()*1e6/float64(total))
 			m.Add("steady_slowdown", steady.elapsed.Seconds()/idle.elapsed.Seconds())
 			if idle.own > 0 && steady.own > 0 {
@@ -112,17 +116,18 @@ type loadRunner struct {
 
 // loadResult is one snapshot under (or without) load.
 type loadResult struct {
-	elapsed    time.Duration // from the restart with the table added to the snapshot's end
-	pace       float64       // rows per second from the (last) start to the end
-	lagMax     time.Duration // steady: the stream's largest lag once it caught up after the restart
-	writersTPS float64
-	window     time.Duration            // the pace's window: from the (last) start to the end
-	cpu        phase                    // the CPU time of each process over window
-	pgbench    time.Duration            // pgbench's own CPU time over the same window
-	waits      map[string]time.Duration // per process: its threads' time runnable without a core
-	own        time.Duration            // the snapshot's own time: its "snapshot of" log line to "snapshot done" (the last start's)
-	firstChunk time.Duration            // catchup: from the restart to the first rows delivered after it
-	paceAfter  float64                  // catchup: rows per second from those rows to the end
+	elapsed     time.Duration // from the restart with the table added to the snapshot's end
+	pace        float64       // rows per second from the (last) start to the end
+	lagMax      time.Duration // steady: the stream's largest lag once it caught up after the restart
+	writersTPS  float64
+	window      time.Duration            // the pace's window: from the (last) start to the end
+	cpu         phase                    // the CPU time of each process over window
+	pgbench     time.Duration            // pgbench's own CPU time over the same window
+	waits       map[string]time.Duration // per process: its threads' time runnable without a core
+	own         time.Duration            // the snapshot's own time: its "snapshot of" log line to "snapshot done" (the last start's)
+	streamCores float64                  // the cores pgrelay used streaming pgbench's changes before the restart
+	firstChunk  time.Duration            // catchup: from the restart to the first rows delivered after it
+	paceAfter   float64                  // catchup: rows per second from those rows to the end
 }
 
 // addCores reports the cores each process used over the snapshot's time.
@@ -204,7 +209,11 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 		}
 		pgbenchPid = cmd.Process.Pid
 		defer func() { cancel(); _ = cmd.Wait() }()
+		c0, t1 := benchenv.SelfCPU(), time.Now()
+		endStreamProfile := benchenv.Profile(b, "load_stream")
 		time.Sleep(2 * time.Second) // the stream in its steady state
+		endStreamProfile()
+		res.streamCores = (benchenv.SelfCPU() - c0).Seconds() / time.Since(t1).Seconds()
 	}
 	stop()
 	var lag *lagWatch

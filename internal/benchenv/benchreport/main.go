@@ -213,6 +213,8 @@ var figures = []figure{
 		baseName: "the same with no writers, µs", baseUnit: "idle_cpu_pgrelay_us/row", lowerBetter: true, goal: "—"},
 	{section: loadSection, name: "cores pgrelay got over that snapshot", bench: sload, unit: "steady_pgrelay_cores",
 		baseName: "the same with no writers", baseUnit: "idle_pgrelay_cores", goal: "—"},
+	{section: loadSection, name: "of those, the cores pgrelay's stream of pgbench's changes took alone (its 2 s before the restart)", bench: sload, unit: "steady_stream_pgrelay_cores", goal: "—"},
+	{section: loadSection, name: "pgrelay CPU per pgbench transaction streamed (3 updates and an insert), µs", bench: sload, unit: "steady_stream_pgrelay_us/tx", goal: "—"},
 	{section: loadSection, name: "stream lag during that snapshot (newest delivered commit), max s", bench: sload, unit: "steady_lag_max_s",
 		goal: "< 2 s", met: below(sload, "steady_lag_max_s", 2)},
 	{section: loadSection, name: "pgbench transactions/s meanwhile", bench: sload, unit: "steady_writers_tx/s", goal: "—"},
