@@ -183,3 +183,72 @@ func TestLargeBatchGoesInPieces(t *testing.T) {
 		})
 	}
 }
+
+// The pieces of a batch go in one pipeline by statements prepared on the connection. A second
+// piece with a column set the first did not have needs a statement the connection has not
+// prepared: what was sent is settled, the statement prepared, and the rest goes on in the same
+// transaction; the batch after it, of the same shapes, goes by the prepared statements. A message
+// of the second piece that PostgreSQL refuses (a CHECK) fails the whole pipelined transaction, the
+// COMMIT sent behind it included: nothing of the batch stays but what the regular path then applies
+// (the messages before it), and the message fails.
+func TestPiecesPrepareAndFailInOnePipeline(t *testing.T) {
+	f := startPG(t)
+	table := f.name("piped")
+	f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, v text, n int CHECK (n < 1000))`)
+	f.exec(t, `CREATE TABLE `+table+`_stmts (n int)`)
+	f.exec(t, `CREATE FUNCTION `+table+`_count() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO `+table+`_stmts VALUES (1); RETURN NULL; END $$`)
+	f.exec(t, `CREATE TRIGGER count_inserts AFTER INSERT ON `+table+` FOR EACH STATEMENT EXECUTE FUNCTION `+table+`_count()`)
+	a := f.applier(t, Config{Table: table, Mode: ModeUpsert})
+	// 300 messages of one shard (pieces 0-74 and 75-299); in the second piece every odd message
+	// has no n (a second column set); bad: the message whose n breaks the CHECK (-1: none)
+	build := func(shard int32, base, bad int) ([]*Message, []string) {
+		var msgs []*Message
+		var want []string
+		for i := 0; i < 300; i++ {
+			id := base + i
+			p, row := fmt.Sprintf(`{"id":%d,"v":"v%d","n":%d}`, id, i, i), fmt.Sprintf("%d=v%d/%d", id, i, i)
+			if i >= 75 && i%2 == 1 {
+				p, row = fmt.Sprintf(`{"id":%d,"v":"v%d"}`, id, i), fmt.Sprintf("%d=v%d/<null>", id, i)
+			}
+			if i == bad {
+				p = fmt.Sprintf(`{"id":%d,"v":"v%d","n":5000}`, id, i)
+			}
+			msgs = append(msgs, msg("q", shard, int64(i+1), p))
+			if bad < 0 || i < bad {
+				want = append(want, row)
+			}
+		}
+		return msgs, want
+	}
+	rows := func() []string {
+		got := f.queryStrings(t, `SELECT id || '=' || v || '/' || coalesce(n::text, '<null>') FROM `+table)
+		slices.Sort(got)
+		return got
+	}
+	for round, shard := range []int32{0, 1} { // the second round: every statement prepared
+		f.exec(t, `TRUNCATE `+table+`, `+table+`_stmts`)
+		msgs, want := build(shard, 0, -1)
+		if res := write(t, a, msgs...); res.Applied != 300 {
+			t.Fatalf("round %d: %+v", round, res)
+		}
+		slices.Sort(want)
+		if got := rows(); !slices.Equal(got, want) {
+			t.Fatalf("round %d: table differs:\n got %v\nwant %v", round, got, want)
+		}
+		// one INSERT for the first piece, one per column set for the second
+		if got := f.one(t, `SELECT count(*)::text FROM `+table+`_stmts`); got != "3" {
+			t.Fatalf("round %d: %s INSERT statements, want 3", round, got)
+		}
+	}
+	f.exec(t, `TRUNCATE `+table)
+	msgs, want := build(2, 0, 200)
+	res := write(t, a, msgs...)
+	if res.Outcomes[200] != Failed || res.Applied != 200 || res.Blocked != 99 {
+		t.Fatalf("batch with a refused row: %d applied, %d failed, %d blocked, message 200 %v", res.Applied, res.Failed, res.Blocked, res.Outcomes[200])
+	}
+	slices.Sort(want)
+	if got := rows(); !slices.Equal(got, want) {
+		t.Fatalf("batch with a refused row: table differs:\n got %v\nwant %v", got, want)
+	}
+}
