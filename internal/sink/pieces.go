@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -136,7 +137,7 @@ type piped struct {
 	pl    *pgconn.Pipeline
 	descs map[string]*pgconn.StatementDescription
 	eqb   pgx.ExtendedQueryBuilder
-	sent  int // statements sent
+	sent  []string // the SQL of the statements sent, in order
 }
 
 // startPiped prepares the statements of lists (a statement new to the connection costs a round
@@ -175,7 +176,7 @@ func (pp *piped) send(stmts []stmt) (bool, error) {
 			return true, err
 		}
 		pp.pl.SendQueryStatement(sd, pp.eqb.ParamValues, pp.eqb.ParamFormats, pp.eqb.ResultFormats)
-		pp.sent++
+		pp.sent = append(pp.sent, s.sql)
 	}
 	_ = pp.pl.Flush() // a failed flush closes the pipeline: finish reports its error
 	return true, nil
@@ -183,13 +184,13 @@ func (pp *piped) send(stmts []stmt) (bool, error) {
 
 // finish ends the pipeline with a Sync and reads the results of what was sent: the index of the
 // first statement that failed and its error (after an error the server skipped the rest, a COMMIT
-// among them included), or -1.
+// among them included), len(sent) for an error of the connection after them, or -1.
 func (pp *piped) finish() (int, error) {
 	at, first := -1, error(nil)
 	if err := pp.pl.Sync(); err != nil {
-		return 0, errors.Join(err, pp.pl.Close())
+		return len(pp.sent), errors.Join(err, pp.pl.Close())
 	}
-	for i := 0; i < pp.sent; i++ {
+	for i, sql := range pp.sent {
 		res, err := pp.pl.GetResults()
 		if err == nil {
 			if rr, ok := res.(*pgconn.ResultReader); ok {
@@ -197,12 +198,15 @@ func (pp *piped) finish() (int, error) {
 			}
 		}
 		if err != nil {
+			if sql == "COMMIT" {
+				err = fmt.Errorf("commit: %w", err)
+			}
 			at, first = i, err
 			break
 		}
 	}
 	if err := pp.pl.Close(); err != nil && first == nil {
-		return pp.sent, err
+		return len(pp.sent), err
 	}
 	return at, first
 }

@@ -1,11 +1,13 @@
 package sink
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestPieceBounds(t *testing.T) {
@@ -250,5 +252,38 @@ func TestPiecesPrepareAndFailInOnePipeline(t *testing.T) {
 	slices.Sort(want)
 	if got := rows(); !slices.Equal(got, want) {
 		t.Fatalf("batch with a refused row: table differs:\n got %v\nwant %v", got, want)
+	}
+}
+
+// A batch in pieces whose COMMIT fails (a deferred foreign key checked only then) keeps nothing of
+// the pipelined transaction: the regular path then applies the messages before the refused one,
+// fails it and blocks its shard's later messages, as for a row refused by a statement.
+func TestPiecesCommitFailure(t *testing.T) {
+	f := startPG(t)
+	table := f.name("piped_commit")
+	f.exec(t, `CREATE TABLE `+table+`_parent (id int PRIMARY KEY)`)
+	f.exec(t, `INSERT INTO `+table+`_parent SELECT generate_series(0, 299)`)
+	f.exec(t, `CREATE TABLE `+table+` (id int PRIMARY KEY, v text,
+		n int REFERENCES `+table+`_parent DEFERRABLE INITIALLY DEFERRED)`)
+	a := f.applier(t, Config{Table: table, Mode: ModeUpsert})
+	var msgs []*Message
+	for i := 0; i < 300; i++ {
+		n := i
+		if i == 200 { // no such parent: refused at COMMIT
+			n = 5000
+		}
+		msgs = append(msgs, msg("q", 0, int64(i+1), fmt.Sprintf(`{"id":%d,"v":"v%d","n":%d}`, i, i, n)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := a.Write(ctx, msgs)
+	if err != nil {
+		t.Fatalf("Write: %v", err)
+	}
+	if res.Outcomes[200] != Failed || res.Applied != 200 || res.Blocked != 99 {
+		t.Fatalf("%d applied, %d failed, %d blocked, message 200 %v; want 200, 1, 99, failed", res.Applied, res.Failed, res.Blocked, res.Outcomes[200])
+	}
+	if got := f.one(t, `SELECT count(*) || ' ' || max(id) FROM `+table); got != "200 199" {
+		t.Fatalf("rows (count, max id) %s, want 200 199: the ids before the refused one", got)
 	}
 }
