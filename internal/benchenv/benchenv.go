@@ -437,9 +437,9 @@ var (
 
 // Profile writes a CPU profile of this process to $PGRELAY_BENCH_PROFILE/<name>_<n>.pprof (n: 1
 // for the first window of that name, then 2, ...) while the measured window runs, when that
-// directory is set; the returned func ends it. Profiling costs a few per cent of CPU: profile in
-// a separate run from the one whose figures are reported. go tool pprof (and pprofgroup) add
-// up several files.
+// directory is set; the returned func ends it (the first call: later ones do nothing). Profiling
+// costs a few per cent of CPU: profile in a separate run from the one whose figures are reported.
+// go tool pprof (and pprofgroup) add up several files.
 func Profile(tb testing.TB, name string) func() {
 	dir := os.Getenv("PGRELAY_BENCH_PROFILE")
 	if dir == "" {
@@ -461,8 +461,11 @@ func Profile(tb testing.TB, name string) func() {
 		tb.Logf("benchenv: no CPU profile for %s: %v", name, err)
 		return func() {}
 	}
+	var once sync.Once
 	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		})
 	}
 }

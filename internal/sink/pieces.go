@@ -3,7 +3,6 @@ package sink
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -93,20 +92,15 @@ func (a *Applier) piecewise(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 		if last {
 			stmts = append(stmts, tail...)
 		}
-		sent, err := pp.send(stmts)
-		if err == nil && !sent { // a statement new to the connection: settle what was sent, prepare it
+		if !pp.prepared(stmts) { // a statement new to the connection: settle what was sent, prepare it
 			if ok, res, next, err := settle(); !ok {
 				return res, next, err
 			}
 			if pp, err = startPiped(ctx, conn, stmts, tail); err != nil {
 				return nil, streamDone, err
 			}
-			sent, err = pp.send(stmts)
 		}
-		if err == nil && !sent {
-			err = errors.New("pg_sink: a statement prepared for the pipeline was not found")
-		}
-		if err != nil {
+		if err := pp.send(stmts); err != nil {
 			_, ferr := pp.finish()
 			return nil, streamDone, errors.Join(err, ferr)
 		}
@@ -160,26 +154,34 @@ func startPiped(ctx context.Context, conn *pgx.Conn, lists ...[]stmt) (*piped, e
 	return pp, nil
 }
 
-// send sends stmts and flushes them to the server; it sends none and returns false when one of
-// them was not prepared. An argument that does not encode is an error (the statements before it
-// are sent: the transaction is left open without its COMMIT and goes back rolled back).
-func (pp *piped) send(stmts []stmt) (bool, error) {
+// prepared reports whether every statement of stmts has its prepared description.
+func (pp *piped) prepared(stmts []stmt) bool {
 	for _, s := range stmts {
 		if pp.descs[s.sql] == nil {
-			return false, nil
+			return false
 		}
 	}
+	return true
+}
+
+// send sends stmts, all prepared, and flushes them to the server. An argument that does not
+// encode is an error (the statements before it are sent: the transaction is left open without its
+// COMMIT and goes back rolled back).
+func (pp *piped) send(stmts []stmt) error {
 	m := pp.conn.TypeMap()
 	for _, s := range stmts {
 		sd := pp.descs[s.sql]
+		if sd == nil {
+			return errors.New("pg_sink: a statement of the pipeline was not prepared")
+		}
 		if err := pp.eqb.Build(m, sd, s.args); err != nil {
-			return true, err
+			return err
 		}
 		pp.pl.SendQueryStatement(sd, pp.eqb.ParamValues, pp.eqb.ParamFormats, pp.eqb.ResultFormats)
 		pp.sent = append(pp.sent, s.sql)
 	}
 	_ = pp.pl.Flush() // a failed flush closes the pipeline: finish reports its error
-	return true, nil
+	return nil
 }
 
 // finish ends the pipeline with a Sync and reads the results of what was sent: the index of the
@@ -198,10 +200,7 @@ func (pp *piped) finish() (int, error) {
 			}
 		}
 		if err != nil {
-			if sql == "COMMIT" {
-				err = fmt.Errorf("commit: %w", err)
-			}
-			at, first = i, err
+			at, first = i, commitErr(sql, err)
 			break
 		}
 	}

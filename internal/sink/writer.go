@@ -506,6 +506,14 @@ func sendAt(ctx context.Context, conn *pgx.Conn, stmts []stmt) (int, error) {
 	return sendAtMeanwhile(ctx, conn, stmts, nil)
 }
 
+// commitErr is err, the error of statement sql, saying so when that statement was the COMMIT.
+func commitErr(sql string, err error) error {
+	if sql == "COMMIT" {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return err
+}
+
 // sendAtMeanwhile is sendAt that runs meanwhile (if not nil) after the statements are sent and
 // before their results are read, while PostgreSQL runs them (with no statements, at once).
 func sendAtMeanwhile(ctx context.Context, conn *pgx.Conn, stmts []stmt, meanwhile func()) (int, error) {
@@ -526,10 +534,7 @@ func sendAtMeanwhile(ctx context.Context, conn *pgx.Conn, stmts []stmt, meanwhil
 	for i, s := range stmts {
 		if _, err := br.Exec(); err != nil {
 			br.Close()
-			if s.sql == "COMMIT" {
-				return i, fmt.Errorf("commit: %w", err)
-			}
-			return i, err
+			return i, commitErr(s.sql, err)
 		}
 	}
 	return -1, br.Close()
