@@ -255,6 +255,7 @@ func (s *Source) next(ctx context.Context) (*Batch, error) {
 		t := time.NewTimer(wait.after)
 		select {
 		case <-wait.ch:
+		case <-wait.ready:
 		case <-t.C:
 		case <-changed:
 		case <-sess.ctx.Done():

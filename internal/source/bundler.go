@@ -16,6 +16,7 @@ const idleWriteEvery = time.Second
 // waitFor says what the bundler waits on when no batch is due.
 type waitFor struct {
 	ch    <-chan struct{}
+	ready <-chan struct{} // also ends the wait (nil: none)
 	after time.Duration
 }
 
@@ -82,6 +83,9 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	complete, inTxn, txCommit, txDone, txParts, cursor := st.complete, st.inTxn, st.txCommit, st.txDone, st.txParts, st.cursor
 	partial := nev > 0 && !full && nev < cfg.MaxBundleMessages && size < cfg.MaxBundleBytes
 	if partial && (ahead || inTxn) { // ahead: only a full batch; in a transaction: the rest is on its way
+		if !ahead {
+			ss.askData()
+		}
 		return nil, idle, nil
 	}
 	cover := ss.plan.AtCommit(complete)
@@ -94,6 +98,13 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 	if nev == 0 {
 		if ahead {
 			return nil, idle, nil
+		}
+		// Under load the next batch waits to fill anyway: the reader reads in its turn before
+		// then, not at once.
+		if fill := ss.fillUntil(false); fill.After(time.Now()) && ss.turns() {
+			ss.giveTurn(fill, cfg.LoadLinger/turnHeadStart)
+		} else {
+			ss.askData()
 		}
 		if n == 0 || !ss.plan.Less(cover) {
 			ss.pop(n)
@@ -116,18 +127,32 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 		until := ss.firstSeen.Add(cfg.Linger)
 		fill := ss.fillUntil(behind)
 		ss.coalesce.setLoaded(!fill.IsZero())
-		if fill.After(until) {
+		var ready <-chan struct{}
+		switch {
+		case !fill.After(until) || !fill.After(time.Now()): // no wait to fill, or linger's is longer
+			ss.askData() // (a reader still waiting for a turn reads now)
+		case ss.turns():
 			until = fill
-			// The reader may leave the WAL unread until shortly before: what arrives meanwhile is
-			// then read in a few large reads instead of one read per message as it comes.
-			ss.readPause.Store(fill.Add(-cfg.LoadLinger / readHeadStart).UnixNano())
+			// The reader leaves the WAL unread until its turn shortly before the batch goes: what
+			// arrives meanwhile is then read in a few large reads instead of one read per message
+			// as it comes. Once that read is queued the batch goes (coalesce.go, readTurn); the
+			// wait's own end is then only for a reader that could not read (nothing arrived).
+			if turn := ss.giveTurn(until, cfg.LoadLinger/turnHeadStart); ss.readServed.Load() == turn {
+				until = time.Time{}
+			} else {
+				ready, until = ss.readDone, until.Add(cfg.LoadLinger/turnHeadStart)
+			}
+		default: // behind, or a snapshot runs: the reader pauses until shortly before
+			until = fill
+			ss.giveTurn(until, cfg.LoadLinger/readHeadStart)
 		}
 		if wait := time.Until(until); wait > 0 {
-			// Only a full batch ends the wait early: waking on every queued change would cost a
-			// wake-up per change.
-			return nil, waitFor{ch: ss.q.whenFull(), after: wait}, nil
+			// Only a full batch (or the reader's turn served) ends the wait early: waking on
+			// every queued change would cost a wake-up per change.
+			return nil, waitFor{ch: ss.q.whenFull(), ready: ready, after: wait}, nil
 		}
 	}
+	ss.wantData.Store(false)
 	events := soleEvents(items[:n])
 	if events == nil {
 		events = make([]Event, 0, nev)
@@ -154,6 +179,9 @@ const (
 	// readHeadStart: during a wait to fill, the reader resumes reading this fraction of
 	// load_linger before the batch goes, to have read and queued what arrived meanwhile.
 	readHeadStart = 4
+	// turnHeadStart: the same when the reader reads in turns (coalesce.go, readTurn): the batch
+	// goes as soon as the turn's read is queued, so the turn comes later.
+	turnHeadStart = 8
 	// rateWeight is the weight of the newest batch in the arrival rate's averages.
 	rateWeight = 1.0 / 8
 	// maxRateGap bounds one gap between batches in the average, so the rate recovers within a few
@@ -219,6 +247,26 @@ func soleEvents(items []item) []Event {
 		}
 	}
 	return out
+}
+
+// giveTurn gives the reader its turn (the end of its pause) head before at, when a batch waiting
+// to fill goes, and returns it.
+func (ss *session) giveTurn(at time.Time, head time.Duration) int64 {
+	turn := at.Add(-head).UnixNano()
+	ss.wantData.Store(false)
+	if ss.readPause.Load() != turn {
+		ss.readPause.Store(turn)
+		poke(ss.readWake)
+	}
+	return turn
+}
+
+// askData tells a reader waiting for its turn that the bundler has nothing to send: read now.
+func (ss *session) askData() {
+	if !ss.wantData.Load() {
+		ss.wantData.Store(true)
+		poke(ss.readWake)
+	}
 }
 
 // pop removes the first n queued items; build measures the rest from the start again.

@@ -58,26 +58,44 @@ func replicationFrontend(set func(*readCoalescer)) func(io.Reader, io.Writer) *p
 // goroutine alone calls Read; the session sets behind at each commit, the bundler loaded as it
 // decides whether a batch waits to fill.
 type readCoalescer struct {
-	r       io.Reader
-	behind  atomic.Bool
-	loaded  atomic.Bool
-	drained bool   // the last read returned less than it asked for: the socket had no more
-	wait    func() // sleeps coalesceWait
+	r        io.Reader
+	behind   atomic.Bool
+	loaded   atomic.Bool
+	drained  bool   // the last read returned less than it asked for: the socket had no more
+	lastRead int64  // unix ns: when the last read began (kept once turn is set)
+	wait     func() // sleeps coalesceWait
+	// turn, set by the session once it streams, is the wait under load: until the reader's next
+	// turn (session.readTurn), given when the last read began.
+	turn func(lastRead int64)
 }
 
 func newReadCoalescer(r io.Reader) *readCoalescer {
 	return &readCoalescer{r: r, wait: func() { time.Sleep(coalesceWait) }}
 }
 
-// Read waits coalesceWait first when the stream is behind or under load and the previous read
-// drained the socket.
+// Read waits first when the stream is behind or under load and the previous read drained the
+// socket: coalesceWait while behind, the reader's next turn under load.
 func (c *readCoalescer) Read(p []byte) (int, error) {
-	if c.drained && (c.behind.Load() || c.loaded.Load()) {
-		c.wait()
+	if c.drained {
+		switch behind, loaded := c.behind.Load(), c.loaded.Load(); {
+		case loaded && !behind && c.turn != nil:
+			c.turn(c.lastRead)
+		case behind || loaded:
+			c.wait()
+		}
+	}
+	if c.turn != nil {
+		c.lastRead = time.Now().UnixNano()
 	}
 	n, err := c.r.Read(p)
 	c.drained = n < len(p)
 	return n, err
+}
+
+// turns reports whether the reader reads in the turns the bundler gives it (under load, and not
+// behind: readTurn). nil-safe.
+func (c *readCoalescer) turns() bool {
+	return c != nil && c.turn != nil && !c.behind.Load()
 }
 
 // setBehind records whether the stream is behind (nil-safe: a connection without a coalescer).
@@ -98,5 +116,69 @@ func (c *readCoalescer) setLoaded(loaded bool) {
 func setFlag(flag *atomic.Bool, v bool) {
 	if flag.Load() != v {
 		flag.Store(v)
+	}
+}
+
+// Under load, a batch waits to fill until load_linger after the previous ack (bundler.go), and
+// the WAL that arrives meanwhile is read in turns: the bundler gives the reader one turn shortly
+// before the batch goes (session.readPause), the reader reads and queues what arrived and tells
+// the bundler (readServed), and the batch goes at once. Between turns a reader that drained the
+// socket waits for the next turn, or for the bundler asking for data (wantData: it has nothing
+// to send), at most turnWaitMax. So pgrelay wakes about twice per batch (the ack, the turn)
+// instead of at every read, timer and hand-over in between: each wake of an idle Go process
+// costs its scheduler threads and the runtime's monitor several context switches, which on
+// small transactions cost more than the changes themselves.
+
+// turns reports whether the reader reads in turns: under load, not behind, and with no snapshot
+// running (its chunks go into the queue once the stream passed their high watermarks, and a full
+// batch of them is built while another is in flight: the reader reads on as before).
+func (ss *session) turns() bool {
+	return ss.coalesce.turns() && (ss.snap == nil || ss.snap.over.Load())
+}
+
+// turnWaitMax bounds a reader's wait for its next turn: the reader still answers keepalives and
+// reports its position while batches stall (the wait is a ticker's, not a timer per wait: a
+// stopped timer still wakes the runtime at its time).
+const turnWaitMax = 100 * time.Millisecond
+
+// poke sends on a channel of capacity 1 without blocking: a wake-up already pending is enough.
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// readTurn is the reader's wait under load between a read that drained the socket and the next
+// (everything read so far is decoded and queued by now); lastRead is when that read began. A
+// turn that has come is served by the first such wait after a read that began in it: the
+// bundler is told, and the reader waits for the next turn.
+func (ss *session) readTurn(lastRead int64) {
+	if !ss.turns() { // a snapshot runs: its chunks wait for the stream to pass their watermarks
+		ss.coalesce.wait()
+		return
+	}
+	now := time.Now().UnixNano()
+	if turn := ss.readPause.Load(); turn != 0 && turn <= now {
+		if lastRead < turn {
+			return // nothing read in this turn yet
+		}
+		if ss.readServed.Load() != turn {
+			ss.readServed.Store(turn)
+			poke(ss.readDone)
+		}
+	}
+	for !ss.wantData.Load() {
+		if turn := ss.readPause.Load(); turn > time.Now().UnixNano() {
+			ss.pauseReading(turn)
+			return
+		}
+		select {
+		case <-ss.readWake:
+		case <-ss.readTick.C:
+			return
+		case <-ss.ctx.Done():
+			return
+		}
 	}
 }

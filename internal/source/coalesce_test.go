@@ -2,12 +2,16 @@ package source
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
 // chunks is a reader that returns its chunks one per Read (as a socket returns what has arrived).
@@ -28,7 +32,8 @@ func (c *chunks) Read(p []byte) (int, error) {
 
 // TestReadCoalescerWaitsOnlyBehindAfterADrainedRead: a read waits before it goes only while the
 // stream is behind or under load and the previous read returned less than it asked for (the
-// socket was drained); a full read, or a stream that keeps up, never waits.
+// socket was drained); a full read, or a stream that keeps up, never waits. With a session's
+// turns, the wait under load (not behind) is the wait for the reader's turn.
 func TestReadCoalescerWaitsOnlyBehindAfterADrainedRead(t *testing.T) {
 	for _, tc := range []struct {
 		name           string
@@ -41,27 +46,41 @@ func TestReadCoalescerWaitsOnlyBehindAfterADrainedRead(t *testing.T) {
 		{"under load, every read drained", false, true, []int{3, 3, 3}, 2},
 		{"behind, full reads", true, false, []int{8, 8, 8}, 0},
 		{"behind, full then drained", true, false, []int{8, 2, 8, 1}, 1},
+		{"behind and under load", true, true, []int{3, 3, 3}, 2},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var src chunks
-			for _, n := range tc.reads {
-				src = append(src, make([]byte, n))
+		for _, turns := range []bool{false, true} { // a session's turns wait under load instead
+			name := tc.name
+			if turns {
+				name += ", turns"
 			}
-			c := newReadCoalescer(&src)
-			waits := 0
-			c.wait = func() { waits++ }
-			c.setBehind(tc.behind)
-			c.setLoaded(tc.loaded)
-			buf := make([]byte, 8)
-			for i, want := range tc.reads {
-				if n, err := c.Read(buf); n != want || err != nil {
-					t.Fatalf("read %d: %d bytes, %v; want %d", i, n, err, want)
+			t.Run(name, func(t *testing.T) {
+				var src chunks
+				for _, n := range tc.reads {
+					src = append(src, make([]byte, n))
 				}
-			}
-			if waits != tc.waits {
-				t.Errorf("%d waits, want %d", waits, tc.waits)
-			}
-		})
+				c := newReadCoalescer(&src)
+				waits, turnWaits := 0, 0
+				c.wait = func() { waits++ }
+				if turns {
+					c.turn = func(int64) { turnWaits++ }
+				}
+				c.setBehind(tc.behind)
+				c.setLoaded(tc.loaded)
+				buf := make([]byte, 8)
+				for i, want := range tc.reads {
+					if n, err := c.Read(buf); n != want || err != nil {
+						t.Fatalf("read %d: %d bytes, %v; want %d", i, n, err, want)
+					}
+				}
+				wantWaits, wantTurns := tc.waits, 0
+				if turns && tc.loaded && !tc.behind {
+					wantWaits, wantTurns = 0, tc.waits
+				}
+				if waits != wantWaits || turnWaits != wantTurns {
+					t.Errorf("%d waits and %d turn waits, want %d and %d", waits, turnWaits, wantWaits, wantTurns)
+				}
+			})
+		}
 	}
 }
 
@@ -195,5 +214,104 @@ func TestConnectionsAskForLargeReads(t *testing.T) {
 	}
 	if reads == nil {
 		t.Error("the replication frontend gave the session no coalescer")
+	}
+}
+
+// Under load the reader reads in turns (readTurn): the bundler, waiting to fill a batch until
+// load_linger after the previous ack, gives the reader one turn shortly before; the reader waits
+// for it, reads, and once what it read is queued the batch goes at once. Between turns a reader
+// waits for the next one (or for the bundler asking for data), not on a timer of its own.
+func TestReadTurns(t *testing.T) {
+	const linger = 40 * time.Millisecond
+	ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
+	ss.src.cfg.LoadLinger = linger
+	ss.q = newItemQueue(10, 1<<20)
+	ss.readWake, ss.readDone, ss.readTick = make(chan struct{}, 1), make(chan struct{}, 1), time.NewTicker(time.Hour)
+	defer ss.readTick.Stop()
+	ss.coalesce = newReadCoalescer(&chunks{})
+	ss.coalesce.turn = ss.readTurn
+	ss.coalesce.setLoaded(true)
+	seed := func(now time.Time) { // 1,000 events/s: 40 per load_linger, under load
+		ss.lastCut = time.Time{}
+		for i := range 50 {
+			ss.measure(1, now.Add(time.Duration(i-50)*time.Millisecond))
+		}
+	}
+	start := time.Now()
+	seed(start)
+	ss.lastAck.Store(start.UnixNano())
+	fill := start.Add(linger)
+	turn := fill.Add(-linger / turnHeadStart).UnixNano()
+
+	// Nothing queued: the next batch waits to fill, so the reader is given its turn, not asked to
+	// read now.
+	if b, _, _ := ss.bundle(context.Background()); b != nil {
+		t.Fatalf("a batch %v from an empty queue", payloads(b))
+	}
+	if ss.readPause.Load() != turn || ss.wantData.Load() {
+		t.Fatalf("turn %d, data wanted %v; want the turn %d and no data wanted", ss.readPause.Load(), ss.wantData.Load(), turn)
+	}
+	// A reader that drained the socket before the turn waits for it.
+	ss.readTurn(start.UnixNano())
+	if now := time.Now().UnixNano(); now < turn {
+		t.Fatalf("the reader's wait ended %s before its turn", time.Duration(turn-now))
+	}
+	// It reads (the read begins in the turn) and queues a transaction; until its next wait the
+	// turn is not served, and the batch waits to fill, also on the reader.
+	lastRead := time.Now().UnixNano()
+	for _, it := range txnItems(200, "e0") {
+		ss.q.tryPush(it)
+	}
+	b, wait, _ := ss.bundle(context.Background())
+	if b != nil || wait.ready == nil || wait.after <= time.Until(fill) {
+		t.Fatalf("batch %v, wait %+v; want a wait for the reader, ending after the fill time only if it never comes", b, wait)
+	}
+	// The reader's next wait serves the turn: the bundler is told and the batch goes at once,
+	// before its fill time. The reader then waits for its next turn.
+	served := make(chan struct{})
+	go func() { defer close(served); ss.readTurn(lastRead) }()
+	select {
+	case <-wait.ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the served turn was not signalled")
+	}
+	if b, _, _ = ss.bundle(context.Background()); b == nil || !slices.Equal(payloads(b), []string{"e0"}) {
+		t.Fatalf("after the turn's read: %+v, want the batch e0", b)
+	}
+	if time.Now().After(fill) {
+		t.Log("the batch went after its fill time: the machine is slow, the order is what counts")
+	}
+	select {
+	case <-served:
+		t.Fatal("the reader read again before its next turn")
+	case <-time.After(20 * time.Millisecond):
+	}
+	// The batch is acknowledged: the next one waits to fill again, and the reader's new turn
+	// ends its wait once it has come.
+	next := time.Now()
+	seed(next)
+	ss.lastAck.Store(next.UnixNano())
+	if b, _, _ := ss.bundle(context.Background()); b != nil {
+		t.Fatalf("a batch %v from an empty queue", payloads(b))
+	}
+	turn2 := next.Add(linger - linger/turnHeadStart).UnixNano()
+	select {
+	case <-served:
+		if now := time.Now().UnixNano(); now < turn2 {
+			t.Fatalf("the reader's wait ended %s before its next turn", time.Duration(turn2-now))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not take its next turn")
+	}
+	// A bundler with nothing to send and no wait to fill (the load has passed) asks for data:
+	// a reader waiting between turns reads at once.
+	ss.lastAck.Store(time.Now().Add(-time.Hour).UnixNano())
+	if b, _, _ := ss.bundle(context.Background()); b != nil || !ss.wantData.Load() {
+		t.Fatalf("batch %v, data wanted %v; want no batch and data wanted", b, ss.wantData.Load())
+	}
+	t0 := time.Now()
+	ss.readTurn(time.Now().UnixNano())
+	if d := time.Since(t0); d > linger {
+		t.Fatalf("a reader asked for data waited %s", d)
 	}
 }

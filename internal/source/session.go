@@ -38,7 +38,13 @@ type session struct {
 	evAvg, gapAvg float64
 	lastCut       time.Time
 	lastAck       atomic.Int64 // unix ns of the last ack of a batch with events (set by acked)
-	readPause     atomic.Int64 // unix ns: the reader may leave the WAL unread until then (a wait to fill)
+	readPause     atomic.Int64 // unix ns: the reader may leave the WAL unread until then (a wait to fill): its next turn
+	// the reader's turns under load (coalesce.go, readTurn)
+	readWake   chan struct{} // capacity 1: the bundler gave a turn, or wants data
+	wantData   atomic.Bool   // the bundler has nothing to send and waits for data
+	readServed atomic.Int64  // the turn (readPause) whose read is queued
+	readDone   chan struct{} // capacity 1: a turn was served
+	readTick   *time.Ticker  // every turnWaitMax: bounds a wait for the next turn
 
 	lag      lagMeter       // how late transactions arrive after their commit (reader only)
 	dataMsgs atomic.Uint64  // WAL data messages received, for the heartbeat (counted: a clock read per message costs)
@@ -70,7 +76,11 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	ss := &session{src: s, ctx: sctx, cancel: cancel, q: newItemQueue(s.cfg.MaxBundleMessages, s.cfg.MaxBundleBytes),
-		fence: s.lease.Token(), plan: start, coalesce: reads}
+		fence: s.lease.Token(), plan: start, coalesce: reads, readWake: make(chan struct{}, 1), readDone: make(chan struct{}, 1), readTick: time.NewTicker(turnWaitMax)}
+	defer ss.readTick.Stop()
+	if reads != nil {
+		reads.turn = ss.readTurn
+	}
 	ss.flush.Store(uint64(start.LSNValue()))
 	ss.every = statusInterval(ctx, pool)
 	byName := map[string]*TableInfo{}

@@ -177,10 +177,10 @@ func (w *waitWatch) end(pids benchProcs) map[string]time.Duration {
 
 func (lr *loadRunner) config(name string, added bool) string {
 	tables := "[{table: pgbench_accounts, queue: %[1]s}, {table: pgbench_branches, queue: %[1]s}, {table: pgbench_tellers, queue: %[1]s}, {table: pgbench_history, queue: %[1]s, append_only: true, partition_by: [tid]}]"
-	snap := "snapshot: never\nmetadata: false" // as config/pg_cdc_redis_queue.yaml
+	snap := "snapshot: never\nmetadata: false\n" + os.Getenv("PGRELAY_BENCH_SOURCE_EXTRA") // as config/pg_cdc_redis_queue.yaml
 	if added {
 		tables = tables[:len(tables)-1] + ", {table: snap, queue: %[1]s}]"
-		snap = "snapshot: initial\nmetadata: false\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
+		snap = "snapshot: initial\nmetadata: false\n" + os.Getenv("PGRELAY_BENCH_SOURCE_EXTRA") + "\n" + os.Getenv("PGRELAY_BENCH_SNAPSHOT_EXTRA")
 	}
 	return fmt.Sprintf("input:\n  pg_cdc:\n    name: %[1]s\n    dsn: %[2]s\n    tls: {mode: disable}\n    tables: %[3]s\n    redis: {url: %[4]s}\n    lease_ttl: 3s\n%[5]s\noutput:\n  redis_queue:\n    url: %[4]s\n    durability: %[6]s%[7]s\nlogger:\n  level: warn\n",
 		name, lr.e.pg.DSN(), fmt.Sprintf(tables, name), lr.e.rd.URL(), indent(snap), benchDurability(), benchOutputExtra())

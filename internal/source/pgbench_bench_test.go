@@ -1,0 +1,101 @@
+package source_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// BenchmarkStreamPgbench measures what streaming small transactions costs: PostgreSQL's own
+// pgbench (TPC-B-like: three updates and an insert per transaction, `-c 4 -j 2`, no vacuum) runs
+// at a fixed PGRELAY_BENCH_PGBENCH_TPS (2,000) for PGRELAY_BENCH_SECONDS (10; 3 in quick mode)
+// while a pg_cdc source of its four tables (pgbench_history append-only) streams into
+// redis_queue, as BenchmarkSnapshotUnderLoad's stream. The window runs from pgbench's start until
+// the pointer passed the WAL's end at pgbench's exit (catch_up_s: how long after the exit). In PGRELAY_BENCH_RUNS runs, each a new
+// source, it reports the CPU per pgbench transaction of pgrelay (this process), redis-server, the
+// walsender serving the slot (its decoding: the baseline) and the rest of PostgreSQL (pgbench's
+// backends), the transactions per second pgbench reached and per queue write (Redis EXECs: the
+// heartbeat's and the lease's few included). A fixed rate, not flat out, so the
+// figures compare from build to build whatever the machine's other load.
+func BenchmarkStreamPgbench(b *testing.B) {
+	tps := benchenv.Size("PGRELAY_BENCH_PGBENCH_TPS", 2000, 2000)
+	seconds := benchenv.Size("PGRELAY_BENCH_SECONDS", 10, 3)
+	defer benchenv.GCLikeBinary()()
+	e := &env{t: b, pg: testenv.StartPostgres(b, testenv.WithPGSetting("autovacuum = off")), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
+	pgbench, err := benchenv.PGClientBin(e.pg.BinDir, "pgbench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if out, err := exec.Command(pgbench, "-i", "-q", "-s", "1", e.pg.DSN()).CombinedOutput(); err != nil {
+		b.Fatalf("pgbench -i: %v\n%s", err, out)
+	}
+	lr := &loadRunner{e: e, pgbench: pgbench}
+	pids := benchPids(b, e)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		var m benchenv.Metrics
+		for r := 0; r < benchenv.Runs(); r++ {
+			name := fmt.Sprintf("pb%d_%d", i, r)
+			stop := startStream(b, lr.config(name, false))
+			e.waitPointer(name, name)
+			ws, err := benchenv.WalsenderPid(e.ctx, e.pg.Pool(), "pgrelay_"+name)
+			if err != nil || ws == 0 {
+				b.Fatalf("no walsender for slot pgrelay_%s: %v", name, err)
+			}
+			tx0 := lr.historyRows(b)
+			endProfile := benchenv.Profile(b, "pgbench_stream")
+			meter := startMeter(b, pids)
+			w0, x0 := meter.cpu(benchenv.CPU, ws), redisCalls(b, e, "exec")
+			t0 := time.Now()
+			if out, err := exec.Command(pgbench, "-n", "-c", "4", "-j", "2", "-R", strconv.Itoa(tps), "-T", strconv.Itoa(seconds), e.pg.DSN()).CombinedOutput(); err != nil {
+				b.Fatalf("pgbench: %v\n%s", err, out)
+			}
+			ran := time.Since(t0)
+			// one more transaction after the last of pgbench's: once the pointer passed the WAL's
+			// end, every pgbench transaction is in the queue
+			end := currentLSN(b, e)
+			e.pg.Exec(`INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 0, now())`)
+			for e.pointerLSN(name) < end {
+				time.Sleep(5 * time.Millisecond)
+			}
+			ph := meter.end()
+			ph.walsender = meter.cpu(benchenv.CPU, ws) - w0
+			writes := redisCalls(b, e, "exec") - x0
+			endProfile()
+			stop()
+			n := int(lr.historyRows(b) - tx0)
+			m.Add("tx/s", float64(n)/ran.Seconds())
+			m.Add("catch_up_s", (ph.elapsed - ran).Seconds())
+			m.Add("cpu_pgrelay_us/tx", benchenv.PerChange(ph.pgrelay, n))
+			m.Add("cpu_redis_us/tx", benchenv.PerChange(ph.redis, n))
+			m.Add("cpu_walsender_us/tx", benchenv.PerChange(ph.walsender, n))
+			m.Add("cpu_postgres_other_us/tx", benchenv.PerChange(ph.postgres-ph.walsender, n))
+			m.Add("pgrelay_vs_walsender_ratio", float64(ph.walsender)/float64(ph.pgrelay))
+			m.Add("tx/write", float64(n)/float64(max(writes, 1)))
+			addAlloc(&m, "stream", "tx", ph, n)
+		}
+		m.Report(b)
+	}
+}
+
+// redisCalls is how many times Redis ran command cmd so far (INFO commandstats).
+func redisCalls(b *testing.B, e *env, cmd string) int64 {
+	info, err := e.rd.Client().Info(e.ctx, "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
