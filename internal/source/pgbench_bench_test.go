@@ -18,7 +18,7 @@ import (
 // at a fixed PGRELAY_BENCH_PGBENCH_TPS (2,000) for PGRELAY_BENCH_SECONDS (10; 3 in quick mode)
 // while a pg_cdc source of its four tables (pgbench_history append-only) streams into
 // redis_queue, as BenchmarkSnapshotUnderLoad's stream. The window runs from pgbench's start until
-// the pointer passed the WAL's end at pgbench's exit (catch_up_s: how long after the exit). In PGRELAY_BENCH_RUNS runs, each a new
+// the pointer passed the WAL's end at pgbench's exit (stream_catch_up_s: how long after the exit). In PGRELAY_BENCH_RUNS runs, each a new
 // source, it reports the CPU per pgbench transaction of pgrelay (this process), redis-server, the
 // walsender serving the slot (its decoding: the baseline) and the rest of PostgreSQL (pgbench's
 // backends), the transactions per second pgbench reached and per queue write (Redis EXECs: the
@@ -71,14 +71,14 @@ func BenchmarkStreamPgbench(b *testing.B) {
 			endProfile()
 			stop()
 			n := int(lr.historyRows(b) - tx0)
-			m.Add("tx/s", float64(n)/ran.Seconds())
-			m.Add("catch_up_s", (ph.elapsed - ran).Seconds())
-			m.Add("cpu_pgrelay_us/tx", benchenv.PerChange(ph.pgrelay, n))
-			m.Add("cpu_redis_us/tx", benchenv.PerChange(ph.redis, n))
-			m.Add("cpu_walsender_us/tx", benchenv.PerChange(ph.walsender, n))
-			m.Add("cpu_postgres_other_us/tx", benchenv.PerChange(ph.postgres-ph.walsender, n))
-			m.Add("pgrelay_vs_walsender_ratio", float64(ph.walsender)/float64(ph.pgrelay))
-			m.Add("tx/write", float64(n)/float64(max(writes, 1)))
+			m.Add("stream_tx/s", float64(n)/ran.Seconds())
+			m.Add("stream_catch_up_s", (ph.elapsed - ran).Seconds())
+			m.Add("stream_cpu_pgrelay_us/tx", benchenv.PerChange(ph.pgrelay, n))
+			m.Add("stream_cpu_redis_us/tx", benchenv.PerChange(ph.redis, n))
+			m.Add("stream_cpu_walsender_us/tx", benchenv.PerChange(ph.walsender, n))
+			m.Add("stream_cpu_postgres_other_us/tx", benchenv.PerChange(ph.postgres-ph.walsender, n))
+			m.Add("stream_vs_walsender_ratio", float64(ph.walsender)/float64(ph.pgrelay))
+			m.Add("stream_tx/write", float64(n)/float64(max(writes, 1)))
 			addAlloc(&m, "stream", "tx", ph, n)
 		}
 		m.Report(b)

@@ -127,6 +127,7 @@ const (
 	stream = "BenchmarkSourceTx1000"
 	snap   = "BenchmarkSnapshot"
 	sload  = "BenchmarkSnapshotUnderLoad"
+	small  = "BenchmarkStreamPgbench"
 	lat    = "BenchmarkSourceLatency"
 	ups    = "BenchmarkUpsert/batch=500"
 	ups2k  = "BenchmarkUpsert/batch=2000"
@@ -224,6 +225,12 @@ var figures = []figure{
 	{section: loadSection, name: "of that time: from the restart to the first rows delivered after it (the stream working off the backlog), s", bench: sload, unit: "catchup_first_chunk_s", goal: "—"},
 	{section: loadSection, name: "the pace from those rows to the end, rows/s", bench: sload, unit: "catchup_after_first_rows/s",
 		baseName: "idle pace, rows/s", baseUnit: "idle_rows/s", goal: "—"},
+	{section: smallSection, name: "pgrelay CPU per pgbench transaction → redis_queue, µs", bench: small, unit: "stream_cpu_pgrelay_us/tx",
+		baseName: "the walsender's decoding of it, µs", baseUnit: "stream_cpu_walsender_us/tx", lowerBetter: true, goal: "—"},
+	{section: smallSection, name: "redis-server CPU per pgbench transaction (durability aof), µs", bench: small, unit: "stream_cpu_redis_us/tx",
+		baseName: "the walsender's decoding of it, µs", baseUnit: "stream_cpu_walsender_us/tx", lowerBetter: true, goal: "—"},
+	{section: smallSection, name: "pgbench transactions per queue write", bench: small, unit: "stream_tx/write", goal: "—"},
+	{section: smallSection, name: "pgbench transactions/s reached", bench: small, unit: "stream_tx/s", goal: "—"},
 	{section: "Latency (single-row transactions at 2,000 tx/s)", name: "commit → queue p50, ms", bench: lat, unit: "p50_ms",
 		baseName: "raw pgoutput p50, ms", baseUnit: "raw_p50_ms", lowerBetter: true, goal: "—"},
 	{section: "Latency (single-row transactions at 2,000 tx/s)", name: "commit → queue p99, ms", bench: lat, unit: "p99_ms",
@@ -273,6 +280,9 @@ const rssSection = "Memory: one transaction of 2,000,000 rows (the pgrelay binar
 
 // loadSection is the snapshot's share of the pipeline under pgbench's writers.
 const loadSection = "Snapshot under load (pgbench -c 4 -j 2 on the source's other tables)"
+
+// smallSection is the cost of streaming small transactions at a moderate rate.
+const smallSection = "Streaming small transactions (pgbench -c 4 -j 2 -R 2000 on the source's tables)"
 
 // pubSection is the transactional publish's part of the report (latency at 1,000 tx/s).
 const pubSection = "Transactional publish: pgrelay.publish() against an outbox (latency at 1,000 tx/s)"
@@ -379,7 +389,7 @@ func procRank(p string) int {
 }
 
 var (
-	cpuUnit   = regexp.MustCompile(`^(.+?)_cpu_(.+)_us/(change|row|entry)$`)
+	cpuUnit   = regexp.MustCompile(`^(.+?)_cpu_(.+)_us/(change|row|entry|tx)$`)
 	coresUnit = regexp.MustCompile(`^(idle|steady|catchup)_(.+)_cores$`)
 )
 
@@ -388,6 +398,7 @@ func cpuTable(r results, w *strings.Builder) {
 	benches := []struct{ bench, title string }{
 		{stream, "Streaming, µs per change"},
 		{snap, "Snapshot, µs per row"},
+		{small, "Streaming small transactions (pgbench at 2,000 tx/s), µs per transaction"},
 		{ups, "Sink upsert (500-row batches), µs per row"},
 		{app, "Sink append (500-row batches), µs per row"},
 		{q2t, "Queue → table through the binary, µs per row"},
@@ -450,7 +461,7 @@ func procTable(vals map[string]float64, title string, unit *regexp.Regexp, w *st
 			}
 		}
 		rate := ""
-		for _, suffix := range []string{"_changes/s", "_rows/s", "_entries/s", "_events/s"} {
+		for _, suffix := range []string{"_changes/s", "_rows/s", "_entries/s", "_events/s", "_tx/s"} {
 			if v, ok := vals[ph+suffix]; ok {
 				rate = num(v) + " " + strings.TrimPrefix(suffix, "_")
 			}
