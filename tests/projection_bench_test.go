@@ -19,6 +19,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/benchenv/follow"
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
@@ -288,7 +289,7 @@ func (s *shop) projectionLatency(b *testing.B, m *benchenv.Metrics, w *projWrite
 		defer listening.Done()
 		rdb := s.rd.Client()
 		defer rdb.Close()
-		followQueue(ctx, rdb, s.queue, func(payload string, now time.Time) {
+		follow.Queue(ctx, rdb, s.queue, func(payload string, now time.Time) {
 			var ev struct{ LSN string }
 			if json.Unmarshal([]byte(payload), &ev) == nil {
 				mu.Lock()
@@ -342,41 +343,6 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// followQueue follows every shard of queue q with blocking XREADs from its current end and calls
-// seen with each entry's payload and when it was read, until ctx ends.
-func followQueue(ctx context.Context, rdb *redis.Client, q string, seen func(payload string, now time.Time)) {
-	l := queue.NewLayout("pgrelay")
-	var streams, ids []string
-	for sh := 0; sh < 16; sh++ {
-		st := l.Stream(q, sh)
-		streams = append(streams, st)
-		id := "0"
-		if tail, err := rdb.XRevRangeN(ctx, st, "+", "-", 1).Result(); err == nil && len(tail) == 1 {
-			id = tail[0].ID
-		}
-		ids = append(ids, id)
-	}
-	for ctx.Err() == nil {
-		res, err := rdb.XRead(ctx, &redis.XReadArgs{Streams: append(append([]string{}, streams...), ids...), Block: 200 * time.Millisecond, Count: 1000}).Result()
-		if err != nil {
-			continue // redis.Nil: nothing new; ctx ended: the loop stops
-		}
-		now := time.Now()
-		for _, st := range res {
-			for k, name := range streams {
-				if name == st.Stream && len(st.Messages) > 0 {
-					ids[k] = st.Messages[len(st.Messages)-1].ID
-				}
-			}
-			for _, msg := range st.Messages {
-				for _, e := range queue.EntriesOf(nil, msg) {
-					seen(string(e.Payload), now)
-				}
-			}
-		}
-	}
-}
 
 // projectionLive is the live phase (see BenchmarkProjection).
 func (s *shop) projectionLive(b *testing.B, m *benchenv.Metrics, w *projWriters, db string, seconds, srcPid, pm, rpid int) {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/benchenv"
+	"github.com/pgrelay/pgrelay/internal/benchenv/follow"
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/queue"
@@ -359,7 +360,7 @@ func (e *pubEnv) latency(m *benchenv.Metrics, side string, tps int, d time.Durat
 		defer close(reading)
 		rdb := e.rd.Client()
 		defer rdb.Close()
-		followQueue(ctx, rdb, q, func(payload string, now time.Time) {
+		follow.Queue(ctx, rdb, q, func(payload string, now time.Time) {
 			var ev struct{ TS string }
 			if json.Unmarshal([]byte(payload), &ev) == nil {
 				if ts, err := time.Parse(time.RFC3339Nano, ev.TS); err == nil {

@@ -100,9 +100,11 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			return nil, idle, nil
 		}
 		// Under load the next batch waits to fill anyway: the reader reads in its turn before
-		// then, not at once.
-		if fill := ss.fillUntil(false); fill.After(time.Now()) && ss.turns() {
+		// then, not at once; once that turn is read in (and brought nothing to send), now.
+		fill := ss.fillUntil(false)
+		if turn := fill.Add(-cfg.LoadLinger / turnHeadStart).UnixNano(); fill.After(time.Now()) && ss.turns() && ss.readServed.Load() != turn {
 			ss.giveTurn(fill, cfg.LoadLinger/turnHeadStart)
+			idle.ready = ss.readDone // the turn read in: look again (it may have brought only part of a message)
 		} else {
 			ss.askData()
 		}

@@ -150,27 +150,26 @@ func poke(ch chan struct{}) {
 }
 
 // readTurn is the reader's wait under load between a read that drained the socket and the next
-// (everything read so far is decoded and queued by now); lastRead is when that read began. A
-// turn that has come is served by the first such wait after a read that began in it: the
-// bundler is told, and the reader waits for the next turn.
+// (everything read so far is decoded and queued by now); lastRead is when that read began. A turn
+// nothing was read in yet is waited for (or, once it has come, read at once); a turn read in is
+// served (the bundler is told), and the reader waits for the next turn or for the bundler asking
+// for data.
 func (ss *session) readTurn(lastRead int64) {
 	if !ss.turns() { // a snapshot runs: its chunks wait for the stream to pass their watermarks
 		ss.coalesce.wait()
 		return
 	}
-	now := time.Now().UnixNano()
-	if turn := ss.readPause.Load(); turn != 0 && turn <= now {
-		if lastRead < turn {
-			return // nothing read in this turn yet
+	for {
+		turn := ss.readPause.Load()
+		if turn != 0 && lastRead < turn {
+			ss.pauseReading(turn) // (at once when it has come)
+			return
 		}
-		if ss.readServed.Load() != turn {
+		if turn != 0 && ss.readServed.Load() != turn {
 			ss.readServed.Store(turn)
 			poke(ss.readDone)
 		}
-	}
-	for !ss.wantData.Load() {
-		if turn := ss.readPause.Load(); turn > time.Now().UnixNano() {
-			ss.pauseReading(turn)
+		if ss.wantData.Load() {
 			return
 		}
 		select {

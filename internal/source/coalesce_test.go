@@ -303,6 +303,31 @@ func TestReadTurns(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the reader did not take its next turn")
 	}
+	// A turn whose read brought nothing to send (or only part of a message): the bundler, woken
+	// by the served turn, asks for data at once instead of giving the same turn again.
+	next = time.Now()
+	seed(next)
+	ss.lastAck.Store(next.UnixNano())
+	_, wait, _ = ss.bundle(context.Background())
+	if wait.ready == nil {
+		t.Fatal("with a turn given, the bundler does not wait for it to be read in")
+	}
+	ss.readTurn(time.Now().UnixNano()) // waits for the turn
+	served = make(chan struct{})
+	go func() { defer close(served); ss.readTurn(time.Now().UnixNano()) }()
+	select {
+	case <-wait.ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the served turn was not signalled")
+	}
+	if b, _, _ := ss.bundle(context.Background()); b != nil || !ss.wantData.Load() {
+		t.Fatalf("batch %v, data wanted %v; want no batch and data wanted", b, ss.wantData.Load())
+	}
+	select {
+	case <-served:
+	case <-time.After(linger):
+		t.Fatal("a reader whose turn brought nothing was not asked to read on")
+	}
 	// A bundler with nothing to send and no wait to fill (the load has passed) asks for data:
 	// a reader waiting between turns reads at once.
 	ss.lastAck.Store(time.Now().Add(-time.Hour).UnixNano())
