@@ -231,6 +231,8 @@ var figures = []figure{
 		baseName: "the walsender's decoding of it, µs", baseUnit: "stream_cpu_walsender_us/tx", lowerBetter: true, goal: "—"},
 	{section: smallSection, name: "pgbench transactions per queue write", bench: small, unit: "stream_tx/write", goal: "—"},
 	{section: smallSection, name: "pgbench transactions/s reached", bench: small, unit: "stream_tx/s", goal: "—"},
+	{section: smallSection, name: "commit → queue p50 (every change of a last run, read by a blocking XREAD), ms", bench: small, unit: "stream_p50_ms", goal: "—"},
+	{section: smallSection, name: "commit → queue p99, ms", bench: small, unit: "stream_p99_ms", goal: "—"},
 	{section: "Latency (single-row transactions at 2,000 tx/s)", name: "commit → queue p50, ms", bench: lat, unit: "p50_ms",
 		baseName: "raw pgoutput p50, ms", baseUnit: "raw_p50_ms", lowerBetter: true, goal: "—"},
 	{section: "Latency (single-row transactions at 2,000 tx/s)", name: "commit → queue p99, ms", bench: lat, unit: "p99_ms",
