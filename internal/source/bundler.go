@@ -102,8 +102,8 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 		// Under load the next batch waits to fill anyway: the reader reads in its turn before
 		// then, not at once; once that turn is read in (and brought nothing to send), now.
 		fill := ss.fillUntil(false)
-		if turn := fill.Add(-cfg.LoadLinger / turnHeadStart).UnixNano(); fill.After(time.Now()) && ss.turns() && ss.readServed.Load() != turn {
-			ss.giveTurn(fill, cfg.LoadLinger/turnHeadStart)
+		if turn := ss.turnBefore(fill, turnHeadStart); fill.After(time.Now()) && ss.turns() && ss.readServed.Load() != turn {
+			ss.giveTurn(turn)
 			idle.ready = ss.readDone // the turn read in: look again (it may have brought only part of a message)
 		} else {
 			ss.askData()
@@ -139,14 +139,16 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			// arrives meanwhile is then read in a few large reads instead of one read per message
 			// as it comes. Once that read is queued the batch goes (coalesce.go, readTurn); the
 			// wait's own end is then only for a reader that could not read (nothing arrived).
-			if turn := ss.giveTurn(until, cfg.LoadLinger/turnHeadStart); ss.readServed.Load() == turn {
+			turn := ss.turnBefore(until, turnHeadStart)
+			ss.giveTurn(turn)
+			if ss.readServed.Load() == turn {
 				until = time.Time{}
 			} else {
 				ready, until = ss.readDone, until.Add(cfg.LoadLinger/turnHeadStart)
 			}
 		default: // behind, or a snapshot runs: the reader pauses until shortly before
 			until = fill
-			ss.giveTurn(until, cfg.LoadLinger/readHeadStart)
+			ss.giveTurn(ss.turnBefore(until, readHeadStart))
 		}
 		if wait := time.Until(until); wait > 0 {
 			// Only a full batch (or the reader's turn served) ends the wait early: waking on
@@ -251,16 +253,19 @@ func soleEvents(items []item) []Event {
 	return out
 }
 
-// giveTurn gives the reader its turn (the end of its pause) head before at, when a batch waiting
-// to fill goes, and returns it.
-func (ss *session) giveTurn(at time.Time, head time.Duration) int64 {
-	turn := at.Add(-head).UnixNano()
+// turnBefore is the reader's turn (the end of its pause, unix ns) for a batch that goes at at:
+// load_linger / headStart before it.
+func (ss *session) turnBefore(at time.Time, headStart time.Duration) int64 {
+	return at.Add(-ss.src.cfg.LoadLinger / headStart).UnixNano()
+}
+
+// giveTurn gives the reader its next turn (a reader waiting between turns takes it).
+func (ss *session) giveTurn(turn int64) {
 	ss.wantData.Store(false)
 	if ss.readPause.Load() != turn {
 		ss.readPause.Store(turn)
 		poke(ss.readWake)
 	}
-	return turn
 }
 
 // askData tells a reader waiting for its turn that the bundler has nothing to send: read now.

@@ -150,7 +150,8 @@ func poke(ch chan struct{}) {
 }
 
 // readTurn is the reader's wait under load between a read that drained the socket and the next
-// (everything read so far is decoded and queued by now); lastRead is when that read began. A turn
+// (everything read so far is decoded and queued by now, but for a message only partly received);
+// lastRead is when that read began. A turn
 // nothing was read in yet is waited for (or, once it has come, read at once); a turn read in is
 // served (the bundler is told), and the reader waits for the next turn or for the bundler asking
 // for data.
