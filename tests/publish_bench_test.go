@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -353,23 +352,13 @@ func (e *pubEnv) latency(m *benchenv.Metrics, side string, tps int, d time.Durat
 	ctx, cancel := context.WithCancel(context.Background())
 	total := int(d.Seconds() * float64(tps))
 	before := queueLen(b, e.rd, q)
-	var mu sync.Mutex
-	lat := make([]time.Duration, 0, total)
+	var lat follow.Latencies
 	reading := make(chan struct{})
 	go func() {
 		defer close(reading)
 		rdb := e.rd.Client()
 		defer rdb.Close()
-		follow.Queue(ctx, rdb, q, func(payload string, now time.Time) {
-			var ev struct{ TS string }
-			if json.Unmarshal([]byte(payload), &ev) == nil {
-				if ts, err := time.Parse(time.RFC3339Nano, ev.TS); err == nil {
-					mu.Lock()
-					lat = append(lat, now.Sub(ts))
-					mu.Unlock()
-				}
-			}
-		})
+		follow.Queue(ctx, rdb, q, lat.Seen)
 	}()
 	time.Sleep(50 * time.Millisecond) // the reader has issued its first XREAD
 	var next atomic.Int64
@@ -395,16 +384,12 @@ func (e *pubEnv) latency(m *benchenv.Metrics, side string, tps int, d time.Durat
 		return n >= want, fmt.Sprintf("%d of %d", n, want)
 	})
 	cdctest.WaitEvery(b, 10*time.Second, 5*time.Millisecond, side+" events read", func() (bool, string) {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(lat) >= total, fmt.Sprintf("%d of %d", len(lat), total)
+		return lat.Len() >= total, fmt.Sprintf("%d of %d", lat.Len(), total)
 	})
 	cancel()
 	<-reading
-	mu.Lock()
-	defer mu.Unlock()
-	m.Add(side+"_p50_ms", ms(percentile(lat, 0.50)))
-	m.Add(side+"_p99_ms", ms(percentile(lat, 0.99)))
+	m.Add(side+"_p50_ms", ms(lat.Percentile(0.50)))
+	m.Add(side+"_p99_ms", ms(lat.Percentile(0.99)))
 	m.Add(side+"_commit_p50_ms", ms(percentile(commits, 0.50)))
 }
 

@@ -2,13 +2,10 @@ package source_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,8 +62,7 @@ func (lr *loadRunner) pgbenchRun(b *testing.B, m *benchenv.Metrics, name string,
 	if err != nil || ws == 0 {
 		b.Fatalf("no walsender for slot pgrelay_%s: %v", name, err)
 	}
-	var lat []time.Duration
-	var mu sync.Mutex
+	var lat follow.Latencies
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	followed := make(chan struct{})
@@ -75,16 +71,7 @@ func (lr *loadRunner) pgbenchRun(b *testing.B, m *benchenv.Metrics, name string,
 		defer rdb.Close()
 		go func() {
 			defer close(followed)
-			follow.Queue(ctx, rdb, name, func(payload string, now time.Time) {
-				var ev struct{ TS string }
-				if json.Unmarshal([]byte(payload), &ev) == nil {
-					if ts, err := time.Parse(time.RFC3339Nano, ev.TS); err == nil {
-						mu.Lock()
-						lat = append(lat, now.Sub(ts))
-						mu.Unlock()
-					}
-				}
-			})
+			follow.Queue(ctx, rdb, name, lat.Seen)
 		}()
 		time.Sleep(50 * time.Millisecond) // the follower has issued its first XREAD
 	} else {
@@ -118,14 +105,11 @@ func (lr *loadRunner) pgbenchRun(b *testing.B, m *benchenv.Metrics, name string,
 		time.Sleep(300 * time.Millisecond) // the follower's last XREAD
 		cancel()
 		<-followed
-		mu.Lock()
-		defer mu.Unlock()
-		if len(lat) == 0 {
+		if lat.Len() == 0 {
 			b.Fatal("no events followed")
 		}
-		slices.Sort(lat)
-		m.Add("stream_p50_ms", ms(lat[len(lat)/2]))
-		m.Add("stream_p99_ms", ms(lat[len(lat)*99/100]))
+		m.Add("stream_p50_ms", ms(lat.Percentile(0.50)))
+		m.Add("stream_p99_ms", ms(lat.Percentile(0.99)))
 		return
 	}
 	m.Add("stream_tx/s", float64(n)/ran.Seconds())

@@ -3,6 +3,9 @@ package follow
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,4 +47,44 @@ func Queue(ctx context.Context, rdb *redis.Client, q string, seen func(payload s
 			}
 		}
 	}
+}
+
+// Latencies collects commit → read latencies of change events: the time a blocking XREAD
+// returned each event less its ts. Seen is Queue's callback; safe for concurrent use.
+type Latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+// Seen records the event in payload, read at now (events without a ts are skipped).
+func (l *Latencies) Seen(payload string, now time.Time) {
+	var ev struct{ TS string }
+	if json.Unmarshal([]byte(payload), &ev) != nil {
+		return
+	}
+	ts, err := time.Parse(time.RFC3339Nano, ev.TS)
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	l.d = append(l.d, now.Sub(ts))
+	l.mu.Unlock()
+}
+
+// Len is how many latencies were recorded.
+func (l *Latencies) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.d)
+}
+
+// Percentile is the q-quantile (0 ≤ q < 1) of the latencies recorded (0 when none was).
+func (l *Latencies) Percentile(q float64) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.d) == 0 {
+		return 0
+	}
+	slices.Sort(l.d)
+	return l.d[min(len(l.d)-1, int(float64(len(l.d))*q))]
 }
