@@ -102,7 +102,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 		// Under load the next batch waits to fill anyway: the reader reads in its turn before
 		// then, not at once; once that turn is read in (and brought nothing to send), now.
 		fill := ss.fillUntil(false)
-		if turn := ss.turnBefore(fill, turnHeadStart); fill.After(time.Now()) && ss.turns() && ss.readServed.Load() != turn {
+		if turn := ss.turnBefore(fill, turnHeadStart); ss.turnAhead(fill) && ss.readServed.Load() != turn {
 			ss.giveTurn(turn)
 			idle.ready = ss.readDone // the turn read in: look again (it may have brought only part of a message)
 		} else {
@@ -129,12 +129,14 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 		until := ss.firstSeen.Add(cfg.Linger)
 		fill := ss.fillUntil(behind)
 		ss.coalesce.setLoaded(!fill.IsZero())
+		if fill.After(until) {
+			until = fill
+		}
 		var ready <-chan struct{}
 		switch {
-		case !fill.After(until) || !fill.After(time.Now()): // no wait to fill, or linger's is longer
+		case fill.IsZero() || !until.After(time.Now()): // no wait to fill, or due now
 			ss.askData() // (a reader still waiting for a turn reads now)
-		case ss.turns():
-			until = fill
+		case ss.turnAhead(until):
 			// The reader leaves the WAL unread until its turn shortly before the batch goes: what
 			// arrives meanwhile is then read in a few large reads instead of one read per message
 			// as it comes. Once that read is queued the batch goes (coalesce.go, readTurn); the
@@ -146,8 +148,7 @@ func (ss *session) build(ctx context.Context, ahead bool) (*Batch, waitFor, erro
 			} else {
 				ready, until = ss.readDone, until.Add(cfg.LoadLinger/turnHeadStart)
 			}
-		default: // behind, or a snapshot runs: the reader pauses until shortly before
-			until = fill
+		case until.Equal(fill): // behind, a snapshot, or a long load_linger: the reader pauses until shortly before
 			ss.giveTurn(ss.turnBefore(until, readHeadStart))
 		}
 		if wait := time.Until(until); wait > 0 {
@@ -257,6 +258,13 @@ func soleEvents(items []item) []Event {
 // load_linger / headStart before it.
 func (ss *session) turnBefore(at time.Time, headStart time.Duration) int64 {
 	return at.Add(-ss.src.cfg.LoadLinger / headStart).UnixNano()
+}
+
+// turnAhead reports whether a batch that goes at at is one the reader gets a turn for: the reader
+// reads in turns, and at is ahead, within a turn's longest wait.
+func (ss *session) turnAhead(at time.Time) bool {
+	d := time.Until(at)
+	return d > 0 && d <= turnWaitMax && ss.turns()
 }
 
 // giveTurn gives the reader its next turn (a reader waiting between turns takes it).

@@ -340,3 +340,25 @@ func TestReadTurns(t *testing.T) {
 		t.Fatalf("a reader asked for data waited %s", d)
 	}
 }
+
+// A linger counts from the first change the bundler sees, which turns would put off: with one
+// configured the reader reads on as before (no turn, asked for data at once).
+func TestNoReadTurnsWithLinger(t *testing.T) {
+	ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
+	ss.src.cfg.LoadLinger, ss.src.cfg.Linger = 40*time.Millisecond, 10*time.Millisecond
+	ss.readWake, ss.readDone = make(chan struct{}, 1), make(chan struct{}, 1)
+	ss.coalesce = newReadCoalescer(&chunks{})
+	ss.coalesce.turn = ss.readTurn
+	ss.coalesce.setLoaded(true)
+	now := time.Now()
+	for i := range 50 {
+		ss.measure(1, now.Add(time.Duration(i-50)*time.Millisecond))
+	}
+	ss.lastAck.Store(now.UnixNano())
+	if b, _, _ := ss.bundle(context.Background()); b != nil {
+		t.Fatalf("a batch %v from an empty queue", payloads(b))
+	}
+	if ss.turns() || ss.readPause.Load() != 0 || !ss.wantData.Load() {
+		t.Fatalf("turns %v, turn %d, data wanted %v; want no turns and data wanted", ss.turns(), ss.readPause.Load(), ss.wantData.Load())
+	}
+}
