@@ -473,16 +473,14 @@ func (e *pubEnv) throughput(m *benchenv.Metrics, side string, d time.Duration) f
 }
 
 // redisExecs is the number of EXECs Redis ran so far: one per queue write of either side.
-func (e *pubEnv) redisExecs() int {
+func (e *pubEnv) redisExecs() int64 {
 	rdb := e.rd.Client()
 	defer rdb.Close()
-	for _, line := range strings.Split(rdb.Info(context.Background(), "commandstats").Val(), "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_exec:calls="); ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
-		}
+	n, err := benchenv.RedisCalls(context.Background(), rdb, "exec")
+	if err != nil {
+		e.b.Fatal(err)
 	}
-	return 0
+	return n
 }
 
 // profileSource saves a CPU profile of pg_cdc over d to <PGRELAY_BENCH_PROFILE>/publish_pgcdc.pprof.

@@ -229,6 +229,22 @@ func RedisFsyncMax(ctx context.Context, rdb *redis.Client) (float64, error) {
 	return 0, nil
 }
 
+// RedisCalls is how many times the Redis of rdb ran command cmd (lower case, as INFO
+// commandstats names it) since it started or the statistics were reset.
+func RedisCalls(ctx context.Context, rdb *redis.Client, cmd string) (int64, error) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+			n, _, _ := strings.Cut(rest, ",")
+			return strconv.ParseInt(n, 10, 64)
+		}
+	}
+	return 0, nil // never run
+}
+
 // RedisPid is the pid of the redis-server rdb talks to (INFO server process_id).
 func RedisPid(ctx context.Context, rdb *redis.Client) (int, error) {
 	info, err := rdb.Info(ctx, "server").Result()

@@ -1,6 +1,7 @@
 package benchenv
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strconv"
@@ -137,5 +138,21 @@ func TestReadWaits(t *testing.T) {
 	}
 	if d := w.Since(self); d < 0 {
 		t.Fatalf("negative wait %v", d)
+	}
+}
+
+// RedisCalls counts a command's calls from INFO commandstats: 0 before its first, then each one.
+func TestRedisCalls(t *testing.T) {
+	rdb := testenv.StartRedis(t).Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	if n, err := RedisCalls(ctx, rdb, "echo"); n != 0 || err != nil {
+		t.Fatalf("before any ECHO: %d, %v", n, err)
+	}
+	for range 3 {
+		rdb.Echo(ctx, "x")
+	}
+	if n, err := RedisCalls(ctx, rdb, "echo"); n != 3 || err != nil {
+		t.Fatalf("after 3 ECHOs: %d, %v", n, err)
 	}
 }

@@ -92,12 +92,6 @@ func (c *readCoalescer) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// turns reports whether the reader reads in the turns the bundler gives it (under load, and not
-// behind: readTurn). nil-safe.
-func (c *readCoalescer) turns() bool {
-	return c != nil && c.turn != nil && !c.behind.Load()
-}
-
 // setBehind records whether the stream is behind (nil-safe: a connection without a coalescer).
 func (c *readCoalescer) setBehind(behind bool) {
 	if c != nil {
@@ -129,12 +123,14 @@ func setFlag(flag *atomic.Bool, v bool) {
 // costs its scheduler threads and the runtime's monitor several context switches, which on
 // small transactions cost more than the changes themselves.
 
-// turns reports whether the reader reads in turns: under load, not behind, with no snapshot
+// turns reports whether the reader reads in turns: a replication reader that takes them (under
+// load: the bundler's waits to fill give them), not behind, with no snapshot
 // running (its chunks go into the queue once the stream passed their high watermarks, and a full
 // batch of them is built while another is in flight: the reader reads on as before), and with no
 // linger (it counts from the first change seen, which turns would put off).
 func (ss *session) turns() bool {
-	return ss.coalesce.turns() && (ss.snap == nil || ss.snap.over.Load()) && ss.src.cfg.Linger == 0
+	c := ss.coalesce
+	return c != nil && c.turn != nil && !c.behind.Load() && (ss.snap == nil || ss.snap.over.Load()) && ss.src.cfg.Linger == 0
 }
 
 // turnWaitMax bounds a reader's wait for its next turn: the reader still answers keepalives and

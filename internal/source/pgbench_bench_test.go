@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -83,7 +82,16 @@ func (lr *loadRunner) pgbenchRun(b *testing.B, m *benchenv.Metrics, name string,
 		endProfile = benchenv.Profile(b, "pgbench_stream")
 	}
 	meter := startMeter(b, pids)
-	w0, x0 := meter.cpu(benchenv.CPU, ws), redisCalls(b, e, "exec")
+	rdb := e.rd.Client()
+	defer rdb.Close()
+	execs := func() int64 {
+		n, err := benchenv.RedisCalls(e.ctx, rdb, "exec")
+		if err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	w0, x0 := meter.cpu(benchenv.CPU, ws), execs()
 	t0 := time.Now()
 	if out, err := exec.Command(lr.pgbench, "-n", "-c", "4", "-j", "2", "-R", strconv.Itoa(tps), "-T", strconv.Itoa(seconds), e.pg.DSN()).CombinedOutput(); err != nil {
 		b.Fatalf("pgbench: %v\n%s", err, out)
@@ -98,7 +106,7 @@ func (lr *loadRunner) pgbenchRun(b *testing.B, m *benchenv.Metrics, name string,
 	}
 	ph := meter.end()
 	ph.walsender = meter.cpu(benchenv.CPU, ws) - w0
-	writes := redisCalls(b, e, "exec") - x0
+	writes := execs() - x0
 	endProfile()
 	n := int(lr.historyRows(b) - tx0)
 	if latency {
@@ -121,19 +129,4 @@ func (lr *loadRunner) pgbenchRun(b *testing.B, m *benchenv.Metrics, name string,
 	m.Add("stream_vs_walsender_ratio", float64(ph.walsender)/float64(ph.pgrelay))
 	m.Add("stream_tx/write", float64(n)/float64(max(writes, 1)))
 	addAlloc(m, "stream", "tx", ph, n)
-}
-
-// redisCalls is how many times Redis ran command cmd so far (INFO commandstats).
-func redisCalls(b *testing.B, e *env, cmd string) int64 {
-	info, err := e.rd.Client().Info(e.ctx, "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
-			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-			return n
-		}
-	}
-	return 0
 }
