@@ -46,7 +46,8 @@ import (
 //     cursor, the backlog in the slot) is what it finds after a kill.
 //
 // It reports the medians: the times and paces, steady_slowdown (steady ÷ idle time),
-// catchup_ratio (catchup ÷ idle pace), the lag, the writers' transactions per second, and the
+// catchup_ratio (catchup ÷ idle pace), the lag, the writers' transactions per second, the queue
+// writes per second (Redis EXECs, idle and steady: the stream's batches beside the chunks'), and the
 // cores each process used in idle and steady (its CPU time over the snapshot's time: pgrelay,
 // redis-server, the whole PostgreSQL server with pgbench's backends, and pgbench itself; under a
 // share of the cores it gets, the snapshot waits on something other than the CPU).
@@ -88,6 +89,8 @@ func BenchmarkSnapshotUnderLoad(b *testing.B) {
 			}
 			m.Add("steady_cpu_pgrelay_us/row", steady.cpu.pgrelay.Seconds()*1e6/float64(total))
 			m.Add("steady_slowdown", steady.elapsed.Seconds()/idle.elapsed.Seconds())
+			m.Add("idle_writes/s", float64(idle.writes)/idle.window.Seconds())
+			m.Add("steady_writes/s", float64(steady.writes)/steady.window.Seconds())
 			if idle.own > 0 && steady.own > 0 {
 				m.Add("idle_own_s", idle.own.Seconds())
 				m.Add("steady_own_s", steady.own.Seconds())
@@ -114,6 +117,15 @@ type loadRunner struct {
 	backlog time.Duration
 }
 
+// execs is the queue writes Redis has run so far (its EXEC calls: one per batch the output wrote).
+func (lr *loadRunner) execs(b *testing.B) int64 {
+	n, err := benchenv.RedisCalls(lr.e.ctx, lr.e.rd.Client(), "exec")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
 // loadResult is one snapshot under (or without) load.
 type loadResult struct {
 	elapsed     time.Duration // from the restart with the table added to the snapshot's end
@@ -126,6 +138,7 @@ type loadResult struct {
 	waits       map[string]time.Duration // per process: its threads' time runnable without a core
 	own         time.Duration            // the snapshot's own time: its "snapshot of" log line to "snapshot done" (the last start's)
 	streamCores float64                  // the cores pgrelay used streaming pgbench's changes before the restart
+	writes      int64                    // the queue writes (Redis EXECs) over window
 	firstChunk  time.Duration            // catchup: from the restart to the first rows delivered after it
 	paceAfter   float64                  // catchup: rows per second from those rows to the end
 }
@@ -222,6 +235,7 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 	}
 	meter := startMeter(b, pids)
 	waits := startWaits(pids, pgbenchPid)
+	writes0 := lr.execs(b)
 	start := meter.start
 	var pgbench0 time.Duration
 	if pgbenchPid != 0 {
@@ -255,6 +269,7 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 				res.elapsed = now.Sub(start)
 				res.cpu = meter.end()
 				res.waits = waits.end(pids)
+				res.writes = lr.execs(b) - writes0
 				if pgbenchPid != 0 {
 					res.pgbench = meter.cpu(benchenv.CPU, pgbenchPid) - pgbench0
 				}
@@ -293,6 +308,7 @@ func (lr *loadRunner) run(b *testing.B, name string, writers, kill bool) loadRes
 				from, paceStart = cur.Rows, time.Now()
 				meter = startMeter(b, pids) // the catch-up's cores: from the restart
 				waits = startWaits(pids, pgbenchPid)
+				writes0 = lr.execs(b)
 				pgbench0 = meter.cpu(benchenv.CPU, pgbenchPid)
 				marks = &snapshotMarks{}
 				stop = runStream(b, lr.config(name, true), slog.New(marks))

@@ -215,6 +215,8 @@ var figures = []figure{
 	{section: loadSection, name: "cores pgrelay got over that snapshot", bench: sload, unit: "steady_pgrelay_cores",
 		baseName: "the same with no writers", baseUnit: "idle_pgrelay_cores", goal: "—"},
 	{section: loadSection, name: "of those, the cores pgrelay's stream of pgbench's changes took alone (its 2 s before the restart)", bench: sload, unit: "steady_stream_pgrelay_cores", goal: "—"},
+	{section: loadSection, name: "queue writes per second over that snapshot (Redis EXECs: the snapshot's chunk batches and the stream's)", bench: sload, unit: "steady_writes/s",
+		baseName: "the same with no writers (chunk batches alone)", baseUnit: "idle_writes/s", goal: "—"},
 	{section: loadSection, name: "pgrelay CPU per pgbench transaction streamed (3 updates and an insert), µs", bench: sload, unit: "steady_stream_pgrelay_us/tx", goal: "—"},
 	{section: loadSection, name: "stream lag during that snapshot (newest delivered commit), max s", bench: sload, unit: "steady_lag_max_s",
 		goal: "< 2 s", met: below(sload, "steady_lag_max_s", 2)},
