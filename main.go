@@ -18,6 +18,7 @@ import (
 	_ "github.com/pgrelay/pgrelay/input"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/gctune"
+	"github.com/pgrelay/pgrelay/internal/proctune"
 	_ "github.com/pgrelay/pgrelay/internal/metrics"
 	_ "github.com/pgrelay/pgrelay/output"
 )
@@ -48,6 +49,11 @@ func main() {
 	// The collector's goal: the live heap plus a headroom, unless GOGC or GOMEMLIMIT says otherwise.
 	if gctune.Enabled() {
 		gctune.Start(gctune.Headroom)
+	}
+	// One Go processor while pgrelay's work fits in a core, Go's default once it needs more, unless
+	// GOMAXPROCS says otherwise.
+	if proctune.Enabled() {
+		proctune.Start()
 	}
 	// Benthos handles SIGINT/SIGTERM itself; cancelling this context would skip the graceful stop.
 	service.RunCLI(context.Background(), opts...)

@@ -28,6 +28,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pgrelay/pgrelay/internal/gctune"
+	"github.com/pgrelay/pgrelay/internal/proctune"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -355,14 +356,19 @@ func Size(name string, full, quick int) int {
 // 3 in full mode, 1 in quick mode); it reports the medians.
 func Runs() int { return Size("PGRELAY_BENCH_RUNS", 3, 1) }
 
-// GCLikeBinary gives this process the pgrelay binary's collector goal (internal/gctune), for the
-// benchmarks that run pgrelay's pipeline in-process; the returned func restores Go's. Like the
-// binary, it leaves the collector alone when GOGC or GOMEMLIMIT is set.
-func GCLikeBinary() func() {
-	if !gctune.Enabled() {
-		return func() {}
+// RuntimeLikeBinary gives this process the pgrelay binary's collector goal (internal/gctune) and
+// Go processors (internal/proctune), for the benchmarks that run pgrelay's pipeline in-process; the
+// returned func restores Go's. Like the binary, it leaves the collector alone when GOGC or
+// GOMEMLIMIT is set, and the processors when GOMAXPROCS is.
+func RuntimeLikeBinary() func() {
+	stopGC, stopProcs := func() {}, func() {}
+	if gctune.Enabled() {
+		stopGC = gctune.Start(gctune.Headroom)
 	}
-	return gctune.Start(gctune.Headroom)
+	if proctune.Enabled() {
+		stopProcs = proctune.Start()
+	}
+	return func() { stopProcs(); stopGC() }
 }
 
 // PerChange is d in microseconds per change (or row).

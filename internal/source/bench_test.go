@@ -51,7 +51,7 @@ func BenchmarkSourceTx1000(b *testing.B) { benchSource(b, 1000) }
 func benchSource(b *testing.B, txRows int) {
 	total := benchenv.Size("PGRELAY_BENCH_CHANGES", 200000, 20000)
 	runs := benchenv.Runs()
-	defer benchenv.GCLikeBinary()()
+	defer benchenv.RuntimeLikeBinary()()
 	e := &env{t: b, pg: testenv.StartPostgres(b, testenv.WithPGSetting("autovacuum = off")),
 		rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
 	recv, err := benchenv.PGClientBin(e.pg.BinDir, "pg_recvlogical")
@@ -413,6 +413,7 @@ func waitBenchPointer(b *testing.B, e *env, queue, name string) {
 // AOF fsync Redis recorded in the run (every queue write waits for one with appendfsync always, so a
 // stalling disk lengthens pgrelay's tail and not the raw one).
 func BenchmarkSourceLatency(b *testing.B) {
+	defer benchenv.RuntimeLikeBinary()()
 	tps := 2000
 	if n, err := strconv.Atoi(os.Getenv("PGRELAY_BENCH_TPS")); err == nil && n > 0 {
 		tps = n

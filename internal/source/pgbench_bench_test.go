@@ -28,7 +28,7 @@ import (
 func BenchmarkStreamPgbench(b *testing.B) {
 	tps := benchenv.Size("PGRELAY_BENCH_PGBENCH_TPS", 2000, 2000)
 	seconds := benchenv.Size("PGRELAY_BENCH_SECONDS", 10, 3)
-	defer benchenv.GCLikeBinary()()
+	defer benchenv.RuntimeLikeBinary()()
 	e := &env{t: b, pg: testenv.StartPostgres(b, testenv.WithPGSetting("autovacuum = off")), rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
 	pgbench, err := benchenv.PGClientBin(e.pg.BinDir, "pgbench")
 	if err != nil {

@@ -42,7 +42,7 @@ import (
 func BenchmarkSnapshot(b *testing.B) {
 	total := benchenv.Size("PGRELAY_BENCH_SNAPSHOT_ROWS", 300000, 20000)
 	runs := benchenv.Runs()
-	defer benchenv.GCLikeBinary()()
+	defer benchenv.RuntimeLikeBinary()()
 	e := &env{t: b, pg: testenv.StartPostgres(b, testenv.WithPGSetting("autovacuum = off")),
 		rd: testenv.StartRedis(b, redisArgs()...), ctx: context.Background()}
 	pids := benchPids(b, e)

@@ -31,7 +31,7 @@ import (
 func BenchmarkSnapshotChunks(b *testing.B) {
 	total := benchenv.Size("PGRELAY_BENCH_SNAPSHOT_ROWS", 300000, 20000)
 	runs := benchenv.Runs()
-	defer benchenv.GCLikeBinary()()
+	defer benchenv.RuntimeLikeBinary()()
 	pg := testenv.StartPostgres(b, testenv.WithPGSetting("autovacuum = off"))
 	ctx := context.Background()
 	pg.Exec(`CREATE TABLE snap (id bigint PRIMARY KEY, v text, n numeric, ts timestamptz)`)

@@ -52,6 +52,7 @@ import (
 // redis-server, the whole PostgreSQL server with pgbench's backends, and pgbench itself; under a
 // share of the cores it gets, the snapshot waits on something other than the CPU).
 func BenchmarkSnapshotUnderLoad(b *testing.B) {
+	defer benchenv.RuntimeLikeBinary()()
 	total := benchenv.Size("PGRELAY_BENCH_LOAD_SNAPSHOT_ROWS", 300000, 20000)
 	backlog := time.Duration(benchenv.Size("PGRELAY_BENCH_LOAD_BACKLOG", 10, 3)) * time.Second
 	runs := benchenv.Runs()
