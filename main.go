@@ -18,8 +18,8 @@ import (
 	_ "github.com/pgrelay/pgrelay/input"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/gctune"
-	"github.com/pgrelay/pgrelay/internal/proctune"
 	_ "github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/proctune"
 	_ "github.com/pgrelay/pgrelay/output"
 )
 
