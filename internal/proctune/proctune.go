@@ -8,8 +8,8 @@
 // per change, at the same rates (docs/operations.md, Capacity planning). One processor runs a
 // hand-over on the thread that made it. It also caps the process at about a core, so the tuner
 // reads the process's CPU time every Interval and gives Go's default back (a processor per core,
-// or the container's CPU limit) once pgrelay used nearly a whole core for a few intervals in a
-// row, and takes it away again after a long spell well under one.
+// or the container's CPU limit) once pgrelay used most of a core for a few intervals in a row,
+// and takes it away again after a long spell well under one.
 //
 // Setting GOMAXPROCS in the environment leaves the processors to Go (Enabled reports it).
 package proctune
@@ -25,8 +25,10 @@ const (
 	// Interval is how often the tuner reads the process's CPU time.
 	Interval = time.Second
 	// RaiseAt and RaiseAfter: Go's default once the process used at least RaiseAt cores in each of
-	// RaiseAfter intervals in a row (one processor gives it about one core at most).
-	RaiseAt    = 0.9
+	// RaiseAfter intervals in a row. One processor gives it about one core at most, and a pipeline
+	// whose stages overlap (a snapshot with its chunks read ahead and two batches in flight) was
+	// seen at 0.6–0.8 of it on one processor while it ran a little faster on two.
+	RaiseAt    = 0.75
 	RaiseAfter = 3
 	// LowerAt and LowerAfter: one processor again after LowerAfter intervals in a row at or below
 	// LowerAt cores.
