@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -357,18 +358,25 @@ func Size(name string, full, quick int) int {
 func Runs() int { return Size("PGRELAY_BENCH_RUNS", 3, 1) }
 
 // RuntimeLikeBinary gives this process the pgrelay binary's collector goal (internal/gctune) and
-// Go processors (internal/proctune), for the benchmarks that run pgrelay's pipeline in-process; the
-// returned func restores Go's. Like the binary, it leaves the collector alone when GOGC or
-// GOMEMLIMIT is set, and the processors when GOMAXPROCS is.
+// Go processors, for the benchmarks that run pgrelay's pipeline in-process; the returned func
+// restores Go's. The processors are one, as the binary keeps them while its work fits in a core
+// (internal/proctune): each pipeline of these benchmarks runs for seconds at most, below the
+// tuner's threshold, and the tuner itself would read this process's own work (building a
+// baseline's commands, reading back a queue) as pgrelay's. Like the binary, it leaves the
+// collector alone when GOGC or GOMEMLIMIT is set, and the processors when GOMAXPROCS is.
 func RuntimeLikeBinary() func() {
-	stopGC, stopProcs := func() {}, func() {}
+	stopGC := func() {}
 	if gctune.Enabled() {
 		stopGC = gctune.Start(gctune.Headroom)
 	}
+	procs := runtime.GOMAXPROCS(0)
 	if proctune.Enabled() {
-		stopProcs = proctune.Start()
+		runtime.GOMAXPROCS(1)
 	}
-	return func() { stopProcs(); stopGC() }
+	return func() {
+		runtime.GOMAXPROCS(procs)
+		stopGC()
+	}
 }
 
 // PerChange is d in microseconds per change (or row).
