@@ -82,16 +82,7 @@ func (lr *loadRunner) pgbenchRun(b *testing.B, m *benchenv.Metrics, name string,
 		endProfile = benchenv.Profile(b, "pgbench_stream")
 	}
 	meter := startMeter(b, pids)
-	rdb := e.rd.Client()
-	defer rdb.Close()
-	execs := func() int64 {
-		n, err := benchenv.RedisCalls(e.ctx, rdb, "exec")
-		if err != nil {
-			b.Fatal(err)
-		}
-		return n
-	}
-	w0, x0 := meter.cpu(benchenv.CPU, ws), execs()
+	w0, x0 := meter.cpu(benchenv.CPU, ws), lr.execs(b)
 	t0 := time.Now()
 	if out, err := exec.Command(lr.pgbench, "-n", "-c", "4", "-j", "2", "-R", strconv.Itoa(tps), "-T", strconv.Itoa(seconds), e.pg.DSN()).CombinedOutput(); err != nil {
 		b.Fatalf("pgbench: %v\n%s", err, out)
@@ -106,7 +97,7 @@ func (lr *loadRunner) pgbenchRun(b *testing.B, m *benchenv.Metrics, name string,
 	}
 	ph := meter.end()
 	ph.walsender = meter.cpu(benchenv.CPU, ws) - w0
-	writes := execs() - x0
+	writes := lr.execs(b) - x0
 	endProfile()
 	n := int(lr.historyRows(b) - tx0)
 	if latency {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/pgrelay/pgrelay/internal/benchenv"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
@@ -116,11 +117,16 @@ type loadRunner struct {
 	pgbench string
 	total   int
 	backlog time.Duration
+	rdb     *redis.Client // execs' connection
 }
 
-// execs is the queue writes Redis has run so far (its EXEC calls: one per batch the output wrote).
+// execs is the queue writes Redis has run so far (its EXEC calls: one per batch the output wrote),
+// read on one connection the runner keeps.
 func (lr *loadRunner) execs(b *testing.B) int64 {
-	n, err := benchenv.RedisCalls(lr.e.ctx, lr.e.rd.Client(), "exec")
+	if lr.rdb == nil {
+		lr.rdb = lr.e.rd.Client() // closed with the test
+	}
+	n, err := benchenv.RedisCalls(lr.e.ctx, lr.rdb, "exec")
 	if err != nil {
 		b.Fatal(err)
 	}
