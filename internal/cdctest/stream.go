@@ -2,6 +2,7 @@ package cdctest
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,11 +26,29 @@ func RunStream(tb testing.TB, b *service.StreamBuilder) (stop func() error) {
 	var once sync.Once
 	var stopErr error
 	stop = func() error {
-		once.Do(func() { stopErr = s.StopWithin(StreamStopWait) })
+		once.Do(func() { stopErr = StopStream(s, StreamStopWait) })
 		return stopErr
 	}
 	tb.Cleanup(func() { _ = stop() })
 	return stop
+}
+
+// notRunYet is how Benthos refuses to stop a stream whose Run has not built it yet.
+const notRunYet = "has not been run yet"
+
+// StopStream stops s, waiting up to within for it to finish gracefully. A stream started with
+// `go s.Run(…)` may not have been built by Run yet when the test stops it (a test whose
+// condition already holds stops at once): Benthos then refuses the stop and the stream would
+// run on, so StopStream tries again until Run has built it or within has passed.
+func StopStream(s *service.Stream, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := s.StopWithin(time.Until(deadline))
+		if err == nil || !strings.Contains(err.Error(), notRunYet) || !time.Now().Before(deadline) {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // RunConsumer adds consume as b's output and runs the stream as RunStream does.

@@ -14,6 +14,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/input"
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/source"
 )
 
@@ -65,7 +66,7 @@ max_bundle_messages: 100`, e.pg.DSN(), e.rd.URL())
 		stream.Run(context.Background())
 	}()
 	defer func() {
-		stream.StopWithin(20 * time.Second)
+		cdctest.StopStream(stream, 20*time.Second)
 		<-done
 	}()
 	select {

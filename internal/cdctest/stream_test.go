@@ -1,0 +1,53 @@
+package cdctest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+)
+
+// TestStopStreamBeforeRun: a stop that comes before Run has built the stream still stops it
+// once Run does (Benthos alone refuses it and the stream runs on, so a test waiting for Run to
+// return would hang), and one that finds the stream running stops it at once.
+func TestStopStreamBeforeRun(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		runAfter time.Duration // Run starts this long after the stop was asked
+	}{
+		{name: "stop before run", runAfter: 100 * time.Millisecond},
+		{name: "stop while running", runAfter: -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := service.NewStreamBuilder()
+			if err := b.SetYAML("input:\n  generate:\n    mapping: 'root = \"x\"'\n    interval: 10ms\noutput:\n  drop: {}\nlogger:\n  level: none\n"); err != nil {
+				t.Fatal(err)
+			}
+			s, err := b.Build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran := make(chan error, 1)
+			run := func() { ran <- s.Run(context.Background()) }
+			stopped := make(chan error, 1)
+			if tc.runAfter < 0 {
+				go run()
+				time.Sleep(100 * time.Millisecond)
+				go func() { stopped <- StopStream(s, 5*time.Second) }()
+			} else {
+				go func() { stopped <- StopStream(s, 5*time.Second) }()
+				time.Sleep(tc.runAfter)
+				go run()
+			}
+			if err := <-stopped; err != nil {
+				t.Fatalf("stop: %v", err)
+			}
+			select {
+			case <-ran:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the stream still runs after StopStream returned")
+			}
+		})
+	}
+}
