@@ -360,7 +360,7 @@ func (s *Source) settle(b *Batch) {
 	s.retry = slices.Insert(s.retry, i, b)
 	s.attempts++
 	s.mu.Unlock()
-	s.log.Warnf("pg_cdc %s: batch up to %s not delivered, re-sending: %v", s.cfg.Name, pos, err)
+	s.log.Warnf("batch up to %s not delivered, re-sending: %v", pos, err)
 }
 
 // waitAcked blocks until no returned batch awaits its ack and every acknowledged cover is

@@ -99,7 +99,7 @@ func (w *coverWriter) write(batches []*Batch) {
 		if w.ctx.Err() != nil {
 			return // closed: the pointer stays where it was, and the restart repeats what is past it
 		}
-		w.src.log.Warnf("pg_cdc %s: pointer to %s not written, retrying: %v", w.src.cfg.Name, last.Cover.Position(), err)
+		w.src.log.Warnf("pointer to %s not written, retrying: %v", last.Cover.Position(), err)
 		retry.Sleep(w.ctx, min(100*time.Millisecond<<min(attempt, 8), 10*time.Second))
 	}
 	for _, b := range batches {

@@ -43,7 +43,7 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string, drift func(contex
 		_, err := pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'pgrelay_heartbeat', $1::text)`, epoch)
 		cancel()
 		if err != nil && ss.ctx.Err() == nil {
-			ss.src.log.Warnf("pg_cdc %s: heartbeat: %v", ss.src.cfg.Name, err)
+			ss.src.log.Warnf("heartbeat: %v", err)
 		}
 		lastData = time.Now()
 	}

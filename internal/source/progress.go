@@ -122,7 +122,7 @@ func (sn *snapshotter) report(rows int64) {
 	p.logged = now
 	p.measure(now)
 	src := sn.ss.src
-	src.log.Infof("pg_cdc %s: %s", src.cfg.Name, p.String())
+	src.log.Infof("%s", p.String())
 	snap := p.SnapshotProgress
 	src.setSnapshotProgress(&snap)
 }

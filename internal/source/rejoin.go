@@ -99,8 +99,8 @@ func (s *Source) rejoin(ctx context.Context, start pointer.Pointer, written bool
 	if s.hooks.Error != nil { // counted like the session error that ends a stream on it
 		s.hooks.Error(string(errcode.Publication))
 	}
-	s.log.Warnf("pg_cdc %s: table(s) %s were in no publication of this source since the pointer was written, so PostgreSQL did not send their changes since they left (ALTER PUBLICATION, or DROP COLUMN … CASCADE of a listed column); put back, and %s",
-		s.cfg.Name, strings.Join(again, ", "), what)
+	s.log.Warnf("table(s) %s were in no publication of this source since the pointer was written, so PostgreSQL did not send their changes since they left (ALTER PUBLICATION, or DROP COLUMN … CASCADE of a listed column); put back, and %s",
+		strings.Join(again, ", "), what)
 	return start, again, nil
 }
 

@@ -107,7 +107,7 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	} else {
 		s.setPhase(PhaseStreaming, nil)
 	}
-	s.log.Infof("pg_cdc %s: streaming from %s (epoch %s)", s.cfg.Name, start.Position(), start.Epoch)
+	s.log.Infof("streaming from %s (epoch %s)", start.Position(), start.Epoch)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

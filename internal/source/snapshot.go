@@ -151,12 +151,12 @@ func (ss *session) newSnapshotter(pool *pgxpool.Pool, tables []TableInfo, versio
 func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error) {
 	t := sn.tables[name]
 	if t == nil { // removed from tables while its snapshot ran: skipped (read as an empty chunk)
-		sn.ss.src.log.Warnf("pg_cdc %s: snapshot: %s is no longer in tables, skipping it", sn.ss.src.cfg.Name, name)
+		sn.ss.src.log.Warnf("snapshot: %s is no longer in tables, skipping it", name)
 		return nil, nil
 	}
 	if len(t.info.Key) == 0 { // append-only without a key: nothing tells a copied row from a streamed insert
-		sn.ss.src.log.Warnf("pg_cdc %s: snapshot: %s is append-only without a key, so its existing rows are not copied (only its inserts are streamed)",
-			sn.ss.src.cfg.Name, name)
+		sn.ss.src.log.Warnf("snapshot: %s is append-only without a key, so its existing rows are not copied (only its inserts are streamed)",
+			name)
 		return nil, nil
 	}
 	if t.enc != nil {
@@ -236,7 +236,7 @@ func (sn *snapshotter) load(ctx context.Context, name string) (*snapTable, error
 func (sn *snapshotter) run(cur snapshot.Cursor) error {
 	ctx := sn.ss.ctx
 	src := sn.ss.src
-	src.log.Infof("pg_cdc %s: snapshot of %d table(s) at %s (%d rows done)", src.cfg.Name, len(cur.Tables), cur.Table, cur.Rows)
+	src.log.Infof("snapshot of %d table(s) at %s (%d rows done)", len(cur.Tables), cur.Table, cur.Rows)
 	if err := sn.waitEarlierTransactions(ctx); err != nil {
 		return err
 	}
@@ -264,7 +264,7 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 			return err
 		}
 		if p.next.Table != cur.Table || p.over {
-			src.log.Infof("pg_cdc %s: snapshot of %s read (%d rows)", src.cfg.Name, cur.Table, cur.Rows+int64(len(p.chunk.Rows)))
+			src.log.Infof("snapshot of %s read (%d rows)", cur.Table, cur.Rows+int64(len(p.chunk.Rows)))
 		}
 		if p.over { // the last chunk: done once it is acknowledged
 			if err := sn.waitHanded(ctx); err != nil {
@@ -273,7 +273,7 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 			if err := sn.waitAcked(ctx, sn.startS+sn.pushed.Load()); err != nil {
 				return err
 			}
-			src.log.Infof("pg_cdc %s: snapshot done", src.cfg.Name)
+			src.log.Infof("snapshot done")
 			src.setSnapshotProgress(nil)
 			src.setPhase(PhaseStreaming, nil)
 			return nil
@@ -309,8 +309,8 @@ func (sn *snapshotter) waitEarlierTransactions(ctx context.Context) error {
 	err = follow.WaitCommitted(ctx, conn.Conn().PgConn(), func(xids []string) {
 		if time.Since(lastLog) >= snapshotLogEvery {
 			lastLog = time.Now()
-			sn.ss.src.log.Infof("pg_cdc %s: snapshot waits for transaction(s) %s, begun before it started, to end",
-				sn.ss.src.cfg.Name, strings.Join(xids, ", "))
+			sn.ss.src.log.Infof("snapshot waits for transaction(s) %s, begun before it started, to end",
+				strings.Join(xids, ", "))
 		}
 	})
 	if err != nil {
@@ -360,8 +360,8 @@ func (sn *snapshotter) waitSwitch(ctx context.Context, table string) error {
 			for _, x := range xids[:min(len(xids), 20)] {
 				shown = append(shown, strconv.FormatUint(snap.Widen(x), 10))
 			}
-			sn.ss.src.log.Infof("pg_cdc %s: snapshot of %s waits for transaction(s) %s, already in the stream, to become visible (a synchronous standby has not confirmed them)",
-				sn.ss.src.cfg.Name, table, strings.Join(shown, ", "))
+			sn.ss.src.log.Infof("snapshot of %s waits for transaction(s) %s, already in the stream, to become visible (a synchronous standby has not confirmed them)",
+				table, strings.Join(shown, ", "))
 		}
 		select {
 		case <-ctx.Done():

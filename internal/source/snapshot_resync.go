@@ -76,8 +76,8 @@ func (s *Source) resync(ctx context.Context, pool *pgxpool.Pool, sys pglogrepl.I
 	if err := s.rdb.Del(ctx, s.keys.Resync).Err(); err != nil {
 		return pointer.Pointer{}, fmt.Errorf("delete %s: %w", s.keys.Resync, err)
 	}
-	s.log.Infof("pg_cdc %s: resync: recreated slot %s at %s, epoch %s (generation %d), snapshot of %d table(s)",
-		s.cfg.Name, s.cfg.Slot, lsn, p.Epoch, gen, len(p.Tables))
+	s.log.Infof("resync: recreated slot %s at %s, epoch %s (generation %d), snapshot of %d table(s)",
+		s.cfg.Slot, lsn, p.Epoch, gen, len(p.Tables))
 	stored, err := s.readPointer(ctx)
 	if err != nil || stored == nil {
 		return pointer.Pointer{}, fmt.Errorf("read the resync pointer back: %v", err)

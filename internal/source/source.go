@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +36,21 @@ type Logger interface {
 	Warnf(format string, args ...any)
 	Errorf(format string, args ...any)
 }
+
+// namedLogger prefixes every line with the source's name ("pg_cdc <name>: "), so a process running
+// several sources tells them apart; the Source's messages are written without it.
+type namedLogger struct {
+	Logger
+	prefix string
+}
+
+func newNamedLogger(log Logger, name string) namedLogger {
+	return namedLogger{Logger: log, prefix: "pg_cdc " + strings.ReplaceAll(name, "%", "%%") + ": "}
+}
+
+func (l namedLogger) Infof(format string, args ...any)  { l.Logger.Infof(l.prefix+format, args...) }
+func (l namedLogger) Warnf(format string, args ...any)  { l.Logger.Warnf(l.prefix+format, args...) }
+func (l namedLogger) Errorf(format string, args ...any) { l.Logger.Errorf(l.prefix+format, args...) }
 
 // Hooks receive counts for metrics; nil hooks are skipped.
 type Hooks struct {
@@ -111,7 +127,7 @@ func New(cfg Config, log Logger, hooks Hooks) (*Source, error) {
 	owner := fmt.Sprintf("%s:%d:%08x", host, os.Getpid(), rand.Uint32())
 	keys := KeysFor(&cfg)
 	s := &Source{
-		cfg: cfg, log: log, hooks: hooks, keys: keys, owner: owner, rdb: rdb,
+		cfg: cfg, log: newNamedLogger(log, cfg.Name), hooks: hooks, keys: keys, owner: owner, rdb: rdb,
 		writer: queue.NewWriter(rdb, queue.WriterConfig{Prefix: cfg.Redis.Prefix}),
 		lease:  lease.New(rdb, keys.Lease, cfg.LeaseTTL, owner),
 		chain:  queue.NewChain(),
@@ -242,7 +258,7 @@ func (s *Source) run(ctx context.Context) {
 			err := s.checkACL(ctx)
 			if errcode.Of(err) != "" {
 				s.setPhase(PhaseError, err)
-				s.log.Errorf("pg_cdc %s: %v", s.cfg.Name, err)
+				s.log.Errorf("%v", err)
 				retry.Sleep(ctx, retry.Jitter(5*time.Second))
 				continue
 			}
@@ -265,7 +281,7 @@ func (s *Source) run(ctx context.Context) {
 		if s.hooks.Owner != nil {
 			s.hooks.Owner(true)
 		}
-		s.log.Infof("pg_cdc %s: took the lease %s (fence %s)", s.cfg.Name, s.keys.Lease, s.lease.Token())
+		s.log.Infof("took the lease %s (fence %s)", s.keys.Lease, s.lease.Token())
 		s.own(ctx)
 		if ctx.Err() == nil {
 			s.lease.Drop()
@@ -290,7 +306,7 @@ func (s *Source) own(ctx context.Context) {
 			return
 		}
 		if errcode.Is(err, errcode.Fenced) {
-			s.log.Warnf("pg_cdc %s: fenced, starting over from the pointer: %v", s.cfg.Name, err)
+			s.log.Warnf("fenced, starting over from the pointer: %v", err)
 			s.setPhase(PhaseConnecting, err)
 			return
 		}
@@ -302,7 +318,7 @@ func (s *Source) own(ctx context.Context) {
 			phase = PhaseError
 		}
 		s.setPhase(phase, err)
-		s.log.Errorf("pg_cdc %s: %v (retrying in %s)", s.cfg.Name, err, backoff)
+		s.log.Errorf("%v (retrying in %s)", err, backoff)
 		s.sleepUnlessResync(ownCtx, retry.Jitter(backoff))
 		backoff = min(backoff*2, 30*time.Second)
 	}
@@ -324,11 +340,11 @@ func (s *Source) renew(ctx context.Context, stop context.CancelFunc) {
 		case err == nil && ok:
 			lastOK = time.Now()
 		case err == nil && !ok:
-			s.log.Warnf("pg_cdc %s: lost the lease %s", s.cfg.Name, s.keys.Lease)
+			s.log.Warnf("lost the lease %s", s.keys.Lease)
 			stop()
 			return
 		case time.Since(lastOK) > s.cfg.LeaseTTL:
-			s.log.Warnf("pg_cdc %s: could not renew the lease for %s: %v", s.cfg.Name, s.cfg.LeaseTTL, s.cfg.Redis.Explain(err))
+			s.log.Warnf("could not renew the lease for %s: %v", s.cfg.LeaseTTL, s.cfg.Redis.Explain(err))
 			stop()
 			return
 		}

@@ -106,7 +106,7 @@ func (s *Source) session(ctx context.Context) error {
 		if s.cfg.SnapshotInitial {
 			what = "snapshotted while streaming"
 		}
-		s.log.Infof("pg_cdc %s: table(s) %s added since the last start: %s", s.cfg.Name, strings.Join(added, ", "), what)
+		s.log.Infof("table(s) %s added since the last start: %s", strings.Join(added, ", "), what)
 	}
 	return s.stream(ctx, pool, repl, reads, tables, pubs, start, version)
 }
@@ -165,7 +165,7 @@ func (s *Source) settleRefusals(ok []TableInfo, refused []Refusal) error {
 		if s.hooks.Error != nil {
 			s.hooks.Error(string(errcode.Of(r.Err)))
 		}
-		s.log.Warnf("pg_cdc %s: %s is not streamed, the other tables are (on_refused_table: skip): %v", s.cfg.Name, r.Table, r.Err)
+		s.log.Warnf("%s is not streamed, the other tables are (on_refused_table: skip): %v", r.Table, r.Err)
 	}
 	if len(ok) == 0 {
 		return fmt.Errorf("every configured table was refused, the first: %w", refused[0].Err)
@@ -182,11 +182,11 @@ func (s *Source) ensurePublishFunction(ctx context.Context, pool *pgxpool.Pool) 
 	installed, err := EnsurePublishFunction(ctx, pool)
 	switch {
 	case errcode.Is(err, errcode.PublishFunction):
-		s.log.Warnf("pg_cdc %s: %v", s.cfg.Name, err)
+		s.log.Warnf("%v", err)
 	case err != nil:
 		return err
 	case installed:
-		s.log.Infof("pg_cdc %s: installed %s", s.cfg.Name, PublishFunction)
+		s.log.Infof("installed %s", PublishFunction)
 	}
 	return nil
 }
@@ -259,13 +259,13 @@ func (s *Source) alignFailover(ctx context.Context, pool *pgxpool.Pool, repl *pg
 		werr := errcode.Wrap(errcode.SlotFailover, err, fmt.Sprintf("slot %s has failover %t, slot.failover says %t, and it could not be changed", s.cfg.Slot, st.Failover, s.cfg.SlotFailover),
 			fmt.Sprintf("run ALTER_REPLICATION_SLOT %s (FAILOVER %t) on a replication connection while pg_cdc is stopped, or `pgrelay resync -c <config>` (a new slot made as configured)",
 				pgx.Identifier{s.cfg.Slot}.Sanitize(), s.cfg.SlotFailover))
-		s.log.Warnf("pg_cdc %s: %v", s.cfg.Name, werr)
+		s.log.Warnf("%v", werr)
 		if s.hooks.Error != nil {
 			s.hooks.Error(string(errcode.SlotFailover))
 		}
 		return nil
 	}
-	s.log.Infof("pg_cdc %s: slot %s is now a failover slot: %t (slot.failover)", s.cfg.Name, s.cfg.Slot, s.cfg.SlotFailover)
+	s.log.Infof("slot %s is now a failover slot: %t (slot.failover)", s.cfg.Slot, s.cfg.SlotFailover)
 	return nil
 }
 
@@ -279,7 +279,7 @@ func (s *Source) firstPointer(ctx context.Context, pool *pgxpool.Pool, sys pglog
 			return pointer.Pointer{}, err
 		}
 		at = lsn
-		s.log.Infof("pg_cdc %s: created slot %s at %s", s.cfg.Name, s.cfg.Slot, lsn)
+		s.log.Infof("created slot %s at %s", s.cfg.Slot, lsn)
 	}
 	// The slot sends commits at or after `at`; the pointer covers the ones before it.
 	p := pointer.New(1, pointer.NewEpoch(), sys.SystemID, s.cfg.Slot, at-1)
