@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"sort"
 	"strconv"
@@ -467,35 +468,59 @@ var (
 
 // Profile writes a CPU profile of this process to $PGRELAY_BENCH_PROFILE/<name>_<n>.pprof (n: 1
 // for the first window of that name, then 2, ...) while the measured window runs, when that
-// directory is set; the returned func ends it (the first call: later ones do nothing). Profiling
-// costs a few per cent of CPU: profile in a separate run from the one whose figures are reported.
-// go tool pprof (and pprofgroup) add up several files.
+// directory is set, and an execution trace to $PGRELAY_BENCH_TRACE/<name>_<n>.trace when that one
+// is (go tool trace; `-pprof=sync` or `-pprof=sched` of it show where goroutines wait); the
+// returned func ends them (the first call: later ones do nothing). Profiling costs a few per cent
+// of CPU, tracing more: profile in a separate run from the one whose figures are reported. go tool
+// pprof (and pprofgroup) add up several files.
 func Profile(tb testing.TB, name string) func() {
-	dir := os.Getenv("PGRELAY_BENCH_PROFILE")
-	if dir == "" {
+	dir, traceDir := os.Getenv("PGRELAY_BENCH_PROFILE"), os.Getenv("PGRELAY_BENCH_TRACE")
+	if dir == "" && traceDir == "" {
 		return func() {}
 	}
 	profilesMu.Lock()
 	profiles[name]++
 	name = fmt.Sprintf("%s_%d", name, profiles[name])
 	profilesMu.Unlock()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		tb.Fatal(err)
+	var stops []func()
+	if dir != "" {
+		if f := create(tb, dir, name+".pprof"); f != nil {
+			if err := pprof.StartCPUProfile(f); err != nil {
+				f.Close()
+				tb.Logf("benchenv: no CPU profile for %s: %v", name, err)
+			} else {
+				stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+			}
+		}
 	}
-	f, err := os.Create(filepath.Join(dir, name+".pprof"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		tb.Logf("benchenv: no CPU profile for %s: %v", name, err)
-		return func() {}
+	if traceDir != "" {
+		if f := create(tb, traceDir, name+".trace"); f != nil {
+			if err := trace.Start(f); err != nil {
+				f.Close()
+				tb.Logf("benchenv: no trace for %s: %v", name, err)
+			} else {
+				stops = append(stops, func() { trace.Stop(); f.Close() })
+			}
+		}
 	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			pprof.StopCPUProfile()
-			f.Close()
+			for _, stop := range stops {
+				stop()
+			}
 		})
 	}
+}
+
+// create makes dir and the file name in it.
+func create(tb testing.TB, dir, name string) *os.File {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return f
 }
