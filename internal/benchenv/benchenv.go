@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -483,25 +484,24 @@ func Profile(tb testing.TB, name string) func() {
 	name = fmt.Sprintf("%s_%d", name, profiles[name])
 	profilesMu.Unlock()
 	var stops []func()
-	if dir != "" {
-		if f := create(tb, dir, name+".pprof"); f != nil {
-			if err := pprof.StartCPUProfile(f); err != nil {
-				f.Close()
-				tb.Logf("benchenv: no CPU profile for %s: %v", name, err)
-			} else {
-				stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
-			}
+	for _, r := range []struct {
+		dir, file, what string
+		start           func(io.Writer) error
+		stop            func()
+	}{
+		{dir, name + ".pprof", "CPU profile", pprof.StartCPUProfile, pprof.StopCPUProfile},
+		{traceDir, name + ".trace", "trace", trace.Start, trace.Stop},
+	} {
+		if r.dir == "" {
+			continue
 		}
-	}
-	if traceDir != "" {
-		if f := create(tb, traceDir, name+".trace"); f != nil {
-			if err := trace.Start(f); err != nil {
-				f.Close()
-				tb.Logf("benchenv: no trace for %s: %v", name, err)
-			} else {
-				stops = append(stops, func() { trace.Stop(); f.Close() })
-			}
+		f := create(tb, r.dir, r.file)
+		if err := r.start(f); err != nil {
+			f.Close()
+			tb.Logf("benchenv: no %s for %s: %v", r.what, name, err)
+			continue
 		}
+		stops = append(stops, func() { r.stop(); f.Close() })
 	}
 	var once sync.Once
 	return func() {

@@ -156,3 +156,34 @@ func TestRedisCalls(t *testing.T) {
 		t.Fatalf("after 3 ECHOs: %d, %v", n, err)
 	}
 }
+
+// Profile writes a CPU profile and an execution trace per window when their directories are set,
+// numbered per name, and nothing when neither is.
+func TestProfileWritesEachWindow(t *testing.T) {
+	t.Setenv("PGRELAY_BENCH_PROFILE", "")
+	t.Setenv("PGRELAY_BENCH_TRACE", "")
+	Profile(t, "none")()
+	prof, tr := t.TempDir(), t.TempDir()
+	t.Setenv("PGRELAY_BENCH_PROFILE", prof)
+	t.Setenv("PGRELAY_BENCH_TRACE", tr)
+	for range 2 {
+		stop := Profile(t, "window")
+		burn(t, 20*time.Millisecond)
+		stop()
+		stop() // a second call does nothing
+	}
+	for _, f := range []string{prof + "/window_1.pprof", prof + "/window_2.pprof", tr + "/window_1.trace", tr + "/window_2.trace"} {
+		st, err := os.Stat(f)
+		if err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v (size %d)", f, err, func() int64 {
+				if st == nil {
+					return -1
+				}
+				return st.Size()
+			}())
+		}
+	}
+	if _, err := os.Stat(prof + "/none_1.pprof"); err == nil {
+		t.Error("a window was profiled with no directory set")
+	}
+}
