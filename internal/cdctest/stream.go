@@ -51,6 +51,20 @@ func StopStream(s *service.Stream, within time.Duration) error {
 	}
 }
 
+// StopAndWait stops s as StopStream does, then waits up to within more for its Run to return
+// (done closed): a stream that stops badly or never returns fails the test instead of hanging it.
+func StopAndWait(tb testing.TB, s *service.Stream, done <-chan struct{}, within time.Duration) {
+	tb.Helper()
+	if err := StopStream(s, within); err != nil {
+		tb.Errorf("stop: %v", err)
+	}
+	select {
+	case <-done:
+	case <-time.After(within):
+		tb.Errorf("the stream's Run did not return within %s of its stop", within)
+	}
+}
+
 // RunConsumer adds consume as b's output and runs the stream as RunStream does.
 func RunConsumer(tb testing.TB, b *service.StreamBuilder, consume service.MessageBatchHandlerFunc) (stop func() error) {
 	tb.Helper()

@@ -2,6 +2,8 @@ package cdctest
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,6 +49,55 @@ func TestStopStreamBeforeRun(t *testing.T) {
 			case <-ran:
 			case <-time.After(5 * time.Second):
 				t.Fatal("the stream still runs after StopStream returned")
+			}
+		})
+	}
+}
+
+// errorTB records Errorf instead of failing the test, so StopAndWait's reports can be checked.
+type errorTB struct {
+	testing.TB
+	errors []string
+}
+
+func (e *errorTB) Helper() {}
+func (e *errorTB) Errorf(format string, args ...any) {
+	e.errors = append(e.errors, fmt.Sprintf(format, args...))
+}
+
+// StopAndWait returns once Run returned, and reports a Run that did not return in time instead of
+// waiting for it forever.
+func TestStopAndWaitReportsARunThatDoesNotReturn(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		closeIt bool // the done channel the test passes is closed when Run returns
+		want    string
+	}{
+		{name: "returns", closeIt: true},
+		{name: "never returns", closeIt: false, want: "did not return"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := service.NewStreamBuilder()
+			if err := b.SetYAML("input:\n  generate:\n    mapping: 'root = \"x\"'\n    interval: 10ms\noutput:\n  drop: {}\nlogger:\n  level: none\n"); err != nil {
+				t.Fatal(err)
+			}
+			s, err := b.Build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran, never := make(chan struct{}), make(chan struct{})
+			go func() { _ = s.Run(context.Background()); close(ran) }()
+			done := never
+			if tc.closeIt {
+				done = ran
+			}
+			rec := &errorTB{TB: t}
+			StopAndWait(rec, s, done, time.Second)
+			switch {
+			case tc.want == "" && len(rec.errors) > 0:
+				t.Fatalf("errors: %q", rec.errors)
+			case tc.want != "" && (len(rec.errors) != 1 || !strings.Contains(rec.errors[0], tc.want)):
+				t.Fatalf("errors %q, want one with %q", rec.errors, tc.want)
 			}
 		})
 	}

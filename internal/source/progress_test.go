@@ -66,8 +66,7 @@ max_bundle_messages: 100`, e.pg.DSN(), e.rd.URL())
 		stream.Run(context.Background())
 	}()
 	defer func() {
-		cdctest.StopStream(stream, 20*time.Second)
-		<-done
+		cdctest.StopAndWait(t, stream, done, 20*time.Second)
 	}()
 	select {
 	case <-hold:

@@ -72,10 +72,7 @@ func runStream(tb testing.TB, yaml string, logger *slog.Logger) func() {
 	stop := func() {
 		if !stopped {
 			stopped = true
-			if err := cdctest.StopStream(stream, 20*time.Second); err != nil {
-				tb.Errorf("stop: %v", err)
-			}
-			<-done
+			cdctest.StopAndWait(tb, stream, done, 20*time.Second)
 		}
 	}
 	tb.Cleanup(stop)
