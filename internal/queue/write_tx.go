@@ -115,7 +115,7 @@ func (w *Writer) primePlan(p *plan) *plan {
 	if total > maxPrimedStreams || w.primeWait.Load() > 0 {
 		return nil
 	}
-	pp := &plan{queues: p.queues, counts: p.counts, streams: make([]streamRef, 0, total)}
+	pp := &plan{queues: p.queues, counts: p.counts, keys: p.keys, streams: make([]streamRef, 0, total)}
 	for i, n := range p.counts {
 		for s := range n {
 			pp.streams = append(pp.streams, streamRef{i, s})
@@ -143,6 +143,7 @@ var errTxUnavailable = errors.New("no transaction on one master connection")
 type plan struct {
 	queues    []string
 	counts    []int
+	keys      []*queueKeys // each queue's keys (Writer.keys)
 	streams   []streamRef
 	msgStream []int // index into streams, per message
 }
@@ -184,6 +185,7 @@ func (w *Writer) plan(ctx context.Context, msgs []Message) (*plan, error) {
 				}
 				qi = len(p.queues)
 				p.queues, p.counts = append(p.queues, q), append(p.counts, n)
+				p.keys = append(p.keys, w.keys.of(q, n))
 				streamOf = append(streamOf, make([]int32, n))
 				if queueIdx == nil {
 					queueIdx = map[string]int{}
@@ -227,7 +229,7 @@ func (w *Writer) writeTx(ctx context.Context, msgs []Message, c *Cover, last boo
 		key = c.PointerKey
 	}
 	if key == "" {
-		key = w.layout.Meta(p.queues[0])
+		key = p.keys[0].meta
 	}
 	var reply string
 	err = w.raw.Run(ctx, key, func(conn *redisconn.RawConn) error {
@@ -353,16 +355,16 @@ func (w *Writer) txWrite(ctx context.Context, conn *redisconn.RawConn, st *txSta
 // returns how many commands they are.
 func (w *Writer) appendWrites(b []byte, p *plan, msgs []Message, offs []int64, create []bool, versions []int, c *Cover, last bool) ([]byte, int) {
 	queued := 0
-	for i, q := range p.queues {
+	for i := range p.queues {
 		if create != nil && create[i] {
-			b = redisconn.AppendCommand(b, "HSET", w.layout.Meta(q), "shards", strconv.Itoa(p.counts[i]), "version", strconv.Itoa(w.conf.CreateVersion))
+			b = redisconn.AppendCommand(b, "HSET", p.keys[i].meta, "shards", strconv.Itoa(p.counts[i]), "version", strconv.Itoa(w.conf.CreateVersion))
 			queued++
 		}
 	}
 	var xadds int
 	b, xadds = w.appendXAdds(b, p, msgs, offs, versions)
 	queued += xadds
-	for i, q := range p.queues {
+	for i, k := range p.keys {
 		n := 0
 		for _, s := range p.streams {
 			if s.queue == i {
@@ -371,10 +373,10 @@ func (w *Writer) appendWrites(b []byte, p *plan, msgs []Message, offs []int64, c
 		}
 		b = redisconn.AppendArrayLen(b, 2+2*n)
 		b = redisconn.AppendBulk(b, "HSET")
-		b = redisconn.AppendBulk(b, w.layout.Meta(q))
+		b = redisconn.AppendBulk(b, k.meta)
 		for j, s := range p.streams {
 			if s.queue == i {
-				b = redisconn.AppendBulk(b, "off:"+strconv.Itoa(s.shard))
+				b = redisconn.AppendBulk(b, k.offs[s.shard])
 				b = redisconn.AppendBulkInt(b, offs[j])
 			}
 		}
@@ -430,11 +432,11 @@ func (w *Writer) appendReads(b []byte, p *plan, c *Cover) []byte {
 	if c.PointerKey != "" {
 		b = redisconn.AppendBulk(b, c.PointerKey)
 	}
-	for _, q := range p.queues {
-		b = redisconn.AppendBulk(b, w.layout.Meta(q))
+	for _, k := range p.keys {
+		b = redisconn.AppendBulk(b, k.meta)
 	}
 	for _, s := range p.streams {
-		b = redisconn.AppendBulk(b, w.layout.Stream(p.queues[s.queue], s.shard))
+		b = append(b, p.keys[s.queue].bulks[s.shard]...)
 	}
 	if c.LeaseKey != "" {
 		b = redisconn.AppendCommand(b, "GET", c.LeaseKey)
@@ -446,20 +448,22 @@ func (w *Writer) appendReads(b []byte, p *plan, c *Cover) []byte {
 	for _, s := range p.streams {
 		perQueue[s.queue]++
 	}
-	for i, q := range p.queues {
+	for i, k := range p.keys {
 		b = redisconn.AppendArrayLen(b, 4+perQueue[i])
 		b = redisconn.AppendBulk(b, "HMGET")
-		b = redisconn.AppendBulk(b, w.layout.Meta(q))
+		b = redisconn.AppendBulk(b, k.meta)
 		b = redisconn.AppendBulk(b, "shards")
 		b = redisconn.AppendBulk(b, "version")
 		for _, s := range p.streams {
 			if s.queue == i {
-				b = redisconn.AppendBulk(b, "off:"+strconv.Itoa(s.shard))
+				b = redisconn.AppendBulk(b, k.offs[s.shard])
 			}
 		}
 	}
 	for _, s := range p.streams {
-		b = redisconn.AppendCommand(b, "TYPE", w.layout.Stream(p.queues[s.queue], s.shard))
+		b = redisconn.AppendArrayLen(b, 2)
+		b = redisconn.AppendBulk(b, "TYPE")
+		b = append(b, p.keys[s.queue].bulks[s.shard]...)
 	}
 	return redisconn.AppendCommand(b, "MULTI")
 }
@@ -573,10 +577,10 @@ func (w *Writer) readReads(conn *redisconn.RawConn, p *plan, c *Cover) (*txState
 // to each shard's last offset, and returns how many XADDs they are: one per message in layouts 1
 // and 2; in layout 3 the messages of each shard in order, PackMessages (or PackBytes) an entry.
 func (w *Writer) appendXAdds(b []byte, p *plan, msgs []Message, offs []int64, versions []int) ([]byte, int) {
-	keys := make([][]byte, len(p.streams)) // each stream key, encoded once
+	keys := make([][]byte, len(p.streams)) // each stream key, encoded (Writer.keys)
 	size := 0
 	for j, s := range p.streams {
-		keys[j] = redisconn.AppendBulk(nil, w.layout.Stream(p.queues[s.queue], s.shard))
+		keys[j] = p.keys[s.queue].bulks[s.shard]
 	}
 	for i := range msgs {
 		m := &msgs[i]

@@ -180,6 +180,7 @@ type Writer struct {
 	raw    *redisconn.Raw // connections for the transactions
 	conf   WriterConfig
 	layout Layout
+	keys   keyCache // the queues' keys, made once
 
 	mu     sync.Mutex
 	shards map[string]int // shard count per queue, read from meta (or conf.Shards for a new queue)
@@ -197,7 +198,8 @@ type Writer struct {
 // NewWriter returns a Writer over rdb; nothing is sent until Connect or Write.
 func NewWriter(rdb redis.UniversalClient, conf WriterConfig) *Writer {
 	conf.defaults()
-	return &Writer{rdb: rdb, raw: redisconn.NewRaw(rdb), conf: conf, layout: NewLayout(conf.Prefix), shards: map[string]int{}}
+	l := NewLayout(conf.Prefix)
+	return &Writer{rdb: rdb, raw: redisconn.NewRaw(rdb), conf: conf, layout: l, keys: keyCache{layout: l}, shards: map[string]int{}}
 }
 
 // Close closes the writer's own connections (not rdb's); later writes use the script alone.
@@ -476,12 +478,12 @@ func (w *Writer) build(ctx context.Context, msgs []Message, c *Cover, last bool)
 	if prev != "" {
 		args = append(args, prev)
 	}
-	for i, q := range p.queues {
-		keys = append(keys, w.layout.Meta(q))
+	for i, k := range p.keys {
+		keys = append(keys, k.meta)
 		args = append(args, p.counts[i], w.conf.CreateVersion)
 	}
 	for _, s := range p.streams {
-		keys = append(keys, w.layout.Stream(p.queues[s.queue], s.shard))
+		keys = append(keys, p.keys[s.queue].streams[s.shard])
 		args = append(args, s.queue+1, s.shard)
 	}
 	// created-at is usually the same for the whole batch: formatted once per value
