@@ -7,9 +7,7 @@ import (
 
 // SetProgressEvery sets how often a snapshot logs its progress, for a test; it returns the old value.
 func SetProgressEvery(d time.Duration) time.Duration {
-	old := progressEvery
-	progressEvery = d
-	return old
+	return time.Duration(progressEvery.Swap(int64(d)))
 }
 
 // PublicationSummary describes the named publications that exist, each as

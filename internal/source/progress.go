@@ -4,14 +4,18 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
 
 // progressEvery is how often a running snapshot logs its progress and records it in the source's
-// status hash (what `pgrelay status` shows).
-var progressEvery = 10 * time.Second
+// status hash (what `pgrelay status` shows), in nanoseconds: atomic, as a test shortens it while
+// other sources' snapshots may run.
+var progressEvery atomic.Int64
+
+func init() { progressEvery.Store(int64(10 * time.Second)) }
 
 // SnapshotProgress is a snapshot's progress: the table being read, its rows done and row estimate
 // (pg_class.reltuples, so the percent is approximate), and the rate and time left of this table.
@@ -116,7 +120,7 @@ func (sn *snapshotter) report(rows int64) {
 	p := sn.progress
 	p.setRows(rows)
 	now := time.Now()
-	if now.Sub(p.logged) < progressEvery {
+	if now.Sub(p.logged) < time.Duration(progressEvery.Load()) {
 		return
 	}
 	p.logged = now
