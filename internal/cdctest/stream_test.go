@@ -2,7 +2,6 @@ package cdctest
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -22,14 +21,7 @@ func TestStopStreamBeforeRun(t *testing.T) {
 		{name: "stop while running", runAfter: -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := service.NewStreamBuilder()
-			if err := b.SetYAML("input:\n  generate:\n    mapping: 'root = \"x\"'\n    interval: 10ms\noutput:\n  drop: {}\nlogger:\n  level: none\n"); err != nil {
-				t.Fatal(err)
-			}
-			s, err := b.Build()
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := generateStream(t)
 			ran := make(chan error, 1)
 			run := func() { ran <- s.Run(context.Background()) }
 			stopped := make(chan error, 1)
@@ -54,15 +46,18 @@ func TestStopStreamBeforeRun(t *testing.T) {
 	}
 }
 
-// errorTB records Errorf instead of failing the test, so StopAndWait's reports can be checked.
-type errorTB struct {
-	testing.TB
-	errors []string
-}
-
-func (e *errorTB) Helper() {}
-func (e *errorTB) Errorf(format string, args ...any) {
-	e.errors = append(e.errors, fmt.Sprintf(format, args...))
+// generateStream builds a stream of a generate input into the drop output, not yet run.
+func generateStream(t *testing.T) *service.Stream {
+	t.Helper()
+	b := service.NewStreamBuilder()
+	if err := b.SetYAML("input:\n  generate:\n    mapping: 'root = \"x\"'\n    interval: 10ms\noutput:\n  drop: {}\nlogger:\n  level: none\n"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // StopAndWait returns once Run returned, and reports a Run that did not return in time instead of
@@ -77,21 +72,14 @@ func TestStopAndWaitReportsARunThatDoesNotReturn(t *testing.T) {
 		{name: "never returns", closeIt: false, want: "did not return"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := service.NewStreamBuilder()
-			if err := b.SetYAML("input:\n  generate:\n    mapping: 'root = \"x\"'\n    interval: 10ms\noutput:\n  drop: {}\nlogger:\n  level: none\n"); err != nil {
-				t.Fatal(err)
-			}
-			s, err := b.Build()
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := generateStream(t)
 			ran, never := make(chan struct{}), make(chan struct{})
 			go func() { _ = s.Run(context.Background()); close(ran) }()
 			done := never
 			if tc.closeIt {
 				done = ran
 			}
-			rec := &errorTB{TB: t}
+			rec := &fakeTB{TB: t}
 			StopAndWait(rec, s, done, time.Second)
 			switch {
 			case tc.want == "" && len(rec.errors) > 0:

@@ -8,15 +8,20 @@ import (
 	"time"
 )
 
-// fakeTB records Fatalf instead of stopping the test, so Wait's failure can be checked.
+// fakeTB records Fatalf and Errorf instead of failing the test, so Wait's failure and
+// StopAndWait's reports can be checked.
 type fakeTB struct {
 	testing.TB
 	failed string
+	errors []string
 }
 
 func (f *fakeTB) Helper() {}
 func (f *fakeTB) Fatalf(format string, args ...any) {
 	f.failed = fmt.Sprintf(format, args...)
+}
+func (f *fakeTB) Errorf(format string, args ...any) {
+	f.errors = append(f.errors, fmt.Sprintf(format, args...))
 }
 
 func TestPoll(t *testing.T) {
