@@ -23,7 +23,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -186,13 +185,11 @@ func (w Waits) Since(pids ...int) time.Duration {
 	return d
 }
 
-// SelfCPU is the CPU time of this process (all threads), for pipelines run in-process.
+// SelfCPU is the CPU time of this process (all threads), for pipelines run in-process: what the
+// binary's processor tuner reads (0 where it cannot be read).
 func SelfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	d, _ := proctune.ProcessCPU()
+	return d
 }
 
 // PostmasterPid is the pid of the PostgreSQL server of dataDir (first line of postmaster.pid).

@@ -4,5 +4,5 @@ package proctune
 
 import "time"
 
-// processCPU cannot read the process's CPU time here: the tuner does not start.
-func processCPU() (time.Duration, bool) { return 0, false }
+// ProcessCPU cannot read the process's CPU time here (false): the tuner does not start.
+func ProcessCPU() (time.Duration, bool) { return 0, false }

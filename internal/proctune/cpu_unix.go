@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// processCPU is the process's CPU time so far (user and system, every thread).
-func processCPU() (time.Duration, bool) {
+// ProcessCPU is the process's CPU time so far (user and system, every thread), from getrusage.
+func ProcessCPU() (time.Duration, bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, false

@@ -83,7 +83,7 @@ func Start() (stop func()) {
 	if running || runtime.GOMAXPROCS(0) < 2 {
 		return func() {}
 	}
-	if _, ok := processCPU(); !ok {
+	if _, ok := ProcessCPU(); !ok {
 		return func() {}
 	}
 	running = true
@@ -93,7 +93,7 @@ func Start() (stop func()) {
 		defer close(finished)
 		tick := time.NewTicker(Interval)
 		defer tick.Stop()
-		run(processCPU, apply, tick.C, done)
+		run(ProcessCPU, apply, tick.C, done)
 	}()
 	var once sync.Once
 	return func() {
