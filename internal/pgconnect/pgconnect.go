@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/confread"
 	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/rawio"
 	"github.com/pgrelay/pgrelay/internal/speclint"
 )
 
@@ -146,6 +147,7 @@ func (c Config) ConnConfig() (*pgconn.Config, error) {
 		return nil, fmt.Errorf("parse connection settings: %w", c.redact(err))
 	}
 	convert.ApplySettings(cfg.RuntimeParams)
+	cfg.DialFunc = rawio.Dialer(cfg.DialFunc)
 	if c.ApplicationName != "" {
 		cfg.RuntimeParams["application_name"] = c.ApplicationName
 	}

@@ -1,6 +1,7 @@
 package pgconnect
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,11 +9,14 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgrelay/pgrelay/internal/rawio"
 )
 
 // writeCA writes a self-signed CA certificate and returns its path.
@@ -144,5 +148,32 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 	if err := (Config{Host: "127.0.0.1"}).Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Connections from ConnConfig (and so ReplicationConfig and PoolConfig) read and write without the
+// runtime's system call bookkeeping (rawio); TLS, if any, runs over that socket.
+func TestConnConfigDialsRawIO(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	cfg, err := Config{DSN: "postgres://u@127.0.0.1/db"}.ConnConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cfg.DialFunc(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !rawio.Wrapped(c) {
+		t.Fatalf("ConnConfig's dialer made a %T, not rawio's", c)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/rawio"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -235,6 +236,7 @@ func dialRaw(ctx context.Context, opt *redis.Options) (*RawConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	nc = rawio.Wrap(nc)
 	c := &RawConn{nc: nc, br: bufio.NewReaderSize(nc, 32<<10), addr: opt.Addr, opt: opt}
 	user, pass := opt.Username, opt.Password
 	switch {

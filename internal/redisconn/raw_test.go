@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pgrelay/pgrelay/internal/rawio"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -425,3 +426,28 @@ type inStep struct{}
 
 func (inStep) Error() string { return "aborted" }
 func (inStep) InStep() bool  { return true }
+
+// The pool's connections read and write without the runtime's system call bookkeeping (rawio):
+// the queue writer's commands and replies are pgrelay's hottest socket.
+func TestRawConnsUseRawIO(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	raw := NewRaw(redis.NewClient(&redis.Options{Addr: r.Addr()}))
+	defer raw.Close()
+	err := raw.Run(context.Background(), "k", func(c *RawConn) error {
+		if !rawio.Wrapped(c.nc) {
+			t.Errorf("the raw connection is a %T, not rawio's", c.nc)
+		}
+		if err := c.Send(context.Background(), AppendCommand(nil, "PING"), 0); err != nil {
+			return err
+		}
+		rep, err := c.Read()
+		if err == nil && string(rep.Str) != "PONG" {
+			err = fmt.Errorf("PING: %q", rep.Str)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

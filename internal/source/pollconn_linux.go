@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pgrelay/pgrelay/internal/rawio"
 )
 
 // The replication connection's socket is read outside Go's network poller. The poller watches
@@ -201,7 +203,7 @@ func (c *pollConn) Read(p []byte) (int, error) {
 		if c.read.expired() {
 			return 0, c.opError("read", errPollConnTimeout{})
 		}
-		n, err := unix.Read(c.fd, p)
+		n, err := rawio.Read(c.fd, p)
 		switch {
 		case err == nil && n == 0 && len(p) > 0:
 			return 0, io.EOF
@@ -228,7 +230,7 @@ func (c *pollConn) Write(p []byte) (int, error) {
 		if c.write.expired() {
 			return written, c.opError("write", errPollConnTimeout{})
 		}
-		n, err := unix.Write(c.fd, p[written:])
+		n, err := rawio.Write(c.fd, p[written:])
 		switch {
 		case err == nil:
 			written += n
