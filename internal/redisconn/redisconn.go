@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/confread"
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/rawio"
 )
 
 // The connection's field names.
@@ -234,6 +235,7 @@ func (c Config) Client() (redis.UniversalClient, error) {
 		co := &redis.ClusterOptions{Addrs: addrs, Username: base.Username, Password: base.Password, TLSConfig: base.TLSConfig, PoolSize: c.PoolSize,
 			DisableIdentity: true}
 		c.apply(&co.Username, &co.Password, &co.TLSConfig)
+		co.Dialer = rawio.Dialer(redis.NewDialer(&redis.Options{DialTimeout: dialTimeout, TLSConfig: co.TLSConfig}))
 		return NewClusterClient(co), nil
 	}
 	o, err := redis.ParseURL(c.URL)
@@ -245,6 +247,7 @@ func (c Config) Client() (redis.UniversalClient, error) {
 		o.PoolSize = c.PoolSize
 	}
 	o.DisableIdentity = true
+	o.Dialer = rawio.Dialer(redis.NewDialer(o)) // go-redis's own dialer (it reads o when it dials)
 	return redis.NewClient(o), nil
 }
 
@@ -259,9 +262,7 @@ func (c Config) failoverClient() *redis.Client {
 		// dial retries, so go-redis's 5 would make a start with no sentinel up take ~40 s to fail
 		// (0.6 s with 1); the callers retry with their own backoff.
 		DialerRetries: 1}
-	if s.TLS != nil || c.TLS != nil {
-		o.Dialer = sentinelDialer(s.Addrs, s.TLS, c.TLS)
-	}
+	o.Dialer = sentinelDialer(s.Addrs, s.TLS, c.TLS)
 	rdb := redis.NewFailoverClient(o)
 	registerSentinel(rdb, s)
 	return rdb
@@ -271,7 +272,7 @@ func (c Config) failoverClient() *redis.Client {
 const dialTimeout = 5 * time.Second
 
 // sentinelDialer dials the listed sentinels with sentinelTLS and every other address (the master
-// and replicas the sentinels name) with dataTLS; nil means plain TCP. (go-redis dials both through
+// and replicas the sentinels name) with dataTLS; nil means plain TCP (through rawio). (go-redis dials both through
 // one Dialer; a sentinel it discovers that is not listed is dialed like the master.)
 func sentinelDialer(sentinels []string, sentinelTLS, dataTLS *tls.Config) func(context.Context, string, string) (net.Conn, error) {
 	isSentinel := map[string]bool{}
@@ -285,7 +286,11 @@ func sentinelDialer(sentinels []string, sentinelTLS, dataTLS *tls.Config) func(c
 		}
 		nd := &net.Dialer{Timeout: dialTimeout}
 		if t == nil {
-			return nd.DialContext(ctx, network, addr)
+			c, err := nd.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return rawio.Wrap(c), nil
 		}
 		d := tls.Dialer{NetDialer: nd, Config: t}
 		return d.DialContext(ctx, network, addr)

@@ -15,6 +15,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/rawio"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -223,6 +224,9 @@ func TestSentinelDialerPicksTLS(t *testing.T) {
 		dial := sentinelDialer(c.sentinels, c.sentinel, c.data)
 		conn, err := dial(context.Background(), "tcp", addr)
 		if err == nil {
+			if !c.wantTLS && !rawio.Wrapped(conn) {
+				t.Errorf("%s: a plain connection is a %T, not rawio's", c.name, conn)
+			}
 			_, _ = conn.Write([]byte("*1\r\n$4\r\nPING\r\n"))
 			conn.Close()
 		}
@@ -250,5 +254,53 @@ func TestSentinelUnreachableFailsFast(t *testing.T) {
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("failed after %s", d)
+	}
+}
+
+// go-redis's connections of a plain or Cluster client read and write through rawio (the consumer's
+// reads and acknowledgements); under TLS rawio leaves the connection to crypto/tls.
+func TestClientsDialRawIO(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	addr := ln.Addr().String()
+	for _, c := range []struct {
+		name string
+		conf Config
+	}{
+		{"url", Config{URL: "redis://" + addr}},
+		{"cluster_urls", Config{ClusterURLs: []string{"redis://" + addr}}},
+	} {
+		rdb, err := c.conf.Client()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dial func(context.Context, string, string) (net.Conn, error)
+		switch cl := rdb.(type) {
+		case *redis.Client:
+			dial = cl.Options().Dialer
+		case *redis.ClusterClient:
+			dial = cl.Options().Dialer
+		}
+		conn, err := dial(context.Background(), "tcp", addr)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if !rawio.Wrapped(conn) {
+			t.Errorf("%s: the client's connection is a %T, not rawio's", c.name, conn)
+		}
+		conn.Close()
+		rdb.Close()
 	}
 }
