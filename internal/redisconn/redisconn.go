@@ -235,7 +235,9 @@ func (c Config) Client() (redis.UniversalClient, error) {
 		co := &redis.ClusterOptions{Addrs: addrs, Username: base.Username, Password: base.Password, TLSConfig: base.TLSConfig, PoolSize: c.PoolSize,
 			DisableIdentity: true}
 		c.apply(&co.Username, &co.Password, &co.TLSConfig)
-		co.Dialer = rawio.Dialer(redis.NewDialer(&redis.Options{DialTimeout: dialTimeout, TLSConfig: co.TLSConfig}))
+		co.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return dial(ctx, network, addr, co.TLSConfig, positive(co.DialTimeout, dialTimeout))
+		}
 		return NewClusterClient(co), nil
 	}
 	o, err := redis.ParseURL(c.URL)
@@ -247,7 +249,9 @@ func (c Config) Client() (redis.UniversalClient, error) {
 		o.PoolSize = c.PoolSize
 	}
 	o.DisableIdentity = true
-	o.Dialer = rawio.Dialer(redis.NewDialer(o)) // go-redis's own dialer (it reads o when it dials)
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return dial(ctx, network, addr, o.TLSConfig, positive(o.DialTimeout, dialTimeout))
+	}
 	return redis.NewClient(o), nil
 }
 
@@ -272,7 +276,7 @@ func (c Config) failoverClient() *redis.Client {
 const dialTimeout = 5 * time.Second
 
 // sentinelDialer dials the listed sentinels with sentinelTLS and every other address (the master
-// and replicas the sentinels name) with dataTLS; nil means plain TCP (through rawio). (go-redis dials both through
+// and replicas the sentinels name) with dataTLS; nil means plain TCP. (go-redis dials both through
 // one Dialer; a sentinel it discovers that is not listed is dialed like the master.)
 func sentinelDialer(sentinels []string, sentinelTLS, dataTLS *tls.Config) func(context.Context, string, string) (net.Conn, error) {
 	isSentinel := map[string]bool{}
@@ -284,17 +288,40 @@ func sentinelDialer(sentinels []string, sentinelTLS, dataTLS *tls.Config) func(c
 		if isSentinel[addr] {
 			t = sentinelTLS
 		}
-		nd := &net.Dialer{Timeout: dialTimeout}
-		if t == nil {
-			c, err := nd.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return rawio.Wrap(c), nil
-		}
-		d := tls.Dialer{NetDialer: nd, Config: t}
-		return d.DialContext(ctx, network, addr)
+		return dial(ctx, network, addr, t, dialTimeout)
 	}
+}
+
+// dial connects to addr (TCP or a Unix socket) with reads and writes through rawio, under t's TLS
+// when t is set, within timeout (the handshake included). It replaces go-redis's own dialer, which
+// leaves the socket to the net package; like crypto/tls's dialers it checks the certificate against
+// the host dialed when t names no server.
+func dial(ctx context.Context, network, addr string, t *tls.Config, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	nd := &net.Dialer{KeepAlive: 5 * time.Minute}
+	c, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	c = rawio.Wrap(c)
+	if t == nil {
+		return c, nil
+	}
+	if t.ServerName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		t = t.Clone()
+		t.ServerName = host
+	}
+	tc := tls.Client(c, t)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return tc, nil
 }
 
 func (c Config) apply(user, pass *string, t **tls.Config) {

@@ -257,34 +257,35 @@ func TestSentinelUnreachableFailsFast(t *testing.T) {
 	}
 }
 
-// go-redis's connections of a plain or Cluster client read and write through rawio (the consumer's
-// reads and acknowledgements); under TLS rawio leaves the connection to crypto/tls.
+// go-redis's connections of a plain client, TLS or not, and of a Cluster client read and write
+// through rawio (the consumer's reads and acknowledgements): the client works and the socket under
+// its connection is rawio's.
 func TestClientsDialRawIO(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	t.Parallel()
+	ctx := context.Background()
+	plain := testenv.StartRedis(t)
+	secure := testenv.StartRedisTLS(t)
+	tlsConf, err := secure.TLS.ClientConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	addr := ln.Addr().String()
 	for _, c := range []struct {
 		name string
 		conf Config
+		addr string
 	}{
-		{"url", Config{URL: "redis://" + addr}},
-		{"cluster_urls", Config{ClusterURLs: []string{"redis://" + addr}}},
+		{"url", Config{URL: "redis://" + plain.Addr()}, plain.Addr()},
+		{"url with TLS", Config{URL: "redis://" + secure.Addr(), TLS: tlsConf}, secure.Addr()},
+		{"cluster_urls", Config{ClusterURLs: []string{"redis://" + plain.Addr()}}, plain.Addr()},
 	} {
 		rdb, err := c.conf.Client()
 		if err != nil {
 			t.Fatal(err)
+		}
+		if _, ok := rdb.(*redis.ClusterClient); !ok { // a single server is no cluster: only dial
+			if err := rdb.Ping(ctx).Err(); err != nil {
+				t.Fatalf("%s: PING: %v", c.name, err)
+			}
 		}
 		var dial func(context.Context, string, string) (net.Conn, error)
 		switch cl := rdb.(type) {
@@ -293,12 +294,18 @@ func TestClientsDialRawIO(t *testing.T) {
 		case *redis.ClusterClient:
 			dial = cl.Options().Dialer
 		}
-		conn, err := dial(context.Background(), "tcp", addr)
+		conn, err := dial(ctx, "tcp", c.addr)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		if !rawio.Wrapped(conn) {
-			t.Errorf("%s: the client's connection is a %T, not rawio's", c.name, conn)
+		under := conn
+		if tc, ok := conn.(*tls.Conn); ok {
+			under = tc.NetConn()
+		} else if c.conf.TLS != nil {
+			t.Errorf("%s: a %T, not a TLS connection", c.name, conn)
+		}
+		if !rawio.Wrapped(under) {
+			t.Errorf("%s: the client's socket is a %T, not rawio's", c.name, under)
 		}
 		conn.Close()
 		rdb.Close()
