@@ -1,7 +1,6 @@
 package pgconnect
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,7 +8,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/rawio"
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // writeCA writes a self-signed CA certificate and returns its path.
@@ -154,25 +153,11 @@ func TestValidateNamesTheField(t *testing.T) {
 // Connections from ConnConfig (and so ReplicationConfig and PoolConfig) read and write without the
 // runtime's system call bookkeeping (rawio); TLS, if any, runs over that socket.
 func TestConnConfigDialsRawIO(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		if c, err := ln.Accept(); err == nil {
-			c.Close()
-		}
-	}()
 	cfg, err := Config{DSN: "postgres://u@127.0.0.1/db"}.ConnConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cfg.DialFunc(context.Background(), "tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := testenv.SocketPair(t, "tcp", cfg.DialFunc)
 	if !rawio.Wrapped(c) {
 		t.Fatalf("ConnConfig's dialer made a %T, not rawio's", c)
 	}

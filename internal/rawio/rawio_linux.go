@@ -13,30 +13,19 @@ import (
 // Read reads from the non-blocking descriptor fd into p without the runtime's system call
 // bookkeeping. It returns the system call's result as is: (0, nil) at end of file, EAGAIN when
 // nothing is there, EINTR never (it retries).
-func Read(fd int, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case syscall.EINTR:
-			continue
-		}
-		return 0, e
-	}
-}
+func Read(fd int, p []byte) (int, error) { return call(syscall.SYS_READ, fd, p) }
 
 // Write writes p to the non-blocking descriptor fd without the runtime's system call bookkeeping:
 // what the socket took (maybe less than p), or EAGAIN when it took nothing.
-func Write(fd int, p []byte) (int, error) {
+func Write(fd int, p []byte) (int, error) { return call(syscall.SYS_WRITE, fd, p) }
+
+// call makes the read or write system call trap on fd and p, again while it is interrupted.
+func call(trap uintptr, fd int, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		n, _, e := syscall.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 		switch e {
 		case 0:
 			return int(n), nil

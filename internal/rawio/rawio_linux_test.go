@@ -10,45 +10,22 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/rawio"
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // pair connects a wrapped client to a plain server end over network ("tcp" or "unix").
 func pair(t *testing.T, network string) (client, server net.Conn) {
 	t.Helper()
-	addr := "127.0.0.1:0"
-	if network == "unix" {
-		addr = filepath.Join(t.TempDir(), "s")
-	}
-	ln, err := net.Listen(network, addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	c, err := net.Dial(network, ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := <-accepted
-	if s == nil {
-		t.Fatal("accept failed")
-	}
-	w := rawio.Wrap(c)
-	if !rawio.Wrapped(w) {
+	c, s := testenv.SocketPair(t, network, rawio.Dialer((&net.Dialer{}).DialContext))
+	if !rawio.Wrapped(c) {
 		t.Fatalf("Wrap left a %T as is", c)
 	}
-	t.Cleanup(func() { w.Close(); s.Close() })
-	return w, s
+	return c, s
 }
 
 func pattern(n int) []byte {

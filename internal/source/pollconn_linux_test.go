@@ -17,35 +17,19 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // pollPair is a pollConn dialled to a loopback listener, and the listener's end.
 func pollPair(t *testing.T) (*pollConn, net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			t.Error(err)
-		}
-		accepted <- c
-	}()
 	var d net.Dialer
-	c, err := dialOutsidePoller(d.DialContext)(context.Background(), "tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, peer := testenv.SocketPair(t, "tcp", dialOutsidePoller(d.DialContext))
 	pc, ok := c.(*pollConn)
 	if !ok {
 		t.Fatalf("dialOutsidePoller gave a %T, want a *pollConn", c)
 	}
-	peer := <-accepted
-	t.Cleanup(func() { pc.Close(); peer.Close() })
 	return pc, peer
 }
 
