@@ -292,6 +292,11 @@ func sentinelDialer(sentinels []string, sentinelTLS, dataTLS *tls.Config) func(c
 	}
 }
 
+// keepAlive is go-redis's own TCP keep-alive for its connections: probing after 30 s idle, the
+// peer declared dead after 3 unanswered probes 5 s apart (a master gone without a reset is noticed
+// within 45 s).
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3}
+
 // dial connects to addr (TCP or a Unix socket) with reads and writes through rawio, under t's TLS
 // when t is set, within timeout (the handshake included). It replaces go-redis's own dialer, which
 // leaves the socket to the net package; like crypto/tls's dialers it checks the certificate against
@@ -299,7 +304,7 @@ func sentinelDialer(sentinels []string, sentinelTLS, dataTLS *tls.Config) func(c
 func dial(ctx context.Context, network, addr string, t *tls.Config, timeout time.Duration) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	nd := &net.Dialer{KeepAlive: 5 * time.Minute}
+	nd := &net.Dialer{KeepAliveConfig: keepAlive}
 	c, err := nd.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
