@@ -235,9 +235,7 @@ func (c Config) Client() (redis.UniversalClient, error) {
 		co := &redis.ClusterOptions{Addrs: addrs, Username: base.Username, Password: base.Password, TLSConfig: base.TLSConfig, PoolSize: c.PoolSize,
 			DisableIdentity: true}
 		c.apply(&co.Username, &co.Password, &co.TLSConfig)
-		co.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return dial(ctx, network, addr, co.TLSConfig, positive(co.DialTimeout, dialTimeout))
-		}
+		co.Dialer = dialer(co.TLSConfig, dialTimeout)
 		return NewClusterClient(co), nil
 	}
 	o, err := redis.ParseURL(c.URL)
@@ -249,9 +247,7 @@ func (c Config) Client() (redis.UniversalClient, error) {
 		o.PoolSize = c.PoolSize
 	}
 	o.DisableIdentity = true
-	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return dial(ctx, network, addr, o.TLSConfig, positive(o.DialTimeout, dialTimeout))
-	}
+	o.Dialer = dialer(o.TLSConfig, positive(o.DialTimeout, dialTimeout))
 	return redis.NewClient(o), nil
 }
 
@@ -296,6 +292,13 @@ func sentinelDialer(sentinels []string, sentinelTLS, dataTLS *tls.Config) func(c
 // peer declared dead after 3 unanswered probes 5 s apart (a master gone without a reset is noticed
 // within 45 s).
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+// dialer dials every address with dial under t's TLS (nil: plain) within timeout.
+func dialer(t *tls.Config, timeout time.Duration) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return dial(ctx, network, addr, t, timeout)
+	}
+}
 
 // dial connects to addr (TCP or a Unix socket) with reads and writes through rawio, under t's TLS
 // when t is set, within timeout (the handshake included). It replaces go-redis's own dialer, which

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// SocketPair connects a client made by dial (nil: a plain net.Dialer) to a listener of network
+// SocketPair connects a client made by dial to a listener of network
 // ("tcp" on 127.0.0.1 or "unix" in a temporary directory) and returns the client and the accepted
 // end; both are closed when the test ends.
 func SocketPair(t testing.TB, network string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (client, server net.Conn) {
@@ -26,10 +26,6 @@ func SocketPair(t testing.TB, network string, dial func(ctx context.Context, net
 		c, _ := ln.Accept()
 		accepted <- c
 	}()
-	if dial == nil {
-		var d net.Dialer
-		dial = d.DialContext
-	}
 	c, err := dial(context.Background(), network, ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
