@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgrelay/pgrelay/internal/source"
 )
 
 func TestConfigRefusesOutOfRangeValuesWithThePath(t *testing.T) {
@@ -37,7 +39,7 @@ func TestConfigRefusesOutOfRangeValuesWithThePath(t *testing.T) {
 	conf, _ := PgCDCSpec().ParseYAML(base, nil)
 	c, err := PgCDCConfigFromParsed(conf)
 	if err != nil || c.Slot != "pgrelay_x" || c.Publication != "pgrelay_x" || c.InsertPublication != "pgrelay_x_insert" || c.StopOnRefusedTable ||
-		c.Tables[0].AppendOnly || c.LeaseTTL != 10*time.Second || c.MaxBundleMessages != 1000 || c.ChunkRows != 2000 || c.SnapshotInitial {
+		c.Tables[0].AppendOnly || c.LeaseTTL != 10*time.Second || c.MaxBundleMessages != 1000 || c.ChunkRows != source.DefaultChunkRows || c.SnapshotInitial {
 		t.Errorf("defaults: %+v %v", c, err)
 	}
 }

@@ -34,6 +34,7 @@ type Chunk struct {
 	Columns  []Column
 	Rows     [][][]byte // per row, per column: output-function text, nil = NULL
 	LastKey  []string   // key values (text) of the last row read; nil when the chunk is empty
+	Limit    int        // the most rows the read asked for: a chunk with fewer is the table's last
 	Snapshot Snapshot   // pg_current_snapshot() of the reading transaction
 	// Young counts the rows whose xmin (the transaction that last wrote the row) does not precede
 	// Spec.OlderThan modulo 2^32, and XminRead says it was counted. Every unfrozen xmin lies within
@@ -194,7 +195,7 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 	if cap(buf.rows) < min(limit, 1<<16) {
 		buf.rows = make([][][]byte, 0, min(limit, 1<<16))
 	}
-	chunk := &Chunk{Columns: s.Columns, Rows: buf.rows[:0], Buffers: buf, XminRead: s.OlderThan != 0}
+	chunk := &Chunk{Columns: s.Columns, Rows: buf.rows[:0], Limit: limit, Buffers: buf, XminRead: s.OlderThan != 0}
 	marks := make([][]byte, len(low)+len(high))
 	first := func(dst *[]byte) func(*pgconn.ResultReader) {
 		return func(rr *pgconn.ResultReader) {

@@ -41,6 +41,27 @@ type snapTable struct {
 	isKey  []bool       // per column of spec.Columns
 	nonKey []string
 	xmin   bool // the role may read the rows' xmin (SELECT on the whole table)
+	// rowBytes is the mean bytes of values per row of the table's last chunk (0: none read in
+	// this session yet), which sizes its next chunk (limit).
+	rowBytes int
+}
+
+// Chunk sizes. A chunk reads chunk_rows rows, or fewer when the table's rows are wide, so that its
+// values stay about ChunkValueBytes: a chunk is held in memory twice (its values, then its
+// rendered events) until it is in the queue, and a table of large documents must not take
+// chunk_rows of them at once. Until a session has read a chunk of the table, it reads at most
+// FirstChunkRows rows to learn their width.
+const (
+	ChunkValueBytes = 2 << 20
+	FirstChunkRows  = 16
+)
+
+// limit is the most rows the next chunk of t reads, given chunk_rows.
+func (t *snapTable) limit(chunkRows int) int {
+	if t.rowBytes == 0 {
+		return min(chunkRows, FirstChunkRows)
+	}
+	return min(chunkRows, max(1, ChunkValueBytes/t.rowBytes))
 }
 
 // pendingChunk is the chunk between its low watermark and the moment the reader hands it over.
@@ -486,12 +507,15 @@ func (sn *snapshotter) open(t *snapTable, cur snapshot.Cursor) *pendingChunk {
 // prepare takes the chunk read for p, whose high watermark is at hw, and renders its rows in a
 // goroutine; ready is closed when they are.
 func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogrepl.LSN) {
-	p.next, p.over = p.cursor.Advance(len(chunk.Rows), chunk.LastKey, sn.ss.src.cfg.ChunkRows)
+	p.next, p.over = p.cursor.Advance(len(chunk.Rows), chunk.LastKey, chunk.Limit)
 	p.chunk, p.hwAt = chunk, hw
 	for _, r := range chunk.Rows {
 		for _, v := range r {
 			p.readSize += len(v)
 		}
+	}
+	if t := p.table; t != nil && len(chunk.Rows) > 0 {
+		t.rowBytes = max(1, p.readSize/len(chunk.Rows))
 	}
 	sn.mu.Lock()
 	sn.share.read(p.readSize)
@@ -551,7 +575,7 @@ func (sn *snapshotter) readBetween(ctx context.Context, t *snapTable, cur snapsh
 	case buf = <-sn.bufs:
 	default:
 	}
-	ch, marks, err := spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows, low, high, each, buf)
+	ch, marks, err := spec.ReadBetween(ctx, conn.Conn().PgConn(), cur.After, t.limit(sn.ss.src.cfg.ChunkRows), low, high, each, buf)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -618,7 +642,7 @@ func (sn *snapshotter) read(ctx context.Context, t *snapTable, cur snapshot.Curs
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	defer conn.Release()
-	return t.spec.Read(ctx, conn.Conn().PgConn(), cur.After, sn.ss.src.cfg.ChunkRows)
+	return t.spec.Read(ctx, conn.Conn().PgConn(), cur.After, t.limit(sn.ss.src.cfg.ChunkRows))
 }
 
 // watermark emits a watermark on its own (a chunk of a table no longer configured has nothing to
@@ -1073,7 +1097,7 @@ func decimalDigits(v uint64) int {
 // that went ahead of the stream: where it went), or rendered now.
 func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) {
 	t, ch := p.table, p.chunk
-	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, sn.ss.src.cfg.ChunkRows)
+	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, ch.Limit)
 	if p.ready == nil { // not prepared (and so not read by run)
 		p.next, p.over = next, over
 	}

@@ -39,7 +39,7 @@ func TestChunkPartsCarryTheCursor(t *testing.T) {
 	}
 	cur, _ := snapshot.Start([]string{"public.t", "public.u"})
 	p := &pendingChunk{id: "l:1", win: snapshot.NewWindow(), table: testTable(), cursor: cur,
-		chunk: &snapshot.Chunk{Rows: rows, LastKey: []string{"5"}, Snapshot: snapshot.Snapshot{Xmin: 10, Xmax: 10}, ReadAt: time.Unix(0, 0).UTC()}}
+		chunk: &snapshot.Chunk{Rows: rows, LastKey: []string{"5"}, Limit: 5, Snapshot: snapshot.Snapshot{Xmin: 10, Xmax: 10}, ReadAt: time.Unix(0, 0).UTC()}}
 	p.win.LowWatermark()
 	p.win.Observe(snapshot.Commit{Xid: 11, Effects: []snapshot.Effect{{Key: `{"id":2}`, Unchanged: []string{"big"}}, {Key: `{"id":4}`, Delete: true}}})
 	items, err := sn.build(p, 0x500)
@@ -99,7 +99,7 @@ func TestChunkPartsCarryTheCursor(t *testing.T) {
 	}
 	// The last table's short chunk ends the snapshot: the cursor becomes null.
 	last := snapshot.Cursor{Tables: cur.Tables, Table: "public.u"}
-	p = &pendingChunk{win: snapshot.NewWindow(), table: testTable(), cursor: last, chunk: &snapshot.Chunk{Rows: rows[:1], LastKey: []string{"1"}}}
+	p = &pendingChunk{win: snapshot.NewWindow(), table: testTable(), cursor: last, chunk: &snapshot.Chunk{Rows: rows[:1], LastKey: []string{"1"}, Limit: 5}}
 	items, _ = sn.build(p, 0x600)
 	var parsed *snapshot.Cursor
 	if len(items) != 1 || json.Unmarshal(items[0].chunk.cursor, &parsed) != nil || parsed != nil || !p.over {
@@ -141,7 +141,7 @@ func (l testLogger) Errorf(f string, a ...any) { l.t.Logf(f, a...) }
 // for as long as the session streams on.
 func TestSnapshotStopsObservingWhenDone(t *testing.T) {
 	ss := testSession(2, pointer.New(1, "e", "s", "x", 100))
-	ss.src.cfg.ChunkRows = 5 // the 1-row chunk below is short: the last
+	ss.src.cfg.ChunkRows = 5
 	sn := &snapshotter{ss: ss, epoch: "e"}
 	sn.setActive("public.t")
 	ev := func(xid uint32) item {
@@ -154,7 +154,7 @@ func TestSnapshotStopsObservingWhenDone(t *testing.T) {
 	}
 	cur := snapshot.Cursor{Tables: []string{"public.t"}, Table: "public.t"}
 	p := &pendingChunk{id: "l:1", win: snapshot.NewWindow(), table: testTable(), cursor: cur, done: make(chan struct{}),
-		chunk: &snapshot.Chunk{Rows: [][][]byte{{[]byte("1"), []byte("b"), []byte("7")}}, LastKey: []string{"1"},
+		chunk: &snapshot.Chunk{Rows: [][][]byte{{[]byte("1"), []byte("b"), []byte("7")}}, LastKey: []string{"1"}, Limit: 5, // short: the last
 			Snapshot: snapshot.Snapshot{Xmin: 5, Xmax: 5}}}
 	p.win.LowWatermark()
 	sn.pending = []*pendingChunk{p}
