@@ -58,6 +58,16 @@ type Buffers struct {
 	nv, nb int        // how many of vals and blocks this read took
 }
 
+// Clear drops the references the arrays of value slices hold to the values of the chunk read
+// last, so that while the Buffers wait for their next read the collector does not follow a pointer
+// per value. The blocks of values stay for reuse.
+func (b *Buffers) Clear() {
+	clear(b.rows[:cap(b.rows)])
+	for _, v := range b.vals {
+		clear(v[:cap(v)])
+	}
+}
+
 // take returns the next array of value slices, empty, with room for at least n.
 func (b *Buffers) take(n int) [][]byte {
 	if b.nv < len(b.vals) && cap(b.vals[b.nv]) >= n {

@@ -429,3 +429,31 @@ func TestReadCountsYoungRows(t *testing.T) {
 		t.Errorf("a read without OlderThan counted xmins")
 	}
 }
+
+// TestBuffersClearDropsValueReferences: after Clear, the arrays of value slices a read filled
+// (whole, beyond the lengths the chunk used) refer to no value, while the blocks of values stay for
+// the next read.
+func TestBuffersClearDropsValueReferences(t *testing.T) {
+	b := &Buffers{}
+	block := b.block(16)
+	block = append(block, "abcdef"...)
+	vals := b.take(4)
+	vals = append(vals, block[0:3], block[3:6], nil, block[0:1])
+	b.rows = append(b.rows[:0], vals[0:2], vals[2:4])
+	b.Clear()
+	for i, r := range b.rows[:cap(b.rows)] {
+		if r != nil {
+			t.Errorf("rows[%d] = %q after Clear, want nil", i, r)
+		}
+	}
+	for i, v := range b.vals {
+		for j, x := range v[:cap(v)] {
+			if x != nil {
+				t.Errorf("vals[%d][%d] = %q after Clear, want nil", i, j, x)
+			}
+		}
+	}
+	if len(b.blocks) != 1 || cap(b.blocks[0]) < 16 {
+		t.Errorf("blocks after Clear: %d, want the one block kept", len(b.blocks))
+	}
+}

@@ -936,6 +936,7 @@ func (sn *snapshotter) deliver(p *pendingChunk, hw, commit pglogrepl.LSN, emit f
 	// The chunk's values are no longer used (its events, keys and cursors are copies): the next
 	// read may reuse their memory.
 	if b := p.chunk.Buffers; b != nil {
+		b.Clear()
 		select {
 		case sn.bufs <- b:
 		default:
