@@ -41,15 +41,15 @@ type snapTable struct {
 	isKey  []bool       // per column of spec.Columns
 	nonKey []string
 	xmin   bool // the role may read the rows' xmin (SELECT on the whole table)
-	// rowBytes is the mean bytes of values per row of the table's last chunk (0: none read in
-	// this session yet), which sizes its next chunk (limit).
+	// rowBytes is the mean bytes of values per row of the table's last chunk (0: no chunk of it
+	// read since pg_cdc started), which sizes its next chunk (limit).
 	rowBytes int
 }
 
 // Chunk sizes. A chunk reads chunk_rows rows, or fewer when the table's rows are wide, so that its
 // values stay about ChunkValueBytes: a chunk is held in memory twice (its values, then its
 // rendered events) until it is in the queue, and a table of large documents must not take
-// chunk_rows of them at once. Until a session has read a chunk of the table, it reads at most
+// chunk_rows of them at once. The table's first chunk after pg_cdc starts reads at most
 // FirstChunkRows rows to learn their width.
 const (
 	ChunkValueBytes = 2 << 20
@@ -935,12 +935,10 @@ func (sn *snapshotter) deliver(p *pendingChunk, hw, commit pglogrepl.LSN, emit f
 	sn.handOver(p)
 	// The chunk's values are no longer used (its events, keys and cursors are copies): the next
 	// read may reuse their memory.
-	if b := p.chunk.Buffers; b != nil {
+	// Only this goroutine returns Buffers, so room in the pool now is room at the send.
+	if b := p.chunk.Buffers; b != nil && len(sn.bufs) < cap(sn.bufs) {
 		b.Clear()
-		select {
-		case sn.bufs <- b:
-		default:
-		}
+		sn.bufs <- b
 	}
 	return nil
 }

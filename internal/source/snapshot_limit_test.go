@@ -2,7 +2,7 @@ package source
 
 import "testing"
 
-// TestChunkLimit: a table's first chunk in a session reads at most FirstChunkRows rows; later ones
+// TestChunkLimit: a table's first chunk after pg_cdc starts reads at most FirstChunkRows rows; later ones
 // read chunk_rows, or as many rows of the last chunk's mean width as make ChunkValueBytes, at
 // least one.
 func TestChunkLimit(t *testing.T) {
