@@ -32,10 +32,10 @@ type Spec struct {
 // Chunk is one read of up to Limit rows after a cursor.
 type Chunk struct {
 	Columns  []Column
-	Rows     [][][]byte // per row, per column: output-function text, nil = NULL
-	LastKey  []string   // key values (text) of the last row read; nil when the chunk is empty
-	Limit    int        // the most rows the read asked for: a chunk with fewer is the table's last
-	Snapshot Snapshot   // pg_current_snapshot() of the reading transaction
+	Rows     Rows     // per row, per column: output-function text, nil = NULL
+	LastKey  []string // key values (text) of the last row read; nil when the chunk is empty
+	Limit    int      // the most rows the read asked for: a chunk with fewer is the table's last
+	Snapshot Snapshot // pg_current_snapshot() of the reading transaction
 	// Young counts the rows whose xmin (the transaction that last wrote the row) does not precede
 	// Spec.OlderThan modulo 2^32, and XminRead says it was counted. Every unfrozen xmin lies within
 	// 2^31 before the next xid, so a row written by a transaction at or after OlderThan is always
@@ -47,54 +47,11 @@ type Chunk struct {
 	Buffers  *Buffers // the memory Rows are in: give it to the next read once Rows is no longer used
 }
 
-// Buffers is the memory a chunk's rows are copied into: blocks of values and arrays of the rows'
-// value slices, most of what reading a chunk allocates. A read given the Buffers of an earlier
-// chunk reuses that memory (that chunk's Rows must no longer be used) instead of allocating and
-// zeroing it again, and leaves the collector less to mark and sweep.
+// Buffers is the memory a chunk's rows are copied into (its Rows' blocks and offsets), most of
+// what reading a chunk allocates. A read given the Buffers of an earlier chunk reuses that memory
+// (that chunk's Rows must no longer be read) instead of allocating and zeroing it again.
 type Buffers struct {
-	rows   [][][]byte
-	vals   [][][]byte // arrays of value slices, whole, used in order
-	blocks [][]byte   // blocks of values, whole, used in order
-	nv, nb int        // how many of vals and blocks this read took
-}
-
-// Clear drops the references the arrays of value slices hold to the values of the chunk read
-// last, so that while the Buffers wait for their next read the collector does not follow a pointer
-// per value. The blocks of values stay for reuse.
-func (b *Buffers) Clear() {
-	clear(b.rows[:cap(b.rows)])
-	for _, v := range b.vals {
-		clear(v[:cap(v)])
-	}
-}
-
-// take returns the next array of value slices, empty, with room for at least n.
-func (b *Buffers) take(n int) [][]byte {
-	if b.nv < len(b.vals) && cap(b.vals[b.nv]) >= n {
-		b.nv++
-		return b.vals[b.nv-1][:0]
-	}
-	v := make([][]byte, 0, n)
-	if b.nv < len(b.vals) {
-		b.vals[b.nv] = v
-	} else {
-		b.vals = append(b.vals, v)
-	}
-	b.nv++
-	return v
-}
-
-// block returns the next block of values, empty, with room for at least n bytes. A value larger
-// than a block gets one of its own, not kept.
-func (b *Buffers) block(n int) []byte {
-	if n > valueBlock {
-		return make([]byte, 0, n)
-	}
-	if b.nb == len(b.blocks) {
-		b.blocks = append(b.blocks, make([]byte, 0, valueBlock))
-	}
-	b.nb++
-	return b.blocks[b.nb-1][:0]
+	rows Rows
 }
 
 // Query builds the chunk statement: the columns as text, rows after the cursor in key order.
@@ -159,7 +116,7 @@ func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, lim
 // server in that order. It returns the first value of each low, then each high statement's first
 // row (nil where there is none): a snapshot's watermarks go before and after its read this way at
 // the cost of one round trip instead of six. each, when not nil, is given every row as it arrives (its values
-// are the chunk's, kept), so the caller works on the rows while the server still sends the next
+// are the chunk's; the slice holding them is reused for the next row), so the caller works on the rows while the server still sends the next
 // ones; after an error the rows it was given are not a chunk. The rows are copied into buf (nil:
 // new Buffers), which the chunk keeps as its Buffers.
 func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []string, limit int, low, high []Stmt, each func(row [][]byte), buf *Buffers) (*Chunk, [][]byte, error) {
@@ -201,11 +158,8 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 	if buf == nil {
 		buf = &Buffers{}
 	}
-	buf.nv, buf.nb = 0, 0
-	if cap(buf.rows) < min(limit, 1<<16) {
-		buf.rows = make([][][]byte, 0, min(limit, 1<<16))
-	}
-	chunk := &Chunk{Columns: s.Columns, Rows: buf.rows[:0], Limit: limit, Buffers: buf, XminRead: s.OlderThan != 0}
+	buf.rows.reuse(len(s.Columns))
+	chunk := &Chunk{Columns: s.Columns, Limit: limit, Buffers: buf, XminRead: s.OlderThan != 0}
 	marks := make([][]byte, len(low)+len(high))
 	first := func(dst *[]byte) func(*pgconn.ResultReader) {
 		return func(rr *pgconn.ResultReader) {
@@ -215,7 +169,7 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 		}
 	}
 	groups := [][]func(*pgconn.ResultReader){nil,
-		{nil, first(&snapText), func(rr *pgconn.ResultReader) { s.readRows(rr, chunk, limit, each) }, nil}, nil}
+		{nil, first(&snapText), func(rr *pgconn.ResultReader) { s.readRows(rr, chunk, each) }, nil}, nil}
 	for i := range low {
 		groups[0] = append(groups[0], first(&marks[i]))
 	}
@@ -236,12 +190,11 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 	if chunk.Snapshot, err = ParseSnapshot(string(snapText)); err != nil {
 		return nil, nil, err
 	}
-	if n := len(chunk.Rows); n > 0 {
-		last := chunk.Rows[n-1]
+	if n := chunk.Rows.Len(); n > 0 {
 		keyIdx := s.keyIndexes()
 		chunk.LastKey = make([]string, len(keyIdx))
 		for i, j := range keyIdx {
-			chunk.LastKey[i] = string(last[j])
+			chunk.LastKey[i] = string(chunk.Rows.Value(n-1, j))
 		}
 	}
 	return chunk, marks, nil
@@ -280,14 +233,12 @@ func readPipeline(pl *pgconn.Pipeline, groups [][]func(*pgconn.ResultReader)) er
 	return first
 }
 
-// readRows copies the rows of rr into chunk, handing each to each (when not nil): every value of
-// the chunk in a few large blocks and the rows' value slices in one array (taken from the chunk's
-// Buffers), instead of an allocation per value.
-func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each func([][]byte)) {
+// readRows copies the rows of rr into chunk (its Buffers' Rows), handing each to each (when not
+// nil).
+func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, each func([][]byte)) {
 	n := len(s.Columns)
-	buf := chunk.Buffers
-	vals := buf.take(n * min(limit, 4096))
-	var block []byte
+	rows := &chunk.Buffers.rows
+	var vals [][]byte
 	for rr.NextRow() {
 		row := rr.Values()
 		if s.OlderThan != 0 && len(row) > n {
@@ -296,32 +247,13 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, limit int, each fu
 			}
 			row = row[:n]
 		}
-		if cap(vals)-len(vals) < len(row) {
-			vals = buf.take(max(n*min(limit, 4096), len(row)))
-		}
-		start := len(vals)
-		for _, v := range row {
-			switch {
-			case v == nil: // NULL stays nil
-				vals = append(vals, nil)
-				continue
-			case len(v) == 0: // an empty value stays empty (and non-nil)
-				vals = append(vals, empty)
-				continue
-			}
-			if cap(block)-len(block) < len(v) {
-				block = buf.block(len(v))
-			}
-			at := len(block)
-			block = append(block, v...)
-			vals = append(vals, block[at:len(block):len(block)])
-		}
-		chunk.Rows = append(chunk.Rows, vals[start:len(vals):len(vals)])
+		rows.Append(row)
 		if each != nil {
-			each(chunk.Rows[len(chunk.Rows)-1])
+			vals = rows.Row(rows.Len()-1, vals)
+			each(vals)
 		}
 	}
-	buf.rows = chunk.Rows // grown past limit's capacity: kept as grown
+	chunk.Rows = *rows
 }
 
 // FirstNormalXid is PostgreSQL's FirstNormalTransactionId: an xmin below it (1, bootstrap; 2,
@@ -346,11 +278,6 @@ func ParseXid(b []byte) (uint32, bool) {
 	}
 	return uint32(v), v <= 1<<32-1
 }
-
-// valueBlock is the size of the blocks a chunk's values are copied into.
-const valueBlock = 256 << 10
-
-var empty = []byte{}
 
 // keyIndexes are the positions of the key columns among Columns.
 func (s Spec) keyIndexes() []int {

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"reflect"
@@ -187,10 +188,10 @@ func TestReadPagesCompositeKeyInOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range ch.Rows {
+		for _, r := range ch.Rows.All() {
 			got = append(got, fmt.Sprintf("%s/%s/%s/%s", r[0], r[1], r[2], r[3]))
 		}
-		if len(ch.Rows) < 7 {
+		if ch.Rows.Len() < 7 {
 			break
 		}
 		after = ch.LastKey
@@ -234,8 +235,8 @@ func TestReadRecordsInProgressTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ch.Rows) != 0 || ch.Snapshot.Sees(xid) {
-		t.Fatalf("chunk saw the open transaction %d: rows %d snapshot %+v", xid, len(ch.Rows), ch.Snapshot)
+	if ch.Rows.Len() != 0 || ch.Snapshot.Sees(xid) {
+		t.Fatalf("chunk saw the open transaction %d: rows %d snapshot %+v", xid, ch.Rows.Len(), ch.Snapshot)
 	}
 	var committed uint32
 	if err := pg.Pool().QueryRow(ctx, `INSERT INTO t VALUES (2) RETURNING xmin::text::bigint`).Scan(&committed); err != nil {
@@ -245,8 +246,8 @@ func TestReadRecordsInProgressTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ch.Rows) != 1 || !ch.Snapshot.Sees(committed) || ch.Snapshot.Sees(xid) {
-		t.Fatalf("second chunk: rows %d snapshot %+v", len(ch.Rows), ch.Snapshot)
+	if ch.Rows.Len() != 1 || !ch.Snapshot.Sees(committed) || ch.Snapshot.Sees(xid) {
+		t.Fatalf("second chunk: rows %d snapshot %+v", ch.Rows.Len(), ch.Snapshot)
 	}
 }
 
@@ -289,7 +290,7 @@ func TestReadBetweenReusesBuffers(t *testing.T) {
 	spec := Spec{Schema: "public", Name: "r", Key: []string{"id"}, Columns: []Column{{Name: "id", SQLType: "integer"}, {Name: "v", SQLType: "text"}}}
 	text := func(ch *Chunk) []string {
 		var out []string
-		for _, r := range ch.Rows {
+		for _, r := range ch.Rows.All() {
 			for _, v := range r {
 				switch {
 				case v == nil:
@@ -307,7 +308,7 @@ func TestReadBetweenReusesBuffers(t *testing.T) {
 		t.Run(fmt.Sprint(limit), func(t *testing.T) {
 			var buf *Buffers
 			var after []string
-			var first *byte // the first block's memory, once a chunk had a value
+			blocks := map[*byte]bool{} // the blocks of valueBlock bytes the reads filled
 			rows := 0
 			for {
 				ch, _, err := spec.ReadBetween(ctx, conn, after, limit, nil, nil, nil, buf)
@@ -317,8 +318,13 @@ func TestReadBetweenReusesBuffers(t *testing.T) {
 				if buf != nil && ch.Buffers != buf {
 					t.Fatal("the chunk does not keep the Buffers it was read into")
 				}
-				if first != nil && len(ch.Rows) > 0 && unsafe.SliceData(ch.Rows[0][0]) != first {
-					t.Fatal("the chunk's first value is not in the first block of the earlier chunk's memory")
+				for _, b := range ch.Rows.blocks {
+					if cap(b) == valueBlock {
+						blocks[unsafe.SliceData(b)] = true
+					}
+				}
+				if len(blocks) > 2 {
+					t.Fatalf("after %v: the reads filled %d blocks, not the earlier chunks' memory", after, len(blocks))
 				}
 				got := text(ch)
 				want, err := spec.Read(ctx, conn, after, limit) // new memory
@@ -328,11 +334,8 @@ func TestReadBetweenReusesBuffers(t *testing.T) {
 				if strings.Join(got, "|") != strings.Join(text(want), "|") {
 					t.Fatalf("after %v: got %.200q, want %.200q", after, got, text(want))
 				}
-				if first == nil {
-					first = unsafe.SliceData(ch.Buffers.blocks[0])
-				}
-				rows += len(ch.Rows)
-				if len(ch.Rows) < limit {
+				rows += ch.Rows.Len()
+				if ch.Rows.Len() < limit {
 					break
 				}
 				buf, after = ch.Buffers, ch.LastKey
@@ -418,8 +421,8 @@ func TestReadCountsYoungRows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := plain.Rows[:min(c.limit, len(plain.Rows))]; !reflect.DeepEqual(ch.Rows, want) {
-			t.Errorf("%s: rows with xmin differ: %q", c.name, ch.Rows)
+		if got, want := values(&ch.Rows), values(&plain.Rows); !reflect.DeepEqual(got, want[:min(c.limit, len(want))]) {
+			t.Errorf("%s: rows with xmin differ: %q", c.name, got)
 		}
 		if !ch.XminRead || ch.Young != c.young {
 			t.Errorf("%s: %d young rows (read %v), want %d", c.name, ch.Young, ch.XminRead, c.young)
@@ -430,30 +433,74 @@ func TestReadCountsYoungRows(t *testing.T) {
 	}
 }
 
-// TestBuffersClearDropsValueReferences: after Clear, the arrays of value slices a read filled
-// (whole, beyond the lengths the chunk used) refer to no value, while the blocks of values stay for
-// the next read.
-func TestBuffersClearDropsValueReferences(t *testing.T) {
-	b := &Buffers{}
-	block := b.block(16)
-	block = append(block, "abcdef"...)
-	vals := b.take(4)
-	vals = append(vals, block[0:3], block[3:6], nil, block[0:1])
-	b.rows = append(b.rows[:0], vals[0:2], vals[2:4])
-	b.Clear()
-	for i, r := range b.rows[:cap(b.rows)] {
-		if r != nil {
-			t.Errorf("rows[%d] = %q after Clear, want nil", i, r)
+// values copies every row's values out of r.
+func values(r *Rows) [][][]byte {
+	var out [][][]byte
+	for _, vals := range r.All() {
+		row := make([][]byte, len(vals))
+		for j, v := range vals {
+			if v != nil {
+				row[j] = append([]byte{}, v...)
+			}
 		}
+		out = append(out, row)
 	}
-	for i, v := range b.vals {
-		for j, x := range v[:cap(v)] {
-			if x != nil {
-				t.Errorf("vals[%d][%d] = %q after Clear, want nil", i, j, x)
+	return out
+}
+
+// TestRows appends rows of NULLs, empty values, values larger than a block and rows that fill a
+// block, and reads each back whole, by row and by value, before and after the memory is reused.
+func TestRows(t *testing.T) {
+	big := bytes.Repeat([]byte("b"), valueBlock+10)
+	fill := bytes.Repeat([]byte("f"), valueBlock-3)
+	cases := []struct {
+		name string
+		rows [][][]byte
+	}{
+		{"none", nil},
+		{"values, NULL and empty", [][][]byte{{[]byte("1"), nil, {}}, {[]byte("2"), []byte("x"), nil}}},
+		{"every value NULL", [][][]byte{{nil, nil}, {nil, nil}}},
+		{"larger than a block", [][][]byte{{[]byte("1"), big}, {[]byte("2"), []byte("after")}, {[]byte("3"), big}}},
+		{"a row that fills a block, then one that does not fit", [][][]byte{{[]byte("1"), fill}, {[]byte("2"), []byte("abcd")}, {nil, {}}}},
+		{"one column", [][][]byte{{[]byte("a")}, {{}}, {nil}}},
+	}
+	var r Rows
+	for round := range 2 { // the second round reads into the first's memory
+		for _, c := range cases {
+			cols := 0
+			if len(c.rows) > 0 {
+				cols = len(c.rows[0])
+			}
+			r.reuse(cols)
+			for _, row := range c.rows {
+				r.Append(row)
+			}
+			if got := values(&r); !reflect.DeepEqual(got, c.rows) || r.Len() != len(c.rows) {
+				t.Fatalf("round %d, %s: rows read back %.80q, want %.80q", round, c.name, got, c.rows)
+			}
+			size := 0
+			for i, row := range c.rows {
+				for j, v := range row {
+					size += len(v)
+					got := r.Value(i, j)
+					if (got == nil) != (v == nil) || !bytes.Equal(got, v) {
+						t.Fatalf("round %d, %s: Value(%d, %d) = %.20q, want %.20q", round, c.name, i, j, got, v)
+					}
+					if got != nil && cap(got) != len(got) {
+						t.Fatalf("round %d, %s: Value(%d, %d) has room past its end", round, c.name, i, j)
+					}
+				}
+			}
+			if r.Size() != size {
+				t.Fatalf("round %d, %s: Size %d, want %d", round, c.name, r.Size(), size)
 			}
 		}
 	}
-	if len(b.blocks) != 1 || cap(b.blocks[0]) < 16 {
-		t.Errorf("blocks after Clear: %d, want the one block kept", len(b.blocks))
+	r.Append([][]byte{big})
+	r.reuse(1)
+	for i, b := range append(r.blocks[:cap(r.blocks)], r.spare...) {
+		if cap(b) > valueBlock {
+			t.Errorf("block %d of a large row (%d bytes) kept for the next read", i, cap(b))
+		}
 	}
 }

@@ -102,7 +102,7 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 	}
 	cur, _ := snapshot.Start([]string{"public.t"})
 	ch, err := sn.read(ctx, tab, cur)
-	if err != nil || len(ch.Rows) != 1 {
+	if err != nil || ch.Rows.Len() != 1 {
 		t.Fatalf("chunk: %v, %v", ch, err)
 	}
 	readItems, err := sn.build(&pendingChunk{win: snapshot.NewWindow(), table: tab, cursor: cur, chunk: ch}, 0x1000)
@@ -114,7 +114,7 @@ func TestStreamAndSnapshotEncodeARowAlike(t *testing.T) {
 	rows := &rowRender{}
 	rows.reset(tab)
 	sch, hw, err := sn.readBetween(ctx, tab, cur, "test:1", rows)
-	if err != nil || len(sch.Rows) != 1 {
+	if err != nil || sch.Rows.Len() != 1 {
 		t.Fatalf("chunk between watermarks: %v, %v", sch, err)
 	}
 	streamed, _ := rows.finish(sn.tx(hw), sn.position(hw, sch), sch.ReadAt.UnixMilli())

@@ -23,7 +23,7 @@ func BenchmarkEarlyChunkEvents(b *testing.B) {
 		enc: event.NewTable("public.bench", cols, []int{0}, []int{0})}
 	ch := &snapshot.Chunk{ReadAt: time.Date(2026, 12, 6, 6, 0, 0, 0, time.UTC)}
 	for i := range 1000 {
-		ch.Rows = append(ch.Rows, [][]byte{[]byte(fmt.Sprint(i)), []byte(fmt.Sprintf("value %d", i)),
+		ch.Rows.Append([][]byte{[]byte(fmt.Sprint(i)), []byte(fmt.Sprintf("value %d", i)),
 			[]byte(fmt.Sprint(float64(i) * 1.5)), []byte("2026-12-06 06:00:00.123456+00")})
 	}
 	sn := &snapshotter{epoch: "e"}

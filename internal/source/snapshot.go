@@ -285,7 +285,7 @@ func (sn *snapshotter) run(cur snapshot.Cursor) error {
 			return err
 		}
 		if p.next.Table != cur.Table || p.over {
-			src.log.Infof("snapshot of %s read (%d rows)", cur.Table, cur.Rows+int64(len(p.chunk.Rows)))
+			src.log.Infof("snapshot of %s read (%d rows)", cur.Table, cur.Rows+int64(p.chunk.Rows.Len()))
 		}
 		if p.over { // the last chunk: done once it is acknowledged
 			if err := sn.waitHanded(ctx); err != nil {
@@ -507,21 +507,17 @@ func (sn *snapshotter) open(t *snapTable, cur snapshot.Cursor) *pendingChunk {
 // prepare takes the chunk read for p, whose high watermark is at hw, and renders its rows in a
 // goroutine; ready is closed when they are.
 func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogrepl.LSN) {
-	p.next, p.over = p.cursor.Advance(len(chunk.Rows), chunk.LastKey, chunk.Limit)
+	p.next, p.over = p.cursor.Advance(chunk.Rows.Len(), chunk.LastKey, chunk.Limit)
 	p.chunk, p.hwAt = chunk, hw
-	for _, r := range chunk.Rows {
-		for _, v := range r {
-			p.readSize += len(v)
-		}
-	}
-	if t := p.table; t != nil && len(chunk.Rows) > 0 {
-		t.rowBytes = max(1, p.readSize/len(chunk.Rows))
+	p.readSize = chunk.Rows.Size()
+	if t := p.table; t != nil && chunk.Rows.Len() > 0 {
+		t.rowBytes = max(1, p.readSize/chunk.Rows.Len())
 	}
 	sn.mu.Lock()
 	sn.share.read(p.readSize)
 	sn.mu.Unlock()
 	go func() {
-		if r := p.rows; r != nil && len(r.ends) == len(chunk.Rows) {
+		if r := p.rows; r != nil && len(r.ends) == chunk.Rows.Len() {
 			p.events, p.size = r.finish(sn.tx(hw), sn.position(p.lsn(hw), chunk), chunk.ReadAt.UnixMilli())
 		} else {
 			p.events, p.size = sn.render(p, hw)
@@ -935,10 +931,11 @@ func (sn *snapshotter) deliver(p *pendingChunk, hw, commit pglogrepl.LSN, emit f
 	sn.handOver(p)
 	// The chunk's values are no longer used (its events, keys and cursors are copies): the next
 	// read may reuse their memory.
-	// Only this goroutine returns Buffers, so room in the pool now is room at the send.
-	if b := p.chunk.Buffers; b != nil && len(sn.bufs) < cap(sn.bufs) {
-		b.Clear()
-		sn.bufs <- b
+	if b := p.chunk.Buffers; b != nil {
+		select {
+		case sn.bufs <- b:
+		default:
+		}
 	}
 	return nil
 }
@@ -951,7 +948,7 @@ func (sn *snapshotter) handOver(p *pendingChunk) {
 	sn.signalTurn()
 	src := sn.ss.src
 	if h := src.hooks.SnapshotRows; h != nil {
-		h(int64(len(p.chunk.Rows)))
+		h(int64(p.chunk.Rows.Len()))
 	}
 	if h := src.hooks.SnapshotTables; h != nil && (p.next.Table != p.cursor.Table || p.over) {
 		h(1)
@@ -969,16 +966,16 @@ func (sn *snapshotter) signalTurn() {
 // arena of its own (it runs on a goroutine of its own).
 func (sn *snapshotter) render(p *pendingChunk, hw pglogrepl.LSN) ([]Event, int) {
 	t, ch := p.table, p.chunk
-	if t == nil || len(ch.Rows) == 0 {
+	if t == nil || ch.Rows.Len() == 0 {
 		return nil, 0
 	}
 	tx, pos, ms := sn.tx(hw), sn.position(p.lsn(hw), ch), ch.ReadAt.UnixMilli()
-	events := make([]Event, len(ch.Rows))
+	events := make([]Event, ch.Rows.Len())
 	var a arena
 	var buf []byte
 	var row event.Row
 	size := 0
-	for i, r := range ch.Rows {
+	for i, r := range ch.Rows.All() {
 		row = event.TextRow(row, r)
 		pos.Seq = uint64(i)
 		events[i] = t.readEvent(&a, &buf, row, &pos, tx, ms)
@@ -1096,13 +1093,13 @@ func decimalDigits(v uint64) int {
 // that went ahead of the stream: where it went), or rendered now.
 func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) {
 	t, ch := p.table, p.chunk
-	next, over := p.cursor.Advance(len(ch.Rows), ch.LastKey, ch.Limit)
+	next, over := p.cursor.Advance(ch.Rows.Len(), ch.LastKey, ch.Limit)
 	if p.ready == nil { // not prepared (and so not read by run)
 		p.next, p.over = next, over
 	}
 	events := p.events
 	switch {
-	case len(events) != len(ch.Rows) || p.hwAt != hw:
+	case len(events) != ch.Rows.Len() || p.hwAt != hw:
 		events, _ = sn.render(p, hw)
 	case p.wentEarly: // rendered for the high watermark before the chunk went ahead
 		events = sn.retail(p, events, hw, p.lsn(hw))
@@ -1110,18 +1107,18 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 	var kind []byte // per row: 0 dropped, 'r' survivor, 'f' fill; nil: every row survives
 	var fillCols map[int][]string
 	if t != nil && p.win.Drops(ch.Snapshot) {
-		rows := make([]snapshot.Row, len(ch.Rows))
-		index := make(map[string]int, len(ch.Rows))
+		rows := make([]snapshot.Row, ch.Rows.Len())
+		index := make(map[string]int, ch.Rows.Len())
 		var row event.Row
 		var buf []byte
-		for i, r := range ch.Rows {
+		for i, r := range ch.Rows.All() {
 			row = event.TextRow(row, r)
 			buf = t.enc.AppendKey(buf[:0], row)
 			rows[i].Key = sn.arena.string(buf)
 			index[rows[i].Key] = i
 		}
 		survivors, fills := p.win.Resolve(rows, ch.Snapshot, t.nonKey)
-		kind = make([]byte, len(ch.Rows))
+		kind = make([]byte, ch.Rows.Len())
 		fillCols = make(map[int][]string, len(fills))
 		for _, r := range survivors {
 			kind[index[r.Key]] = 'r'
@@ -1141,7 +1138,7 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 	flush := func(lastRow int, final bool) {
 		part := &chunkPart{}
 		if final {
-			part.rows = len(ch.Rows)
+			part.rows = ch.Rows.Len()
 			if over {
 				part.cursor = json.RawMessage("null")
 			} else {
@@ -1150,7 +1147,7 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 			}
 		} else {
 			mid := p.cursor
-			mid.After = t.keyText(ch.Rows[lastRow])
+			mid.After = t.keyText(&ch.Rows, lastRow)
 			mid.Rows = p.cursor.Rows + int64(lastRow+1)
 			part.cursor, _ = json.Marshal(mid)
 			part.next, part.rows = mid.Table, lastRow+1
@@ -1164,14 +1161,16 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		cur = item{kind: itemChunk, commit: hw}
 	}
 	n := 0 // events in the part being built
-	for i, r := range ch.Rows {
+	var vals [][]byte
+	for i := range ch.Rows.Len() {
 		if kind != nil && kind[i] == 0 {
 			continue
 		}
 		ev := &events[i]
 		var fill Event
 		if kind != nil && kind[i] == 'f' {
-			row = event.TextRow(row, r)
+			vals = ch.Rows.Row(i, vals)
+			row = event.TextRow(row, vals)
 			pos.Seq = uint64(i)
 			fill = t.fillEvent(&sn.arena, &buf, row, fillCols[i], &pos, tx, ms)
 			ev = &fill
@@ -1186,18 +1185,18 @@ func (sn *snapshotter) build(p *pendingChunk, hw pglogrepl.LSN) ([]item, error) 
 		n++
 		cur.size += ev.size()
 	}
-	flush(len(ch.Rows)-1, true)
+	flush(ch.Rows.Len()-1, true)
 	if t != nil {
 		out = envelopeChunk(out, cfg.Envelope(t.info.Queue), tx, pos, ms)
 	}
 	return out, nil
 }
 
-// keyText is the cursor form of a row's key: the key values as printed.
-func (t *snapTable) keyText(row [][]byte) []string {
+// keyText is the cursor form of row i's key: the key values as printed.
+func (t *snapTable) keyText(rows *snapshot.Rows, i int) []string {
 	out := make([]string, len(t.enc.Key))
-	for i, j := range t.enc.Key {
-		out[i] = string(row[j])
+	for k, j := range t.enc.Key {
+		out[k] = string(rows.Value(i, j))
 	}
 	return out
 }

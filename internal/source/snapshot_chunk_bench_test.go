@@ -86,11 +86,11 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 			} else {
 				events, _ = sn.render(p, hw)
 			}
-			if len(events) != len(ch.Rows) {
-				b.Fatalf("%d events for %d rows", len(events), len(ch.Rows))
+			if len(events) != ch.Rows.Len() {
+				b.Fatalf("%d events for %d rows", len(events), ch.Rows.Len())
 			}
-			rows += len(ch.Rows)
-			next, over := cur.Advance(len(ch.Rows), ch.LastKey, sn.ss.src.cfg.ChunkRows)
+			rows += ch.Rows.Len()
+			next, over := cur.Advance(ch.Rows.Len(), ch.LastKey, sn.ss.src.cfg.ChunkRows)
 			sn.bufs <- ch.Buffers // the chunk's memory to the next read, as the snapshotter's hand-over does
 			if over || next.Table != cur.Table {
 				return rows

@@ -27,6 +27,15 @@ func testTable() *snapTable {
 
 // TestChunkPartsCarryTheCursor: a 5-row chunk in bundles of 2 goes in parts whose cursors end at
 // their last row; the dropped row 2 gets a fill (its update left big unchanged), row 4 (deleted) is
+// rowsOf is a chunk's Rows holding rows.
+func rowsOf(rows [][][]byte) snapshot.Rows {
+	var r snapshot.Rows
+	for _, row := range rows {
+		r.Append(row)
+	}
+	return r
+}
+
 // dropped; the bundler's covers take lsn = hw − 1, the cursor and S + 1 per part.
 func TestChunkPartsCarryTheCursor(t *testing.T) {
 	start := pointer.New(1, "e", "s", "x", 100)
@@ -39,7 +48,7 @@ func TestChunkPartsCarryTheCursor(t *testing.T) {
 	}
 	cur, _ := snapshot.Start([]string{"public.t", "public.u"})
 	p := &pendingChunk{id: "l:1", win: snapshot.NewWindow(), table: testTable(), cursor: cur,
-		chunk: &snapshot.Chunk{Rows: rows, LastKey: []string{"5"}, Limit: 5, Snapshot: snapshot.Snapshot{Xmin: 10, Xmax: 10}, ReadAt: time.Unix(0, 0).UTC()}}
+		chunk: &snapshot.Chunk{Rows: rowsOf(rows), LastKey: []string{"5"}, Limit: 5, Snapshot: snapshot.Snapshot{Xmin: 10, Xmax: 10}, ReadAt: time.Unix(0, 0).UTC()}}
 	p.win.LowWatermark()
 	p.win.Observe(snapshot.Commit{Xid: 11, Effects: []snapshot.Effect{{Key: `{"id":2}`, Unchanged: []string{"big"}}, {Key: `{"id":4}`, Delete: true}}})
 	items, err := sn.build(p, 0x500)
@@ -99,7 +108,7 @@ func TestChunkPartsCarryTheCursor(t *testing.T) {
 	}
 	// The last table's short chunk ends the snapshot: the cursor becomes null.
 	last := snapshot.Cursor{Tables: cur.Tables, Table: "public.u"}
-	p = &pendingChunk{win: snapshot.NewWindow(), table: testTable(), cursor: last, chunk: &snapshot.Chunk{Rows: rows[:1], LastKey: []string{"1"}, Limit: 5}}
+	p = &pendingChunk{win: snapshot.NewWindow(), table: testTable(), cursor: last, chunk: &snapshot.Chunk{Rows: rowsOf(rows[:1]), LastKey: []string{"1"}, Limit: 5}}
 	items, _ = sn.build(p, 0x600)
 	var parsed *snapshot.Cursor
 	if len(items) != 1 || json.Unmarshal(items[0].chunk.cursor, &parsed) != nil || parsed != nil || !p.over {
@@ -119,7 +128,7 @@ func TestRemovedTableReadsAsAnEmptyChunk(t *testing.T) {
 		t.Fatalf("load: %v %v", tab, err)
 	}
 	ch, err := sn.read(context.Background(), tab, snapshot.Cursor{})
-	if err != nil || len(ch.Rows) != 0 {
+	if err != nil || ch.Rows.Len() != 0 {
 		t.Fatalf("read: %v %v", ch, err)
 	}
 	p := &pendingChunk{win: snapshot.NewWindow(), cursor: snapshot.Cursor{Tables: []string{"public.gone", "public.u"}, Table: "public.gone"}, chunk: ch}
@@ -154,7 +163,7 @@ func TestSnapshotStopsObservingWhenDone(t *testing.T) {
 	}
 	cur := snapshot.Cursor{Tables: []string{"public.t"}, Table: "public.t"}
 	p := &pendingChunk{id: "l:1", win: snapshot.NewWindow(), table: testTable(), cursor: cur, done: make(chan struct{}),
-		chunk: &snapshot.Chunk{Rows: [][][]byte{{[]byte("1"), []byte("b"), []byte("7")}}, LastKey: []string{"1"}, Limit: 5, // short: the last
+		chunk: &snapshot.Chunk{Rows: rowsOf([][][]byte{{[]byte("1"), []byte("b"), []byte("7")}}), LastKey: []string{"1"}, Limit: 5, // short: the last
 			Snapshot: snapshot.Snapshot{Xmin: 5, Xmax: 5}}}
 	p.win.LowWatermark()
 	sn.pending = []*pendingChunk{p}

@@ -36,12 +36,12 @@ func TestRowRenderFinish(t *testing.T) {
 				if i%7 == 0 {
 					row[1] = nil
 				}
-				ch.Rows = append(ch.Rows, row)
+				ch.Rows.Append(row)
 			}
 			sn := &snapshotter{epoch: "e"}
 			r := &rowRender{}
 			r.reset(tab)
-			for _, row := range ch.Rows {
+			for _, row := range ch.Rows.All() {
 				r.add(row)
 			}
 			const hw = 0x16B3748
@@ -80,7 +80,7 @@ func TestRetailIsARenderAtTheNewLSN(t *testing.T) {
 				enc: event.NewTable("public.t", cols, []int{0}, part)}
 			ch := &snapshot.Chunk{ReadAt: time.Date(2026, 12, 6, 6, 0, 0, 0, time.UTC)}
 			for i := range 150 {
-				ch.Rows = append(ch.Rows, [][]byte{[]byte(fmt.Sprint(i)), []byte(fmt.Sprintf("v%d", i))})
+				ch.Rows.Append([][]byte{[]byte(fmt.Sprint(i)), []byte(fmt.Sprintf("v%d", i))})
 			}
 			sn := &snapshotter{epoch: "e"}
 			const hw = 0x16B3748

@@ -55,7 +55,7 @@ func readFake(sn *snapshotter, p *pendingChunk, hw pglogrepl.LSN) {
 		id := fmt.Sprint(int(p.cursor.Rows) + i + 1)
 		rows = append(rows, [][]byte{[]byte(id), []byte("big" + id), []byte("7")})
 	}
-	sn.prepare(p, &snapshot.Chunk{Rows: rows, LastKey: []string{string(rows[4][0])}, Limit: 5, Snapshot: snapshot.Snapshot{Xmin: 10, Xmax: 10},
+	sn.prepare(p, &snapshot.Chunk{Rows: rowsOf(rows), LastKey: []string{string(rows[4][0])}, Limit: 5, Snapshot: snapshot.Snapshot{Xmin: 10, Xmax: 10},
 		ReadAt: time.Unix(0, 0).UTC()}, hw)
 	<-p.ready
 }
