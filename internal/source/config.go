@@ -98,8 +98,8 @@ const (
 	MinHeartbeat, MaxHeartbeat           = 1 * time.Second, time.Hour
 	MaxTables                            = 256
 	MinChunkRows, MaxChunkRows           = 1, 100000
-	DefaultChunkRows                     = 2000
-	MaxQueueBytes                        = 128 // a table's queue name
+	DefaultChunkRows                     = 8000 // see docs/operations.md, "Snapshot time"
+	MaxQueueBytes                        = 128  // a table's queue name
 	MinEnvelopeEvents, MaxEnvelopeEvs    = 1, 1000000
 	DefaultEnvelopeEvents                = 10000
 	MinEnvelopeBytes                     = MinBundleBytes // an envelope's bytes are also at most max_bundle_bytes

@@ -64,6 +64,13 @@ func (t *snapTable) limit(chunkRows int) int {
 	return min(chunkRows, max(1, ChunkValueBytes/t.rowBytes))
 }
 
+// measure records the mean width of rows just read from t, which sizes its next chunks (limit).
+func (t *snapTable) measure(rows *snapshot.Rows) {
+	if n := rows.Len(); n > 0 {
+		t.rowBytes = max(1, rows.Size()/n)
+	}
+}
+
 // pendingChunk is the chunk between its low watermark and the moment the reader hands it over.
 type pendingChunk struct {
 	id     string
@@ -510,8 +517,8 @@ func (sn *snapshotter) prepare(p *pendingChunk, chunk *snapshot.Chunk, hw pglogr
 	p.next, p.over = p.cursor.Advance(chunk.Rows.Len(), chunk.LastKey, chunk.Limit)
 	p.chunk, p.hwAt = chunk, hw
 	p.readSize = chunk.Rows.Size()
-	if t := p.table; t != nil && chunk.Rows.Len() > 0 {
-		t.rowBytes = max(1, p.readSize/chunk.Rows.Len())
+	if p.table != nil {
+		p.table.measure(&chunk.Rows)
 	}
 	sn.mu.Lock()
 	sn.share.read(p.readSize)

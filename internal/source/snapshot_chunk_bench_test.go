@@ -90,7 +90,8 @@ func BenchmarkSnapshotChunks(b *testing.B) {
 				b.Fatalf("%d events for %d rows", len(events), ch.Rows.Len())
 			}
 			rows += ch.Rows.Len()
-			next, over := cur.Advance(ch.Rows.Len(), ch.LastKey, sn.ss.src.cfg.ChunkRows)
+			tab.measure(&ch.Rows) // sizes the next chunk, as the snapshotter's prepare does
+			next, over := cur.Advance(ch.Rows.Len(), ch.LastKey, ch.Limit)
 			sn.bufs <- ch.Buffers // the chunk's memory to the next read, as the snapshotter's hand-over does
 			if over || next.Table != cur.Table {
 				return rows
