@@ -9,6 +9,7 @@
 //
 // The pieces, each usable without the others:
 //   - Spec and Read: the chunk query (composite keys, any key type, values as output-function text);
+//   - Rows: a chunk's rows, their values back to back in a few blocks (no slice per value);
 //   - Snapshot: pg_current_snapshot() parsed, and visibility of 32-bit stream xids;
 //   - Window: what the stream saw while a chunk was in flight, and the survivors and fills it implies;
 //   - Cursor: where the snapshot is, as carried by the pointer (DESIGN §3).
