@@ -2,8 +2,8 @@ package snapshot
 
 import "iter"
 
-// Rows are a chunk's rows: every row's values copied back to back into one block of a few large
-// ones, and located by offsets. A chunk of rows so holds a handful of pointers however many values
+// Rows are a chunk's rows: each row's values copied back to back into one of a few large blocks,
+// and located by offsets. A chunk of rows so holds a handful of pointers however many values
 // it has, instead of a slice per value for the collector to follow while the chunk is in flight.
 //
 // Every row has the same number of values. A row's values are views of the Rows' memory, valid
