@@ -115,10 +115,11 @@ func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, lim
 // COMMIT), then the statements of high, each of the three groups its own transaction, run by the
 // server in that order. It returns the first value of each low, then each high statement's first
 // row (nil where there is none): a snapshot's watermarks go before and after its read this way at
-// the cost of one round trip instead of six. each, when not nil, is given every row as it arrives (its values
-// are the chunk's; the slice holding them is reused for the next row), so the caller works on the rows while the server still sends the next
-// ones; after an error the rows it was given are not a chunk. The rows are copied into buf (nil:
-// new Buffers), which the chunk keeps as its Buffers.
+// the cost of one round trip instead of six. each, when not nil, is given every row as it arrives
+// (its values are the chunk's; the slice holding them is reused for the next row), so the caller
+// works on the rows while the server still sends the next ones; after an error the rows it was
+// given are not a chunk. The rows are copied into buf (nil: new Buffers), which the chunk keeps as
+// its Buffers.
 func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []string, limit int, low, high []Stmt, each func(row [][]byte), buf *Buffers) (*Chunk, [][]byte, error) {
 	query, args, err := s.Query(after, limit)
 	if err != nil {
