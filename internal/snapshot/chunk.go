@@ -116,9 +116,9 @@ func (s Spec) Read(ctx context.Context, conn *pgconn.PgConn, after []string, lim
 // server in that order. It returns the first value of each low, then each high statement's first
 // row (nil where there is none): a snapshot's watermarks go before and after its read this way at
 // the cost of one round trip instead of six. each, when not nil, is given every row as it arrives
-// (its values are the chunk's; the slice holding them is reused for the next row), so the caller
-// works on the rows while the server still sends the next ones; after an error the rows it was
-// given are not a chunk. The rows are copied into buf (nil: new Buffers), which the chunk keeps as
+// (its values are valid until the next row: copied into the chunk, they are the chunk's Rows), so
+// the caller works on the rows while the server still sends the next ones; after an error the rows
+// it was given are not a chunk. The rows are copied into buf (nil: new Buffers), which the chunk keeps as
 // its Buffers.
 func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []string, limit int, low, high []Stmt, each func(row [][]byte), buf *Buffers) (*Chunk, [][]byte, error) {
 	query, args, err := s.Query(after, limit)
@@ -159,7 +159,7 @@ func (s Spec) ReadBetween(ctx context.Context, conn *pgconn.PgConn, after []stri
 	if buf == nil {
 		buf = &Buffers{}
 	}
-	buf.rows.reuse(len(s.Columns))
+	buf.rows.reuse()
 	chunk := &Chunk{Columns: s.Columns, Limit: limit, Buffers: buf, XminRead: s.OlderThan != 0}
 	marks := make([][]byte, len(low)+len(high))
 	first := func(dst *[]byte) func(*pgconn.ResultReader) {
@@ -239,7 +239,6 @@ func readPipeline(pl *pgconn.Pipeline, groups [][]func(*pgconn.ResultReader)) er
 func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, each func([][]byte)) {
 	n := len(s.Columns)
 	rows := &chunk.Buffers.rows
-	var vals [][]byte
 	for rr.NextRow() {
 		row := rr.Values()
 		if s.OlderThan != 0 && len(row) > n {
@@ -250,8 +249,7 @@ func (s Spec) readRows(rr *pgconn.ResultReader, chunk *Chunk, each func([][]byte
 		}
 		rows.Append(row)
 		if each != nil {
-			vals = rows.Row(rows.Len()-1, vals)
-			each(vals)
+			each(row)
 		}
 	}
 	chunk.Rows = *rows

@@ -9,7 +9,7 @@ import "iter"
 // Every row has the same number of values. A row's values are views of the Rows' memory, valid
 // until that memory is given to another read (Chunk.Buffers).
 type Rows struct {
-	cols   int
+	cols   int      // values per row, set by the first row
 	at     []rowAt  // per row: where its values start
 	ends   []uint32 // per value, row after row: where it ends in its row's block; nullEnd set: NULL
 	blocks [][]byte // the blocks, the last one being filled
@@ -120,7 +120,7 @@ func (r *Rows) All() iter.Seq2[int, [][]byte] {
 
 // reuse empties r for a read into its memory: the arrays kept, the blocks spare but those larger
 // than valueBlock (a single large row's), which are dropped.
-func (r *Rows) reuse(cols int) {
+func (r *Rows) reuse() {
 	spare := r.spare
 	for _, b := range r.blocks {
 		if cap(b) == valueBlock {
@@ -128,5 +128,5 @@ func (r *Rows) reuse(cols int) {
 		}
 	}
 	clear(r.blocks)
-	*r = Rows{cols: cols, at: r.at[:0], ends: r.ends[:0], blocks: r.blocks[:0], spare: spare}
+	*r = Rows{at: r.at[:0], ends: r.ends[:0], blocks: r.blocks[:0], spare: spare}
 }

@@ -467,11 +467,7 @@ func TestRows(t *testing.T) {
 	var r Rows
 	for round := range 2 { // the second round reads into the first's memory
 		for _, c := range cases {
-			cols := 0
-			if len(c.rows) > 0 {
-				cols = len(c.rows[0])
-			}
-			r.reuse(cols)
+			r.reuse()
 			for _, row := range c.rows {
 				r.Append(row)
 			}
@@ -497,7 +493,7 @@ func TestRows(t *testing.T) {
 		}
 	}
 	r.Append([][]byte{big})
-	r.reuse(1)
+	r.reuse()
 	for i, b := range append(r.blocks[:cap(r.blocks)], r.spare...) {
 		if cap(b) > valueBlock {
 			t.Errorf("block %d of a large row (%d bytes) kept for the next read", i, cap(b))
