@@ -397,6 +397,7 @@ func newPgCDC(conf *service.ParsedConfig, mgr *service.Resources) (service.Batch
 	if err != nil {
 		return nil, err
 	}
+	redisconn.LogTo(mgr.Logger())
 	src, err := source.New(cfg, mgr.Logger(), hooks(mgr, cfg.Name))
 	if err != nil {
 		return nil, err

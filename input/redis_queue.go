@@ -196,6 +196,7 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 	c := &in.conf
 	c.Logger = aclLogger{mgr.Logger(), rc.Conn}
 	in.log, in.gauges = mgr.Logger(), newGroupGauges(mgr.Metrics())
+	redisconn.LogTo(mgr.Logger())
 	c.NewReader = func(poolSize int) (redis.UniversalClient, error) {
 		conn := in.conn
 		conn.PoolSize = poolSize

@@ -314,6 +314,7 @@ func newQueueOutput(c RedisQueueConfig, mgr *service.Resources) *queueOutput {
 		mgr.Logger().Warn(msg)
 	}
 	m := mgr.Metrics()
+	redisconn.LogTo(mgr.Logger())
 	return &queueOutput{conf: c, log: mgr.Logger(), queues: map[string]struct{}{},
 		written:    m.NewCounter("redis_queue_messages_written"),
 		duplicates: m.NewCounter("redis_queue_duplicate_batches"),

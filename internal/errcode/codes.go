@@ -68,6 +68,12 @@ const (
 	// RedisACL means the Redis user may not run a command pgrelay needs, or not on pgrelay's keys
 	// (NOPERM); the fix names the ACL rule to add.
 	RedisACL Code = "redis_acl"
+	// RedisUnreachable means no connection to Redis could be opened (refused, no such host, timed
+	// out): a wrong url, or a server that is down or restarting. Transient: retried.
+	RedisUnreachable Code = "redis_unreachable"
+	// RedisAuth means Redis refused the user name and password (WRONGPASS), or wants a password and
+	// got none (NOAUTH).
+	RedisAuth Code = "redis_auth"
 )
 
 // Codes of pg_sink.
@@ -182,6 +188,19 @@ const (
 	// PGLogin means the role may not log in (no LOGIN attribute) or may not connect to the database
 	// (no CONNECT privilege).
 	PGLogin Code = "pg_login"
+	// PGUnreachable means no connection to PostgreSQL could be opened (refused, no such host, timed
+	// out): a wrong host or port, or a server that is down or restarting. Transient: retried.
+	PGUnreachable Code = "pg_unreachable"
+	// PGPassword means PostgreSQL refused the role's password, or wanted one and got none (28P01).
+	PGPassword Code = "pg_password"
+	// PGDatabase means the database named in the connection does not exist (3D000).
+	PGDatabase Code = "pg_database"
 	// Resync is informational: a session ended because `pgrelay resync` was requested.
 	Resync Code = "resync"
 )
+
+// Transient reports whether c names a condition that may end by itself, a server that does not
+// answer: the component retries as for an uncoded connection error, its phase stays
+// "connecting" rather than "error", and metrics count it as transient; the code and its fix are
+// in the log line and the status.
+func (c Code) Transient() bool { return c == PGUnreachable || c == RedisUnreachable }

@@ -41,7 +41,10 @@ func (e *Error) Error() string {
 		b.WriteString(e.Err.Error())
 	}
 	if e.Fix != "" {
-		b.WriteString(". Fix: ")
+		if !strings.HasSuffix(b.String(), ".") { // a cause's own sentence ends with one
+			b.WriteByte('.')
+		}
+		b.WriteString(" Fix: ")
 		b.WriteString(e.Fix)
 	}
 	return b.String()

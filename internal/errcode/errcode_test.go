@@ -35,3 +35,32 @@ func TestErrorFormatAndIs(t *testing.T) {
 		t.Fatal("Of")
 	}
 }
+
+// TestErrorEndsOneSentence: a cause whose text ends its sentence gets no second period before the
+// fix (Redis' replies do: "NOAUTH Authentication required.").
+func TestErrorEndsOneSentence(t *testing.T) {
+	for _, c := range []struct {
+		err  *Error
+		want string
+	}{
+		{Wrap(RedisAuth, errors.New("NOAUTH Authentication required."), "Redis wants a password", "set it"),
+			"redis_auth: Redis wants a password: NOAUTH Authentication required. Fix: set it"},
+		{Wrap(RedisAuth, errors.New("WRONGPASS bad pair"), "refused", "set it"), "redis_auth: refused: WRONGPASS bad pair. Fix: set it"},
+		{New(SlotLost, "gone.", "resync"), "slot_lost: gone. Fix: resync"},
+		{New(SlotLost, "gone.", ""), "slot_lost: gone."},
+	} {
+		if got := c.err.Error(); got != c.want {
+			t.Errorf("got  %q\nwant %q", got, c.want)
+		}
+	}
+}
+
+// TestTransient: only the codes of a server that does not answer pass by themselves.
+func TestTransient(t *testing.T) {
+	for code, want := range map[Code]bool{PGUnreachable: true, RedisUnreachable: true, PGPassword: false, PGDatabase: false,
+		RedisAuth: false, SlotLost: false, Fenced: false, "": false} {
+		if got := code.Transient(); got != want {
+			t.Errorf("%q.Transient() = %v, want %v", code, got, want)
+		}
+	}
+}

@@ -1,7 +1,10 @@
 package pgconnect
 
 import (
+	"context"
 	"errors"
+	"net"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -11,10 +14,13 @@ import (
 )
 
 // Explain gives a connection failure the user can fix in the tls fields, in pg_hba.conf or with a
-// GRANT its code and fix sentence (docs/errors.md): `pg_tls` for a TLS handshake or certificate that
+// GRANT its code and fix sentence (docs/errors.md): `pg_unreachable` for a server that does not
+// answer (refused, no such host, timed out), `pg_password` for a password refused or missing,
+// `pg_database` for a database that does not exist, `pg_tls` for a TLS handshake or certificate that
 // failed, `pg_hba` for a connection pg_hba.conf turned away, `pg_login` for a role without LOGIN or
 // without CONNECT on the database, `source_privileges` for a role without REPLICATION (a replication
-// connection, or a slot function). The fixes name the role and database of the failed connection.
+// connection, or a slot function). The fixes name the role, database or address of the failed
+// connection (never its password).
 // Any other error, and one already coded, comes back unchanged; the cause stays wrapped, so
 // errors.As still finds pgx's errors.
 //
@@ -47,8 +53,19 @@ func Explain(err error) error {
 	case strings.Contains(text, "remote error: tls:"):
 		return tlsErr("PostgreSQL refused the TLS handshake (it could not verify the client certificate)",
 			"set tls.client_cert_file and tls.client_key_file to a valid, unexpired certificate signed by a CA in the server's ssl_ca_file")
+	case unreachable(err):
+		return errcode.Wrap(errcode.PGUnreachable, err, "PostgreSQL does not answer"+at(err),
+			"check the host and port of dsn (or host and port), that PostgreSQL runs and listens there (listen_addresses and port in postgresql.conf) and that no firewall drops the connection; pgrelay keeps retrying")
 	case !errors.As(err, &pe):
 		return err
+	case pe.Code == "28P01":
+		user, _ := target(err)
+		return errcode.Wrap(errcode.PGPassword, err, "PostgreSQL refused the password of role "+user+" (or wanted one and got none)",
+			"set password (from the environment: password: ${PGPASSWORD}) or the dsn's password to the role's password")
+	case pe.Code == "3D000":
+		_, db := target(err)
+		return errcode.Wrap(errcode.PGDatabase, err, "database "+db+" does not exist",
+			"name an existing database in dsn (or database), or CREATE DATABASE "+pgx.Identifier{db}.Sanitize())
 	case pe.Code == "42501" || pe.Code == "28000" && strings.Contains(pe.Message, "not permitted to log in"):
 		return explainPrivilege(err, pe)
 	case pe.Code != "28000":
@@ -72,9 +89,33 @@ func Explain(err error) error {
 	return err
 }
 
-// explainPrivilege codes a refusal for want of a role attribute or the database's CONNECT privilege.
-func explainPrivilege(err error, pe *pgconn.PgError) error {
-	user, db := "<role>", "<database>"
+// unreachable reports a connection attempt that reached no server: refused, no route, a host
+// name that does not resolve, or a timeout before the server answered.
+func unreachable(err error) bool {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) || errors.Is(err, context.Canceled) { // canceled: pgrelay is stopping
+		return false
+	}
+	var op *net.OpError
+	var dns *net.DNSError
+	return errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial" || pgconn.Timeout(err)
+}
+
+// at names the address a failed connection tried (" at host:port"), or nothing when unknown.
+func at(err error) string {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) || ce.Config == nil || ce.Config.Host == "" {
+		return ""
+	}
+	if strings.HasPrefix(ce.Config.Host, "/") { // a Unix socket's directory
+		return " at " + ce.Config.Host + "/.s.PGSQL." + strconv.Itoa(int(ce.Config.Port))
+	}
+	return " at " + net.JoinHostPort(ce.Config.Host, strconv.Itoa(int(ce.Config.Port)))
+}
+
+// target is the role and database a failed connection asked for.
+func target(err error) (user, db string) {
+	user, db = "<role>", "<database>"
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) && ce.Config != nil {
 		user, db = ce.Config.User, ce.Config.Database
@@ -82,6 +123,12 @@ func explainPrivilege(err error, pe *pgconn.PgError) error {
 			db = user // libpq's default, as the server applies it
 		}
 	}
+	return user, db
+}
+
+// explainPrivilege codes a refusal for want of a role attribute or the database's CONNECT privilege.
+func explainPrivilege(err error, pe *pgconn.PgError) error {
+	user, db := target(err)
 	role, dbName := pgx.Identifier{user}.Sanitize(), pgx.Identifier{db}.Sanitize()
 	switch msg := pe.Message; {
 	case pe.Code == "28000":

@@ -168,3 +168,80 @@ func TestExplainPrivilegeRefusalsOfARealServer(t *testing.T) {
 		})
 	}
 }
+
+// TestExplainConnectionFailuresOfARealServer connects with the settings a user most often gets
+// wrong, to a PostgreSQL that wants passwords, and proves Explain codes each failure with its
+// address, role or database and never prints the password: a port nothing listens on and a host
+// name that does not resolve (pg_unreachable, transient: retried), a wrong password and none
+// (pg_password), a database that does not exist (pg_database); the right settings connect, and a
+// connection canceled by its caller stays uncoded.
+func TestExplainConnectionFailuresOfARealServer(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.WithTLS("host all postgres 127.0.0.1/32 trust", "host all all 127.0.0.1/32 scram-sha-256"))
+	pg.Exec(`CREATE ROLE pw LOGIN PASSWORD 'right-one'`)
+	closed := func() int { // a port nothing listens on
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port
+	}()
+	good := Config{Host: "127.0.0.1", Port: pg.Port, User: "pw", Password: "right-one", Database: "postgres", TLSMode: "disable",
+		ConnectTimeout: 5 * time.Second}
+	with := func(change func(*Config)) Config {
+		c := good
+		change(&c)
+		return c
+	}
+	for _, c := range []struct {
+		name string
+		conf Config
+		code errcode.Code // "" when the connection must succeed
+		want string       // in the error's text
+	}{
+		{"right", good, "", ""},
+		{"nothing listens", with(func(c *Config) { c.Port = closed }), errcode.PGUnreachable, fmt.Sprintf("does not answer at 127.0.0.1:%d", closed)},
+		{"no such host", with(func(c *Config) { c.Host = "no-such-host.invalid" }), errcode.PGUnreachable, "does not answer at no-such-host.invalid:"},
+		{"wrong password", with(func(c *Config) { c.Password = "wrong-one" }), errcode.PGPassword, "refused the password of role pw"},
+		{"no password", with(func(c *Config) { c.Password = "" }), errcode.PGPassword, "password: ${PGPASSWORD}"},
+		{"no such database", with(func(c *Config) { c.Database = "nodb" }), errcode.PGDatabase, `CREATE DATABASE "nodb"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := c.conf.ConnConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pgconn.ConnectConfig(context.Background(), cfg)
+			if err == nil {
+				conn.Close(context.Background())
+			}
+			err = Explain(err)
+			switch {
+			case c.code == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.code == "":
+			case errcode.Of(err) != c.code || !strings.Contains(err.Error(), "Fix: ") || !strings.Contains(err.Error(), c.want):
+				t.Errorf("got %v, want code %s and %q", err, c.code, c.want)
+			case strings.Contains(err.Error(), "-one"):
+				t.Errorf("the password is in %v", err)
+			default:
+				t.Logf("%v", err)
+			}
+			if c.code != "" && c.code.Transient() != (c.code == errcode.PGUnreachable) {
+				t.Errorf("%s: Transient %v", c.code, c.code.Transient())
+			}
+		})
+	}
+	t.Run("canceled by the caller", func(t *testing.T) {
+		cfg, err := with(func(c *Config) { c.Port = closed }).ConnConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err = pgconn.ConnectConfig(ctx, cfg)
+		if err == nil || errcode.Of(Explain(err)) != "" {
+			t.Errorf("a canceled connection: %v", Explain(err))
+		}
+	})
+}

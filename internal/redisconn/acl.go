@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"slices"
 	"sort"
@@ -182,18 +183,20 @@ func (c Config) CheckACL(ctx context.Context, rdb redis.UniversalClient, queue s
 			return c.aclError(err, nil, true)
 		case isNoPerm(err) && !isKeyDenial(err):
 			return c.aclError(err, []string{cmd}, false)
+		case isAuth(err):
+			return c.Explain(err)
 		}
 		// Any reply (DISCARD without MULTI) passes; no reply at all (Redis unreachable) ends the check.
 		var reply redis.Error
 		if err != nil && !errors.As(err, &reply) {
-			return fmt.Errorf("redis: %w", err)
+			return c.Explain(fmt.Errorf("redis: %w", err))
 		}
 	}
 	if err := conn.Do(ctx, "multi").Err(); err != nil {
 		if isNoPerm(err) {
 			return c.aclError(err, []string{"multi"}, false)
 		}
-		return fmt.Errorf("redis: MULTI: %w", err)
+		return c.Explain(fmt.Errorf("redis: MULTI: %w", err))
 	}
 	cmds, err := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, name := range names {
@@ -293,13 +296,25 @@ func (c Config) User() string {
 	return "default"
 }
 
-// Explain gives a Redis refusal for want of an ACL permission (NOPERM, or the same refusal of a
-// command inside a script) its redis_acl code and the rule that fixes it; any other error comes
-// back unchanged.
+// Explain gives a connection error the user can fix its code and fix sentence (docs/errors.md):
+// redis_unreachable for a server that does not answer (refused, no such host, timed out, every
+// Sentinel unreachable), redis_auth for a user name and password refused (WRONGPASS) or a password
+// missing (NOAUTH), and redis_acl, with the rule that fixes it, for a refusal for want of an ACL
+// permission (NOPERM, or the same refusal of a command inside a script). Any other error, and one
+// already coded, comes back unchanged.
 func (c Config) Explain(err error) error {
 	switch {
 	case err == nil || errcode.Of(err) != "":
 		return err
+	case unreachable(err):
+		return errcode.Wrap(errcode.RedisUnreachable, err, "Redis does not answer"+dialedAt(err),
+			"check the host and port of url (or the Sentinel or Cluster addresses), that redis-server runs and listens there (bind and port in redis.conf) and that no firewall drops the connection; pgrelay keeps retrying")
+	case redis.HasErrorPrefix(err, "WRONGPASS"):
+		return errcode.Wrap(errcode.RedisAuth, err, "Redis refused the user name and password of user "+c.User(),
+			"set the password (and user) in url, e.g. redis://<user>:${REDIS_PASSWORD}@host:6379, to those of a user that is on (ACL SETUSER <user> on >password)")
+	case redis.HasErrorPrefix(err, "NOAUTH"):
+		return errcode.Wrap(errcode.RedisAuth, err, "Redis wants a password and got none",
+			"set the password in url, e.g. redis://:${REDIS_PASSWORD}@host:6379 (with a user: redis://<user>:${REDIS_PASSWORD}@host:6379)")
 	case isKeyDenial(err):
 		return c.aclError(err, nil, true)
 	case isNoPerm(err):
@@ -310,6 +325,37 @@ func (c Config) Explain(err error) error {
 		return c.aclError(err, cmds, false)
 	}
 	return err
+}
+
+// unreachable reports a connection that reached no server: a dial refused, without a route or timed
+// out, a host name that does not resolve, or every Sentinel unreachable. An error of a connection
+// already open (a reset, a read timeout) is not.
+func unreachable(err error) bool {
+	if errors.Is(err, context.Canceled) { // pgrelay is stopping
+		return false
+	}
+	var op *net.OpError
+	var dns *net.DNSError
+	return errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial" ||
+		strings.Contains(err.Error(), "all sentinels specified in configuration are unreachable")
+}
+
+// isAuth reports a login refused (WRONGPASS) or missing (NOAUTH).
+func isAuth(err error) bool {
+	return redis.HasErrorPrefix(err, "WRONGPASS") || redis.HasErrorPrefix(err, "NOAUTH")
+}
+
+// dialedAt names the address of a dial that failed (" at host:port"), or nothing when unknown.
+func dialedAt(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" && op.Addr != nil {
+		return " at " + op.Addr.String()
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) && dns.Name != "" {
+		return " at " + dns.Name + " (no such host)"
+	}
+	return ""
 }
 
 // deniedCommand finds the command a NOPERM reply names: "... no permissions to run the 'xadd' command".

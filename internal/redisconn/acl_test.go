@@ -2,6 +2,7 @@ package redisconn
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -124,7 +125,7 @@ func TestExplainACLReplies(t *testing.T) {
 			t.Errorf("%q: %v, want redis_acl with %q", c.reply, err, c.fix)
 		}
 	}
-	for _, reply := range []string{"ERR unknown command", "WRONGPASS invalid username-password pair or user is disabled.", "NOSCRIPT No matching script"} {
+	for _, reply := range []string{"ERR unknown command", "NOSCRIPT No matching script", "LOADING Redis is loading the dataset in memory"} {
 		if err := conf.Explain(replyError(reply)); errcode.Of(err) != "" {
 			t.Errorf("%q became %v", reply, err)
 		}
@@ -245,5 +246,54 @@ func TestACLLinesDocumented(t *testing.T) {
 	}
 	if !strings.Contains(string(doc), "`+"+strings.Join(aclCommands[UseCluster], " +")+"`") {
 		t.Errorf("docs/operations.md lacks the Redis Cluster rules +%s", strings.Join(aclCommands[UseCluster], " +"))
+	}
+}
+
+// TestExplainConnectionFailures proves the connection errors a user causes get their codes through
+// CheckACL, the check every component runs on connecting, with the address and never the
+// password: a port nothing listens on (redis_unreachable, transient: retried), a user's wrong
+// password (redis_auth); the right password passes; and a server that wants a password and got
+// none (its NOAUTH reply) is redis_auth too.
+func TestExplainConnectionFailures(t *testing.T) {
+	r := testenv.StartRedis(t)
+	r.ACL("ACL SETUSER app reset on >right-one ~pgrelay:* +@all")
+	closed := testenv.FreePort(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		url  string
+		code errcode.Code // "" when the check must pass
+		want string
+	}{
+		{"right", r.UserURL("app", "right-one"), "", ""},
+		{"nothing listens", fmt.Sprintf("redis://127.0.0.1:%d", closed), errcode.RedisUnreachable, fmt.Sprintf("Redis does not answer at 127.0.0.1:%d", closed)},
+		{"wrong password", r.UserURL("app", "wrong-one"), errcode.RedisAuth, "user app"},
+		{"unknown user", r.UserURL("nobody", "wrong-one"), errcode.RedisAuth, "user nobody"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conf := Config{URL: c.url, Prefix: "pgrelay"}
+			rdb, err := conf.Client()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rdb.Close()
+			err = conf.CheckACL(ctx, rdb, "q", ConsumerUses...)
+			switch {
+			case c.code == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.code == "":
+			case errcode.Of(err) != c.code || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "Fix: "):
+				t.Errorf("got %v, want code %s and %q", err, c.code, c.want)
+			case strings.Contains(err.Error(), "-one"):
+				t.Errorf("the password is in %v", err)
+			default:
+				t.Logf("%v", err)
+			}
+		})
+	}
+	conf := Config{URL: "redis://127.0.0.1:1", Prefix: "pgrelay"}
+	if err := conf.Explain(replyError("NOAUTH Authentication required.")); errcode.Of(err) != errcode.RedisAuth ||
+		!strings.Contains(err.Error(), "wants a password and got none") {
+		t.Errorf("NOAUTH: %v", err)
 	}
 }

@@ -46,7 +46,7 @@ func Classify(err error) Class {
 		return classifyCode(pgErr.Code)
 	}
 	var coded *errcode.Error
-	if errors.As(err, &coded) {
+	if errors.As(err, &coded) && !coded.Code.Transient() {
 		return Environment
 	}
 	// No SQLSTATE: a lost connection, a timeout, a refused dial: all transient.

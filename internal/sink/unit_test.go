@@ -2,6 +2,7 @@ package sink
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -108,6 +109,8 @@ func TestClassify(t *testing.T) {
 		{checkSize(&Message{Payload: make([]byte, MaxPayloadBytes+1)}), Data},
 		{errcode.New(errcode.TargetMissing, "x", "y"), Environment},
 		{fmt.Errorf("read tcp: connection reset by peer"), Transient},
+		{errcode.Wrap(errcode.PGUnreachable, errors.New("dial tcp: connection refused"), "PostgreSQL does not answer", "check"), Transient},
+		{errcode.Wrap(errcode.PGPassword, &pgconn.PgError{Code: "28P01"}, "refused", "set it"), Environment},
 	}
 	for _, c := range cases {
 		if got := Classify(c.err); got != c.want {

@@ -193,7 +193,11 @@ func (s *Source) setPhase(p string, err error) {
 	s.phase, s.lastErr = p, err
 	s.mu.Unlock()
 	if err != nil && s.hooks.Error != nil {
-		s.hooks.Error(string(errcode.Of(err)))
+		code := errcode.Of(err)
+		if code.Transient() {
+			code = "" // counted as a lost connection is
+		}
+		s.hooks.Error(string(code))
 	}
 	if changed {
 		if s.hooks.Phase != nil {
@@ -256,7 +260,7 @@ func (s *Source) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		if !aclChecked {
 			err := s.checkACL(ctx)
-			if errcode.Of(err) != "" {
+			if code := errcode.Of(err); code != "" && !code.Transient() {
 				s.setPhase(PhaseError, err)
 				s.log.Errorf("%v", err)
 				retry.Sleep(ctx, retry.Jitter(5*time.Second))
@@ -313,15 +317,21 @@ func (s *Source) own(ctx context.Context) {
 		if time.Since(started) > time.Minute {
 			backoff = time.Second
 		}
-		phase := PhaseConnecting
-		if errcode.Of(err) != "" {
-			phase = PhaseError
-		}
-		s.setPhase(phase, err)
+		s.setPhase(failedPhase(err), err)
 		s.log.Errorf("%v (retrying in %s)", err, backoff)
 		s.sleepUnlessResync(ownCtx, retry.Jitter(backoff))
 		backoff = min(backoff*2, 30*time.Second)
 	}
+}
+
+// failedPhase is the phase of a source whose session ended with err: error for a coded error the
+// user must fix, connecting for the rest (a lost connection, a server that does not answer), which
+// the next attempt may get past by itself.
+func failedPhase(err error) string {
+	if code := errcode.Of(err); code != "" && !code.Transient() {
+		return PhaseError
+	}
+	return PhaseConnecting
 }
 
 // renew extends the lease every TTL/3; losing it (or not reaching Redis for a TTL) stops owning.

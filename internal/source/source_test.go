@@ -349,6 +349,21 @@ func (e *env) waitStatus(queue, name, want string) {
 	cdctest.WaitStatus(e.t, 30*time.Second, e.rd.Client(), queue, name, want)
 }
 
+// TestConnectionFailuresGetCodes: a source whose PostgreSQL does not answer reports
+// pg_unreachable with the address and stays in phase connecting (the server may come back: it
+// retries), while a database that does not exist is pg_database in phase error (the user must fix
+// it); both in the status `pgrelay status` reads.
+func TestConnectionFailuresGetCodes(t *testing.T) {
+	e := newEnv(t)
+	closed := testenv.FreePort(t)
+	startStream(t, cdctest.Pipeline{Name: "gone", DSN: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", closed), Tables: `[{table: t, queue: q}]`,
+		Redis: e.rd.URL()}.YAML())
+	e.waitStatus("q", "gone", fmt.Sprintf(`"phase":"connecting","error":"pg_unreachable: PostgreSQL does not answer at 127.0.0.1:%d`, closed))
+	e.waitStatus("q", "gone", `"code":"pg_unreachable"`)
+	startStream(t, cdctest.Pipeline{Name: "nodb", DSN: e.pg.DatabaseDSN("nodb"), Tables: `[{table: t, queue: q}]`, Redis: e.rd.URL()}.YAML())
+	e.waitStatus("q", "nodb", `"phase":"error","error":"pg_database: database nodb does not exist`)
+}
+
 func TestStartChecksFailWithCodes(t *testing.T) {
 	e := newEnv(t)
 	filters := e.pg.Version >= 15 // row filters and column lists came with PostgreSQL 15

@@ -1,0 +1,28 @@
+package source
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+// TestFailedPhase: a session's error leaves the source in phase error only when the user must fix
+// it; a lost connection or a server that does not answer leaves it connecting.
+func TestFailedPhase(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{errors.New("connection reset by peer"), PhaseConnecting},
+		{errcode.New(errcode.PGUnreachable, "PostgreSQL does not answer", ""), PhaseConnecting},
+		{fmt.Errorf("start: %w", errcode.New(errcode.RedisUnreachable, "Redis does not answer", "")), PhaseConnecting},
+		{errcode.New(errcode.PGPassword, "refused", ""), PhaseError},
+		{errcode.New(errcode.SlotLost, "gone", ""), PhaseError},
+	} {
+		if got := failedPhase(c.err); got != c.want {
+			t.Errorf("%v: %s, want %s", c.err, got, c.want)
+		}
+	}
+}
