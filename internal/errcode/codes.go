@@ -74,6 +74,10 @@ const (
 	// RedisAuth means Redis refused the user name and password (WRONGPASS), or wants a password and
 	// got none (NOAUTH).
 	RedisAuth Code = "redis_auth"
+	// RedisTLS means TLS to Redis failed: the server's certificate is not signed by the configured
+	// CA, does not name the host, or expired; the server speaks no TLS; or it wants a client
+	// certificate and got none it trusts.
+	RedisTLS Code = "redis_tls"
 )
 
 // Codes of pg_sink.

@@ -2,6 +2,8 @@ package redisconn
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -297,15 +299,19 @@ func (c Config) User() string {
 }
 
 // Explain gives a connection error the user can fix its code and fix sentence (docs/errors.md):
-// redis_unreachable for a server that does not answer (refused, no such host, timed out, every
+// redis_tls for a TLS handshake or certificate that failed, redis_unreachable for a server that does not answer (refused, no such host, timed out, every
 // Sentinel unreachable), redis_auth for a user name and password refused (WRONGPASS) or a password
 // missing (NOAUTH), and redis_acl, with the rule that fixes it, for a refusal for want of an ACL
 // permission (NOPERM, or the same refusal of a command inside a script). Any other error, and one
 // already coded, comes back unchanged.
 func (c Config) Explain(err error) error {
-	switch {
-	case err == nil || errcode.Of(err) != "":
+	if err == nil || errcode.Of(err) != "" {
 		return err
+	}
+	if what, fix, ok := tlsProblem(err); ok {
+		return errcode.Wrap(errcode.RedisTLS, err, what, fix)
+	}
+	switch {
 	case unreachable(err):
 		return errcode.Wrap(errcode.RedisUnreachable, err, "Redis does not answer"+dialedAt(err),
 			"check the host and port of url (or the Sentinel or Cluster addresses), that redis-server runs and listens there (bind and port in redis.conf) and that no firewall drops the connection; pgrelay keeps retrying")
@@ -338,6 +344,41 @@ func unreachable(err error) bool {
 	var dns *net.DNSError
 	return errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial" ||
 		strings.Contains(err.Error(), "all sentinels specified in configuration are unreachable")
+}
+
+// tlsProblem says what failed in a TLS handshake with Redis and how to fix it (ok false: err is no
+// TLS failure): the server's certificate (unknown CA, another host, expired), a server without
+// TLS (a handshake without answer), or the server's refusal of the client's certificate.
+func tlsProblem(err error) (what, fix string, ok bool) {
+	var verify *tls.CertificateVerificationError
+	var header tls.RecordHeaderError
+	var remote *net.OpError
+	var handshake *handshakeError
+	var unknownCA x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &unknownCA):
+		return "Redis's certificate is not signed by the CA in tls.root_cas_file",
+			"set tls.root_cas_file (or tls.root_cas) to the CA that signed the server's certificate (its tls-cert-file)", true
+	case errors.As(err, &host):
+		return "Redis's certificate does not name the host connected to (" + host.Host + ")",
+			"connect to a host name or IP address the certificate lists, or issue the server a certificate naming this one", true
+	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
+		return "Redis's certificate has expired or is not valid yet", "renew the server's certificate (or check this machine's clock)", true
+	case errors.As(err, &verify):
+		return "Redis's certificate could not be verified", "check that tls.root_cas_file holds the CA that signed the server's certificate", true
+	case errors.As(err, &header):
+		return "Redis does not speak TLS on this port",
+			"connect without TLS (redis:// and tls.enabled: false), or enable TLS on the server (tls-port in redis.conf)", true
+	case errors.As(err, &remote) && remote.Op == "remote error" && strings.HasPrefix(remote.Err.Error(), "tls: "):
+		return "Redis refused the TLS handshake (" + remote.Err.Error() + "): it wants a client certificate it trusts",
+			"set tls.client_certs to a certificate and key signed by a CA in the server's tls-ca-cert-file", true
+	case errors.As(err, &handshake) && !errors.Is(err, context.Canceled):
+		return "the TLS handshake with Redis at " + handshake.addr + " did not complete",
+			"check that the server speaks TLS on that port (tls-port in redis.conf), or connect without TLS (redis:// and tls.enabled: false)", true
+	}
+	return "", "", false
 }
 
 // isAuth reports a login refused (WRONGPASS) or missing (NOAUTH).

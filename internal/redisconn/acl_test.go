@@ -2,6 +2,8 @@ package redisconn
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -295,5 +298,68 @@ func TestExplainConnectionFailures(t *testing.T) {
 	if err := conf.Explain(replyError("NOAUTH Authentication required.")); errcode.Of(err) != errcode.RedisAuth ||
 		!strings.Contains(err.Error(), "wants a password and got none") {
 		t.Errorf("NOAUTH: %v", err)
+	}
+}
+
+// TestExplainTLSFailures connects with each TLS setting a user can get wrong to a Redis that
+// speaks only TLS and wants client certificates (and with TLS to one that speaks none), through
+// CheckACL as every component does, and proves each failure is redis_tls with the fix naming the
+// field to change; the right settings pass.
+func TestExplainTLSFailures(t *testing.T) {
+	secure := testenv.StartRedisTLS(t)
+	plain := testenv.StartRedis(t)
+	good, err := secure.TLS.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCA, err := os.ReadFile(secure.TLS.OtherCAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(change func(*tls.Config)) *tls.Config {
+		c := good.Clone()
+		change(c)
+		return c
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		addr string
+		tls  *tls.Config
+		want string // in the fix; "" when the check must pass
+	}{
+		{"right", secure.Addr(), good, ""},
+		{"another CA", secure.Addr(), with(func(c *tls.Config) {
+			c.RootCAs = x509.NewCertPool()
+			c.RootCAs.AppendCertsFromPEM(otherCA)
+		}), "set tls.root_cas_file"},
+		{"another host name", secure.Addr(), with(func(c *tls.Config) { c.ServerName = "db.example" }), "connect to a host name or IP address the certificate lists"},
+		{"no client certificate", secure.Addr(), with(func(c *tls.Config) { c.Certificates = nil }), "set tls.client_certs"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conf := Config{URL: "redis://" + c.addr, TLS: c.tls, Prefix: "pgrelay"}
+			rdb, err := conf.Client()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rdb.Close()
+			err = conf.CheckACL(ctx, rdb, "q", ConsumerUses...)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.want == "":
+			case errcode.Of(err) != errcode.RedisTLS || !strings.Contains(err.Error(), "Fix: "+c.want):
+				t.Errorf("got %v, want redis_tls with the fix %q", err, c.want)
+			default:
+				t.Logf("%v", err)
+			}
+		})
+	}
+	// TLS to a port without it: Redis reads the handshake as a command and answers nothing, so the
+	// handshake runs into the dial's timeout (one dial here; a client tries several).
+	_, err = dial(ctx, "tcp", plain.Addr(), good, time.Second)
+	if err = (Config{}).Explain(err); errcode.Of(err) != errcode.RedisTLS || !strings.Contains(err.Error(), "Fix: check that the server speaks TLS") ||
+		!strings.Contains(err.Error(), plain.Addr()) {
+		t.Errorf("TLS to a plain port: %v", err)
 	}
 }

@@ -327,10 +327,20 @@ func dial(ctx context.Context, network, addr string, t *tls.Config, timeout time
 	tc := tls.Client(c, t)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
-		return nil, err
+		return nil, &handshakeError{addr: addr, err: err}
 	}
 	return tc, nil
 }
+
+// handshakeError is a TLS handshake with addr that failed: Explain tells a server that does not
+// speak TLS (no answer to the handshake) from a refused certificate (its cause).
+type handshakeError struct {
+	addr string
+	err  error
+}
+
+func (e *handshakeError) Error() string { return "TLS handshake with " + e.addr + ": " + e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
 
 func (c Config) apply(user, pass *string, t **tls.Config) {
 	if c.Username != "" {
