@@ -252,6 +252,17 @@ func TestACLLinesDocumented(t *testing.T) {
 	}
 }
 
+// connectCheck runs what a component runs on connecting: a client of conf, then CheckACL.
+func connectCheck(t *testing.T, conf Config) error {
+	t.Helper()
+	rdb, err := conf.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	return conf.CheckACL(context.Background(), rdb, "q", ConsumerUses...)
+}
+
 // TestExplainConnectionFailures proves the connection errors a user causes get their codes through
 // CheckACL, the check every component runs on connecting, with the address and never the
 // password: a port nothing listens on (redis_unreachable, transient: retried), a user's wrong
@@ -261,7 +272,6 @@ func TestExplainConnectionFailures(t *testing.T) {
 	r := testenv.StartRedis(t)
 	r.ACL("ACL SETUSER app reset on >right-one ~pgrelay:* +@all")
 	closed := testenv.FreePort(t)
-	ctx := context.Background()
 	for _, c := range []struct {
 		name string
 		url  string
@@ -274,13 +284,7 @@ func TestExplainConnectionFailures(t *testing.T) {
 		{"unknown user", r.UserURL("nobody", "wrong-one"), errcode.RedisAuth, "user nobody"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			conf := Config{URL: c.url, Prefix: "pgrelay"}
-			rdb, err := conf.Client()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rdb.Close()
-			err = conf.CheckACL(ctx, rdb, "q", ConsumerUses...)
+			err := connectCheck(t, Config{URL: c.url, Prefix: "pgrelay"})
 			switch {
 			case c.code == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -337,13 +341,7 @@ func TestExplainTLSFailures(t *testing.T) {
 		{"no client certificate", secure.Addr(), with(func(c *tls.Config) { c.Certificates = nil }), "set tls.client_certs"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			conf := Config{URL: "redis://" + c.addr, TLS: c.tls, Prefix: "pgrelay"}
-			rdb, err := conf.Client()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rdb.Close()
-			err = conf.CheckACL(ctx, rdb, "q", ConsumerUses...)
+			err := connectCheck(t, Config{URL: "redis://" + c.addr, TLS: c.tls, Prefix: "pgrelay"})
 			switch {
 			case c.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
