@@ -299,11 +299,12 @@ func (c Config) User() string {
 }
 
 // Explain gives a connection error the user can fix its code and fix sentence (docs/errors.md):
-// redis_tls for a TLS handshake or certificate that failed, redis_unreachable for a server that does not answer (refused, no such host, timed out, every
-// Sentinel unreachable), redis_auth for a user name and password refused (WRONGPASS) or a password
-// missing (NOAUTH), and redis_acl, with the rule that fixes it, for a refusal for want of an ACL
-// permission (NOPERM, or the same refusal of a command inside a script). Any other error, and one
-// already coded, comes back unchanged.
+// redis_tls for a TLS handshake or certificate that failed, redis_unreachable for a server that
+// does not answer (refused, no such host, timed out, every Sentinel unreachable), redis_auth for a
+// user name and password refused (WRONGPASS) or a password missing (NOAUTH), and redis_acl, with
+// the rule that fixes it, for a refusal for want of an ACL permission (NOPERM, or the same refusal
+// of a command inside a script). Any other error, and one already coded, comes back unchanged; the
+// cause stays wrapped.
 func (c Config) Explain(err error) error {
 	if err == nil || errcode.Of(err) != "" {
 		return err
