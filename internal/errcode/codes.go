@@ -199,6 +199,9 @@ const (
 	PGPassword Code = "pg_password"
 	// PGDatabase means the database named in the connection does not exist (3D000).
 	PGDatabase Code = "pg_database"
+	// PGLimit means PostgreSQL refused for want of a resource its configuration bounds: every WAL
+	// sender (max_wal_senders) or every replication slot (max_replication_slots) is in use.
+	PGLimit Code = "pg_limit"
 	// Resync is informational: a session ended because `pgrelay resync` was requested.
 	Resync Code = "resync"
 )

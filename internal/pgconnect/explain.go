@@ -13,16 +13,17 @@ import (
 	"github.com/pgrelay/pgrelay/internal/errcode"
 )
 
-// Explain gives a connection failure the user can fix in the tls fields, in pg_hba.conf or with a
-// GRANT its code and fix sentence (docs/errors.md): `pg_unreachable` for a server that does not
-// answer (refused, no such host, timed out), `pg_password` for a password refused or missing,
-// `pg_database` for a database that does not exist, `pg_tls` for a TLS handshake or certificate that
-// failed, `pg_hba` for a connection pg_hba.conf turned away, `pg_login` for a role without LOGIN or
-// without CONNECT on the database, `source_privileges` for a role without REPLICATION (a replication
-// connection, or a slot function). The fixes name the role, database or address of the failed
-// connection (never its password).
-// Any other error, and one already coded, comes back unchanged; the cause stays wrapped, so
-// errors.As still finds pgx's errors.
+// Explain gives a connection failure the user can fix in the connection's fields, in
+// postgresql.conf or pg_hba.conf, or with a GRANT its code and fix sentence (docs/errors.md):
+// `pg_unreachable` for a server that does not answer (refused, no such host, timed out),
+// `pg_password` for a password refused or missing, `pg_database` for a database that does not
+// exist, `pg_limit` for every WAL sender or replication slot the server allows in use, `pg_tls` for
+// a TLS handshake or certificate that failed, `pg_hba` for a connection pg_hba.conf turned away,
+// `pg_login` for a role without LOGIN or without CONNECT on the database, `source_privileges` for a
+// role without REPLICATION (a replication connection, or a slot function). The fixes name the role,
+// database or address of the failed connection (never its password). Any other error, and one
+// already coded, comes back unchanged; the cause stays wrapped, so errors.As still finds pgx's
+// errors.
 //
 // An expired or otherwise refused client certificate is known by the server's TLS alert; under TLS
 // 1.3 a connection reset sometimes arrives before it, and that plain reset stays uncoded (the next
@@ -66,6 +67,12 @@ func Explain(err error) error {
 		_, db := target(err)
 		return errcode.Wrap(errcode.PGDatabase, err, "database "+db+" does not exist",
 			"name an existing database in dsn (or database), or CREATE DATABASE "+pgx.Identifier{db}.Sanitize())
+	case pe.Code == "53300" && strings.Contains(pe.Message, "max_wal_senders"):
+		return errcode.Wrap(errcode.PGLimit, err, "every WAL sender PostgreSQL allows is in use (max_wal_senders)",
+			"end replication connections nothing needs (pg_stat_replication), or raise max_wal_senders in postgresql.conf and restart PostgreSQL")
+	case pe.Code == "53400" && strings.Contains(pe.Message, "replication slots"):
+		return errcode.Wrap(errcode.PGLimit, err, "every replication slot PostgreSQL allows is in use (max_replication_slots)",
+			"drop slots nothing reads (SELECT slot_name FROM pg_replication_slots WHERE NOT active; then pg_drop_replication_slot), or raise max_replication_slots in postgresql.conf and restart PostgreSQL")
 	case pe.Code == "42501" || pe.Code == "28000" && strings.Contains(pe.Message, "not permitted to log in"):
 		return explainPrivilege(err, pe)
 	case pe.Code != "28000":

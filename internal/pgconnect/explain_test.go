@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -244,4 +245,48 @@ func TestExplainConnectionFailuresOfARealServer(t *testing.T) {
 			t.Errorf("a canceled connection: %v", Explain(err))
 		}
 	})
+}
+
+// TestExplainLimitsOfARealServer fills a server's one WAL sender and one replication slot and
+// proves the next replication connection and the next slot are refused as pg_limit, naming the
+// setting; with the first connection closed and the slot dropped, both succeed.
+func TestExplainLimitsOfARealServer(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.WithPGSetting("max_wal_senders = 1"), testenv.WithPGSetting("max_replication_slots = 1"))
+	ctx := context.Background()
+	conf := Config{DSN: pg.DSN()}
+	replicate := func() (*pgconn.PgConn, error) {
+		cfg, err := conf.ReplicationConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pgconn.ConnectConfig(ctx, cfg)
+	}
+	first, err := replicate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := replicate()
+	if err == nil {
+		second.Close(ctx)
+		t.Fatal("a second replication connection with max_wal_senders = 1")
+	}
+	if err := Explain(err); errcode.Of(err) != errcode.PGLimit || !strings.Contains(err.Error(), "raise max_wal_senders") {
+		t.Errorf("second WAL sender: %v", err)
+	}
+	first.Close(ctx)
+	cdctest.WaitEvery(t, 10*time.Second, 50*time.Millisecond, "the WAL sender to end", func() (bool, string) {
+		c, err := replicate()
+		if err == nil {
+			c.Close(ctx)
+		}
+		return err == nil, fmt.Sprint(err)
+	})
+
+	pg.Exec(`SELECT pg_create_logical_replication_slot('one', 'pgoutput')`)
+	_, err = pg.Pool().Exec(ctx, `SELECT pg_create_logical_replication_slot('two', 'pgoutput')`)
+	if err := Explain(err); errcode.Of(err) != errcode.PGLimit || !strings.Contains(err.Error(), "raise max_replication_slots") {
+		t.Errorf("second slot: %v", err)
+	}
+	pg.Exec(`SELECT pg_drop_replication_slot('one')`)
+	pg.Exec(`SELECT pg_create_logical_replication_slot('two', 'pgoutput')`)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/internal/pointer"
 )
 
@@ -71,7 +72,7 @@ func CreateSlot(ctx context.Context, q queryer, name string, failover bool) (pgl
 		err = q.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, name).Scan(&lsn)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("create slot %s: %w", name, err)
+		return 0, pgconnect.Explain(fmt.Errorf("create slot %s: %w", name, err)) // pg_limit: every slot in use
 	}
 	return pglogrepl.ParseLSN(lsn)
 }

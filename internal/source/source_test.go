@@ -351,8 +351,9 @@ func (e *env) waitStatus(queue, name, want string) {
 
 // TestConnectionFailuresGetCodes: a source whose PostgreSQL does not answer reports
 // pg_unreachable with the address and stays in phase connecting (the server may come back: it
-// retries), while a database that does not exist is pg_database in phase error (the user must fix
-// it); both in the status `pgrelay status` reads.
+// retries), while a database that does not exist (pg_database) and a server whose every
+// replication slot is taken (pg_limit) put it in phase error (the user must act); each in the
+// status `pgrelay status` reads.
 func TestConnectionFailuresGetCodes(t *testing.T) {
 	e := newEnv(t)
 	closed := testenv.FreePort(t)
@@ -362,6 +363,11 @@ func TestConnectionFailuresGetCodes(t *testing.T) {
 	e.waitStatus("q", "gone", `"code":"pg_unreachable"`)
 	startStream(t, cdctest.Pipeline{Name: "nodb", DSN: e.pg.DatabaseDSN("nodb"), Tables: `[{table: t, queue: q}]`, Redis: e.rd.URL()}.YAML())
 	e.waitStatus("q", "nodb", `"phase":"error","error":"pg_database: database nodb does not exist`)
+	full := testenv.StartPostgres(t, testenv.WithPGSetting("max_replication_slots = 1"))
+	full.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	full.Exec(`SELECT pg_create_logical_replication_slot('other', 'pgoutput')`)
+	startStream(t, cdctest.Pipeline{Name: "noslot", DSN: full.DSN(), Tables: `[{table: t, queue: q}]`, Redis: e.rd.URL()}.YAML())
+	e.waitStatus("q", "noslot", `"phase":"error","error":"pg_limit: every replication slot PostgreSQL allows is in use (max_replication_slots)`)
 }
 
 func TestStartChecksFailWithCodes(t *testing.T) {
