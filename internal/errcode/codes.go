@@ -78,6 +78,8 @@ const (
 	// CA, does not name the host, or expired; the server speaks no TLS; or it wants a client
 	// certificate and got none it trusts.
 	RedisTLS Code = "redis_tls"
+	// RedisOOM means Redis refused a write at its memory limit (maxmemory, with noeviction).
+	RedisOOM Code = "redis_oom"
 )
 
 // Codes of pg_sink.

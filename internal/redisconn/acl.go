@@ -301,7 +301,8 @@ func (c Config) User() string {
 // Explain gives a connection error the user can fix its code and fix sentence (docs/errors.md):
 // redis_tls for a TLS handshake or certificate that failed, redis_unreachable for a server that
 // does not answer (refused, no such host, timed out, every Sentinel unreachable), redis_auth for a
-// user name and password refused (WRONGPASS) or a password missing (NOAUTH), and redis_acl, with
+// user name and password refused (WRONGPASS) or a password missing (NOAUTH), redis_oom for a write
+// refused at the memory limit, and redis_acl, with
 // the rule that fixes it, for a refusal for want of an ACL permission (NOPERM, or the same refusal
 // of a command inside a script). Any other error, and one already coded, comes back unchanged; the
 // cause stays wrapped.
@@ -319,6 +320,9 @@ func (c Config) Explain(err error) error {
 	case redis.HasErrorPrefix(err, "WRONGPASS"):
 		return errcode.Wrap(errcode.RedisAuth, err, "Redis refused the user name and password of user "+c.User(),
 			"set the password (and user) in url, e.g. redis://<user>:${REDIS_PASSWORD}@host:6379, to those of a user that is on (ACL SETUSER <user> on >password)")
+	case redis.HasErrorPrefix(err, "OOM"):
+		return errcode.Wrap(errcode.RedisOOM, err, "Redis is at its memory limit (maxmemory) and refuses writes; nothing was written",
+			"raise maxmemory, or keep less in Redis: let the consumers catch up and trim what every group has read (max_age or max_length on the redis_queue output)")
 	case redis.HasErrorPrefix(err, "NOAUTH"):
 		return errcode.Wrap(errcode.RedisAuth, err, "Redis wants a password and got none",
 			"set the password in url, e.g. redis://:${REDIS_PASSWORD}@host:6379 (with a user: redis://<user>:${REDIS_PASSWORD}@host:6379)")

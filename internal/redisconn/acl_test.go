@@ -361,3 +361,31 @@ func TestExplainTLSFailures(t *testing.T) {
 		t.Errorf("TLS to a plain port: %v", err)
 	}
 }
+
+// TestExplainOOM fills a Redis with a small memory limit and no eviction, as pgrelay requires,
+// until it refuses a write, and proves the refusal is redis_oom naming the fix.
+func TestExplainOOM(t *testing.T) {
+	r := testenv.StartRedis(t, "--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
+	ctx := context.Background()
+	rdb := r.Client()
+	big := strings.Repeat("x", 64<<10)
+	var err error
+	for i := 0; i < 1000 && err == nil; i++ {
+		err = rdb.Set(ctx, fmt.Sprintf("pgrelay:k%d", i), big, 0).Err()
+	}
+	if err = (Config{}).Explain(err); errcode.Of(err) != errcode.RedisOOM || !strings.Contains(err.Error(), "Fix: raise maxmemory") {
+		t.Errorf("a write at the memory limit: %v", err)
+	}
+	// inside MULTI, as the queue writer writes: the write is refused as it is queued, and the
+	// writer returns that reply
+	conn := rdb.Conn()
+	defer conn.Close()
+	if err := conn.Do(ctx, "multi").Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = conn.Do(ctx, "xadd", "pgrelay:{q}:s:0", "*", "d", big).Err()
+	conn.Do(ctx, "discard")
+	if err = (Config{}).Explain(err); errcode.Of(err) != errcode.RedisOOM {
+		t.Errorf("a write queued at the memory limit: %v", err)
+	}
+}
