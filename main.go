@@ -43,7 +43,7 @@ func main() {
 		service.CLIOptSetDocumentationURL("https://github.com/pgrelay/pgrelay/tree/main/docs"),
 	}
 	// pgrelay's own subcommands, next to Benthos' run, lint, echo, streams, list...
-	for _, c := range []*ucli.Command{cli.Status(), cli.Resync(), cli.Teardown(), cli.Queue()} {
+	for _, c := range []*ucli.Command{cli.Status(), cli.Check(), cli.Resync(), cli.Teardown(), cli.Queue()} {
 		opts = append(opts, service.CLIOptAddCommand(c))
 	}
 	// The collector's goal: the live heap plus a headroom, unless GOGC or GOMEMLIMIT says otherwise.

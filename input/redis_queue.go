@@ -211,27 +211,47 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 	return in, nil
 }
 
+// connect opens the input's client and runs its start checks (the Redis user's ACL, the memory
+// policy, the consumer's settings); the consumer is not started.
+func connect(ctx context.Context, conn redisconn.Config, conf queue.ConsumerConfig) (redis.UniversalClient, *queue.Consumer, error) {
+	rdb, err := conn.Client()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := conn.CheckACL(ctx, rdb, conf.Queue, redisconn.ConsumerUses...); err != nil {
+		_ = rdb.Close()
+		return nil, nil, err
+	}
+	if err := queue.CheckEviction(ctx, rdb); err != nil {
+		_ = rdb.Close()
+		return nil, nil, err
+	}
+	c, err := queue.NewConsumer(rdb, conf)
+	if err != nil {
+		_ = rdb.Close()
+		return nil, nil, err
+	}
+	return rdb, c, nil
+}
+
+// Check runs the input's start checks against its Redis and closes the connection (`pgrelay
+// check`); it creates no group and reads nothing.
+func (rc RedisQueueConfig) Check(ctx context.Context) error {
+	rdb, _, err := connect(ctx, rc.Conn, rc.Consumer)
+	if err != nil {
+		return rc.Conn.Explain(err)
+	}
+	return rdb.Close()
+}
+
 func (in *queueInput) Connect(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.consumer != nil {
 		return nil
 	}
-	rdb, err := in.conn.Client()
+	rdb, c, err := connect(ctx, in.conn, in.conf)
 	if err != nil {
-		return err
-	}
-	if err := in.conn.CheckACL(ctx, rdb, in.conf.Queue, redisconn.ConsumerUses...); err != nil {
-		_ = rdb.Close()
-		return err
-	}
-	if err := queue.CheckEviction(ctx, rdb); err != nil {
-		_ = rdb.Close()
-		return err
-	}
-	c, err := queue.NewConsumer(rdb, in.conf)
-	if err != nil {
-		_ = rdb.Close()
 		return err
 	}
 	if err := c.Start(ctx); err != nil {

@@ -321,26 +321,46 @@ func newQueueOutput(c RedisQueueConfig, mgr *service.Resources) *queueOutput {
 		trimmed:    m.NewCounter("redis_queue_entries_trimmed")}
 }
 
+// connect opens the output's client and runs its start checks: the Redis user's ACL, the memory
+// policy and, with durability aof, the server's AOF settings.
+func (c RedisQueueConfig) connect(ctx context.Context) (redis.UniversalClient, *queue.Writer, error) {
+	rdb, err := c.Conn.Client()
+	if err != nil {
+		return nil, nil, err
+	}
+	// With queues from the messages (pg_cdc's) the commands are checked without their keys; pg_cdc
+	// checks the keys of its queues.
+	static, _ := c.StaticQueue()
+	if err := c.Conn.CheckACL(ctx, rdb, static, c.aclUses()...); err != nil {
+		_ = rdb.Close()
+		return nil, nil, err
+	}
+	w := queue.NewWriter(rdb, c.writer)
+	if err := w.Connect(ctx); err != nil {
+		_ = rdb.Close()
+		return nil, nil, err
+	}
+	return rdb, w, nil
+}
+
+// Check runs the output's start checks against its Redis and closes the connection (`pgrelay
+// check`); it writes nothing.
+func (c RedisQueueConfig) Check(ctx context.Context) error {
+	rdb, _, err := c.connect(ctx)
+	if err != nil {
+		return c.Conn.Explain(err)
+	}
+	return rdb.Close()
+}
+
 func (o *queueOutput) Connect(ctx context.Context) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.writer != nil {
 		return nil
 	}
-	rdb, err := o.conf.Conn.Client()
+	rdb, w, err := o.conf.connect(ctx)
 	if err != nil {
-		return err
-	}
-	// With queues from the messages (pg_cdc's) the commands are checked without their keys; pg_cdc
-	// checks the keys of its queues.
-	static, _ := o.conf.StaticQueue()
-	if err := o.conf.Conn.CheckACL(ctx, rdb, static, o.conf.aclUses()...); err != nil {
-		_ = rdb.Close()
-		return err
-	}
-	w := queue.NewWriter(rdb, o.conf.writer)
-	if err := w.Connect(ctx); err != nil {
-		_ = rdb.Close()
 		return err
 	}
 	if o.conf.writer.Durability.AOF {

@@ -95,6 +95,27 @@ func NewApplier(ctx context.Context, pool *pgxpool.Pool, cfg Config, onRetry Ret
 	return a, nil
 }
 
+// Check runs NewApplier's checks and changes nothing (`pgrelay check`): the configuration, the
+// progress table (a missing one passes when create_progress_table lets the sink create it:
+// creates is then true), and the target table and its privileges, or in sql mode the statements.
+func Check(ctx context.Context, pool *pgxpool.Pool, cfg Config) (creates bool, err error) {
+	if err := cfg.Validate(); err != nil {
+		return false, err
+	}
+	prog, err := NewProgress(cfg.Name, cfg.ProgressTable)
+	if err != nil {
+		return false, err
+	}
+	if err := prog.Ensure(ctx, pool, false); err != nil {
+		if !errcode.Is(err, errcode.ProgressTableMissing) || !cfg.CreateProgressTable {
+			return false, err
+		}
+		creates = true
+	}
+	a := &Applier{pool: pool, cfg: cfg}
+	return creates, a.refresh(ctx)
+}
+
 // Target is the target table as last inspected (nil in sql mode).
 func (a *Applier) Target() *Target {
 	a.mu.Lock()

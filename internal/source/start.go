@@ -114,14 +114,17 @@ func (s *Source) session(ctx context.Context) error {
 // checkACL checks, on each of the source's queues, that its Redis user may run the commands of the
 // lease, the pointer and status keys and the queue writes (redis_acl naming the rules otherwise):
 // before the first lease attempt, so a standby replica reports a missing permission too.
-func (s *Source) checkACL(ctx context.Context) error {
+func (s *Source) checkACL(ctx context.Context) error { return checkACL(ctx, s.cfg, s.rdb) }
+
+// checkACL is Source.checkACL for cfg's queues over rdb.
+func checkACL(ctx context.Context, cfg Config, rdb redis.UniversalClient) error {
 	done := map[string]bool{}
-	for _, t := range s.cfg.Tables {
+	for _, t := range cfg.Tables {
 		if done[t.Queue] {
 			continue
 		}
 		done[t.Queue] = true
-		if err := s.cfg.Redis.CheckACL(ctx, s.rdb, t.Queue, redisconn.UseServer, redisconn.UseLease, redisconn.UseSource, redisconn.UseWrite); err != nil {
+		if err := cfg.Redis.CheckACL(ctx, rdb, t.Queue, redisconn.UseServer, redisconn.UseLease, redisconn.UseSource, redisconn.UseWrite); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,105 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// TestCheckRunsEveryStartCheckAndChangesNothing runs `pgrelay check` on the two pipelines of a
+// round trip (pg_cdc → redis_queue, redis_queue → pg_sink): against servers that are ready it
+// passes, exit status 0, every line ok; with a missing table, a Redis user missing a command, a
+// missing sink target and a Redis without AOF under `durability: aof`, it exits 1 naming each
+// failure by its code (text and --json). Neither run leaves anything behind: no publication, slot
+// or progress table in PostgreSQL, no key in Redis.
+func TestCheckRunsEveryStartCheckAndChangesNothing(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	rd := testenv.StartRedis(t)
+	noAOF := testenv.StartRedis(t, "--appendonly", "no")
+	pg.Exec(`CREATE TABLE orders (id int PRIMARY KEY, v text); CREATE TABLE orders_copy (id int PRIMARY KEY, v text)`)
+	rd.ACL("ACL SETUSER noxadd reset on >pw ~pgrelay:* +@all -xadd")
+	pipelines := func(table, target, sourceRedis, outputRedis string) string {
+		source := writeConfig(t, "source.yaml", fmt.Sprintf(`input:
+  pg_cdc:
+    name: shop
+    dsn: %s
+    tables: [{table: %s, queue: shop}]
+    redis: {url: %q}
+output:
+  redis_queue: {url: %q, durability: aof}
+`, pg.DSN(), table, sourceRedis, outputRedis))
+		sink := writeConfig(t, "sink.yaml", fmt.Sprintf(`input:
+  redis_queue: {url: %q, queue: shop, group: copy}
+output:
+  pg_sink: {name: copy, dsn: %q, table: %s, mode: cdc}
+`, rd.URL(), pg.DSN(), target))
+		return source + "\n" + sink
+	}
+	check := func(configs string, args ...string) (out string, code int) {
+		for _, cfg := range strings.Split(configs, "\n") {
+			cmd := exec.Command(testenv.Binary(t), append([]string{"check", "-c", cfg}, args...)...)
+			b, err := cmd.CombinedOutput()
+			out += string(b)
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = max(code, ee.ExitCode())
+			} else if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out, code
+	}
+
+	out, code := check(pipelines("orders", "orders_copy", rd.URL(), rd.URL()))
+	if code != 0 || strings.Contains(out, "FAIL") || strings.Count(out, "  ok  ") < 8 {
+		t.Fatalf("ready servers: exit %d\n%s", code, out)
+	}
+	for _, want := range []string{"table public.orders", "the replication connection", "pg_sink copy (cdc)", "is created at start"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks %q:\n%s", want, out)
+		}
+	}
+
+	broken := pipelines("nosuch", "nosuch_copy", rd.UserURL("noxadd", "pw"), noAOF.URL())
+	out, code = check(broken)
+	if code != 1 {
+		t.Errorf("broken servers: exit %d, want 1\n%s", code, out)
+	}
+	for _, want := range []string{"FAIL  table public.nosuch: tables[0] (public.nosuch): table_missing:", "redis_acl:", "ACL SETUSER noxadd +xadd",
+		"durability_aof:", "target_missing:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks %q:\n%s", want, out)
+		}
+	}
+	jsonOut, _ := check(strings.Split(broken, "\n")[1], "--json")
+	var results []struct {
+		Component, Check, Code string
+		OK                     bool
+	}
+	if err := json.Unmarshal([]byte(jsonOut), &results); err != nil {
+		t.Fatalf("--json: %v\n%s", err, jsonOut)
+	}
+	var codes []string
+	for _, r := range results {
+		if !r.OK {
+			codes = append(codes, r.Code)
+		}
+	}
+	if strings.Join(codes, ",") != "target_missing" {
+		t.Errorf("--json of the sink pipeline: failed codes %v\n%s", codes, jsonOut)
+	}
+
+	var pubs, slots, progress int
+	ctx := context.Background()
+	pg.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_publication), (SELECT count(*) FROM pg_replication_slots),
+		(SELECT count(*) FROM pg_class WHERE relname = 'sink_progress')`).Scan(&pubs, &slots, &progress)
+	keys := rd.Client().Keys(ctx, "*").Val()
+	if pubs+slots+progress != 0 || len(keys) != 0 {
+		t.Errorf("check left %d publications, %d slots, %d progress tables, Redis keys %v", pubs, slots, progress, keys)
+	}
+}
