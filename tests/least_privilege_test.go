@@ -219,6 +219,15 @@ func TestLeastPrivilegeEndToEnd(t *testing.T) {
 	if d := e.aclDenials(); len(d) > 0 {
 		t.Fatalf("Redis refused pgrelay's users: %v", d)
 	}
+	// The preflight passes as the components' own least-privilege role and users.
+	for _, conf := range []string{e.source, e.sink} {
+		if out, ok := e.cli("check", "-c", conf); !ok || strings.Contains(out, "FAIL") {
+			t.Errorf("pgrelay check -c %s as the least-privilege role and users:\n%s", conf, out)
+		}
+	}
+	if d := e.aclDenials(); len(d) > 0 {
+		t.Fatalf("Redis refused pgrelay check: %v", d)
+	}
 
 	// The read-only CLI user.
 	cliURL, opURL := e.rd.UserURL("pgrelay-cli", lpPassword), e.rd.UserURL("pgrelay-operator", lpPassword)
