@@ -211,9 +211,9 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 	return in, nil
 }
 
-// connect opens the input's client and runs its start checks (the Redis user's ACL, the memory
+// connectConsumer opens the input's client and runs its start checks (the Redis user's ACL, the memory
 // policy, the consumer's settings); the consumer is not started.
-func connect(ctx context.Context, conn redisconn.Config, conf queue.ConsumerConfig) (redis.UniversalClient, *queue.Consumer, error) {
+func connectConsumer(ctx context.Context, conn redisconn.Config, conf queue.ConsumerConfig) (redis.UniversalClient, *queue.Consumer, error) {
 	rdb, err := conn.Client()
 	if err != nil {
 		return nil, nil, err
@@ -237,7 +237,7 @@ func connect(ctx context.Context, conn redisconn.Config, conf queue.ConsumerConf
 // Check runs the input's start checks against its Redis and closes the connection (`pgrelay
 // check`); it creates no group and reads nothing.
 func (rc RedisQueueConfig) Check(ctx context.Context) error {
-	rdb, _, err := connect(ctx, rc.Conn, rc.Consumer)
+	rdb, _, err := connectConsumer(ctx, rc.Conn, rc.Consumer)
 	if err != nil {
 		return rc.Conn.Explain(err)
 	}
@@ -250,7 +250,7 @@ func (in *queueInput) Connect(ctx context.Context) error {
 	if in.consumer != nil {
 		return nil
 	}
-	rdb, c, err := connect(ctx, in.conn, in.conf)
+	rdb, c, err := connectConsumer(ctx, in.conn, in.conf)
 	if err != nil {
 		return err
 	}
