@@ -211,8 +211,8 @@ func newQueueInput(conf *service.ParsedConfig, mgr *service.Resources) (*queueIn
 	return in, nil
 }
 
-// connectConsumer opens the input's client and runs its start checks (the Redis user's ACL, the memory
-// policy, the consumer's settings); the consumer is not started.
+// connectConsumer opens the input's client and runs its start checks (the Redis user's ACL, the
+// memory policy, the consumer's settings); the consumer is not started.
 func connectConsumer(ctx context.Context, conn redisconn.Config, conf queue.ConsumerConfig) (redis.UniversalClient, *queue.Consumer, error) {
 	rdb, err := conn.Client()
 	if err != nil {
