@@ -15,8 +15,9 @@ import (
 // round trip (pg_cdc → redis_queue, redis_queue → pg_sink): against servers that are ready it
 // passes, exit status 0, every line ok; with a missing table, a Redis user missing a command, a
 // missing sink target and a Redis without AOF under `durability: aof`, it exits 1 naming each
-// failure by its code (text and --json). Neither run leaves anything behind: no publication, slot
-// or progress table in PostgreSQL, no key in Redis.
+// failure by its code (text and --json); in sql mode a statement PostgreSQL cannot prepare is
+// sql_statement. No run leaves anything behind: no publication, slot or progress table in
+// PostgreSQL, no key in Redis.
 func TestCheckRunsEveryStartCheckAndChangesNothing(t *testing.T) {
 	t.Parallel()
 	pg := testenv.StartPostgres(t)
@@ -92,6 +93,21 @@ output:
 	}
 	if strings.Join(codes, ",") != "target_missing" {
 		t.Errorf("--json of the sink pipeline: failed codes %v\n%s", codes, jsonOut)
+	}
+
+	// sql mode: the statements are prepared, so a typo is found before any message is read
+	sqlSink := func(statement string) string {
+		return writeConfig(t, "sql.yaml", fmt.Sprintf(`input:
+  redis_queue: {url: %q, queue: shop, group: sql}
+output:
+  pg_sink: {name: sql, dsn: %q, mode: sql, statement: %q, params: [$.id]}
+`, rd.URL(), pg.DSN(), statement))
+	}
+	if out, code := check(sqlSink(`UPDATE orders SET v = 'x' WHERE id = $1::int`)); code != 0 || !strings.Contains(out, "ok    PostgreSQL: the progress table, the statements") {
+		t.Errorf("sql mode, a good statement: exit %d\n%s", code, out)
+	}
+	if out, code := check(sqlSink(`UPDATE ordres SET v = 'x' WHERE id = $1::int`)); code != 1 || !strings.Contains(out, "sql_statement:") {
+		t.Errorf("sql mode, a typo: exit %d\n%s", code, out)
 	}
 
 	var pubs, slots, progress int
