@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -44,14 +45,8 @@ output:
 	}
 	check := func(configs string, args ...string) (out string, code int) {
 		for _, cfg := range strings.Split(configs, "\n") {
-			cmd := exec.Command(testenv.Binary(t), append([]string{"check", "-c", cfg}, args...)...)
-			b, err := cmd.CombinedOutput()
-			out += string(b)
-			if ee, ok := err.(*exec.ExitError); ok {
-				code = max(code, ee.ExitCode())
-			} else if err != nil {
-				t.Fatal(err)
-			}
+			o, c := runCheck(t, nil, cfg, args...)
+			out, code = out+o, max(code, c)
 		}
 		return out, code
 	}
@@ -118,4 +113,18 @@ output:
 	if pubs+slots+progress != 0 || len(keys) != 0 {
 		t.Errorf("check left %d publications, %d slots, %d progress tables, Redis keys %v", pubs, slots, progress, keys)
 	}
+}
+
+// runCheck runs `pgrelay check -c config` with env added and returns its output and exit status.
+func runCheck(t testing.TB, env []string, config string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(testenv.Binary(t), append([]string{"check", "-c", config}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return string(out), ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
 }

@@ -64,7 +64,11 @@ func (s *shop) env(db string) []string {
 
 func (s *shop) startSource() *testenv.Process {
 	return testenv.StartProcess(s.t, s.env("postgres"), testenv.Binary(s.t), "run", "-s", "http.enabled=false",
-		"-s", "input.pg_cdc.lease_ttl=3s", "-s", "input.pg_cdc.heartbeat=1s", filepath.Join(testenv.RepoRoot(), "config", "order_docs_source.yaml"))
+		"-s", "input.pg_cdc.lease_ttl=3s", "-s", "input.pg_cdc.heartbeat=1s", orderDocsSourceConfig())
+}
+
+func orderDocsSourceConfig() string {
+	return filepath.Join(testenv.RepoRoot(), "config", "order_docs_source.yaml")
 }
 
 // startProjection runs config/order_docs_projection.yaml into database db as sink (and group)
@@ -246,9 +250,15 @@ func TestOrderDocsProjection(t *testing.T) {
 	s := newShop(t)
 	s.pg.Exec(`INSERT INTO orders (customer, note) VALUES ('before the start', repeat('long note ', 400))`) // a snapshot row
 	s.pg.Exec(`INSERT INTO order_items VALUES (1, 1, 'SNAP-1', 2, 9.99)`)
+	s.readModel("live")
+	// the shipped configs pass the preflight against these servers before they first run
+	for _, cfg := range []string{orderDocsSourceConfig(), projectionConfig()} {
+		if out, code := runCheck(t, s.env("live"), cfg); code != 0 || strings.Contains(out, "FAIL") {
+			t.Errorf("pgrelay check -c %s: exit %d\n%s", filepath.Base(cfg), code, out)
+		}
+	}
 	s.startSource()
 	s.waitPointer()
-	s.readModel("live")
 	projection := s.startProjection("live", "order_docs")
 
 	// T1 writes first, T2 writes and commits, then T1 commits: T1's changes reach the queue after
