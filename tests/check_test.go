@@ -16,8 +16,9 @@ import (
 // round trip (pg_cdc → redis_queue, redis_queue → pg_sink): against servers that are ready it
 // passes, exit status 0, every line ok; with a missing table, a Redis user missing a command, a
 // missing sink target and a Redis without AOF under `durability: aof`, it exits 1 naming each
-// failure by its code (text and --json); in sql mode a statement PostgreSQL cannot prepare is
-// sql_statement. No run leaves anything behind: no publication, slot or progress table in
+// failure by its code (text and --json); a role that may not create the managed publication
+// fails on it (its statements tried in a transaction rolled back); in sql mode a statement
+// PostgreSQL cannot prepare is sql_statement. No run leaves anything behind: no publication, slot or progress table in
 // PostgreSQL, no key in Redis.
 func TestCheckRunsEveryStartCheckAndChangesNothing(t *testing.T) {
 	t.Parallel()
@@ -88,6 +89,23 @@ output:
 	}
 	if strings.Join(codes, ",") != "target_missing" {
 		t.Errorf("--json of the sink pipeline: failed codes %v\n%s", codes, jsonOut)
+	}
+
+	// a role that may read the table and replicate but not create the managed publication (no
+	// CREATE on the database, not the table's owner): the statements are tried and rolled back
+	pg.CreateRole("reader", "LOGIN REPLICATION", `GRANT SELECT ON orders TO %s`)
+	reader := writeConfig(t, "reader.yaml", fmt.Sprintf(`input:
+  pg_cdc:
+    name: reader
+    dsn: %s
+    tables: [{table: orders, queue: shop}]
+    redis: {url: %q}
+output:
+  drop: {}
+`, pg.UserDSN("reader", "postgres"), rd.URL()))
+	if out, code := runCheck(t, nil, reader); code != 1 || !strings.Contains(out, "FAIL  publications pgrelay_reader (managed") ||
+		!strings.Contains(out, "publication: not allowed to create or alter publication pgrelay_reader") {
+		t.Errorf("a role that may not create the publication: exit %d\n%s", code, out)
 	}
 
 	// sql mode: the statements are prepared, so a typo is found before any message is read

@@ -21,9 +21,9 @@ type Finding struct {
 // Preflight runs a source's start checks against its servers and changes nothing (`pgrelay
 // check`): the Redis user's ACL on every queue and Redis' memory policy; the PostgreSQL
 // connection, server settings and version; EXECUTE on the functions pg_cdc calls; each table
-// (refused ones with their codes); the publications when pg_cdc does not manage them (a managed
-// one is created or corrected at start); and the replication connection (the REPLICATION
-// attribute, a free WAL sender). The slot and the pointer are not checked: `pgrelay status` shows
+// (refused ones with their codes); the publications (their statements run in a transaction
+// rolled back, so a managed one shows whether the role may create or correct it); and the
+// replication connection (the REPLICATION attribute, a free WAL sender). The slot and the pointer are not checked: `pgrelay status` shows
 // them. A failure that stops the later checks (no connection) is the last finding.
 func Preflight(ctx context.Context, cfg Config) []Finding {
 	var out []Finding
@@ -74,14 +74,26 @@ func Preflight(ctx context.Context, cfg Config) []Finding {
 	for _, r := range refused {
 		add("table "+r.Table, r.Err)
 	}
+	what = "publications " + cfg.Publication + " (publication.manage: false: as they are)"
 	if cfg.ManagePublication {
-		add("publications "+cfg.Publication+" (managed: created or corrected at start)", nil)
-	} else {
-		_, err := EnsurePublications(ctx, pool, &cfg, tables, refused, version)
-		add("publications "+cfg.Publication+" (publication.manage: false)", err)
+		what = "publications " + cfg.Publication + " (managed: created or corrected in a transaction rolled back)"
 	}
+	add(what, publicationsCheck(ctx, pool, &cfg, tables, refused, version))
 	add("PostgreSQL: the replication connection", replicationCheck(ctx, cfg))
 	return out
+}
+
+// publicationsCheck runs the start's publication statements in a transaction it rolls back (DDL
+// is transactional in PostgreSQL): a managed publication is created or corrected with the role's
+// rights and then undone, an unmanaged one only read.
+func publicationsCheck(ctx context.Context, pool *pgxpool.Pool, cfg *Config, tables []TableInfo, refused []Refusal, version int) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // nothing of it may stay
+	_, err = EnsurePublications(ctx, tx, cfg, tables, refused, version)
+	return err
 }
 
 // replicationCheck opens the replication connection pg_cdc streams on and identifies the system.
