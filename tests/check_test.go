@@ -17,7 +17,8 @@ import (
 // passes, exit status 0, every line ok; with a missing table, a Redis user missing a command, a
 // missing sink target and a Redis without AOF under `durability: aof`, it exits 1 naming each
 // failure by its code (text and --json); a role that may not create the managed publication
-// fails on it (its statements tried in a transaction rolled back); in sql mode a statement
+// fails on it (its statements tried in a transaction rolled back), a sink into a read-only
+// database is pg_read_only; in sql mode a statement
 // PostgreSQL cannot prepare is sql_statement. No run leaves anything behind: no publication, slot or progress table in
 // PostgreSQL, no key in Redis.
 func TestCheckRunsEveryStartCheckAndChangesNothing(t *testing.T) {
@@ -106,6 +107,18 @@ output:
 	if out, code := runCheck(t, nil, reader); code != 1 || !strings.Contains(out, "FAIL  publications pgrelay_reader (managed") ||
 		!strings.Contains(out, "publication: not allowed to create or alter publication pgrelay_reader") {
 		t.Errorf("a role that may not create the publication: exit %d\n%s", code, out)
+	}
+
+	// a sink whose database takes no writes
+	pg.CreateDatabase("ro")
+	pg.Exec(`ALTER DATABASE ro SET default_transaction_read_only = on`)
+	roSink := writeConfig(t, "ro.yaml", fmt.Sprintf(`input:
+  redis_queue: {url: %q, queue: shop, group: ro}
+output:
+  pg_sink: {name: ro, dsn: %q, table: orders_copy, mode: upsert}
+`, rd.URL(), pg.DatabaseDSN("ro")))
+	if out, code := runCheck(t, nil, roSink); code != 1 || !strings.Contains(out, "pg_read_only:") {
+		t.Errorf("a sink into a read-only database: exit %d\n%s", code, out)
 	}
 
 	// sql mode: the statements are prepared, so a typo is found before any message is read

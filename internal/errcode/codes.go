@@ -204,6 +204,9 @@ const (
 	// PGLimit means PostgreSQL refused for want of a resource its configuration bounds: every WAL
 	// sender (max_wal_senders) or every replication slot (max_replication_slots) is in use.
 	PGLimit Code = "pg_limit"
+	// PGReadOnly means the server takes no writes: a standby (in recovery), or a session made
+	// read-only (default_transaction_read_only); pg_cdc and pg_sink need the primary.
+	PGReadOnly Code = "pg_read_only"
 	// Resync is informational: a session ended because `pgrelay resync` was requested.
 	Resync Code = "resync"
 )

@@ -3,6 +3,7 @@ package pgconnect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -17,7 +18,8 @@ import (
 // postgresql.conf or pg_hba.conf, or with a GRANT its code and fix sentence (docs/errors.md):
 // `pg_unreachable` for a server that does not answer (refused, no such host, timed out),
 // `pg_password` for a password refused or missing, `pg_database` for a database that does not
-// exist, `pg_limit` for every WAL sender or replication slot the server allows in use, `pg_tls` for
+// exist, `pg_limit` for every WAL sender or replication slot the server allows in use,
+// `pg_read_only` for a write refused by a standby or a read-only session, `pg_tls` for
 // a TLS handshake or certificate that failed, `pg_hba` for a connection pg_hba.conf turned away,
 // `pg_login` for a role without LOGIN or without CONNECT on the database, `source_privileges` for a
 // role without REPLICATION (a replication connection, or a slot function). The fixes name the role,
@@ -73,6 +75,8 @@ func Explain(err error) error {
 	case pe.Code == "53400" && strings.Contains(pe.Message, "replication slots"):
 		return errcode.Wrap(errcode.PGLimit, err, "every replication slot PostgreSQL allows is in use (max_replication_slots)",
 			"drop slots nothing reads (SELECT slot_name FROM pg_replication_slots WHERE NOT active; then pg_drop_replication_slot), or raise max_replication_slots in postgresql.conf and restart PostgreSQL")
+	case pe.Code == "25006":
+		return ReadOnly(err)
 	case pe.Code == "42501" || pe.Code == "28000" && strings.Contains(pe.Message, "not permitted to log in"):
 		return explainPrivilege(err, pe)
 	case pe.Code != "28000":
@@ -94,6 +98,29 @@ func Explain(err error) error {
 			"add a line to pg_hba.conf (and reload PostgreSQL), or connect as a user or to a database it allows")
 	}
 	return err
+}
+
+// CheckWritable returns pg_read_only when the session takes no writes: the server is a standby
+// (in recovery) or the session is read-only (default_transaction_read_only).
+func CheckWritable(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) error {
+	var standby bool
+	var readOnly string
+	if err := q.QueryRow(ctx, `SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only')`).Scan(&standby, &readOnly); err != nil {
+		return fmt.Errorf("read whether the server takes writes: %w", err)
+	}
+	if standby || readOnly == "on" {
+		return ReadOnly(fmt.Errorf("pg_is_in_recovery() %v, transaction_read_only %s", standby, readOnly))
+	}
+	return nil
+}
+
+// ReadOnly is the pg_read_only error of a server that takes no writes (err: what showed it, a
+// refused write (SQLSTATE 25006) or the session's settings).
+func ReadOnly(err error) error {
+	return errcode.Wrap(errcode.PGReadOnly, err, "PostgreSQL takes no writes here: a standby, or a session made read-only (default_transaction_read_only)",
+		"point dsn at the primary (with several hosts: target_session_attrs=read-write; on RDS and Aurora the writer or cluster endpoint, not a reader), or turn default_transaction_read_only off for the role or database")
 }
 
 // unreachable reports a connection attempt that reached no server: refused, no route, a host

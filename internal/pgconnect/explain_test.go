@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
@@ -289,4 +290,46 @@ func TestExplainLimitsOfARealServer(t *testing.T) {
 	}
 	pg.Exec(`SELECT pg_drop_replication_slot('one')`)
 	pg.Exec(`SELECT pg_create_logical_replication_slot('two', 'pgoutput')`)
+}
+
+// TestReadOnlyServers: a standby and a database whose sessions are read-only take no writes, and
+// both CheckWritable and Explain of a refused write say pg_read_only with the fix naming the
+// primary; the primary's own database passes.
+func TestReadOnlyServers(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	pg.CreateDatabase("ro")
+	pg.Exec(`ALTER DATABASE ro SET default_transaction_read_only = on`)
+	standby := testenv.StartStandby(t, pg)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name     string
+		dsn      string
+		readOnly bool
+	}{
+		{"primary", pg.DSN(), false},
+		{"read-only database", pg.DatabaseDSN("ro"), true},
+		{"standby", standby.DSN(), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := pgx.Connect(ctx, c.dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			err = CheckWritable(ctx, conn)
+			if !c.readOnly {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if errcode.Of(err) != errcode.PGReadOnly || !strings.Contains(err.Error(), "Fix: point dsn at the primary") {
+				t.Errorf("CheckWritable: %v", err)
+			}
+			_, err = conn.Exec(ctx, `CREATE TABLE t (id int)`)
+			if err := Explain(err); errcode.Of(err) != errcode.PGReadOnly {
+				t.Errorf("a refused write: %v", err)
+			}
+		})
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 )
 
 // Message is one queue message as the sink sees it (metadata of DESIGN §6 plus the payload).
@@ -73,7 +74,8 @@ type Applier struct {
 // statements were built for, so an ALTER TABLE (say, a new column) is seen within about a second.
 const shapeCheckInterval = time.Second
 
-// NewApplier checks the configuration, creates or checks the progress table and inspects the target.
+// NewApplier checks the configuration and that the server takes writes, creates or checks the
+// progress table and inspects the target.
 func NewApplier(ctx context.Context, pool *pgxpool.Pool, cfg Config, onRetry RetryHook) (*Applier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -86,6 +88,9 @@ func NewApplier(ctx context.Context, pool *pgxpool.Pool, cfg Config, onRetry Ret
 		onRetry = func(error, Class, time.Duration) {}
 	}
 	a := &Applier{pool: pool, cfg: cfg, progress: prog, onRetry: onRetry}
+	if err := pgconnect.CheckWritable(ctx, pool); err != nil {
+		return nil, err
+	}
 	if err := prog.Ensure(ctx, pool, cfg.CreateProgressTable); err != nil {
 		return nil, err
 	}
@@ -104,6 +109,9 @@ func Check(ctx context.Context, pool *pgxpool.Pool, cfg Config) (creates bool, e
 	}
 	prog, err := NewProgress(cfg.Name, cfg.ProgressTable)
 	if err != nil {
+		return false, err
+	}
+	if err := pgconnect.CheckWritable(ctx, pool); err != nil {
 		return false, err
 	}
 	if err := prog.Ensure(ctx, pool, false); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 )
 
 // Class is what the sink does about an error (DESIGN §7).
@@ -95,6 +96,8 @@ func environmentError(err error) error {
 		return errcode.Wrap(errcode.SinkError, err, "the sink cannot write", "see the cause; the sink retries until it succeeds")
 	}
 	switch {
+	case pgErr.Code == "25006":
+		return pgconnect.ReadOnly(err)
 	case pgErr.Code == "42P01":
 		return errcode.Wrap(errcode.TargetMissing, err, "the target table is gone", "recreate the table; the sink retries")
 	case pgErr.Code == "42501":

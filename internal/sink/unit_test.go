@@ -85,6 +85,26 @@ func TestParamCount(t *testing.T) {
 	}
 }
 
+// TestEnvironmentErrorCodes: an environment error gets the code that names its fix.
+func TestEnvironmentErrorCodes(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want errcode.Code
+	}{
+		{&pgconn.PgError{Code: "25006", Message: "cannot execute INSERT in a read-only transaction"}, errcode.PGReadOnly},
+		{&pgconn.PgError{Code: "42P01"}, errcode.TargetMissing},
+		{&pgconn.PgError{Code: "42501"}, errcode.TargetPrivileges},
+		{&pgconn.PgError{Code: "42703"}, errcode.TargetChanged},
+		{&pgconn.PgError{Code: "XX001"}, errcode.SinkError},
+		{errors.New("no SQLSTATE"), errcode.SinkError},
+		{errcode.New(errcode.TargetNoKey, "x", "y"), errcode.TargetNoKey},
+	} {
+		if got := errcode.Of(environmentError(c.err)); got != c.want {
+			t.Errorf("%v: %s, want %s", c.err, got, c.want)
+		}
+	}
+}
+
 func TestClassify(t *testing.T) {
 	cases := []struct {
 		err  error

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
+	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/resources"
 )
 
@@ -31,12 +32,16 @@ type queryer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// CheckServer refuses servers older than 14 or without wal_level=logical (failover slots need 17).
+// CheckServer refuses servers older than 14 or without wal_level=logical (failover slots need 17),
+// and a standby or a read-only session (pg_cdc writes its publication, slot and watermarks).
 func CheckServer(ctx context.Context, q queryer, failover bool) (int, error) {
 	var version int
 	var walLevel string
 	if err := q.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('wal_level')`).Scan(&version, &walLevel); err != nil {
 		return 0, fmt.Errorf("read server settings: %w", err)
+	}
+	if err := pgconnect.CheckWritable(ctx, q); err != nil {
+		return version, err
 	}
 	if version < 140000 {
 		return version, errcode.New(errcode.Version, fmt.Sprintf("PostgreSQL %d is too old: pg_cdc needs 14 or newer", version/10000),

@@ -351,9 +351,9 @@ func (e *env) waitStatus(queue, name, want string) {
 
 // TestConnectionFailuresGetCodes: a source whose PostgreSQL does not answer reports
 // pg_unreachable with the address and stays in phase connecting (the server may come back: it
-// retries), while a database that does not exist (pg_database) and a server whose every
-// replication slot is taken (pg_limit) put it in phase error (the user must act); each in the
-// status `pgrelay status` reads.
+// retries), while a database that does not exist (pg_database), a server whose every replication
+// slot is taken (pg_limit) and a standby (pg_read_only) put it in phase error (the user must act);
+// each in the status `pgrelay status` reads.
 func TestConnectionFailuresGetCodes(t *testing.T) {
 	e := newEnv(t)
 	closed := testenv.FreePort(t)
@@ -368,6 +368,9 @@ func TestConnectionFailuresGetCodes(t *testing.T) {
 	full.Exec(`SELECT pg_create_logical_replication_slot('other', 'pgoutput')`)
 	startStream(t, cdctest.Pipeline{Name: "noslot", DSN: full.DSN(), Tables: `[{table: t, queue: q}]`, Redis: e.rd.URL()}.YAML())
 	e.waitStatus("q", "noslot", `"phase":"error","error":"pg_limit: every replication slot PostgreSQL allows is in use (max_replication_slots)`)
+	standby := testenv.StartStandby(t, e.pg)
+	startStream(t, cdctest.Pipeline{Name: "replica", DSN: standby.DSN(), Tables: `[{table: t, queue: q}]`, Redis: e.rd.URL()}.YAML())
+	e.waitStatus("q", "replica", `"phase":"error","error":"pg_read_only: PostgreSQL takes no writes here: a standby`)
 }
 
 func TestStartChecksFailWithCodes(t *testing.T) {
