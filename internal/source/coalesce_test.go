@@ -222,7 +222,9 @@ func TestConnectionsAskForLargeReads(t *testing.T) {
 // for it, reads, and once what it read is queued the batch goes at once. Between turns a reader
 // waits for the next one (or for the bundler asking for data), not on a timer of its own.
 func TestReadTurns(t *testing.T) {
-	const linger = 40 * time.Millisecond
+	// The reader's turn comes linger/turnHeadStart before the fill time, the room a slow machine
+	// has; a batch further ahead than turnWaitMax gets no turn, so linger is at most that.
+	const linger = turnWaitMax
 	ss := testSession(10, pointer.New(1, "e", "s", "x", 100))
 	ss.src.cfg.LoadLinger = linger
 	ss.q = newItemQueue(10, 1<<20)
@@ -231,7 +233,7 @@ func TestReadTurns(t *testing.T) {
 	ss.coalesce = newReadCoalescer(&chunks{})
 	ss.coalesce.turn = ss.readTurn
 	ss.coalesce.setLoaded(true)
-	seed := func(now time.Time) { // 1,000 events/s: 40 per load_linger, under load
+	seed := func(now time.Time) { // 1,000 events/s: 100 per load_linger, under load
 		ss.lastCut = time.Time{}
 		for i := range 50 {
 			ss.measure(1, now.Add(time.Duration(i-50)*time.Millisecond))
