@@ -64,6 +64,13 @@ func Is(err error, code Code) bool {
 	return false
 }
 
+// Lasting reports whether err is coded with a code that is not Transient: a condition that lasts
+// until the user fixes it (a component reports it as an error, not as a lost connection).
+func Lasting(err error) bool {
+	code := Of(err)
+	return code != "" && !code.Transient()
+}
+
 // Of returns the code of the outermost coded error in err's chain, or "".
 func Of(err error) Code {
 	var e *Error

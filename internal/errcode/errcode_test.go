@@ -63,4 +63,10 @@ func TestTransient(t *testing.T) {
 			t.Errorf("%q.Transient() = %v, want %v", code, got, want)
 		}
 	}
+	for err, want := range map[error]bool{New(PGUnreachable, "x", ""): false, fmt.Errorf("start: %w", New(SlotLost, "x", "")): true,
+		errors.New("reset"): false, nil: false} {
+		if got := Lasting(err); got != want {
+			t.Errorf("Lasting(%v) = %v, want %v", err, got, want)
+		}
+	}
 }

@@ -639,7 +639,7 @@ func classify(err error) error {
 // isTransient reports whether a failed write may succeed when retried: connection trouble, a
 // server that is loading, failing over or busy, or a Cluster redirection left after following some. Coded (user-caused) errors never are.
 func isTransient(err error) bool {
-	if err == nil || errcode.Of(err) != "" && !errcode.Of(err).Transient() || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errcode.Lasting(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var rErr redis.Error

@@ -77,25 +77,13 @@ const shapeCheckInterval = time.Second
 // NewApplier checks the configuration and that the server takes writes, creates or checks the
 // progress table and inspects the target.
 func NewApplier(ctx context.Context, pool *pgxpool.Pool, cfg Config, onRetry RetryHook) (*Applier, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	prog, err := NewProgress(cfg.Name, cfg.ProgressTable)
+	a, _, err := start(ctx, pool, cfg, cfg.CreateProgressTable)
 	if err != nil {
 		return nil, err
 	}
-	if onRetry == nil {
-		onRetry = func(error, Class, time.Duration) {}
-	}
-	a := &Applier{pool: pool, cfg: cfg, progress: prog, onRetry: onRetry}
-	if err := pgconnect.CheckWritable(ctx, pool); err != nil {
-		return nil, err
-	}
-	if err := prog.Ensure(ctx, pool, cfg.CreateProgressTable); err != nil {
-		return nil, err
-	}
-	if err := a.refresh(ctx); err != nil {
-		return nil, err
+	a.onRetry = onRetry
+	if a.onRetry == nil {
+		a.onRetry = func(error, Class, time.Duration) {}
 	}
 	return a, nil
 }
@@ -104,24 +92,34 @@ func NewApplier(ctx context.Context, pool *pgxpool.Pool, cfg Config, onRetry Ret
 // progress table (a missing one passes when create_progress_table lets the sink create it:
 // creates is then true), and the target table and its privileges, or in sql mode the statements.
 func Check(ctx context.Context, pool *pgxpool.Pool, cfg Config) (creates bool, err error) {
+	_, creates, err = start(ctx, pool, cfg, false)
+	return creates, err
+}
+
+// start is NewApplier's checks, the progress table created only when create is true; creates
+// reports a missing progress table that the configuration lets the sink create.
+func start(ctx context.Context, pool *pgxpool.Pool, cfg Config, create bool) (a *Applier, creates bool, err error) {
 	if err := cfg.Validate(); err != nil {
-		return false, err
+		return nil, false, err
 	}
 	prog, err := NewProgress(cfg.Name, cfg.ProgressTable)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	if err := pgconnect.CheckWritable(ctx, pool); err != nil {
-		return false, err
+		return nil, false, err
 	}
-	if err := prog.Ensure(ctx, pool, false); err != nil {
+	if err := prog.Ensure(ctx, pool, create); err != nil {
 		if !errcode.Is(err, errcode.ProgressTableMissing) || !cfg.CreateProgressTable {
-			return false, err
+			return nil, false, err
 		}
 		creates = true
 	}
-	a := &Applier{pool: pool, cfg: cfg}
-	return creates, a.refresh(ctx)
+	a = &Applier{pool: pool, cfg: cfg, progress: prog}
+	if err := a.refresh(ctx); err != nil {
+		return nil, false, err
+	}
+	return a, creates, nil
 }
 
 // Target is the target table as last inspected (nil in sql mode).

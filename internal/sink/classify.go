@@ -46,8 +46,7 @@ func Classify(err error) Class {
 	if errors.As(err, &pgErr) {
 		return classifyCode(pgErr.Code)
 	}
-	var coded *errcode.Error
-	if errors.As(err, &coded) && !coded.Code.Transient() {
+	if errcode.Lasting(err) {
 		return Environment
 	}
 	// No SQLSTATE: a lost connection, a timeout, a refused dial: all transient.

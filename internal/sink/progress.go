@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
-	"github.com/pgrelay/pgrelay/internal/pgconnect"
 	"github.com/pgrelay/pgrelay/resources"
 )
 
@@ -133,9 +132,6 @@ func (p *Progress) create(ctx context.Context, pool *pgxpool.Pool, schemaExists 
 	}
 	r := pgx.Identifier{role}.Sanitize()
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "25006" {
-		return pgconnect.ReadOnly(err)
-	}
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		grant := "GRANT CREATE ON SCHEMA " + pgx.Identifier{p.schema}.Sanitize() + " TO " + r + " (pg_sink then creates the table)"
 		if !schemaExists {

@@ -260,7 +260,7 @@ func (s *Source) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		if !aclChecked {
 			err := s.checkACL(ctx)
-			if code := errcode.Of(err); code != "" && !code.Transient() {
+			if errcode.Lasting(err) {
 				s.setPhase(PhaseError, err)
 				s.log.Errorf("%v", err)
 				retry.Sleep(ctx, retry.Jitter(5*time.Second))
@@ -328,7 +328,7 @@ func (s *Source) own(ctx context.Context) {
 // user must fix, connecting for the rest (a lost connection, a server that does not answer), which
 // the next attempt may get past by itself.
 func failedPhase(err error) string {
-	if code := errcode.Of(err); code != "" && !code.Transient() {
+	if errcode.Lasting(err) {
 		return PhaseError
 	}
 	return PhaseConnecting
