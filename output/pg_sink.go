@@ -304,7 +304,7 @@ func (s *pgSink) Connect(ctx context.Context) error {
 	if err != nil {
 		err = pgconnect.Explain(err) // a TLS or pg_hba.conf refusal gets its code and fix
 		pool.Close()
-		s.countError(err, sink.Environment)
+		s.countError(err, sink.Classify(err)) // a server that does not answer is transient, not a pause
 		return err
 	}
 	s.pool, s.applier = pool, a

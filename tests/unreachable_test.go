@@ -1,0 +1,127 @@
+package tests
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/cdctest"
+	"github.com/pgrelay/pgrelay/internal/testenv"
+)
+
+// TestServersThatDoNotAnswerAreTransient runs the binary against servers that do not answer, and
+// reads what an operator sees: pg_cdc counts a PostgreSQL that does not answer as a transient error
+// (`pgrelay_source_errors{code="transient"}`, the alert rules' lost connection) and stays in phase
+// connecting; pg_sink counts it as `pg_sink_errors{class="transient",code="pg_unreachable"}` and is
+// not paused, while a database that does not exist pauses it (class environment, pg_sink_paused 1);
+// and the lines go-redis writes about a Redis that does not answer come out in Benthos' logfmt
+// with library=go-redis, not in go-redis's own format.
+func TestServersThatDoNotAnswerAreTransient(t *testing.T) {
+	rd := testenv.StartRedis(t)
+	pg := testenv.StartPostgres(t)
+	closedPG := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", testenv.FreePort(t))
+	ctx := t.Context()
+	scrape := func(port int) string {
+		body, err := testenv.HTTPGet(ctx, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), 10*time.Second)
+		if err != nil {
+			return ""
+		}
+		return body
+	}
+
+	// pg_cdc
+	srcPort := testenv.FreePort(t)
+	src := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", writeConfig(t, "source.yaml", cdctest.Pipeline{
+		Name: "gone", DSN: closedPG, Tables: `[{table: t, queue: q}]`, Redis: rd.URL(), LogLevel: "info",
+		Top: fmt.Sprintf("http: {address: \"127.0.0.1:%d\"}\nmetrics: {prometheus: {}}", srcPort)}.YAML()))
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "pg_cdc: a transient error, phase connecting", func() (bool, string) {
+		body := scrape(srcPort)
+		return hasSeries(body, "pgrelay_source_errors", `[1-9]\d*`, `code="transient"`, `source="gone"`) &&
+			hasSeries(body, "pgrelay_source_phase", "1", `phase="connecting"`, `source="gone"`), grepLines(body, "pgrelay_source_") + "\n" + lastBytes(src.Output(), 600)
+	})
+	if body := scrape(srcPort); strings.Contains(body, `code="pg_unreachable"`) {
+		t.Errorf("pg_unreachable counted under its own code, not as transient:\n%s", grepLines(body, "pgrelay_source_errors"))
+	}
+	if !strings.Contains(src.Output(), "pg_unreachable") {
+		t.Errorf("the log does not name pg_unreachable:\n%s", lastBytes(src.Output(), 1000))
+	}
+
+	// pg_sink: a server that does not answer, then a database that does not exist
+	for _, c := range []struct {
+		name, dsn, class, code string
+		paused                 bool
+	}{
+		{"down", closedPG, "transient", "pg_unreachable", false},
+		{"nodb", pg.DatabaseDSN("nodb"), "environment", "pg_database", true},
+	} {
+		port := testenv.FreePort(t)
+		p := startSinkPipeline(t, fmt.Sprintf(`http: {address: "127.0.0.1:%d"}
+metrics: {prometheus: {}}
+logger: {level: warn}
+input:
+  redis_queue: {url: %s, queue: q, group: %s}
+output:
+  pg_sink: {dsn: %q, name: %s, table: public.copy, mode: cdc}
+`, port, rd.URL(), c.name, c.dsn, c.name))
+		paused := func(body string) bool { return hasSeries(body, "pg_sink_paused", "1", `sink="`+c.name+`"`) }
+		cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "pg_sink "+c.name+": "+c.class+" "+c.code, func() (bool, string) {
+			body := scrape(port)
+			return hasSeries(body, "pg_sink_errors", `[1-9]\d*`, `sink="`+c.name+`"`, `class="`+c.class+`"`, `code="`+c.code+`"`) &&
+					paused(body) == c.paused,
+				grepLines(body, "pg_sink_") + "\n" + lastBytes(p.Output(), 600)
+		})
+		time.Sleep(2 * time.Second) // a further retry or two
+		if body := scrape(port); paused(body) != c.paused {
+			t.Errorf("pg_sink %s: paused %v, want %v:\n%s", c.name, !c.paused, c.paused, grepLines(body, "pg_sink_"))
+		}
+		p.Kill()
+	}
+
+	// go-redis's lines about a Redis that does not answer
+	closedRedis := fmt.Sprintf("redis://127.0.0.1:%d", testenv.FreePort(t))
+	out := startSinkPipeline(t, fmt.Sprintf(`http: {enabled: false}
+logger: {level: debug, format: logfmt}
+input:
+  generate: {mapping: 'root = "x"', interval: 100ms}
+output:
+  redis_queue: {url: %s, queue: q}
+`, closedRedis))
+	goRedis := regexp.MustCompile(`(?m)^time=\S+ level=debug msg=".*failed to dial.*" .*\blibrary=go-redis\b`)
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "a go-redis line in logfmt with library=go-redis, and the output's redis_unreachable", func() (bool, string) {
+		return goRedis.MatchString(out.Output()) && strings.Contains(out.Output(), "redis_unreachable"), lastBytes(out.Output(), 1500)
+	})
+	for _, l := range strings.Split(out.Output(), "\n") {
+		if strings.HasPrefix(l, "redis: ") {
+			t.Errorf("a line in go-redis's own format: %s", l)
+		}
+	}
+}
+
+// hasSeries reports whether the Prometheus text body has a sample of the metric name carrying every
+// one of labels (`k="v"`, among any others) whose value matches the regular expression value.
+func hasSeries(body, name, value string, labels ...string) bool {
+	v := regexp.MustCompile(`^(?:` + value + `)$`)
+next:
+	for _, l := range strings.Split(body, "\n") {
+		rest, ok := strings.CutPrefix(l, name+"{")
+		if !ok {
+			continue
+		}
+		end := strings.LastIndex(rest, "} ")
+		if end < 0 {
+			continue
+		}
+		set := "," + rest[:end] + ","
+		for _, want := range labels {
+			if !strings.Contains(set, ","+want+",") {
+				continue next
+			}
+		}
+		if v.MatchString(rest[end+2:]) {
+			return true
+		}
+	}
+	return false
+}
