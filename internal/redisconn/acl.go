@@ -314,6 +314,9 @@ func (c Config) Explain(err error) error {
 		return errcode.Wrap(errcode.RedisTLS, err, what, fix)
 	}
 	switch {
+	case unreachable(err) && c.Sentinel != nil && strings.Contains(err.Error(), allSentinelsDown):
+		return errcode.Wrap(errcode.RedisUnreachable, err, "no Redis Sentinel answers (of "+strings.Join(c.Sentinel.Addrs, ", ")+")",
+			"check "+FieldSentinel+"."+FieldSentinelAddresses+", that redis-sentinel runs and listens there (port in sentinel.conf) and that no firewall drops the connection; pgrelay keeps retrying")
 	case unreachable(err):
 		return errcode.Wrap(errcode.RedisUnreachable, err, "Redis does not answer"+dialedAt(err),
 			"check the host and port of url (or the Sentinel or Cluster addresses), that redis-server runs and listens there (bind and port in redis.conf) and that no firewall drops the connection; pgrelay keeps retrying")
@@ -338,6 +341,9 @@ func (c Config) Explain(err error) error {
 	return err
 }
 
+// allSentinelsDown is go-redis's error text when no Sentinel of a failover client answers.
+const allSentinelsDown = "all sentinels specified in configuration are unreachable"
+
 // unreachable reports a connection that reached no server: a dial refused, without a route or timed
 // out, a host name that does not resolve, or every Sentinel unreachable. An error of a connection
 // already open (a reset, a read timeout) is not.
@@ -348,7 +354,7 @@ func unreachable(err error) bool {
 	var op *net.OpError
 	var dns *net.DNSError
 	return errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial" ||
-		strings.Contains(err.Error(), "all sentinels specified in configuration are unreachable")
+		strings.Contains(err.Error(), allSentinelsDown)
 }
 
 // tlsProblem says what failed in a TLS handshake with Redis and how to fix it (ok false: err is no

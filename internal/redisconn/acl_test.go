@@ -298,6 +298,14 @@ func TestExplainConnectionFailures(t *testing.T) {
 			}
 		})
 	}
+	// every Sentinel of a failover client unreachable: go-redis says so without a dial error
+	gone := []string{fmt.Sprintf("127.0.0.1:%d", closed), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}
+	if err := connectCheck(t, Config{Sentinel: &Sentinel{MasterName: "main", Addrs: gone}, Prefix: "pgrelay"}); errcode.Of(err) != errcode.RedisUnreachable ||
+		!strings.Contains(err.Error(), "no Redis Sentinel answers (of "+strings.Join(gone, ", ")+")") || !strings.Contains(err.Error(), "Fix: check sentinel.addresses") {
+		t.Errorf("every Sentinel unreachable: %v", err)
+	} else {
+		t.Logf("%v", err)
+	}
 	conf := Config{URL: "redis://127.0.0.1:1", Prefix: "pgrelay"}
 	if err := conf.Explain(replyError("NOAUTH Authentication required.")); errcode.Of(err) != errcode.RedisAuth ||
 		!strings.Contains(err.Error(), "wants a password and got none") {
@@ -339,6 +347,8 @@ func TestExplainTLSFailures(t *testing.T) {
 		}), "set tls.root_cas_file"},
 		{"another host name", secure.Addr(), with(func(c *tls.Config) { c.ServerName = "db.example" }), "connect to a host name or IP address the certificate lists"},
 		{"no client certificate", secure.Addr(), with(func(c *tls.Config) { c.Certificates = nil }), "set tls.client_certs"},
+		// the server's certificate seen from a clock 50 years ahead: expired
+		{"expired", secure.Addr(), with(func(c *tls.Config) { c.Time = func() time.Time { return time.Now().AddDate(50, 0, 0) } }), "renew the server's certificate"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := connectCheck(t, Config{URL: "redis://" + c.addr, TLS: c.tls, Prefix: "pgrelay"})

@@ -37,16 +37,23 @@ func TestGoRedisLinesGoToTheComponentLogger(t *testing.T) {
 		t.Fatal("a ping to a closed port succeeded")
 	}
 	goRedisLog.Printf(context.Background(), "sentinel: new master=%q addr=%q", "m", "127.0.0.1:1")
+	// a Sentinel that does not answer (go-redis's text, with a real dial's error)
+	sentinel := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}, MaxRetries: -1})
+	defer sentinel.Close()
+	if err := sentinel.Ping(context.Background()).Err(); err == nil {
+		t.Fatal("a ping through a Sentinel on a closed port succeeded")
+	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	var dial, other bool
+	var dial, sentinelDial, other bool
 	for _, l := range lines {
 		if !strings.Contains(l, "library=go-redis") {
 			t.Errorf("without library=go-redis: %s", l)
 		}
 		dial = dial || strings.Contains(l, "level=DEBUG") && strings.Contains(l, "failed to dial")
+		sentinelDial = sentinelDial || strings.Contains(l, "level=DEBUG") && strings.Contains(l, "GetMasterAddrByName")
 		other = other || strings.Contains(l, "level=INFO") && strings.Contains(l, `sentinel: new master=\"m\"`)
 	}
-	if !dial || !other {
-		t.Errorf("want the failed dial at debug and the sentinel line at info, got:\n%s", out.String())
+	if !dial || !sentinelDial || !other {
+		t.Errorf("want the failed dials (a pool's, a Sentinel's) at debug and the sentinel line at info, got:\n%s", out.String())
 	}
 }
