@@ -25,7 +25,8 @@ const (
 	// always.
 	DurabilityAOF Code = "durability_aof"
 	// RedisConfig means a Redis connection cannot work: a URL that does not parse, `sentinel` without
-	// `master_name` or `addresses`, or `sentinel` together with `cluster_urls`.
+	// `master_name` or `addresses`, or `sentinel` together with `cluster_urls`, a database other than
+	// 0 in `cluster_urls`; or, on connecting, a database the server does not have.
 	RedisConfig Code = "redis_config"
 	// RedisEviction means Redis may evict pgrelay's keys (a memory limit with a policy other than
 	// noeviction), or the Redis user may not run INFO.

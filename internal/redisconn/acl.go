@@ -320,6 +320,12 @@ func (c Config) Explain(err error) error {
 	case unreachable(err):
 		return errcode.Wrap(errcode.RedisUnreachable, err, "Redis does not answer"+dialedAt(err),
 			"check the host and port of url (or the Sentinel or Cluster addresses), that redis-server runs and listens there (bind and port in redis.conf) and that no firewall drops the connection; pgrelay keeps retrying")
+	case strings.Contains(err.Error(), "ERR DB index is out of range"):
+		return errcode.Wrap(errcode.RedisConfig, err, fmt.Sprintf("Redis has no database %d (url's path)", c.database()),
+			"use a database number below the server's databases setting (16 by default) in url, e.g. redis://host:6379/0, or raise databases in redis.conf")
+	case strings.Contains(err.Error(), "ERR SELECT is not allowed in cluster mode"):
+		return errcode.Wrap(errcode.RedisConfig, err, fmt.Sprintf("url names database %d of a Redis Cluster node; a cluster has database 0 only", c.database()),
+			"list the cluster's nodes in cluster_urls without a database (redis://host:6379)")
 	case redis.HasErrorPrefix(err, "WRONGPASS"):
 		return errcode.Wrap(errcode.RedisAuth, err, "Redis refused the user name and password of user "+c.User(),
 			"set the password (and user) in url, e.g. redis://<user>:${REDIS_PASSWORD}@host:6379, to those of a user that is on (ACL SETUSER <user> on >password)")
@@ -339,6 +345,14 @@ func (c Config) Explain(err error) error {
 		return c.aclError(err, cmds, false)
 	}
 	return err
+}
+
+// database is the database number url names (0 when none, or when url does not parse).
+func (c Config) database() int {
+	if o, err := redis.ParseURL(c.URL); err == nil {
+		return o.DB
+	}
+	return 0
 }
 
 // allSentinelsDown is go-redis's error text when no Sentinel of a failover client answers.

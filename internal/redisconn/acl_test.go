@@ -306,6 +306,16 @@ func TestExplainConnectionFailures(t *testing.T) {
 	} else {
 		t.Logf("%v", err)
 	}
+	// a database the server does not have, and a database of a cluster node
+	if err := connectCheck(t, Config{URL: r.URL() + "/99", Prefix: "pgrelay"}); errcode.Of(err) != errcode.RedisConfig ||
+		!strings.Contains(err.Error(), "Redis has no database 99") || !strings.Contains(err.Error(), "Fix: use a database number below") {
+		t.Errorf("database 99: %v", err)
+	}
+	node := testenv.StartRedis(t, "--cluster-enabled", "yes")
+	if err := connectCheck(t, Config{URL: node.URL() + "/2", Prefix: "pgrelay"}); errcode.Of(err) != errcode.RedisConfig ||
+		!strings.Contains(err.Error(), "a cluster has database 0 only") || !strings.Contains(err.Error(), "Fix: list the cluster's nodes in cluster_urls") {
+		t.Errorf("database 2 of a cluster node: %v", err)
+	}
 	conf := Config{URL: "redis://127.0.0.1:1", Prefix: "pgrelay"}
 	if err := conf.Explain(replyError("NOAUTH Authentication required.")); errcode.Of(err) != errcode.RedisAuth ||
 		!strings.Contains(err.Error(), "wants a password and got none") {

@@ -155,8 +155,13 @@ func (c Config) Validate() error {
 		urls = []string{c.URL}
 	}
 	for _, u := range urls {
-		if _, err := redis.ParseURL(u); err != nil {
-			return configError(fmt.Sprintf("redis url %q: %v", redact(u), redactErr(err, u)), "use redis://host:port or rediss://host:port")
+		o, err := redis.ParseURL(u)
+		if err == nil && len(c.ClusterURLs) > 0 && o.DB != 0 {
+			return configError(fmt.Sprintf("cluster_urls entry %q names database %d; a Redis Cluster has database 0 only", redact(u), o.DB),
+				"list the nodes without a database path (redis://host:6379)")
+		}
+		if err != nil {
+			return configError(fmt.Sprintf("redis url %q: %v", redact(u), redactErr(err, u)), "use redis://host:port or rediss://host:port, with a database number as the path if not 0 (redis://host:6379/2) and a password in ${ENV} (redis://user:${REDIS_PASSWORD}@host:6379)")
 		}
 	}
 	return nil

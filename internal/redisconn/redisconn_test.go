@@ -100,6 +100,8 @@ sentinel: {master_name: m, addresses: [h:1]}
 		{"sentinel with no addresses", `sentinel: {master_name: m, addresses: []}`, nil, errcode.RedisConfig},
 		{"sentinel address without port", `sentinel: {master_name: m, addresses: [h]}`, nil, errcode.RedisConfig},
 		{"bad url", `url: http://h:1`, nil, errcode.RedisConfig},
+		{"a database", `url: redis://h:1/3`, func(c Config) bool { return c.database() == 3 }, ""},
+		{"cluster node with a database", `cluster_urls: [redis://a:1, redis://b:2/3]`, nil, errcode.RedisConfig},
 	}
 	spec := service.NewConfigSpec().Fields(Fields()...)
 	env := service.NewEmptyEnvironment()
