@@ -225,7 +225,7 @@ func PgSinkConfigFromParsed(conf *service.ParsedConfig) (PgSinkConfig, error) {
 	c.maxConns = c.MaxInFlight + 1
 	c.Conn.ApplicationName = "pgrelay-sink-" + c.Sink.Name
 	if err := c.Conn.Validate(); err != nil {
-		return c, errcode.New(errcode.SinkConfig, err.Error(), "correct the connection fields (dsn, host, port, tls)")
+		return c, err // pg_config, naming the field and the fix
 	}
 	return c, c.Sink.Validate()
 }

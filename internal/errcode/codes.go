@@ -188,6 +188,10 @@ const (
 	SlotFailover Code = "slot_failover"
 	// ClusterSlot means that on Redis Cluster the source's queues hash to different slots.
 	ClusterSlot Code = "cluster_slot"
+	// PGConfig means PostgreSQL connection fields that cannot work: a dsn that does not parse (or
+	// none and no host), a tls.mode PostgreSQL does not know, TLS files without the mode that reads
+	// them, a client certificate without its key, a port out of range.
+	PGConfig Code = "pg_config"
 	// PGTLS means TLS to PostgreSQL failed (certificate, host name, expiry, or no TLS on the server).
 	PGTLS Code = "pg_tls"
 	// PGHBA means pg_hba.conf turned the connection away.

@@ -5,7 +5,6 @@
 package pgconnect
 
 import (
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/confread"
 	"github.com/pgrelay/pgrelay/internal/convert"
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/rawio"
 	"github.com/pgrelay/pgrelay/internal/speclint"
 )
@@ -114,7 +114,8 @@ func Parse(conf *service.ParsedConfig) (Config, error) {
 	return c, r.Err()
 }
 
-// Validate checks the fields; the error starts with the field's path.
+// Validate checks the fields; the error (code pg_config) starts with the field's path and names
+// the fix.
 func (c Config) Validate() error {
 	known := false
 	for _, m := range TLSModes {
@@ -122,21 +123,26 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case !known:
-		return fmt.Errorf("%s.%s: %q is not one of %s", FieldTLS, FieldTLSMode, c.TLSMode, strings.Join(TLSModes[1:], ", "))
+		return configError(fmt.Sprintf("%s.%s: %q is not one of %s", FieldTLS, FieldTLSMode, c.TLSMode, strings.Join(TLSModes[1:], ", ")),
+			"set "+FieldTLS+"."+FieldTLSMode+" to one of them (libpq's sslmode), or leave it empty to keep the dsn's")
 	case c.RootCAFile != "" && c.TLSMode != tlsModeVerifyCA && c.TLSMode != tlsModeVerifyFull:
-		return errors.New(msgRootCANeedsMode)
+		return configError(msgRootCANeedsMode, "set "+FieldTLS+"."+FieldTLSMode+" to "+tlsModeVerifyFull+" (or "+tlsModeVerifyCA+") so the CA is used")
 	case (c.CertFile == "") != (c.KeyFile == ""):
-		return errors.New(msgCertAndKey)
+		return configError(msgCertAndKey, "set both "+FieldTLS+"."+FieldTLSClientCert+" and "+FieldTLS+"."+FieldTLSClientKey+", or neither")
 	case c.DSN == "" && c.Host == "":
-		return errors.New(msgDSNOrHost)
+		return configError(msgDSNOrHost, "for example "+FieldDSN+": postgres://pgrelay:${PGPASSWORD}@127.0.0.1:5432/app")
 	case c.Port < 0 || c.Port > MaxPort:
-		return fmt.Errorf("%s: %d is not in 0-%d", FieldPort, c.Port, MaxPort)
+		return configError(fmt.Sprintf("%s: %d is not in 0-%d", FieldPort, c.Port, MaxPort), "set "+FieldPort+" to the server's port (5432 by default), or 0 to keep the dsn's")
 	}
 	if _, err := c.ConnConfig(); err != nil {
-		return fmt.Errorf("%s: %v", FieldDSN, err)
+		return configError(fmt.Sprintf("%s: %v", FieldDSN, err),
+			"write "+FieldDSN+" as a URL (postgres://user@host:5432/database?sslmode=require) or as key=value pairs (host=h port=5432 user=u dbname=app), with the password in ${ENV}")
 	}
 	return nil
 }
+
+// configError is a pg_config error: msg starts with the field's path.
+func configError(msg, fix string) error { return errcode.New(errcode.PGConfig, msg, fix) }
 
 // ConnConfig builds a query connection's config with the session settings of DESIGN §2.
 func (c Config) ConnConfig() (*pgconn.Config, error) {

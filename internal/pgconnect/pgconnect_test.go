@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/rawio"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -141,8 +142,8 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 	for _, c := range cases {
 		err := c.c.Validate()
-		if err == nil || !strings.HasPrefix(err.Error(), c.path) {
-			t.Errorf("%+v: error %v, want prefix %q", c.c, err, c.path)
+		if !errcode.Is(err, errcode.PGConfig) || !strings.HasPrefix(err.Error(), "pg_config: "+c.path) || !strings.Contains(err.Error(), ". Fix: ") {
+			t.Errorf("%+v: error %v, want pg_config, the field %q and a fix", c.c, err, c.path)
 		}
 	}
 	if err := (Config{Host: "127.0.0.1"}).Validate(); err != nil {

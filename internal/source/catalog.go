@@ -88,6 +88,20 @@ func LoadTables(ctx context.Context, q queryer, tables []Table, version int) (ok
 	return ok, refused, nil
 }
 
+// otherCase names a table whose schema and name differ from t's in letter case only ("" when none,
+// or when the catalog cannot be read): the usual reason a configured table is not found.
+func otherCase(ctx context.Context, q queryer, t Table) string {
+	var schema, name string
+	err := q.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE lower(n.nspname) = lower($1) AND lower(c.relname) = lower($2) AND c.relkind IN ('r', 'p')
+		ORDER BY n.nspname = $1 DESC, c.relname LIMIT 1`, t.Schema, t.Name).Scan(&schema, &name)
+	if err != nil {
+		return ""
+	}
+	return Table{Schema: schema, Name: name}.Full()
+}
+
 func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo, error) {
 	ti := TableInfo{Table: t}
 	var kind, ident, role string
@@ -97,6 +111,10 @@ func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo,
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
 		t.Schema, t.Name).Scan(&ti.OID, &ident, &kind, &role, &usage, &sel)
 	if errors.Is(err, pgx.ErrNoRows) {
+		if other := otherCase(ctx, q, t); other != "" {
+			return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist, but "+other+" does",
+				"names are case-sensitive and taken as written: set tables[].table to "+other)
+		}
 		return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist", "create it, or fix tables[].table")
 	}
 	if err != nil {

@@ -11,7 +11,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
-// TestLoadTablesChecksColumnLists: a table's columns list is put in table order and refused
+// TestLoadTablesChecksColumnLists: a table that does not exist is refused (table_missing), naming
+// the one that differs only in letter case if there is one. A table's columns list is put in table order and refused
 // (column_list) when it cannot be a publication column list: before PostgreSQL 15, a listed
 // column missing or generated, a key or partition_by column left out, REPLICA IDENTITY FULL on a
 // table that is not append-only. SELECT on the listed columns is enough; without it on one of
@@ -38,6 +39,8 @@ func TestLoadTablesChecksColumnLists(t *testing.T) {
 		want  string       // the error's text contains it, or the loaded list joined by ","
 	}{
 		{"whole table", table("t"), "", ""},
+		{"no such table", table("nosuch"), errcode.TableMissing, "table public.nosuch does not exist. Fix: create it"},
+		{"another letter case", table("T"), errcode.TableMissing, "table public.T does not exist, but public.t does. Fix: names are case-sensitive and taken as written: set tables[].table to public.t"},
 		{"put in table order", table("t", "v", "id"), "", "id,v"},
 		{"key column left out", table("t", "v"), errcode.ColumnList, "key column id is not listed"},
 		{"missing column", table("t", "id", "nope"), errcode.ColumnList, "column nope does not exist"},
