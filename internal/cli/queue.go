@@ -104,6 +104,19 @@ type env struct {
 	out    io.Writer
 }
 
+// queueUsage says what is wrong with a queue subcommand's arguments. Flags are read only before the
+// queue name, so flags after it come back as arguments: the message shows them moved.
+func queueUsage(cmd string, args []string) string {
+	usage := fmt.Sprintf("usage: pgrelay queue %s [flags] <queue>", cmd)
+	if len(args) > 1 && strings.HasPrefix(args[1], "-") {
+		return fmt.Sprintf("flags go before the queue name: pgrelay queue %s %s %s (%s)", cmd, strings.Join(args[1:], " "), args[0], usage)
+	}
+	if len(args) > 1 {
+		return fmt.Sprintf("one queue name only, got %d arguments (%s)", len(args), usage)
+	}
+	return usage
+}
+
 func run(c *cli.Context, fn func(context.Context, *env) error) error {
 	conn, err := flagConn(c)
 	if err != nil {
@@ -124,7 +137,7 @@ func run(c *cli.Context, fn func(context.Context, *env) error) error {
 		}
 	}
 	if name == "" || c.NArg() > 1 {
-		return cli.Exit(fmt.Sprintf("usage: pgrelay queue %s [flags] <queue>", c.Command.Name), 2)
+		return cli.Exit(queueUsage(c.Command.Name, c.Args().Slice()), 2)
 	}
 	if err := conn.Validate(); err != nil {
 		return cli.Exit(err.Error(), 2)
