@@ -69,10 +69,7 @@ const (
 func PgCDCSpec() *service.ConfigSpec {
 	tablePath := func(f string) string { return pcFieldTables + "[]." + f }
 	envPath := func(f string) string { return pcFieldEnvelopes + "[]." + f }
-	queueRule := func(path string) string {
-		return fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}") { [%q] }`,
-			source.MaxQueueBytes, fmt.Sprintf("%s must be 1-%d bytes without { or }", path, source.MaxQueueBytes))
-	}
+	queueRule := func(path string) string { return speclint.QueueName(path, source.MaxQueueBytes, false) }
 	return service.NewConfigSpec().
 		Beta().
 		Version("0.1.0").

@@ -65,8 +65,7 @@ Metadata: `+"`queue`, `partition`, `message_id`, `transaction_id`"+` (strings), 
 		Fields(redisconn.Fields()...).
 		Fields(
 			service.NewStringField(rqiFieldQueue).Description(fmt.Sprintf("Queue to consume (1-%d bytes, no `{` or `}`).", queue.MaxQueueNameBytes)).Example("orders").
-				LintRule(fmt.Sprintf(`root = if this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}") { [%q] }`,
-					queue.MaxQueueNameBytes, fmt.Sprintf("%s must be 1-%d bytes without { or }", rqiFieldQueue, queue.MaxQueueNameBytes))),
+				LintRule(speclint.QueueName(rqiFieldQueue, queue.MaxQueueNameBytes, false)),
 			service.NewStringField(rqiFieldGroup).Description("Consumer group: one per pipeline; every replica of the pipeline uses the same name.").Example("orders_sink").
 				LintRule(fmt.Sprintf(`root = if this == "" || this.contains(":") || this.contains("{") || this.contains("}") { [%q] }`, rqiFieldGroup+" must be non-empty without ':', '{' or '}'")),
 			service.NewStringEnumField(rqiFieldStartFrom, rqiStartEarliest, rqiStartLatest).

@@ -75,7 +75,8 @@ is retried and may repeat messages (same ids).`).
 		Fields(
 			service.NewInterpolatedStringField(rqoFieldQueue).
 				Description(fmt.Sprintf("Queue name (1-%d bytes, no `{` or `}`).", queue.MaxQueueNameBytes)).
-				Default(`${! meta("queue") }`).Example("orders"),
+				Default(`${! meta("queue") }`).Example("orders").
+				LintRule(speclint.QueueName(rqoFieldQueue, queue.MaxQueueNameBytes, true)),
 			service.NewInterpolatedStringField(rqoFieldPartition).
 				Description("Partition: messages of one partition go to one shard and are read back in the order written.").
 				Default(`${! meta("partition") }`).Example(`${! json("customer_id") }`),
@@ -202,6 +203,11 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (c RedisQueueConfig,
 	}
 	if c.queueField, err = newFieldReader(conf, rqoFieldQueue); err != nil {
 		return c, err
+	}
+	if q, static := c.StaticQueue(); static {
+		if err := queue.ValidQueueName(q); err != nil {
+			return c, err
+		}
 	}
 	if c.partitionField, err = newFieldReader(conf, rqoFieldPartition); err != nil {
 		return c, err

@@ -63,6 +63,17 @@ func Match(field, pattern string, optional bool) string {
 	return fmt.Sprintf(`root = if %s { [%q] }`, cond, fmt.Sprintf("%s must match %s", field, pattern))
 }
 
+// QueueName refuses a queue name that cannot be one: empty, longer than max bytes, or with `{` or
+// `}` (its keys' hash tag). For an interpolated field only a value without interpolations is
+// checked; one with them is checked per message when it is written.
+func QueueName(field string, max int, interpolated bool) string {
+	cond := fmt.Sprintf(`this.length() < 1 || this.length() > %d || this.contains("{") || this.contains("}")`, max)
+	if interpolated {
+		cond = `!this.contains("${!") && (` + cond + `)`
+	}
+	return fmt.Sprintf(`root = if %s { [%q] }`, cond, fmt.Sprintf("%s must be 1-%d bytes without { or }", field, max))
+}
+
 // Rule joins checks into one component-wide lint mapping: every check that yields a message is
 // reported.
 func Rule(checks ...string) string {
@@ -102,14 +113,16 @@ func RedisURLChecks(path string) []string {
 		}
 		return path + "." + f
 	}
-	ok := func(expr string) string {
-		return expr + `.parse_url().catch({"scheme": ""}).(u -> u.scheme == "unix" || (["redis", "rediss"].contains(u.scheme) && u.path.or("").re_match("^(/[0-9]*)?$")))`
+	okWithDB := func(expr, db string) string {
+		return expr + `.parse_url().catch({"scheme": ""}).(u -> u.scheme == "unix" || (["redis", "rediss"].contains(u.scheme) && u.path.or("").re_match("^(/` + db + `)?$")))`
 	}
+	ok := func(expr string) string { return okWithDB(expr, "[0-9]*") }
+	nodeOK := func(expr string) string { return okWithDB(expr, "0?") } // a cluster has database 0 only
 	cluster := fmt.Sprintf(`%s.%s.or([])`, at, redisconn.FieldClusterURLs)
 	return []string{
 		Check(fmt.Sprintf(`%s.length() == 0 && !%s`, cluster, ok(fmt.Sprintf(`%s.%s.or("redis://")`, at, redisconn.FieldURL))),
 			field(redisconn.FieldURL)+" must be redis://host:port[/db], rediss://host:port[/db] or unix:///path"),
-		Check(fmt.Sprintf(`%s.any(x -> !%s)`, cluster, ok("x")),
-			field(redisconn.FieldClusterURLs)+" must list redis://host:port or rediss://host:port URLs"),
+		Check(fmt.Sprintf(`%s.any(x -> !%s)`, cluster, nodeOK("x")),
+			field(redisconn.FieldClusterURLs)+" must list redis://host:port or rediss://host:port URLs, without a database (a cluster has database 0 only)"),
 	}
 }

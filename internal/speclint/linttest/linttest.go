@@ -170,6 +170,8 @@ func RedisConnCases(under string) []Case {
 		{Name: "rediss url", Set: set("{url: 'rediss://127.0.0.1:6380/1'}")},
 		{Name: "redis cluster url scheme", Set: set("{cluster_urls: ['http://127.0.0.1:7000']}"), Refused: "redis url", Lint: path + "cluster_urls must list"},
 		{Name: "redis cluster url port", Set: set("{cluster_urls: ['redis://127.0.0.1:port']}"), Refused: "redis url", Lint: path + "cluster_urls must list"},
+		{Name: "redis cluster url database", Set: set("{cluster_urls: ['redis://127.0.0.1:7000/2']}"), Refused: "names database 2", Lint: path + "cluster_urls must list"},
+		{Name: "redis cluster url database 0", Set: set("{cluster_urls: ['redis://127.0.0.1:7000/0', 'redis://127.0.0.1:7001/']}")},
 		{Name: "redis url ignored for a cluster", Set: set("{url: 'http://x', cluster_urls: ['redis://127.0.0.1:7000']}")},
 		{Name: "a redis CA file that is not there", Set: set("{tls: {enabled: true, root_cas_file: /nonexistent/ca.pem}}"), Refused: "no such file", Unlintable: FileMissing},
 	}
