@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/jsonscan"
 )
 
@@ -73,6 +74,29 @@ func (a appendMode) plan(ops []op) ([]stmt, error) {
 	return a.w.insertStmts(rows, false), nil
 }
 
+// looksLikeChangeEvent reports whether payload is an object with a change event's op, table and
+// key or after (DESIGN §2) where t has no such columns: a stream of change events sent to a mode
+// that reads rows.
+func looksLikeChangeEvent(payload []byte, t *Target) bool {
+	r, err := decodeObject(payload)
+	if err != nil {
+		return false
+	}
+	_, hasOp := r["op"]
+	_, hasTable := r["table"]
+	_, hasKey := r["key"]
+	_, hasAfter := r["after"]
+	if !hasOp || !hasTable || !hasKey && !hasAfter {
+		return false
+	}
+	for _, c := range t.Columns {
+		if c.Name == "op" || c.Name == "after" {
+			return false
+		}
+	}
+	return true
+}
+
 // upsertMode inserts or updates on the key; repeated keys go in rounds (see folder).
 type upsertMode struct{ w *writer }
 
@@ -82,6 +106,11 @@ func (u upsertMode) decode(m *Message, buf *rowBuf) (op, error) {
 		return op{}, err
 	}
 	if !hasKey {
+		if looksLikeChangeEvent(m.Payload, u.w.t) {
+			return op{}, errcode.New(errcode.BadPayload,
+				fmt.Sprintf("payload has no non-null value for key column(s) %v: it is a change event (op, table, key, after), not a row", u.w.t.Key),
+				"set mode: cdc to apply change events such as pg_cdc writes; the input dead-letters this message after max_attempts")
+		}
 		return op{}, badPayload("payload has no non-null value for key column(s) %v", u.w.t.Key)
 	}
 	return op{msg: m, kind: opWrite, vals: vals, key: key, mapped: true}, nil
@@ -223,7 +252,8 @@ func (c cdcMode) decode(m *Message, _ *rowBuf) (op, error) {
 	case "m":
 		return op{msg: m, kind: opNone}, nil
 	case "":
-		return op{}, badPayload("change event has no op (DESIGN §2 needs op, table, key, after, ...)")
+		return op{}, errcode.New(errcode.BadPayload, "change event has no op (DESIGN §2 needs op, table, key, after, ...)",
+			"if the queue holds rows rather than change events, set mode: upsert (or append); else fix the producer. The input dead-letters this message after max_attempts")
 	}
 	return op{}, badPayload("unknown change event op %q (expected c, r, u, d, t or m)", ev.Op)
 }

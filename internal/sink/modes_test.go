@@ -304,3 +304,40 @@ func TestUpsertEmptyStringKey(t *testing.T) {
 		})
 	}
 }
+
+// TestModeMismatchHints: change events (DESIGN §2) sent to upsert have no key column at the top
+// level; the refusal says they are change events and names mode cdc, while a row without its key,
+// and an event-shaped payload for a table with an op column, keep the plain one. A row sent to cdc
+// has no op; its refusal names mode upsert.
+func TestModeMismatchHints(t *testing.T) {
+	f := startPG(t)
+	rowsTable, opTable := f.name("rows"), f.name("ops")
+	f.exec(t, `CREATE TABLE `+rowsTable+` (id int PRIMARY KEY, v text)`)
+	f.exec(t, `CREATE TABLE `+opTable+` (id int PRIMARY KEY, op text, "table" text, after jsonb)`)
+	event := `{"op":"c","table":"public.x","key":{"id":1},"after":{"id":1,"v":"x"},"before":null,"lsn":"0/1","ts":"2026-10-03T06:15:03.583036Z","seq":0}`
+	for _, c := range []struct {
+		table, payload string
+		cdcHint        bool
+	}{
+		{rowsTable, event, true},
+		{rowsTable, `{"op":"d","table":"public.t","key":{"id":1}}`, true},
+		{rowsTable, `{"v":"no key"}`, false},
+		{opTable, `{"op":"c","table":"public.t","after":{"id":1}}`, false},
+	} {
+		a := f.applier(t, Config{Table: c.table, Mode: ModeUpsert})
+		res := write(t, a, msg("q", 0, 1, c.payload))
+		err := res.Errs[0]
+		if res.Outcomes[0] != Failed || !errcode.Is(err, errcode.BadPayload) || !strings.Contains(err.Error(), "no non-null value for key") {
+			t.Fatalf("%s: %v %v, want bad_payload", c.payload, res.Outcomes, err)
+		}
+		if hint := strings.Contains(err.Error(), "it is a change event") && strings.Contains(err.Error(), "Fix: set mode: cdc"); hint != c.cdcHint {
+			t.Errorf("%s: %v, want the cdc hint %v", c.payload, err, c.cdcHint)
+		}
+	}
+	a := f.applier(t, Config{Table: rowsTable, Mode: ModeCDC})
+	res := write(t, a, msg("q", 0, 1, `{"id":1,"v":"a row"}`))
+	if err := res.Errs[0]; res.Outcomes[0] != Failed || !errcode.Is(err, errcode.BadPayload) ||
+		!strings.Contains(err.Error(), "Fix: if the queue holds rows rather than change events, set mode: upsert") {
+		t.Errorf("a row in mode cdc: %v %v", res.Outcomes, err)
+	}
+}
