@@ -10,6 +10,12 @@ func SetProgressEvery(d time.Duration) time.Duration {
 	return time.Duration(progressEvery.Swap(int64(d)))
 }
 
+// SetStatusRefresh sets how often a replica writes its status entry again, for a test; it returns
+// the old value.
+func SetStatusRefresh(d time.Duration) time.Duration {
+	return time.Duration(statusRefresh.Swap(int64(d)))
+}
+
 // PublicationSummary describes the named publications that exist, each as
 // "insert,update,delete,truncate:tables" (t/f flags, table names sorted).
 func PublicationSummary(ctx context.Context, q queryer, names ...string) (map[string]string, error) {

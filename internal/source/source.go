@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -149,6 +150,62 @@ func (s *Source) Start() {
 		defer close(s.done)
 		s.run(ctx)
 	}()
+	go s.refreshStatus(ctx)
+}
+
+// statusRefresh is how often a replica writes its status entry again although nothing changed, so
+// a replica that stays in one phase (streaming for weeks) keeps its entry, and the hash, from
+// expiring; statusKeep is how long an entry not written again stays (a stopped or vanished
+// replica's), and the hash after its last write.
+var statusRefresh atomic.Int64
+
+const statusKeep = 24 * time.Hour
+
+func init() { statusRefresh.Store(int64(time.Hour)) }
+
+// refreshStatus writes this replica's status entry every statusRefresh and drops the entries of
+// replicas that wrote none for statusKeep, until ctx ends.
+func (s *Source) refreshStatus(ctx context.Context) {
+	t := time.NewTicker(time.Duration(statusRefresh.Load()))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		phase, err := s.Phase()
+		s.publishStatus(phase, err)
+		s.pruneStatus(ctx, time.Now().Add(-statusKeep))
+	}
+}
+
+// pruneStatus deletes the status entries of other replicas last written before cutoff (or that
+// cannot be read).
+func (s *Source) pruneStatus(ctx context.Context, cutoff time.Time) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	all, err := s.rdb.HGetAll(ctx, s.keys.Status).Result()
+	if err != nil {
+		return
+	}
+	var old []string
+	for owner, raw := range all {
+		var st ReplicaStatus
+		if owner == s.owner {
+			continue
+		}
+		at, perr := time.Time{}, json.Unmarshal([]byte(raw), &st)
+		if perr == nil {
+			at, perr = time.Parse(time.RFC3339, st.At)
+		}
+		if perr != nil || at.Before(cutoff) {
+			old = append(old, owner)
+		}
+	}
+	if len(old) > 0 {
+		s.rdb.HDel(ctx, s.keys.Status, old...)
+	}
 }
 
 // Close stops streaming after the batch in flight (Benthos calls it once acks are done), writes
@@ -250,7 +307,7 @@ func (s *Source) publishStatus(phase string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	s.rdb.HSet(ctx, s.keys.Status, s.owner, v)
-	s.rdb.PExpire(ctx, s.keys.Status, 24*time.Hour)
+	s.rdb.PExpire(ctx, s.keys.Status, statusKeep)
 }
 
 // run is the ownership loop: take the lease (standby meanwhile), stream while holding it, and

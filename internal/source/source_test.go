@@ -19,6 +19,7 @@ import (
 	_ "github.com/pgrelay/pgrelay/input"
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/source"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 	_ "github.com/pgrelay/pgrelay/output"
 	"github.com/pgrelay/pgrelay/resources"
@@ -347,6 +348,47 @@ func TestReplicaIdentityFullUsingIndexPartitionColumnsAndTruncate(t *testing.T) 
 func (e *env) waitStatus(queue, name, want string) {
 	e.t.Helper()
 	cdctest.WaitStatus(e.t, 30*time.Second, e.rd.Client(), queue, name, want)
+}
+
+// TestStatusEntriesRefreshedAndPruned: a replica that stays in one phase writes its status entry
+// again (a later `at`) so neither its entry nor the hash expires while it runs (the hash's TTL is
+// set again to a day), and the entries of replicas that wrote none for a day, or that cannot be
+// read, are dropped; a recent entry of another replica stays.
+func TestStatusEntriesRefreshedAndPruned(t *testing.T) {
+	old := source.SetStatusRefresh(300 * time.Millisecond)
+	defer source.SetStatusRefresh(old)
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE st (id int PRIMARY KEY)`)
+	key := cdctest.SourceKey("q", "st", "status")
+	rdb := e.rd.Client()
+	stale := fmt.Sprintf(`{"phase":"stopped","error":"","code":"","at":%q}`, time.Now().Add(-25*time.Hour).UTC().Format(time.RFC3339))
+	recent := fmt.Sprintf(`{"phase":"stopped","error":"","code":"","at":%q}`, time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))
+	rdb.HSet(e.ctx, key, "gone:1:00000000", stale, "recent:2:00000000", recent, "garbled:3:00000000", "not json")
+	stop := e.run("st", `[{table: st, queue: q}]`, "")
+	defer stop()
+	e.waitStatus("q", "st", `"phase":"streaming"`)
+	ownAt := func() (string, string) {
+		all, _ := rdb.HGetAll(e.ctx, key).Result()
+		for owner, v := range all {
+			var st source.ReplicaStatus
+			if json.Unmarshal([]byte(v), &st) == nil && st.Phase == source.PhaseStreaming {
+				return owner, st.At
+			}
+		}
+		return "", ""
+	}
+	owner, first := ownAt()
+	rdb.PExpire(e.ctx, key, time.Minute) // as if the last write were a day ago, less a minute
+	cdctest.Wait(t, 10*time.Second, "the entry written again, the stale ones dropped", func() (bool, string) {
+		o, at := ownAt()
+		all, _ := rdb.HGetAll(e.ctx, key).Result()
+		ttl, _ := rdb.PTTL(e.ctx, key).Result()
+		_, hasGone := all["gone:1:00000000"]
+		_, hasGarbled := all["garbled:3:00000000"]
+		_, hasRecent := all["recent:2:00000000"]
+		return o == owner && at > first && !hasGone && !hasGarbled && hasRecent && ttl > 23*time.Hour,
+			fmt.Sprintf("owner %s at %s (first %s), ttl %v, entries %v", o, at, first, ttl, all)
+	})
 }
 
 // TestConnectionFailuresGetCodes: a source whose PostgreSQL does not answer reports
