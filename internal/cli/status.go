@@ -127,8 +127,12 @@ func printSource(w io.Writer, st *source.Status, asJSON bool) error {
 	for _, r := range st.RefusedTables {
 		fmt.Fprintf(w, "  refused:     %s: %s\n", r.Table, r.Error)
 	}
-	fmt.Fprintf(w, "  slot:        %s exists=%v active_pid=%d confirmed_flush=%s wal_status=%s lag_bytes=%d\n",
-		st.Slot, st.SlotExists, st.SlotActivePID, orNone(st.ConfirmedFlush), orNone(st.WALStatus), st.SlotLagBytes)
+	if st.SlotUnread {
+		fmt.Fprintf(w, "  slot:        %s not read (PostgreSQL: below)\n", st.Slot)
+	} else {
+		fmt.Fprintf(w, "  slot:        %s exists=%v active_pid=%d confirmed_flush=%s wal_status=%s lag_bytes=%d\n",
+			st.Slot, st.SlotExists, st.SlotActivePID, orNone(st.ConfirmedFlush), orNone(st.WALStatus), st.SlotLagBytes)
+	}
 	if st.InsertPublication != "" {
 		fmt.Fprintf(w, "  publication: %s, %s (append-only tables: insert, truncate)\n", st.Publication, st.InsertPublication)
 	} else {

@@ -37,6 +37,17 @@ func TestPrintSourceStatus(t *testing.T) {
 			t.Errorf("text lacks %q:\n%s", want, text.String())
 		}
 	}
+	// PostgreSQL not reached: the slot is not said to be missing
+	unread := *st
+	unread.SlotExists, unread.SlotUnread, unread.PostgresProblem = false, true, "pg_unreachable: PostgreSQL does not answer at 127.0.0.1:1"
+	var down bytes.Buffer
+	if err := printSource(&down, &unread, false); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(down.String(), "  slot:        pgrelay_bench not read (PostgreSQL: below)\n") || strings.Contains(down.String(), "exists=false") ||
+		!strings.Contains(down.String(), "  postgres:    pg_unreachable:") {
+		t.Errorf("PostgreSQL not reached:\n%s", down.String())
+	}
 	var js bytes.Buffer
 	if err := printSource(&js, st, true); err != nil {
 		t.Fatal(err)

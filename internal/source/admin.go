@@ -43,6 +43,9 @@ type Status struct {
 	Publication       string                     `json:"publication"`
 	InsertPublication string                     `json:"insert_publication,omitempty"` // with append-only tables
 	PostgresProblem   string                     `json:"postgres_error,omitempty"`
+	// SlotUnread: PostgreSQL could not be read, so the slot fields say nothing (PostgresProblem
+	// says why).
+	SlotUnread bool `json:"-"`
 	Snapshot          *SnapshotProgress          `json:"snapshot,omitempty"`
 
 	// The owner's phase and last error code (from its entry in Replicas).
@@ -103,12 +106,13 @@ func ReadStatus(ctx context.Context, cfg Config) (*Status, error) {
 	}
 	pool, err := connectPool(ctx, cfg)
 	if err != nil {
-		st.PostgresProblem = pgconnect.Explain(err).Error()
+		st.PostgresProblem, st.SlotUnread = pgconnect.Explain(err).Error(), true
 		return st, nil
 	}
 	defer pool.Close()
 	if err := st.readSlot(ctx, pool, cfg, ptr); err != nil {
 		st.PostgresProblem = pgconnect.Explain(err).Error()
+		st.SlotUnread = !st.SlotExists
 	}
 	if err := st.readSnapshot(ctx, pool, ptr, own.Snapshot); err != nil && st.PostgresProblem == "" {
 		st.PostgresProblem = pgconnect.Explain(err).Error()
