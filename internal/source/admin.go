@@ -45,8 +45,8 @@ type Status struct {
 	PostgresProblem   string                     `json:"postgres_error,omitempty"`
 	// SlotUnread: PostgreSQL could not be read, so the slot fields say nothing (PostgresProblem
 	// says why).
-	SlotUnread bool `json:"-"`
-	Snapshot          *SnapshotProgress          `json:"snapshot,omitempty"`
+	SlotUnread bool              `json:"-"`
+	Snapshot   *SnapshotProgress `json:"snapshot,omitempty"`
 
 	// The owner's phase and last error code (from its entry in Replicas).
 	Phase     string       `json:"phase,omitempty"`
