@@ -23,9 +23,9 @@ import (
 // a TLS handshake or certificate that failed, `pg_hba` for a connection pg_hba.conf turned away,
 // `pg_login` for a role without LOGIN or without CONNECT on the database, `source_privileges` for a
 // role without REPLICATION (a replication connection, or a slot function). The fixes name the role,
-// database or address of the failed connection (never its password). Any other error, and one
-// already coded, comes back unchanged; the cause stays wrapped, so errors.As still finds pgx's
-// errors.
+// database or address of the failed connection (never its password). An error already coded
+// comes back unchanged, any other with its text on one line (oneLine); the cause stays wrapped, so
+// errors.As still finds pgx's errors.
 //
 // An expired or otherwise refused client certificate is known by the server's TLS alert; under TLS
 // 1.3 a connection reset sometimes arrives before it, and that plain reset stays uncoded (the next
@@ -34,6 +34,7 @@ func Explain(err error) error {
 	if err == nil || errcode.Of(err) != "" {
 		return err
 	}
+	err = oneLine(err)
 	tlsErr := func(msg, fix string) error { return errcode.Wrap(errcode.PGTLS, err, msg, fix) }
 	var pe *pgconn.PgError
 	text := err.Error()
@@ -179,3 +180,32 @@ func explainPrivilege(err error, pe *pgconn.PgError) error {
 	}
 	return err
 }
+
+// oneLine wraps err so that its text is one line: pgx reports a connect that tried several ways
+// (TLS, then without it, with sslmode prefer; several hosts) as one line per attempt after a colon,
+// often the same twice. The attempts are joined with "; ", each told once. An error of one line
+// comes back as it is; errors.As and errors.Is see through the wrapper.
+func oneLine(err error) error {
+	text := err.Error()
+	head, rest, ok := strings.Cut(text, "\n")
+	if !ok {
+		return err
+	}
+	seen := map[string]bool{}
+	var parts []string
+	for _, l := range strings.Split(rest, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !seen[l] {
+			seen[l] = true
+			parts = append(parts, l)
+		}
+	}
+	return flatError{err: err, text: strings.TrimSuffix(strings.TrimSpace(head), ":") + ": " + strings.Join(parts, "; ")}
+}
+
+type flatError struct {
+	err  error
+	text string
+}
+
+func (f flatError) Error() string { return f.text }
+func (f flatError) Unwrap() error { return f.err }

@@ -204,6 +204,8 @@ func TestExplainConnectionFailuresOfARealServer(t *testing.T) {
 		{"right", good, "", ""},
 		{"nothing listens", with(func(c *Config) { c.Port = closed }), errcode.PGUnreachable, fmt.Sprintf("does not answer at 127.0.0.1:%d", closed)},
 		{"no such host", with(func(c *Config) { c.Host = "no-such-host.invalid" }), errcode.PGUnreachable, "does not answer at no-such-host.invalid:"},
+		// TLS first, then without (pgx: one line per attempt): one line, the refusal told once
+		{"nothing listens, tls prefer", with(func(c *Config) { c.Port, c.TLSMode = closed, "prefer" }), errcode.PGUnreachable, fmt.Sprintf("does not answer at 127.0.0.1:%d", closed)},
 		{"wrong password", with(func(c *Config) { c.Password = "wrong-one" }), errcode.PGPassword, "refused the password of role pw"},
 		{"no password", with(func(c *Config) { c.Password = "" }), errcode.PGPassword, "password: ${PGPASSWORD}"},
 		{"no such database", with(func(c *Config) { c.Database = "nodb" }), errcode.PGDatabase, `CREATE DATABASE "nodb"`},
@@ -226,6 +228,8 @@ func TestExplainConnectionFailuresOfARealServer(t *testing.T) {
 				t.Errorf("got %v, want code %s and %q", err, c.code, c.want)
 			case strings.Contains(err.Error(), "-one"):
 				t.Errorf("the password is in %v", err)
+			case strings.Contains(err.Error(), "\n") || strings.Count(err.Error(), "connection refused") > 1:
+				t.Errorf("not one line, or a repeated attempt: %q", err)
 			default:
 				t.Logf("%v", err)
 			}
