@@ -115,7 +115,7 @@ func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo,
 			return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist, but "+other+" does",
 				"names are case-sensitive and taken as written: set tables[].table to "+other)
 		}
-		return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist", "create it, or fix tables[].table")
+		return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist", "create it, or correct its name in tables[].table (or remove its entry if it was dropped)")
 	}
 	if err != nil {
 		return ti, fmt.Errorf("read pg_class: %w", err)
