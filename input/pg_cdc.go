@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -477,10 +478,17 @@ type pgCDC struct {
 	meta    bool // metadata: set the metadata keys on every message
 }
 
+// Connect starts the source and returns once it streams, snapshots or stands by for another
+// replica, so Benthos' /ready answers 503 until then. While it cannot (PostgreSQL or Redis does
+// not answer, a start check fails) it returns the source's last error every connectReport, which
+// Benthos logs before it calls Connect again; the source keeps retrying on its own meanwhile.
 func (p *pgCDC) Connect(ctx context.Context) error {
 	p.once.Do(p.src.Start)
-	return nil
+	return p.src.WaitReady(ctx, connectReport)
 }
+
+// connectReport is how long Connect waits for a ready source before it returns its error.
+const connectReport = 30 * time.Second
 
 func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
 	b, err := p.src.Next(ctx, p.prepare)

@@ -2,12 +2,15 @@ package tests
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
+	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -124,4 +127,66 @@ next:
 		}
 	}
 	return false
+}
+
+// TestReadyFollowsTheSource: Benthos' /ready answers 503 while pg_cdc cannot start (here its
+// database does not exist yet), and 200 once it streams, the input shown as not connected until
+// then; a second replica of the same source, standing by, is ready too; and what was written
+// after the start reaches the queue.
+func TestReadyFollowsTheSource(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	rd := testenv.StartRedis(t)
+	ctx := t.Context()
+	pipeline := func(port int) string {
+		return writeConfig(t, fmt.Sprintf("r%d.yaml", port), cdctest.Pipeline{Name: "later", DSN: pg.DatabaseDSN("later"), Tables: `[{table: t, queue: q}]`,
+			Redis: rd.URL(), Durability: "aof", LogLevel: "info", Top: fmt.Sprintf("http: {address: \"127.0.0.1:%d\"}", port)}.YAML())
+	}
+	ready := func(port int) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/ready", port), nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	port := testenv.FreePort(t)
+	first := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", pipeline(port))
+	cdctest.WaitEvery(t, 30*time.Second, 100*time.Millisecond, "the HTTP server", func() (bool, string) {
+		code, body := ready(port)
+		return code != 0, body
+	})
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if code, body := ready(port); code != 503 || !strings.Contains(body, `"path":"input","connected":false`) {
+			t.Fatalf("/ready %d %s while the database does not exist, want 503 with the input not connected", code, body)
+		}
+	}
+	pg.Exec(`CREATE DATABASE later`)
+	later := cdctest.Conn(t, pg.DatabaseDSN("later"))
+	if _, err := later.Exec(ctx, `CREATE TABLE t (id int PRIMARY KEY, v text)`); err != nil {
+		t.Fatal(err)
+	}
+	cdctest.WaitEvery(t, 90*time.Second, 200*time.Millisecond, "/ready 200 once pg_cdc streams", func() (bool, string) {
+		code, body := ready(port)
+		return code == 200, fmt.Sprintf("%d %s\n%s", code, body, lastBytes(first.Output(), 800))
+	})
+	standbyPort := testenv.FreePort(t)
+	standby := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", pipeline(standbyPort))
+	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "/ready 200 on the replica standing by", func() (bool, string) {
+		code, body := ready(standbyPort)
+		return code == 200, fmt.Sprintf("%d %s\n%s", code, body, lastBytes(standby.Output(), 800))
+	})
+	cdctest.WaitStatus(t, 10*time.Second, rd.Client(), "q", "later", `"phase":"standby"`)
+	if _, err := later.Exec(ctx, `INSERT INTO t VALUES (1, 'a'), (2, 'b')`); err != nil {
+		t.Fatal(err)
+	}
+	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "the rows in the queue", func() (bool, string) {
+		entries, err := oracle.ReadQueue(ctx, rd.Client(), "pgrelay", "q")
+		if err != nil {
+			return false, err.Error()
+		}
+		res := oracle.Replay(entries)
+		return len(res.Tables["public.t"]) == 2 && len(res.Problems) == 0, fmt.Sprintf("%d entries, %v", len(entries), res.Problems)
+	})
 }

@@ -31,6 +31,41 @@ const (
 	PhaseStopped        = "stopped"
 )
 
+// ReadyPhase reports whether a replica in phase p works as it should: streaming, snapshotting,
+// standing by for the replica that owns the source, or waiting for the slot an earlier owner's
+// connection still holds. Connecting (its last attempt failed or none finished) and error are not.
+func ReadyPhase(p string) bool {
+	switch p {
+	case PhaseStreaming, PhaseSnapshot, PhaseStandby, PhaseWaitingForSlot:
+		return true
+	}
+	return false
+}
+
+// WaitReady blocks until the source reaches a ready phase (ReadyPhase: nil), ctx ends (its error),
+// or max passes: then the phase's last error, or an error naming the phase when it has none.
+func (s *Source) WaitReady(ctx context.Context, max time.Duration) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.Now().Add(max)
+	for {
+		phase, err := s.Phase()
+		switch {
+		case ReadyPhase(phase):
+			return nil
+		case time.Now().After(deadline) && err != nil:
+			return err
+		case time.Now().After(deadline):
+			return fmt.Errorf("pg_cdc %s: not streaming yet (phase %s)", s.cfg.Name, phase)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
 // Logger is what Source logs through (Benthos' *service.Logger satisfies it).
 type Logger interface {
 	Infof(format string, args ...any)
