@@ -2,6 +2,7 @@ package input
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -479,7 +480,8 @@ type pgCDC struct {
 }
 
 // Connect starts the source and returns once it streams, snapshots or stands by for another
-// replica, so Benthos' /ready answers 503 until then. While it cannot (PostgreSQL or Redis does
+// replica, so Benthos' /ready answers 503 until then, and again after ReadBatch reported the
+// source failed (source.ErrNotReady). While it cannot (PostgreSQL or Redis does
 // not answer, a start check fails) it returns the source's last error every connectReport, which
 // Benthos logs before it calls Connect again; the source keeps retrying on its own meanwhile.
 func (p *pgCDC) Connect(ctx context.Context) error {
@@ -495,6 +497,9 @@ func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.Ac
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
+		}
+		if errors.Is(err, source.ErrNotReady) {
+			return nil, nil, service.ErrNotConnected // Connect waits for the source to stream again
 		}
 		return nil, nil, err
 	}

@@ -131,8 +131,9 @@ next:
 
 // TestReadyFollowsTheSource: Benthos' /ready answers 503 while pg_cdc cannot start (here its
 // database does not exist yet), and 200 once it streams, the input shown as not connected until
-// then; a second replica of the same source, standing by, is ready too; and what was written
-// after the start reaches the queue.
+// then; a second replica of the same source, standing by, is ready too; what was written after the
+// start reaches the queue. When the streaming replica loses its database (connections refused) it
+// is not ready until it streams again, and the rows written after reach the queue.
 func TestReadyFollowsTheSource(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	rd := testenv.StartRedis(t)
@@ -181,12 +182,36 @@ func TestReadyFollowsTheSource(t *testing.T) {
 	if _, err := later.Exec(ctx, `INSERT INTO t VALUES (1, 'a'), (2, 'b')`); err != nil {
 		t.Fatal(err)
 	}
-	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "the rows in the queue", func() (bool, string) {
-		entries, err := oracle.ReadQueue(ctx, rd.Client(), "pgrelay", "q")
-		if err != nil {
-			return false, err.Error()
-		}
-		res := oracle.Replay(entries)
-		return len(res.Tables["public.t"]) == 2 && len(res.Problems) == 0, fmt.Sprintf("%d entries, %v", len(entries), res.Problems)
+	rowsInQueue := func(n int) {
+		t.Helper()
+		cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows in the queue", n), func() (bool, string) {
+			entries, err := oracle.ReadQueue(ctx, rd.Client(), "pgrelay", "q")
+			if err != nil {
+				return false, err.Error()
+			}
+			res := oracle.Replay(entries)
+			return len(res.Tables["public.t"]) == n && len(res.Problems) == 0, fmt.Sprintf("%d entries, %v", len(entries), res.Problems)
+		})
+	}
+	rowsInQueue(2)
+
+	// The database stops taking connections and the walsender goes: the streaming replica is no
+	// longer ready (the standby, which does not stream, stays so); taking connections again, it is.
+	standby.Kill()
+	pg.Exec(`ALTER DATABASE later ALLOW_CONNECTIONS false`)
+	pg.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'later' AND pid <> pg_backend_pid()`)
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 503 while the database refuses connections", func() (bool, string) {
+		code, body := ready(port)
+		return code == 503 && strings.Contains(body, `"path":"input","connected":false`), fmt.Sprintf("%d %s\n%s", code, body, lastBytes(first.Output(), 800))
 	})
+	pg.Exec(`ALTER DATABASE later ALLOW_CONNECTIONS true`)
+	cdctest.WaitEvery(t, 90*time.Second, 200*time.Millisecond, "/ready 200 again", func() (bool, string) {
+		code, body := ready(port)
+		return code == 200, fmt.Sprintf("%d %s\n%s", code, body, lastBytes(first.Output(), 800))
+	})
+	later = cdctest.Conn(t, pg.DatabaseDSN("later"))
+	if _, err := later.Exec(ctx, `INSERT INTO t VALUES (3, 'c')`); err != nil {
+		t.Fatal(err)
+	}
+	rowsInQueue(3)
 }

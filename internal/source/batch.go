@@ -2,6 +2,7 @@ package source
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -238,12 +239,19 @@ func (s *Source) next(ctx context.Context) (*Batch, error) {
 	for {
 		sess, changed := s.current()
 		if sess == nil {
+			if s.failing() {
+				return nil, ErrNotReady
+			}
+			t := time.NewTimer(failingCheck) // the phase may turn failed after the session went
 			select {
 			case <-changed:
-				continue
+			case <-t.C:
 			case <-ctx.Done():
+				t.Stop()
 				return nil, ctx.Err()
 			}
+			t.Stop()
+			continue
 		}
 		b, wait, err := sess.bundle(ctx)
 		if err != nil {
@@ -265,6 +273,20 @@ func (s *Source) next(ctx context.Context) (*Batch, error) {
 		}
 		t.Stop()
 	}
+}
+
+// ErrNotReady is what Next returns, having handed out nothing, when the source has no replication
+// session and its last one failed (phase error, or connecting after an error): the input tells
+// Benthos it is not connected, so /ready answers 503, and Connect waits for the source again.
+var ErrNotReady = errors.New("pg_cdc: not streaming")
+
+// failingCheck is how often Next, waiting for a session, looks whether the source failed meanwhile.
+const failingCheck = 250 * time.Millisecond
+
+// failing reports whether the source's last session or start failed and no other runs yet.
+func (s *Source) failing() bool {
+	phase, err := s.Phase()
+	return phase == PhaseError || phase == PhaseConnecting && err != nil
 }
 
 // takeRetry returns the first nacked batch of the replication run streaming now, after a backoff (batches of
