@@ -310,6 +310,7 @@ func (c Config) Explain(err error) error {
 	if err == nil || errcode.Of(err) != "" {
 		return err
 	}
+	err = tidy(err)
 	if what, fix, ok := tlsProblem(err); ok {
 		return errcode.Wrap(errcode.RedisTLS, err, what, fix)
 	}
@@ -473,3 +474,26 @@ func (c Config) aclError(err error, cmds []string, keys bool) error {
 	}
 	return errcode.Wrap(errcode.RedisACL, err, "the Redis user "+user+" may not run "+what, fix)
 }
+
+// tidy wraps err so that its text drops what go-redis adds around a failed connection's cause
+// ("redis: Conn is in a bad state: ", and "redis: " twice over); errors.As and errors.Is see
+// through the wrapper. An error without them comes back as it is.
+func tidy(err error) error {
+	text := err.Error()
+	clean := strings.ReplaceAll(text, "Conn is in a bad state: ", "")
+	for strings.Contains(clean, "redis: redis: ") {
+		clean = strings.ReplaceAll(clean, "redis: redis: ", "redis: ")
+	}
+	if clean == text {
+		return err
+	}
+	return tidyError{err: err, text: clean}
+}
+
+type tidyError struct {
+	err  error
+	text string
+}
+
+func (e tidyError) Error() string { return e.text }
+func (e tidyError) Unwrap() error { return e.err }

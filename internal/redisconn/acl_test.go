@@ -308,7 +308,8 @@ func TestExplainConnectionFailures(t *testing.T) {
 	}
 	// a database the server does not have, and a database of a cluster node
 	if err := connectCheck(t, Config{URL: r.URL() + "/99", Prefix: "pgrelay"}); errcode.Of(err) != errcode.RedisConfig ||
-		!strings.Contains(err.Error(), "Redis has no database 99") || !strings.Contains(err.Error(), "Fix: use a database number below") {
+		!strings.Contains(err.Error(), "Redis has no database 99") || !strings.Contains(err.Error(), "Fix: use a database number below") ||
+		strings.Contains(err.Error(), "bad state") {
 		t.Errorf("database 99: %v", err)
 	}
 	node := testenv.StartRedis(t, "--cluster-enabled", "yes")
@@ -368,6 +369,8 @@ func TestExplainTLSFailures(t *testing.T) {
 			case c.want == "":
 			case errcode.Of(err) != errcode.RedisTLS || !strings.Contains(err.Error(), "Fix: "+c.want):
 				t.Errorf("got %v, want redis_tls with the fix %q", err, c.want)
+			case strings.Contains(err.Error(), "bad state") || strings.Contains(err.Error(), "redis: redis:"):
+				t.Errorf("go-redis's wrapping in %v", err)
 			default:
 				t.Logf("%v", err)
 			}
