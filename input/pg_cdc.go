@@ -489,7 +489,8 @@ func (p *pgCDC) Connect(ctx context.Context) error {
 	return p.src.WaitReady(ctx, connectReport)
 }
 
-// connectReport is how long Connect waits for a ready source before it returns its error.
+// connectReport is how long pg_cdc's and redis_queue's Connect wait for a replica that is not ready
+// before they return why (Benthos logs it and calls Connect again).
 const connectReport = 30 * time.Second
 
 func (p *pgCDC) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {

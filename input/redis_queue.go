@@ -243,12 +243,16 @@ func (rc RedisQueueConfig) Check(ctx context.Context) error {
 	return rdb.Close()
 }
 
+// Connect connects and starts the consumer. Called again after ReadBatch reported the replica not
+// ready (queue.ErrNotReady), it waits until it is, returning the reason every connectReport, which
+// Benthos logs before it calls Connect again: /ready answers 503 meanwhile.
 func (in *queueInput) Connect(ctx context.Context) error {
 	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.consumer != nil {
-		return nil
+	if c := in.consumer; c != nil {
+		in.mu.Unlock()
+		return in.conn.Explain(c.WaitReady(ctx, connectReport))
 	}
+	defer in.mu.Unlock()
 	rdb, c, err := connectConsumer(ctx, in.conn, in.conf)
 	if err != nil {
 		return err
@@ -274,7 +278,7 @@ func (in *queueInput) ReadBatch(ctx context.Context) (service.MessageBatch, serv
 	}
 	d, err := c.Read(ctx)
 	if err != nil {
-		if queue.IsClosed(err) {
+		if queue.IsClosed(err) || errors.Is(err, queue.ErrNotReady) {
 			return nil, nil, service.ErrNotConnected
 		}
 		return nil, nil, in.conn.Explain(err)

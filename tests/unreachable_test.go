@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/queue"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -214,4 +215,69 @@ func TestReadyFollowsTheSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	rowsInQueue(3)
+}
+
+// TestConsumerReadyFollowsRedis: a redis_queue input → pg_sink pipeline is ready while it reads;
+// with Redis killed, once the replica has dropped its shards (lease_ttl 3 s) /ready answers 503
+// (the input not connected); with Redis back it is ready again and applies what was written
+// after, every message once.
+func TestConsumerReadyFollowsRedis(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	rd := testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	ctx := t.Context()
+	pg.Exec(`CREATE TABLE got (n int PRIMARY KEY)`)
+	w := queue.NewWriter(rd.Client(), queue.WriterConfig{Shards: 2})
+	write := func(from, to int) {
+		t.Helper()
+		var msgs []queue.Message
+		for i := from; i <= to; i++ {
+			msgs = append(msgs, queue.Message{Queue: "q", Partition: fmt.Sprint(i % 5), ID: fmt.Sprint("m", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+		}
+		if _, err := w.Write(ctx, msgs, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := func(want int) {
+		t.Helper()
+		cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows applied", want), func() (bool, string) {
+			var n, distinct int
+			err := pg.Pool().QueryRow(ctx, `SELECT count(*), count(DISTINCT n) FROM got`).Scan(&n, &distinct)
+			return err == nil && n == want && distinct == want, fmt.Sprintf("%d rows (%d distinct), %v", n, distinct, err)
+		})
+	}
+	write(1, 10)
+	port := testenv.FreePort(t)
+	p := startSinkPipeline(t, fmt.Sprintf(`http: {address: "127.0.0.1:%d"}
+logger: {level: info}
+input:
+  redis_queue: {url: %s, queue: q, group: g, lease_ttl: 3s}
+output:
+  pg_sink: {dsn: %q, name: got, table: public.got, mode: append}
+`, port, rd.URL(), pg.DSN()))
+	ready := func() (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/ready", port), nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	rows(10)
+	if code, body := ready(); code != 200 {
+		t.Fatalf("/ready %d %s while reading", code, body)
+	}
+	rd.Kill()
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 503 with Redis gone", func() (bool, string) {
+		code, body := ready()
+		return code == 503 && strings.Contains(body, `"path":"input","connected":false`), fmt.Sprintf("%d %s\n%s", code, body, lastBytes(p.Output(), 800))
+	})
+	rd.Restart()
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 200 with Redis back", func() (bool, string) {
+		code, body := ready()
+		return code == 200, fmt.Sprintf("%d %s\n%s", code, body, lastBytes(p.Output(), 800))
+	})
+	write(11, 20)
+	rows(20)
 }

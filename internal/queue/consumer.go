@@ -224,6 +224,11 @@ type Consumer struct {
 	start  *Start // the group's start after a load, read from Redis at setup; nil: none
 	runs   map[int]*shardRun
 	err    error // a fatal setup error, returned by Read
+
+	hmu          sync.Mutex
+	tickErr      error         // the lease keeper's last round's error (nil: it succeeded, or waits for the queue)
+	failingSince time.Time     // when its rounds began to fail (zero while they succeed)
+	ticked       chan struct{} // closed and replaced after every round of the lease keeper
 }
 
 // NewConsumer validates conf and returns a consumer; Start begins the work.
@@ -232,7 +237,7 @@ func NewConsumer(rdb redis.UniversalClient, conf ConsumerConfig) (*Consumer, err
 		return nil, err
 	}
 	return &Consumer{rdb: rdb, conf: conf, layout: NewLayout(conf.Prefix),
-		out: make(chan *Delivery), stop: make(chan struct{}), runs: map[int]*shardRun{}}, nil
+		out: make(chan *Delivery), stop: make(chan struct{}), runs: map[int]*shardRun{}, ticked: make(chan struct{})}, nil
 }
 
 // Start checks the connection and starts the lease keeper, which waits for the queue to exist,
@@ -262,19 +267,97 @@ func (c *Consumer) Start(ctx context.Context) error {
 
 // Read blocks until a delivery is ready, ctx is done, or the consumer is closed.
 func (c *Consumer) Read(ctx context.Context) (*Delivery, error) {
-	select {
-	case d := <-c.out:
-		return d, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-c.stop:
-		c.mu.Lock()
-		err := c.err
-		c.mu.Unlock()
-		if err != nil {
-			return nil, err
+	for {
+		ticked := c.lastTick()
+		if err := c.notReady(); err != nil {
+			select {
+			case d := <-c.out: // a delivery a shard's reader holds goes first
+				return d, nil
+			default:
+			}
+			return nil, fmt.Errorf("%w: %w", ErrNotReady, err)
 		}
-		return nil, errClosed
+		select {
+		case d := <-c.out:
+			return d, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-ticked:
+		case <-c.stop:
+			c.mu.Lock()
+			err := c.err
+			c.mu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+			return nil, errClosed
+		}
+	}
+}
+
+// ErrNotReady is what Read returns, having delivered nothing, once the lease keeper's rounds have
+// failed for a lease TTL (Redis does not answer, a permission is gone, a queue it cannot read):
+// whatever shard leases the replica held have expired by then. The wrapped error says why. A
+// shorter failure (a blip) leaves it ready.
+var ErrNotReady = errors.New("queue consumer not ready")
+
+// notReady returns the lease keeper's last error once its rounds have failed for a lease TTL, else
+// nil.
+func (c *Consumer) notReady() error {
+	c.hmu.Lock()
+	defer c.hmu.Unlock()
+	if c.tickErr == nil || time.Since(c.failingSince) < c.conf.LeaseTTL {
+		return nil
+	}
+	return c.tickErr
+}
+
+// lastTick returns a channel closed after the lease keeper's next round.
+func (c *Consumer) lastTick() <-chan struct{} {
+	c.hmu.Lock()
+	defer c.hmu.Unlock()
+	return c.ticked
+}
+
+// tickDone records the lease keeper's round's error (nil for a queue that does not exist yet) and
+// wakes the readers waiting for it.
+func (c *Consumer) tickDone(err error) {
+	if errors.Is(err, errNoQueue) {
+		err = nil
+	}
+	c.hmu.Lock()
+	switch {
+	case err == nil:
+		c.failingSince = time.Time{}
+	case c.tickErr == nil:
+		c.failingSince = time.Now()
+	}
+	c.tickErr = err
+	close(c.ticked)
+	c.ticked = make(chan struct{})
+	c.hmu.Unlock()
+}
+
+// WaitReady blocks until the replica is ready (see ErrNotReady: nil), ctx ends (its error), the
+// consumer closes, or max passes (the reason it is not ready).
+func (c *Consumer) WaitReady(ctx context.Context, max time.Duration) error {
+	t := time.NewTimer(max)
+	defer t.Stop()
+	for {
+		ticked := c.lastTick()
+		err := c.notReady()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ticked:
+		case <-t.C:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.stop:
+			return errClosed
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -91,23 +92,30 @@ func TestConsumerRefusesUnknownLayout(t *testing.T) {
 	}
 
 	// a queue that appears (in version 4) after the consumer started: refused at setup, logged as
-	// an error, nothing delivered; then readable once its version is one this code reads
+	// an error, nothing delivered (Read says the replica is not ready, holding no shard); then
+	// ready and readable once its version is one this code reads
 	log := &errorLog{}
 	c = newConsumer(t, rdb, ConsumerConfig{Queue: "appears", Logger: log})
 	create("appears", "4", v2)
 	cdctest.Wait(t, 10*time.Second, "the layout_version error logged", func() (bool, string) {
 		return strings.Contains(log.text(), "layout_version") && strings.Contains(log.text(), "layout version 4"), log.text()
 	})
-	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second) // not ready a lease TTL after the first refusal
 	d, err := c.Read(rctx)
 	cancel()
 	if err == nil {
 		t.Fatalf("delivered from a version-3 queue: %+v", d.Entries)
 	}
+	if !errors.Is(err, ErrNotReady) || !errcode.Is(err, errcode.LayoutVersion) {
+		t.Fatalf("read from a refused queue: %v, want ErrNotReady for layout_version", err)
+	}
 	if groups, _ := rdb.XInfoGroups(ctx, l.Stream("appears", 0)).Result(); len(groups) != 0 {
 		t.Fatalf("groups created on a refused queue: %+v", groups)
 	}
 	rdb.HSet(ctx, l.Meta("appears"), "version", "2")
+	if err := c.WaitReady(ctx, 10*time.Second); err != nil { // as the input's Connect does
+		t.Fatalf("not ready once the version is 2: %v", err)
+	}
 	d = read(t, c, 10*time.Second)
 	if len(d.Entries) != 1 || d.Entries[0].MessageID != "pg:1:0000000000000001:0" {
 		t.Fatalf("after the version was set to 2: %+v", d.Entries)

@@ -28,6 +28,7 @@ func (c *Consumer) keepLeases() {
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		err := c.tick(ctx)
 		cancel()
+		c.tickDone(err)
 		switch {
 		case errors.Is(err, errNoQueue):
 			if !waiting {
