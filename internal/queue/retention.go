@@ -200,19 +200,29 @@ func ackedBelow(ctx context.Context, rdb redis.Cmdable, stream string) (string, 
 	}
 	low := ""
 	for _, g := range groups {
-		need := g.LastDeliveredID
+		var p *redis.XPending
 		if g.Pending > 0 {
-			p, err := rdb.XPending(ctx, stream, g.Name).Result()
-			if err != nil {
+			if p, err = rdb.XPending(ctx, stream, g.Name).Result(); err != nil {
 				return "", err
 			}
-			need = p.Lower
 		}
-		if low == "" || idLess(need, low) {
+		if need := groupNeeds(g, p); low == "" || idLess(need, low) {
 			low = need
 		}
 	}
 	return low, nil
+}
+
+// groupNeeds is the lowest entry group g still needs: its lowest pending entry (p, read after g),
+// else its last-delivered entry. The two are read one after the other while consumers read and
+// ack: a pending summary that comes back empty (the entries were acked in between) leaves the
+// last-delivered entry g was read with, which is never above what the group has delivered since.
+func groupNeeds(g redis.XInfoGroup, p *redis.XPending) string {
+	need := g.LastDeliveredID
+	if p != nil && p.Count > 0 && p.Lower != "" && idLess(p.Lower, need) {
+		need = p.Lower
+	}
+	return need
 }
 
 // idLess compares stream entry ids "ms-seq" numerically.
