@@ -265,7 +265,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 	return nil
 }
 
-// Read blocks until a delivery is ready, ctx is done, or the consumer is closed.
+// Read blocks until a delivery is ready, ctx is done, the consumer is closed, or the replica is
+// not ready (ErrNotReady).
 func (c *Consumer) Read(ctx context.Context) (*Delivery, error) {
 	for {
 		ticked := c.lastTick()
