@@ -57,7 +57,8 @@ type Status struct {
 	LSN              string `json:"lsn,omitempty"`
 	InTransaction    bool   `json:"in_transaction,omitempty"` // the queue holds part of the next transaction
 	PointerUpdatedAt string `json:"pointer_updated_at,omitempty"`
-	// LagBytes is how much WAL the queue is behind: the server's current WAL position − LSN.
+	// LagBytes is how much WAL the queue is behind: the server's current WAL position − (LSN + 1),
+	// LSN being inclusive (0 once every byte of WAL is covered).
 	LagBytes *int64 `json:"lag_bytes,omitempty"`
 	// RefusedTables are the configured tables the owner's last start refused and does not stream.
 	RefusedTables []RefusedTable `json:"refused_tables,omitempty"`
@@ -135,7 +136,7 @@ func (st *Status) readSlot(ctx context.Context, pool *pgxpool.Pool, cfg Config, 
 	}
 	if ptr != nil {
 		var lag int64
-		if err := pool.QueryRow(ctx, `SELECT greatest(pg_current_wal_lsn() - $1::text::pg_lsn, 0)::bigint`, ptr.LSN).Scan(&lag); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT greatest(pg_current_wal_lsn() - $1::text::pg_lsn - 1, 0)::bigint`, ptr.LSN).Scan(&lag); err != nil {
 			return err
 		}
 		st.LagBytes = &lag

@@ -136,3 +136,43 @@ max_bundle_messages: 100`, e.pg.DSN(), e.rd.URL())
 		last = rows
 	}
 }
+
+// TestQueueLagIsZeroWhenCaughtUp: the status's lag_bytes of an idle source that has caught up
+// reaches 0 (the pointer's lsn is inclusive: an idle advance to WAL end W stores W−1), and is never
+// negative.
+func TestQueueLagIsZeroWhenCaughtUp(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE idle (id int PRIMARY KEY)`)
+	section := fmt.Sprintf(`name: idle
+dsn: %s
+tls: {mode: disable}
+tables: [{table: idle, queue: q}]
+redis: {url: %s}
+lease_ttl: 3s
+heartbeat: 1s`, e.pg.DSN(), e.rd.URL())
+	stop := startStream(t, "input:\n  pg_cdc:\n"+cdctest.Indent(section, "    ")+"output:\n  drop: {}\n")
+	defer stop()
+	e.pg.Exec(`INSERT INTO idle VALUES (1)`)
+	parsed, err := input.PgCDCSpec().ParseYAML(section, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := input.PgCDCConfigFromParsed(parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []int64
+	cdctest.WaitEvery(t, 60*time.Second, 50*time.Millisecond, "lag_bytes 0", func() (bool, string) {
+		st, err := source.ReadStatus(e.ctx, cfg)
+		if err != nil || st.LagBytes == nil {
+			return false, fmt.Sprint(err)
+		}
+		if *st.LagBytes < 0 {
+			t.Fatalf("lag_bytes %d", *st.LagBytes)
+		}
+		if len(seen) < 20 {
+			seen = append(seen, *st.LagBytes)
+		}
+		return *st.LagBytes == 0, fmt.Sprint(seen)
+	})
+}
