@@ -480,10 +480,10 @@ type pgCDC struct {
 }
 
 // Connect starts the source and returns once it streams, snapshots or stands by for another
-// replica, so Benthos' /ready answers 503 until then, and again after ReadBatch reported the
-// source failed (source.ErrNotReady). While it cannot (PostgreSQL or Redis does
-// not answer, a start check fails) it returns the source's last error every connectReport, which
-// Benthos logs before it calls Connect again; the source keeps retrying on its own meanwhile.
+// replica, so Benthos' /ready answers 503 until then, and again after ReadBatch reported the source
+// failed (source.ErrNotReady). While it cannot (PostgreSQL or Redis does not answer, a start check
+// fails) it returns the source's last error every connectReport, which Benthos logs before it
+// calls Connect again; the source keeps retrying on its own meanwhile.
 func (p *pgCDC) Connect(ctx context.Context) error {
 	p.once.Do(p.src.Start)
 	return p.src.WaitReady(ctx, connectReport)
