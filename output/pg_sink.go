@@ -2,6 +2,7 @@ package output
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -239,6 +240,7 @@ type pgSink struct {
 	mu      sync.Mutex
 	pool    *pgxpool.Pool
 	applier *sink.Applier
+	down    bool // a write found PostgreSQL not answering: Connect waits until it does
 }
 
 // sinkMetrics are the sink's counters (DESIGN §8); dead letters are counted by the input.
@@ -260,6 +262,9 @@ func newPGSink(c PgSinkConfig, mgr *service.Resources) *pgSink {
 		paused:    m.NewGauge("pg_sink_paused", "sink"),
 	}}
 }
+
+// pingWithin bounds Connect's check that PostgreSQL answers again.
+const pingWithin = 5 * time.Second
 
 // sinkIdleConns is how many of the pool's connections stay open however long the sink idles (the
 // pool closes the others after a minute idle): a batch after a pause then needs no new connection
@@ -284,11 +289,24 @@ func (c PgSinkConfig) Check(ctx context.Context) (creates bool, err error) {
 }
 
 // Connect opens the pool, creates or checks the progress table and inspects the target. Its coded
-// errors are logged by Benthos, which retries Connect with backoff.
+// errors are logged by Benthos, which retries Connect with backoff. After a write found PostgreSQL
+// not answering (sink.ErrUnreachable: WriteBatch reported not connected, so /ready answers 503),
+// it pings the server until it answers; Benthos then writes the batch again.
 func (s *pgSink) Connect(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.applier != nil {
+		if !s.down {
+			return nil
+		}
+		pctx, cancel := context.WithTimeout(ctx, pingWithin)
+		defer cancel()
+		if err := s.pool.Ping(pctx); err != nil {
+			err = pgconnect.Explain(err)
+			s.countError(err, sink.Classify(err))
+			return err
+		}
+		s.down = false
 		return nil
 	}
 	pcfg, err := s.conf.Conn.PoolConfig(s.conf.maxConns)
@@ -350,6 +368,14 @@ func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) err
 		msgs[i] = &slab[i]
 	}
 	res, err := a.Write(ctx, msgs)
+	if errors.Is(err, sink.ErrUnreachable) {
+		s.countError(err, sink.Transient)
+		s.log.Warnf("%v; waiting for it, then writing the batch again", err)
+		s.mu.Lock()
+		s.down = true
+		s.mu.Unlock()
+		return service.ErrNotConnected
+	}
 	if err != nil {
 		s.countError(err, sink.Environment)
 		return err

@@ -281,3 +281,69 @@ output:
 	write(11, 20)
 	rows(20)
 }
+
+// TestSinkReadyFollowsPostgres: a redis_queue input → pg_sink pipeline is ready while it applies;
+// with PostgreSQL killed, a write that cannot connect makes the output not connected (/ready 503)
+// instead of retrying inside the write; with PostgreSQL back it is ready again and every message,
+// those written while it was down included, is applied once.
+func TestSinkReadyFollowsPostgres(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	rd := testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	ctx := t.Context()
+	pg.Exec(`CREATE TABLE got (n int PRIMARY KEY)`)
+	w := queue.NewWriter(rd.Client(), queue.WriterConfig{Shards: 2})
+	write := func(from, to int) {
+		t.Helper()
+		var msgs []queue.Message
+		for i := from; i <= to; i++ {
+			msgs = append(msgs, queue.Message{Queue: "q", Partition: fmt.Sprint(i % 5), ID: fmt.Sprint("m", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+		}
+		if _, err := w.Write(ctx, msgs, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := func(want int) {
+		t.Helper()
+		cdctest.WaitEvery(t, 90*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows applied", want), func() (bool, string) {
+			var n, distinct int
+			err := pg.Pool().QueryRow(ctx, `SELECT count(*), count(DISTINCT n) FROM got`).Scan(&n, &distinct)
+			return err == nil && n == want && distinct == want, fmt.Sprintf("%d rows (%d distinct), %v", n, distinct, err)
+		})
+	}
+	port := testenv.FreePort(t)
+	p := startSinkPipeline(t, fmt.Sprintf(`http: {address: "127.0.0.1:%d"}
+logger: {level: info}
+input:
+  redis_queue: {url: %s, queue: q, group: g, lease_ttl: 3s}
+output:
+  pg_sink: {dsn: %q, name: got, table: public.got, mode: append}
+`, port, rd.URL(), pg.DSN()))
+	ready := func() (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/ready", port), nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	write(1, 10)
+	rows(10)
+	if code, body := ready(); code != 200 {
+		t.Fatalf("/ready %d %s while applying", code, body)
+	}
+	pg.Kill()
+	write(11, 20)
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 503 with PostgreSQL gone", func() (bool, string) {
+		code, body := ready()
+		return code == 503 && strings.Contains(body, `"path":"output","connected":false`), fmt.Sprintf("%d %s\n%s", code, body, lastBytes(p.Output(), 800))
+	})
+	pg.Restart()
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 200 with PostgreSQL back", func() (bool, string) {
+		code, body := ready()
+		return code == 200, fmt.Sprintf("%d %s\n%s", code, body, lastBytes(p.Output(), 800))
+	})
+	write(21, 30)
+	rows(30)
+}

@@ -238,6 +238,10 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 			return nil, errcode.Wrap(errcode.Paused, err, "the batch was not written before shutdown", "none: the input redelivers it")
 		}
 		class := Classify(err)
+		if class == Transient && errcode.Is(pgconnect.Explain(err), errcode.PGUnreachable) {
+			// no connection to be had: the caller waits for the server and writes the batch again
+			return nil, fmt.Errorf("%w: %w", ErrUnreachable, pgconnect.Explain(err))
+		}
 		if class == Data && !isolate {
 			isolate = true // find the culprit message by message, at once
 			continue
@@ -266,6 +270,11 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 		wait = min(2*wait, a.cfg.RetryMax)
 	}
 }
+
+// ErrUnreachable is what Write returns, having written nothing, when a connection to PostgreSQL
+// could not be opened (pg_unreachable, wrapped): rather than retry inside Write, the output reports
+// itself not connected, waits until the server answers, and writes the batch again.
+var ErrUnreachable = errors.New("pg_sink: PostgreSQL does not answer")
 
 // explain codes an environment error. A refused privilege (42501) is named with its GRANT when the
 // catalog shows which one is missing: on the progress table, on the target for the mode, or else
