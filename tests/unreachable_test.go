@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -143,16 +144,7 @@ func TestReadyFollowsTheSource(t *testing.T) {
 		return writeConfig(t, fmt.Sprintf("r%d.yaml", port), cdctest.Pipeline{Name: "later", DSN: pg.DatabaseDSN("later"), Tables: `[{table: t, queue: q}]`,
 			Redis: rd.URL(), Durability: "aof", LogLevel: "info", Top: fmt.Sprintf("http: {address: \"127.0.0.1:%d\"}", port)}.YAML())
 	}
-	ready := func(port int) (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/ready", port), nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
+	ready := func(port int) (int, string) { return getReady(ctx, port) }
 	port := testenv.FreePort(t)
 	first := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", pipeline(port))
 	cdctest.WaitEvery(t, 30*time.Second, 100*time.Millisecond, "the HTTP server", func() (bool, string) {
@@ -217,69 +209,92 @@ func TestReadyFollowsTheSource(t *testing.T) {
 	rowsInQueue(3)
 }
 
-// TestConsumerReadyFollowsRedis: a redis_queue input → pg_sink pipeline is ready while it reads;
-// with Redis killed, once the replica has dropped its shards (lease_ttl 3 s) /ready answers 503
-// (the input not connected); with Redis back it is ready again and applies what was written
-// after, every message once.
-func TestConsumerReadyFollowsRedis(t *testing.T) {
-	pg := testenv.StartPostgres(t)
-	rd := testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
-	ctx := t.Context()
-	pg.Exec(`CREATE TABLE got (n int PRIMARY KEY)`)
-	w := queue.NewWriter(rd.Client(), queue.WriterConfig{Shards: 2})
-	write := func(from, to int) {
-		t.Helper()
-		var msgs []queue.Message
-		for i := from; i <= to; i++ {
-			msgs = append(msgs, queue.Message{Queue: "q", Partition: fmt.Sprint(i % 5), ID: fmt.Sprint("m", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))})
-		}
-		if _, err := w.Write(ctx, msgs, nil); err != nil {
-			t.Fatal(err)
-		}
+// getReady reads /ready of the binary's HTTP server on port: the status code (0 when it does not
+// answer) and the body.
+func getReady(ctx context.Context, port int) (int, string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/ready", port), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
 	}
-	rows := func(want int) {
-		t.Helper()
-		cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows applied", want), func() (bool, string) {
-			var n, distinct int
-			err := pg.Pool().QueryRow(ctx, `SELECT count(*), count(DISTINCT n) FROM got`).Scan(&n, &distinct)
-			return err == nil && n == want && distinct == want, fmt.Sprintf("%d rows (%d distinct), %v", n, distinct, err)
-		})
-	}
-	write(1, 10)
-	port := testenv.FreePort(t)
-	p := startSinkPipeline(t, fmt.Sprintf(`http: {address: "127.0.0.1:%d"}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// numberSink is a redis_queue input → pg_sink (append) pipeline run by the binary, applying
+// messages {"n": i} of queue q to table got, with its HTTP server on port.
+type numberSink struct {
+	t    *testing.T
+	pg   *testenv.Postgres
+	rd   *testenv.Redis
+	w    *queue.Writer
+	port int
+	p    *testenv.Process
+}
+
+func startNumberSink(t *testing.T) *numberSink {
+	e := &numberSink{t: t, pg: testenv.StartPostgres(t), rd: testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always"), port: testenv.FreePort(t)}
+	e.pg.Exec(`CREATE TABLE got (n int PRIMARY KEY)`)
+	e.w = queue.NewWriter(e.rd.Client(), queue.WriterConfig{Shards: 2})
+	e.p = startSinkPipeline(t, fmt.Sprintf(`http: {address: "127.0.0.1:%d"}
 logger: {level: info}
 input:
   redis_queue: {url: %s, queue: q, group: g, lease_ttl: 3s}
 output:
   pg_sink: {dsn: %q, name: got, table: public.got, mode: append}
-`, port, rd.URL(), pg.DSN()))
-	ready := func() (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/ready", port), nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+`, e.port, e.rd.URL(), e.pg.DSN()))
+	return e
+}
+
+// write queues the messages from..to.
+func (e *numberSink) write(from, to int) {
+	e.t.Helper()
+	var msgs []queue.Message
+	for i := from; i <= to; i++ {
+		msgs = append(msgs, queue.Message{Queue: "q", Partition: fmt.Sprint(i % 5), ID: fmt.Sprint("m", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))})
 	}
-	rows(10)
-	if code, body := ready(); code != 200 {
+	if _, err := e.w.Write(e.t.Context(), msgs, nil); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// rows waits until the table holds want rows, each n once.
+func (e *numberSink) rows(want int) {
+	e.t.Helper()
+	cdctest.WaitEvery(e.t, 90*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows applied", want), func() (bool, string) {
+		var n, distinct int
+		err := e.pg.Pool().QueryRow(e.t.Context(), `SELECT count(*), count(DISTINCT n) FROM got`).Scan(&n, &distinct)
+		return err == nil && n == want && distinct == want, fmt.Sprintf("%d rows (%d distinct), %v", n, distinct, err)
+	})
+}
+
+// waitReady waits until /ready answers code, its body holding want when given.
+func (e *numberSink) waitReady(what string, code int, want string) {
+	e.t.Helper()
+	cdctest.WaitEvery(e.t, 60*time.Second, 200*time.Millisecond, what, func() (bool, string) {
+		got, body := getReady(e.t.Context(), e.port)
+		return got == code && strings.Contains(body, want), fmt.Sprintf("%d %s\n%s", got, body, lastBytes(e.p.Output(), 800))
+	})
+}
+
+// TestConsumerReadyFollowsRedis: a redis_queue input → pg_sink pipeline is ready while it reads;
+// with Redis killed, once the replica has dropped its shards (lease_ttl 3 s) /ready answers 503
+// (the input not connected); with Redis back it is ready again and applies what was written
+// after, every message once.
+func TestConsumerReadyFollowsRedis(t *testing.T) {
+	e := startNumberSink(t)
+	e.write(1, 10)
+	e.rows(10)
+	if code, body := getReady(t.Context(), e.port); code != 200 {
 		t.Fatalf("/ready %d %s while reading", code, body)
 	}
-	rd.Kill()
-	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 503 with Redis gone", func() (bool, string) {
-		code, body := ready()
-		return code == 503 && strings.Contains(body, `"path":"input","connected":false`), fmt.Sprintf("%d %s\n%s", code, body, lastBytes(p.Output(), 800))
-	})
-	rd.Restart()
-	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 200 with Redis back", func() (bool, string) {
-		code, body := ready()
-		return code == 200, fmt.Sprintf("%d %s\n%s", code, body, lastBytes(p.Output(), 800))
-	})
-	write(11, 20)
-	rows(20)
+	e.rd.Kill()
+	e.waitReady("/ready 503 with Redis gone", 503, `"path":"input","connected":false`)
+	e.rd.Restart()
+	e.waitReady("/ready 200 with Redis back", 200, "")
+	e.write(11, 20)
+	e.rows(20)
 }
 
 // TestSinkReadyFollowsPostgres: a redis_queue input → pg_sink pipeline is ready while it applies;
@@ -287,63 +302,17 @@ output:
 // instead of retrying inside the write; with PostgreSQL back it is ready again and every message,
 // those written while it was down included, is applied once.
 func TestSinkReadyFollowsPostgres(t *testing.T) {
-	pg := testenv.StartPostgres(t)
-	rd := testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
-	ctx := t.Context()
-	pg.Exec(`CREATE TABLE got (n int PRIMARY KEY)`)
-	w := queue.NewWriter(rd.Client(), queue.WriterConfig{Shards: 2})
-	write := func(from, to int) {
-		t.Helper()
-		var msgs []queue.Message
-		for i := from; i <= to; i++ {
-			msgs = append(msgs, queue.Message{Queue: "q", Partition: fmt.Sprint(i % 5), ID: fmt.Sprint("m", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))})
-		}
-		if _, err := w.Write(ctx, msgs, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rows := func(want int) {
-		t.Helper()
-		cdctest.WaitEvery(t, 90*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows applied", want), func() (bool, string) {
-			var n, distinct int
-			err := pg.Pool().QueryRow(ctx, `SELECT count(*), count(DISTINCT n) FROM got`).Scan(&n, &distinct)
-			return err == nil && n == want && distinct == want, fmt.Sprintf("%d rows (%d distinct), %v", n, distinct, err)
-		})
-	}
-	port := testenv.FreePort(t)
-	p := startSinkPipeline(t, fmt.Sprintf(`http: {address: "127.0.0.1:%d"}
-logger: {level: info}
-input:
-  redis_queue: {url: %s, queue: q, group: g, lease_ttl: 3s}
-output:
-  pg_sink: {dsn: %q, name: got, table: public.got, mode: append}
-`, port, rd.URL(), pg.DSN()))
-	ready := func() (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/ready", port), nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
-	write(1, 10)
-	rows(10)
-	if code, body := ready(); code != 200 {
+	e := startNumberSink(t)
+	e.write(1, 10)
+	e.rows(10)
+	if code, body := getReady(t.Context(), e.port); code != 200 {
 		t.Fatalf("/ready %d %s while applying", code, body)
 	}
-	pg.Kill()
-	write(11, 20)
-	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 503 with PostgreSQL gone", func() (bool, string) {
-		code, body := ready()
-		return code == 503 && strings.Contains(body, `"path":"output","connected":false`), fmt.Sprintf("%d %s\n%s", code, body, lastBytes(p.Output(), 800))
-	})
-	pg.Restart()
-	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "/ready 200 with PostgreSQL back", func() (bool, string) {
-		code, body := ready()
-		return code == 200, fmt.Sprintf("%d %s\n%s", code, body, lastBytes(p.Output(), 800))
-	})
-	write(21, 30)
-	rows(30)
+	e.pg.Kill()
+	e.write(11, 20)
+	e.waitReady("/ready 503 with PostgreSQL gone", 503, `"path":"output","connected":false`)
+	e.pg.Restart()
+	e.waitReady("/ready 200 with PostgreSQL back", 200, "")
+	e.write(21, 30)
+	e.rows(30)
 }

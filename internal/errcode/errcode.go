@@ -79,3 +79,15 @@ func Of(err error) Code {
 	}
 	return ""
 }
+
+// Retold returns err with its text replaced by text (a driver's message made readable before it is
+// coded); errors.Is and errors.As see through it to err.
+func Retold(err error, text string) error { return retold{err: err, text: text} }
+
+type retold struct {
+	err  error
+	text string
+}
+
+func (r retold) Error() string { return r.text }
+func (r retold) Unwrap() error { return r.err }

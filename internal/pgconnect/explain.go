@@ -199,13 +199,5 @@ func oneLine(err error) error {
 			parts = append(parts, l)
 		}
 	}
-	return flatError{err: err, text: strings.TrimSuffix(strings.TrimSpace(head), ":") + ": " + strings.Join(parts, "; ")}
+	return errcode.Retold(err, strings.TrimSuffix(strings.TrimSpace(head), ":")+": "+strings.Join(parts, "; "))
 }
-
-type flatError struct {
-	err  error
-	text string
-}
-
-func (f flatError) Error() string { return f.text }
-func (f flatError) Unwrap() error { return f.err }

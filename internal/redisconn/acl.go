@@ -487,13 +487,5 @@ func tidy(err error) error {
 	if clean == text {
 		return err
 	}
-	return tidyError{err: err, text: clean}
+	return errcode.Retold(err, clean)
 }
-
-type tidyError struct {
-	err  error
-	text string
-}
-
-func (e tidyError) Error() string { return e.text }
-func (e tidyError) Unwrap() error { return e.err }

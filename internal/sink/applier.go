@@ -238,9 +238,11 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 			return nil, errcode.Wrap(errcode.Paused, err, "the batch was not written before shutdown", "none: the input redelivers it")
 		}
 		class := Classify(err)
-		if class == Transient && errcode.Is(pgconnect.Explain(err), errcode.PGUnreachable) {
-			// no connection to be had: the caller waits for the server and writes the batch again
-			return nil, fmt.Errorf("%w: %w", ErrUnreachable, pgconnect.Explain(err))
+		if class == Transient {
+			if explained := pgconnect.Explain(err); errcode.Is(explained, errcode.PGUnreachable) {
+				// no connection to be had: the caller waits for the server and writes the batch again
+				return nil, fmt.Errorf("%w: %w", ErrUnreachable, explained)
+			}
 		}
 		if class == Data && !isolate {
 			isolate = true // find the culprit message by message, at once

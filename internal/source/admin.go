@@ -145,13 +145,10 @@ func (st *Status) readSlot(ctx context.Context, pool *pgxpool.Pool, cfg Config, 
 }
 
 func connectPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
-	qcfg, err := cfg.PG.ConnConfig()
+	pcfg, err := cfg.PG.PoolConfig(1)
 	if err != nil {
 		return nil, err
 	}
-	pcfg, _ := pgxpool.ParseConfig("")
-	pcfg.ConnConfig.Config = *qcfg
-	pcfg.MaxConns = 1
 	return pgxpool.NewWithConfig(ctx, pcfg)
 }
 

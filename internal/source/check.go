@@ -40,15 +40,7 @@ func Preflight(ctx context.Context, cfg Config) []Finding {
 	}
 	add("Redis: the user's commands and keys, the memory policy", cfg.Redis.Explain(err))
 
-	qcfg, err := cfg.PG.ConnConfig()
-	if err != nil {
-		add("PostgreSQL: connection settings", err)
-		return out
-	}
-	pcfg, _ := pgxpool.ParseConfig("")
-	pcfg.ConnConfig.Config = *qcfg
-	pcfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, err := connectPool(ctx, cfg)
 	if err != nil {
 		add("PostgreSQL: connection settings", err)
 		return out

@@ -75,14 +75,7 @@ max_bundle_messages: 100`, e.pg.DSN(), e.rd.URL())
 	}
 
 	// The status, as `pgrelay status --json` prints it, while the 8th chunk is held.
-	parsed, err := input.PgCDCSpec().ParseYAML(section, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := input.PgCDCConfigFromParsed(parsed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := sourceConfig(t, section)
 	st, err := source.ReadStatus(e.ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -153,14 +146,7 @@ heartbeat: 1s`, e.pg.DSN(), e.rd.URL())
 	stop := startStream(t, "input:\n  pg_cdc:\n"+cdctest.Indent(section, "    ")+"output:\n  drop: {}\n")
 	defer stop()
 	e.pg.Exec(`INSERT INTO idle VALUES (1)`)
-	parsed, err := input.PgCDCSpec().ParseYAML(section, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := input.PgCDCConfigFromParsed(parsed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := sourceConfig(t, section)
 	var seen []int64
 	cdctest.WaitEvery(t, 60*time.Second, 50*time.Millisecond, "lag_bytes 0", func() (bool, string) {
 		st, err := source.ReadStatus(e.ctx, cfg)
@@ -175,4 +161,18 @@ heartbeat: 1s`, e.pg.DSN(), e.rd.URL())
 		}
 		return *st.LagBytes == 0, fmt.Sprint(seen)
 	})
+}
+
+// sourceConfig is the source config of a pg_cdc section, as `pgrelay status` reads it.
+func sourceConfig(t *testing.T, section string) source.Config {
+	t.Helper()
+	parsed, err := input.PgCDCSpec().ParseYAML(section, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := input.PgCDCConfigFromParsed(parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

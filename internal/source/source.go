@@ -226,17 +226,16 @@ func (s *Source) pruneStatus(ctx context.Context, cutoff time.Time) {
 	}
 	var old []string
 	for owner, raw := range all {
-		var st ReplicaStatus
 		if owner == s.owner {
 			continue
 		}
-		at, perr := time.Time{}, json.Unmarshal([]byte(raw), &st)
-		if perr == nil {
-			at, perr = time.Parse(time.RFC3339, st.At)
+		var st ReplicaStatus
+		if json.Unmarshal([]byte(raw), &st) == nil {
+			if at, err := time.Parse(time.RFC3339, st.At); err == nil && !at.Before(cutoff) {
+				continue // written since cutoff
+			}
 		}
-		if perr != nil || at.Before(cutoff) {
-			old = append(old, owner)
-		}
+		old = append(old, owner)
 	}
 	if len(old) > 0 {
 		s.rdb.HDel(ctx, s.keys.Status, old...)
