@@ -60,6 +60,7 @@ func TestRedisQueueOutputLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "valid", Set: "{}"},
 		{Name: "durability word", Set: "durability: fsync", Refused: "durability:", Lint: "durability must be none, aof or {replicas: N, timeout: 5s}"},
 		{Name: "durability number", Set: "durability: 2", Refused: "durability:", Lint: "durability must be none, aof or"},
+		{Name: "durability unknown field", Set: "durability: {mode: aof}", Refused: "durability has no field mode", Lint: "durability has no field mode; durability must be none, aof or {replicas: N, timeout: 5s}"},
 		{Name: "durability replicas 0", Set: "durability: {replicas: 0}", Refused: "durability.replicas:", Lint: "durability.replicas must be a number, at least 1"},
 		{Name: "durability replicas text", Set: "durability: {replicas: two}", Refused: "durability.replicas:", Lint: "durability.replicas must be a number"},
 		{Name: "durability timeout", Set: "durability: {replicas: 1, timeout: soon}", Refused: "durability.timeout:", Lint: "durability.timeout must be a duration"},

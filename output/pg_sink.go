@@ -263,7 +263,7 @@ func newPGSink(c PgSinkConfig, mgr *service.Resources) *pgSink {
 	}}
 }
 
-// pingWithin bounds Connect's check that PostgreSQL answers again.
+// pingWithin bounds Connect's check that PostgreSQL (pg_sink) or Redis (redis_queue) answers again.
 const pingWithin = 5 * time.Second
 
 // sinkIdleConns is how many of the pool's connections stay open however long the sink idles (the

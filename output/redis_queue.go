@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,11 +90,13 @@ is retried and may repeat messages (same ids).`).
 			service.NewAnyField(rqoFieldDurability).
 				Description("What an acknowledged write survives: `none`; `aof` (requires appendonly yes and appendfsync always on every master, checked at connect); or `{replicas: N, timeout: 5s}` (WAIT for N replicas; a shortfall is an error so the source never confirms a write that might vanish).").
 				Default(rqoDurabilityNone).Example(rqoDurabilityAOF).Example(map[string]any{rqoFieldReplicas: 1, rqoFieldTimeout: "5s"}).
-				LintRule(fmt.Sprintf(`root = if this.type() == "string" { if ![%q, %q].contains(this) { [%q] } } else if this.type() == "object" { [
+				LintRule(fmt.Sprintf(`root = if this.type() == "string" { if ![%q, %q].contains(this) { [%q] } } else if this.type() == "object" {
+  if this.keys().any(k -> ![%q, %q].contains(k)) { [%q + this.keys().filter(k -> ![%q, %q].contains(k)).sort().join(", ") + %q] } else { [
   if this.%s.type() != "number" || this.%s < 1 { %q },
   if this.%s.or("") != "" && this.%s.parse_duration().catch(null) == null { %q },
-].filter(e -> e != null) } else { [%q] }`,
+].filter(e -> e != null) } } else { [%q] }`,
 					rqoDurabilityNone, rqoDurabilityAOF, durabilityMsg,
+					rqoFieldReplicas, rqoFieldTimeout, rqoFieldDurability+" has no field ", rqoFieldReplicas, rqoFieldTimeout, "; "+durabilityMsg,
 					rqoFieldReplicas, rqoFieldReplicas, rqoFieldDurability+"."+rqoFieldReplicas+" must be a number, at least 1",
 					rqoFieldTimeout, rqoFieldTimeout, rqoFieldDurability+"."+rqoFieldTimeout+" must be a duration such as 5s",
 					durabilityMsg)),
@@ -279,6 +282,11 @@ func parseDurability(conf *service.ParsedConfig) (queue.Durability, error) {
 			return d, nil
 		}
 	case map[string]any:
+		for _, k := range slices.Sorted(maps.Keys(t)) {
+			if k != rqoFieldReplicas && k != rqoFieldTimeout {
+				return d, fmt.Errorf("%s has no field %s: use %s, %s or {%s: N, %s: 5s}", rqoFieldDurability, k, rqoDurabilityNone, rqoDurabilityAOF, rqoFieldReplicas, rqoFieldTimeout)
+			}
+		}
 		n, err := strconv.Atoi(fmt.Sprint(t[rqoFieldReplicas]))
 		if err != nil || n < 1 {
 			return d, fmt.Errorf("%s.%s: %v is not a positive number", rqoFieldDurability, rqoFieldReplicas, t[rqoFieldReplicas])
@@ -306,6 +314,7 @@ type queueOutput struct {
 	mu     sync.Mutex
 	rdb    redis.UniversalClient
 	writer *queue.Writer
+	down   bool                // a write found Redis not answering: Connect waits until it does
 	queues map[string]struct{} // queues written, for retention
 	stop   chan struct{}
 	done   chan struct{}
@@ -359,10 +368,22 @@ func (c RedisQueueConfig) Check(ctx context.Context) error {
 	return rdb.Close()
 }
 
+// Connect opens the client and runs the start checks. After a write found Redis not answering
+// (redis_unreachable: WriteBatch reported not connected, so /ready answers 503), it pings Redis
+// until it answers; Benthos then writes the batch again.
 func (o *queueOutput) Connect(ctx context.Context) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.writer != nil {
+		if !o.down {
+			return nil
+		}
+		pctx, cancel := context.WithTimeout(ctx, pingWithin)
+		defer cancel()
+		if err := o.rdb.Ping(pctx).Err(); err != nil {
+			return o.conf.Conn.Explain(err)
+		}
+		o.down = false
 		return nil
 	}
 	rdb, w, err := o.conf.connect(ctx)
@@ -411,7 +432,17 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 	}
 	res, err := w.Write(ctx, msgs, cover)
 	if err != nil {
-		return o.conf.Conn.Explain(err)
+		err = o.conf.Conn.Explain(err)
+		if errcode.Of(err) == errcode.RedisUnreachable {
+			// not a failed batch: the output waits for Redis in Connect and Benthos writes the same
+			// batch again (exactly once with pg_cdc by the pointer's compare-and-set)
+			o.log.Warnf("%v; waiting for it, then writing the batch again", err)
+			o.mu.Lock()
+			o.down = true
+			o.mu.Unlock()
+			return service.ErrNotConnected
+		}
+		return err
 	}
 	if sb != nil {
 		// the pointer is now at or past the cover: tell the source, which then skips reading it back

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -197,6 +198,7 @@ func TestReadyFollowsTheSource(t *testing.T) {
 		code, body := ready(port)
 		return code == 503 && strings.Contains(body, `"path":"input","connected":false`), fmt.Sprintf("%d %s\n%s", code, body, lastBytes(first.Output(), 800))
 	})
+	waits(t, first, "pg_cdc waiting for the database")
 	pg.Exec(`ALTER DATABASE later ALLOW_CONNECTIONS true`)
 	cdctest.WaitEvery(t, 90*time.Second, 200*time.Millisecond, "/ready 200 again", func() (bool, string) {
 		code, body := ready(port)
@@ -278,10 +280,23 @@ func (e *numberSink) waitReady(what string, code int, want string) {
 	})
 }
 
+// waits checks that a pipeline not ready waits rather than spins: over 3 s its process uses less
+// than a tenth of a core (a Connect that returned at once while ReadBatch or WriteBatch reports
+// not connected would make Benthos call both in a loop, a whole core).
+func waits(t *testing.T, p *testenv.Process, what string) {
+	t.Helper()
+	const window = 3 * time.Second
+	c0 := cpuTime(t, p.Pid())
+	time.Sleep(window)
+	if used := cpuTime(t, p.Pid()) - c0; used > window/10 {
+		t.Errorf("%s: pgrelay used %s of CPU in %s (more than 10 %% of a core)", what, used, window)
+	}
+}
+
 // TestConsumerReadyFollowsRedis: a redis_queue input → pg_sink pipeline is ready while it reads;
 // with Redis killed, once the replica has dropped its shards (lease_ttl 3 s) /ready answers 503
-// (the input not connected); with Redis back it is ready again and applies what was written
-// after, every message once.
+// (the input not connected) and it waits for Redis without spinning; with Redis back it is ready
+// again and applies what was written after, every message once.
 func TestConsumerReadyFollowsRedis(t *testing.T) {
 	e := startNumberSink(t)
 	e.write(1, 10)
@@ -291,6 +306,7 @@ func TestConsumerReadyFollowsRedis(t *testing.T) {
 	}
 	e.rd.Kill()
 	e.waitReady("/ready 503 with Redis gone", 503, `"path":"input","connected":false`)
+	waits(t, e.p, "the input waiting for Redis")
 	e.rd.Restart()
 	e.waitReady("/ready 200 with Redis back", 200, "")
 	e.write(11, 20)
@@ -311,8 +327,117 @@ func TestSinkReadyFollowsPostgres(t *testing.T) {
 	e.pg.Kill()
 	e.write(11, 20)
 	e.waitReady("/ready 503 with PostgreSQL gone", 503, `"path":"output","connected":false`)
+	waits(t, e.p, "the output waiting for PostgreSQL")
 	e.pg.Restart()
 	e.waitReady("/ready 200 with PostgreSQL back", 200, "")
 	e.write(21, 30)
 	e.rows(30)
+}
+
+// TestSourceReadyFollowsRedis: a pg_cdc → redis_queue pipeline is ready while it streams; with
+// Redis killed, a write that cannot reach it makes the output not connected (/ready 503) while
+// Benthos holds the batch; with Redis back it is ready again and every row, those committed while
+// Redis was down included, is in the queue once.
+func TestSourceReadyFollowsRedis(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	rd := testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	ctx := t.Context()
+	pg.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
+	port := testenv.FreePort(t)
+	p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", writeConfig(t, "ready.yaml", cdctest.Pipeline{Name: "rdy", DSN: pg.DSN(), Tables: `[{table: t, queue: q}]`,
+		Redis: rd.URL(), Durability: "aof", LogLevel: "info", Top: fmt.Sprintf("http: {address: \"127.0.0.1:%d\"}", port)}.YAML()))
+	waitReady := func(what string, code int, want string) {
+		t.Helper()
+		cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, what, func() (bool, string) {
+			got, body := getReady(ctx, port)
+			return got == code && strings.Contains(body, want), fmt.Sprintf("%d %s\n%s", got, body, lastBytes(p.Output(), 800))
+		})
+	}
+	rows := func(n int) {
+		t.Helper()
+		cdctest.WaitEvery(t, 90*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows in the queue", n), func() (bool, string) {
+			entries, err := oracle.ReadQueue(ctx, rd.Client(), "pgrelay", "q")
+			if err != nil {
+				return false, err.Error()
+			}
+			res := oracle.Replay(entries)
+			return len(res.Tables["public.t"]) == n && len(res.Problems) == 0, fmt.Sprintf("%d entries, %v", len(entries), res.Problems)
+		})
+	}
+	waitReady("/ready 200 once pg_cdc streams", 200, "")
+	pg.Exec(`INSERT INTO t SELECT g, 'a' FROM generate_series(1, 10) g`)
+	rows(10)
+	rd.Kill()
+	pg.Exec(`INSERT INTO t SELECT g, 'b' FROM generate_series(11, 20) g`)
+	waitReady("/ready 503 with Redis gone", 503, `"connected":false`)
+	if _, body := getReady(ctx, port); true {
+		t.Logf("while Redis is gone: %s", body)
+	}
+	rd.Restart()
+	waitReady("/ready 200 with Redis back", 200, "")
+	pg.Exec(`INSERT INTO t SELECT g, 'c' FROM generate_series(21, 30) g`)
+	rows(30)
+}
+
+// TestQueueOutputReadyFollowsRedis: a generate → redis_queue pipeline is ready while it writes;
+// with Redis killed, a write that cannot reach it makes the output not connected (/ready 503, the
+// batch held, not dropped); with Redis back it is ready again and the queue holds every message
+// from the first to the last written, none missing.
+func TestQueueOutputReadyFollowsRedis(t *testing.T) {
+	rd := testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	ctx := t.Context()
+	port := testenv.FreePort(t)
+	p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", writeConfig(t, "gen.yaml", fmt.Sprintf(`http: {address: "127.0.0.1:%d"}
+logger: {level: info}
+input:
+  generate: {interval: 20ms, mapping: 'root = {"n": counter()}'}
+output:
+  redis_queue: {url: %s, queue: q, shards: 2, durability: aof}
+`, port, rd.URL())))
+	waitReady := func(what string, code int, want string) {
+		t.Helper()
+		cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, what, func() (bool, string) {
+			got, body := getReady(ctx, port)
+			return got == code && strings.Contains(body, want), fmt.Sprintf("%d %s\n%s", got, body, lastBytes(p.Output(), 800))
+		})
+	}
+	// numbers reads the queue: the highest n and how many of 1..highest are missing
+	numbers := func() (high, missing int, err error) {
+		entries, err := oracle.ReadQueue(ctx, rd.Client(), "pgrelay", "q")
+		if err != nil {
+			return 0, 0, err
+		}
+		seen := map[int]bool{}
+		for _, e := range entries {
+			var m struct{ N int }
+			if err := json.Unmarshal(e.Payload, &m); err != nil {
+				return 0, 0, err
+			}
+			seen[m.N] = true
+			high = max(high, m.N)
+		}
+		for n := 1; n <= high; n++ {
+			if !seen[n] {
+				missing++
+			}
+		}
+		return high, missing, nil
+	}
+	waitReady("/ready 200 while writing", 200, "")
+	rd.Kill()
+	waitReady("/ready 503 with Redis gone", 503, `"path":"output","connected":false`)
+	waits(t, p, "the output waiting for Redis")
+	rd.Restart()
+	waitReady("/ready 200 with Redis back", 200, "")
+	var before int
+	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "messages written after the restart", func() (bool, string) {
+		high, _, err := numbers()
+		if before == 0 {
+			before = high
+		}
+		return err == nil && high > before+20, fmt.Sprintf("highest %d (at the restart %d), %v", high, before, err)
+	})
+	if high, missing, err := numbers(); err != nil || missing != 0 {
+		t.Fatalf("queue up to %d: %d missing (%v)", high, missing, err)
+	}
 }
