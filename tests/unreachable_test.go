@@ -176,18 +176,7 @@ func TestReadyFollowsTheSource(t *testing.T) {
 	if _, err := later.Exec(ctx, `INSERT INTO t VALUES (1, 'a'), (2, 'b')`); err != nil {
 		t.Fatal(err)
 	}
-	rowsInQueue := func(n int) {
-		t.Helper()
-		cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows in the queue", n), func() (bool, string) {
-			entries, err := oracle.ReadQueue(ctx, rd.Client(), "pgrelay", "q")
-			if err != nil {
-				return false, err.Error()
-			}
-			res := oracle.Replay(entries)
-			return len(res.Tables["public.t"]) == n && len(res.Problems) == 0, fmt.Sprintf("%d entries, %v", len(entries), res.Problems)
-		})
-	}
-	rowsInQueue(2)
+	rowsInQueue(t, rd, "q", 2)
 
 	// The database stops taking connections and the walsender goes: the streaming replica is no
 	// longer ready (the standby, which does not stream, stays so); taking connections again, it is.
@@ -208,7 +197,7 @@ func TestReadyFollowsTheSource(t *testing.T) {
 	if _, err := later.Exec(ctx, `INSERT INTO t VALUES (3, 'c')`); err != nil {
 		t.Fatal(err)
 	}
-	rowsInQueue(3)
+	rowsInQueue(t, rd, "q", 3)
 }
 
 // getReady reads /ready of the binary's HTTP server on port: the status code (0 when it does not
@@ -274,9 +263,29 @@ func (e *numberSink) rows(want int) {
 // waitReady waits until /ready answers code, its body holding want when given.
 func (e *numberSink) waitReady(what string, code int, want string) {
 	e.t.Helper()
-	cdctest.WaitEvery(e.t, 60*time.Second, 200*time.Millisecond, what, func() (bool, string) {
-		got, body := getReady(e.t.Context(), e.port)
-		return got == code && strings.Contains(body, want), fmt.Sprintf("%d %s\n%s", got, body, lastBytes(e.p.Output(), 800))
+	waitReady(e.t, e.port, e.p, what, code, want)
+}
+
+// waitReady waits until /ready of the binary p (its HTTP server on port) answers code, its body
+// holding want when given.
+func waitReady(t *testing.T, port int, p *testenv.Process, what string, code int, want string) {
+	t.Helper()
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, what, func() (bool, string) {
+		got, body := getReady(t.Context(), port)
+		return got == code && strings.Contains(body, want), fmt.Sprintf("%d %s\n%s", got, body, lastBytes(p.Output(), 800))
+	})
+}
+
+// rowsInQueue waits until replaying queue q gives table public.t n rows, without problems.
+func rowsInQueue(t *testing.T, rd *testenv.Redis, q string, n int) {
+	t.Helper()
+	cdctest.WaitEvery(t, 90*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows in the queue", n), func() (bool, string) {
+		entries, err := oracle.ReadQueue(t.Context(), rd.Client(), "pgrelay", q)
+		if err != nil {
+			return false, err.Error()
+		}
+		res := oracle.Replay(entries)
+		return len(res.Tables["public.t"]) == n && len(res.Problems) == 0, fmt.Sprintf("%d entries, %v", len(entries), res.Problems)
 	})
 }
 
@@ -341,42 +350,21 @@ func TestSinkReadyFollowsPostgres(t *testing.T) {
 func TestSourceReadyFollowsRedis(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	rd := testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
-	ctx := t.Context()
 	pg.Exec(`CREATE TABLE t (id int PRIMARY KEY, v text)`)
 	port := testenv.FreePort(t)
 	p := testenv.StartProcess(t, nil, testenv.Binary(t), "-c", writeConfig(t, "ready.yaml", cdctest.Pipeline{Name: "rdy", DSN: pg.DSN(), Tables: `[{table: t, queue: q}]`,
 		Redis: rd.URL(), Durability: "aof", LogLevel: "info", Top: fmt.Sprintf("http: {address: \"127.0.0.1:%d\"}", port)}.YAML()))
-	waitReady := func(what string, code int, want string) {
-		t.Helper()
-		cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, what, func() (bool, string) {
-			got, body := getReady(ctx, port)
-			return got == code && strings.Contains(body, want), fmt.Sprintf("%d %s\n%s", got, body, lastBytes(p.Output(), 800))
-		})
-	}
-	rows := func(n int) {
-		t.Helper()
-		cdctest.WaitEvery(t, 90*time.Second, 200*time.Millisecond, fmt.Sprintf("%d rows in the queue", n), func() (bool, string) {
-			entries, err := oracle.ReadQueue(ctx, rd.Client(), "pgrelay", "q")
-			if err != nil {
-				return false, err.Error()
-			}
-			res := oracle.Replay(entries)
-			return len(res.Tables["public.t"]) == n && len(res.Problems) == 0, fmt.Sprintf("%d entries, %v", len(entries), res.Problems)
-		})
-	}
-	waitReady("/ready 200 once pg_cdc streams", 200, "")
+	waitReady(t, port, p, "/ready 200 once pg_cdc streams", 200, "")
 	pg.Exec(`INSERT INTO t SELECT g, 'a' FROM generate_series(1, 10) g`)
-	rows(10)
+	rowsInQueue(t, rd, "q", 10)
 	rd.Kill()
 	pg.Exec(`INSERT INTO t SELECT g, 'b' FROM generate_series(11, 20) g`)
-	waitReady("/ready 503 with Redis gone", 503, `"connected":false`)
-	if _, body := getReady(ctx, port); true {
-		t.Logf("while Redis is gone: %s", body)
-	}
+	waitReady(t, port, p, "/ready 503 with Redis gone", 503, `"path":"output","connected":false`)
+	waits(t, p, "the pipeline waiting for Redis")
 	rd.Restart()
-	waitReady("/ready 200 with Redis back", 200, "")
+	waitReady(t, port, p, "/ready 200 with Redis back", 200, "")
 	pg.Exec(`INSERT INTO t SELECT g, 'c' FROM generate_series(21, 30) g`)
-	rows(30)
+	rowsInQueue(t, rd, "q", 30)
 }
 
 // TestQueueOutputReadyFollowsRedis: a generate → redis_queue pipeline is ready while it writes;
@@ -394,13 +382,6 @@ input:
 output:
   redis_queue: {url: %s, queue: q, shards: 2, durability: aof}
 `, port, rd.URL())))
-	waitReady := func(what string, code int, want string) {
-		t.Helper()
-		cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, what, func() (bool, string) {
-			got, body := getReady(ctx, port)
-			return got == code && strings.Contains(body, want), fmt.Sprintf("%d %s\n%s", got, body, lastBytes(p.Output(), 800))
-		})
-	}
 	// numbers reads the queue: the highest n and how many of 1..highest are missing
 	numbers := func() (high, missing int, err error) {
 		entries, err := oracle.ReadQueue(ctx, rd.Client(), "pgrelay", "q")
@@ -423,12 +404,12 @@ output:
 		}
 		return high, missing, nil
 	}
-	waitReady("/ready 200 while writing", 200, "")
+	waitReady(t, port, p, "/ready 200 while writing", 200, "")
 	rd.Kill()
-	waitReady("/ready 503 with Redis gone", 503, `"path":"output","connected":false`)
+	waitReady(t, port, p, "/ready 503 with Redis gone", 503, `"path":"output","connected":false`)
 	waits(t, p, "the output waiting for Redis")
 	rd.Restart()
-	waitReady("/ready 200 with Redis back", 200, "")
+	waitReady(t, port, p, "/ready 200 with Redis back", 200, "")
 	var before int
 	cdctest.WaitEvery(t, 30*time.Second, 200*time.Millisecond, "messages written after the restart", func() (bool, string) {
 		high, _, err := numbers()
