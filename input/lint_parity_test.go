@@ -41,6 +41,7 @@ func TestPgCDCLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "too many tables", Set: tables(source.MaxTables + 1), Refused: "tables:", Lint: "tables must list 1-256"},
 		{Name: "table without name", Set: "tables: [{table: public., queue: q}]", Refused: "tables[0].table:", Lint: "tables[].table must match"},
 		{Name: "table without schema", Set: "tables: [{table: .t, queue: q}]", Refused: "tables[0].table:", Lint: "tables[].table must match"},
+		{Name: "table in SQL quotes", Set: `tables: [{table: 'public."Order Lines"', queue: q}]`, Refused: "tables[0].table: public.\"Order Lines\" is taken as written", Lint: "tables[].table is taken as written, without SQL quotes: use public.Order Lines"},
 		{Name: "a table twice", Set: "tables: [{table: t, queue: q}, {table: public.t, queue: r}]", Refused: "tables[1].table:", Lint: "must not list a table twice"},
 		{Name: "empty queue", Set: "tables: [{table: t, queue: ''}]", Refused: "tables[0].queue:", Lint: "tables[].queue must be 1-128 bytes"},
 		{Name: "long queue", Set: "tables: [{table: t, queue: " + strings.Repeat("q", source.MaxQueueBytes+1) + "}]", Refused: "tables[0].queue:", Lint: "tables[].queue must be 1-128 bytes"},

@@ -72,6 +72,11 @@ func PgCDCSpec() *service.ConfigSpec {
 	tablePath := func(f string) string { return pcFieldTables + "[]." + f }
 	envPath := func(f string) string { return pcFieldEnvelopes + "[]." + f }
 	queueRule := func(path string) string { return speclint.QueueName(path, source.MaxQueueBytes, false) }
+	// schema.name or name, without the SQL quotes pg_sink's table takes: names here are as written
+	tableRule := func(path string) string {
+		return fmt.Sprintf(`root = if this.contains("\"") { [%q + this.replace_all("\"", "")] } else if !this.re_match(%s) { [%q] }`,
+			path+" is taken as written, without SQL quotes: use ", speclint.Quote(source.TablePattern), path+" must match "+source.TablePattern)
+	}
 	return service.NewConfigSpec().
 		Beta().
 		Version("0.1.0").
@@ -96,7 +101,7 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 				Example("orders").LintRule(speclint.Match(pcFieldName, source.NamePattern, false)),
 			service.NewObjectListField(pcFieldTables,
 				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public. Taken as written, case-sensitive and without SQL quotes: a table created as `CREATE TABLE \"Orders\"` is `public.Orders`, one created as `CREATE TABLE Orders` is `public.orders`.").
-					LintRule(speclint.Match(tablePath(pcFieldTable), source.TablePattern, false)),
+					LintRule(tableRule(tablePath(pcFieldTable))),
 				service.NewStringField(pcFieldQueue).Description(fmt.Sprintf("The queue its changes go to (1-%d bytes, no braces).", source.MaxQueueBytes)).
 					LintRule(queueRule(tablePath(pcFieldQueue))),
 				service.NewAnyField(pcFieldPartitionBy).Description("`key` (the key columns, default), `single` (one partition `all`, total order), or a list of columns (inside the key, unless the table has REPLICA IDENTITY FULL or is append-only). An append-only table without a key needs `single` or columns.").Default(pcPartitionKey).

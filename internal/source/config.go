@@ -211,6 +211,9 @@ func (c *Config) validateTables() error {
 		if t.Schema == "" || t.Name == "" {
 			return fieldErr(path+".table", "use schema.name or name")
 		}
+		if strings.Contains(t.Full(), `"`) {
+			return fieldErr(path+".table", "%s is taken as written, without SQL quotes (names are case-sensitive): use %s", t.Full(), strings.ReplaceAll(t.Full(), `"`, ""))
+		}
 		if seen[t.Full()] {
 			return fieldErr(path+".table", "%s is listed twice", t.Full())
 		}
