@@ -43,9 +43,12 @@ func main() {
 		service.CLIOptSetDocumentationURL("https://github.com/pgrelay/pgrelay/tree/main/docs"),
 	}
 	// pgrelay's own subcommands, next to Benthos' run, lint, echo, streams, list...
-	for _, c := range []*ucli.Command{cli.Status(), cli.Check(), cli.Resync(), cli.Teardown(), cli.Queue()} {
+	cmds := []*ucli.Command{cli.Status(), cli.Check(), cli.Resync(), cli.Teardown(), cli.Queue()}
+	for _, c := range cmds {
 		opts = append(opts, service.CLIOptAddCommand(c))
 	}
+	// ...whose flags may also follow their arguments (pgrelay queue info orders --url …)
+	opts = append(opts, service.CLIOptSetArgs(cli.FlagsFirst(cmds, os.Args)...))
 	// The collector's goal: the live heap plus a headroom, unless GOGC or GOMEMLIMIT says otherwise.
 	if gctune.Enabled() {
 		gctune.Start(gctune.Headroom)

@@ -77,7 +77,7 @@ func TestQueueCLIInfoAndDLQ(t *testing.T) {
 	if fromCfg.Queue != "cq" || fromCfg.Length != 10 {
 		t.Fatalf("info -c: %+v", fromCfg)
 	}
-	human := runCLI(t, "queue", "info", "--url", r.URL(), "cq")
+	human := runCLI(t, "queue", "info", "cq", "--url", r.URL()) // flags may follow the name
 	for _, want := range []string{"queue cq: 2 shards, 10 messages kept, 3 dead letters", "group g: lag 0, pending 0"} {
 		if !strings.Contains(human, want) {
 			t.Fatalf("info lacks %q:\n%s", want, human)

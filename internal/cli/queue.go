@@ -42,7 +42,7 @@ func Queue() *cli.Command {
 	return quiet(&cli.Command{
 		Name:  "queue",
 		Usage: "Inspect a pgrelay queue, read its positions and manage its dead letters",
-		Description: "Flags go before the queue name, e.g. `pgrelay queue info --url redis://127.0.0.1:6379 --json orders`.\n" +
+		Description: "E.g. `pgrelay queue info orders --url redis://127.0.0.1:6379 --json` (flags before or after the queue name).\n" +
 			"The connection comes from --url (or $REDIS_URL), --cluster-url, or --sentinel with --sentinel-master, with --prefix as in the pipeline config,\n" +
 			"or from -c <pipeline config>: its first redis_queue input, else output, TLS included (then the queue name may be left out).",
 		Subcommands: []*cli.Command{
@@ -104,13 +104,10 @@ type env struct {
 	out    io.Writer
 }
 
-// queueUsage says what is wrong with a queue subcommand's arguments. Flags are read only before the
-// queue name, so flags after it come back as arguments: the message shows them moved.
+// queueUsage says what is wrong with a queue subcommand's arguments (the binary moves flags written
+// after the queue name before it: FlagsFirst).
 func queueUsage(cmd string, args []string) string {
 	usage := fmt.Sprintf("usage: pgrelay queue %s [flags] <queue>", cmd)
-	if len(args) > 1 && strings.HasPrefix(args[1], "-") {
-		return fmt.Sprintf("flags go before the queue name: pgrelay queue %s %s %s (%s)", cmd, strings.Join(args[1:], " "), args[0], usage)
-	}
 	if len(args) > 1 {
 		return fmt.Sprintf("one queue name only, got %d arguments (%s)", len(args), usage)
 	}
