@@ -73,3 +73,37 @@ func lastBytes(s string, n int) string {
 	}
 	return s
 }
+
+// TestRedisAtItsMemoryLimit: Redis reaches maxmemory (noeviction) while pg_cdc streams a random
+// writer's transactions into redis_queue. Its writes are refused with redis_oom and the fix, the
+// source re-sends the same batch with backoff, nothing is lost or repeated: once maxmemory is
+// raised, with no restart, the queue replays to the table exactly and the source says the batch
+// went.
+func TestRedisAtItsMemoryLimit(t *testing.T) {
+	e := newCDCEnv(t, "oom", `[{table: w, queue: q}]`, "")
+	e.pg.Exec(writerTable)
+	rdb := e.rd.Client()
+	src := e.start()
+	e.waitPointer()
+	stop := make(chan struct{})
+	committed := e.randomWriter(7, stop)
+	time.Sleep(time.Second)
+	if err := rdb.ConfigSet(e.ctx, "maxmemory", "1").Err(); err != nil { // below what Redis uses
+		t.Fatal(err)
+	}
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "the writes refused", func() (bool, string) {
+		out := src.Output()
+		return strings.Contains(out, "redis_oom: Redis is at its memory limit") && strings.Contains(out, "Fix: raise maxmemory"), lastBytes(out, 2000)
+	})
+	time.Sleep(2 * time.Second) // several re-sends refused
+	close(stop)
+	n := committed()
+	if err := rdb.ConfigSet(e.ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.converge("public.w", "id")
+	if out := src.Output(); !strings.Contains(out, "re-sends") {
+		t.Errorf("no line says the re-sent batch went:\n%s", lastBytes(out, 2000))
+	}
+	t.Logf("%d transactions", n)
+}

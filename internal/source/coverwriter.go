@@ -149,7 +149,11 @@ func (s *Source) acked(b *Batch) {
 		return
 	}
 	s.mu.Lock()
+	resent := s.attempts
 	s.attempts = 0
 	s.mu.Unlock()
+	if resent > 0 { // the warnings of its re-sends get their end
+		s.log.Infof("batch up to %s delivered after %d re-sends", b.pos(), resent)
+	}
 	b.sess.acked(b)
 }
