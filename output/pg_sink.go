@@ -241,6 +241,7 @@ type pgSink struct {
 	pool    *pgxpool.Pool
 	applier *sink.Applier
 	down    bool // a write found PostgreSQL not answering: Connect waits until it does
+	pace    reconnectPace
 }
 
 // sinkMetrics are the sink's counters (DESIGN §8); dead letters are counted by the input.
@@ -262,9 +263,6 @@ func newPGSink(c PgSinkConfig, mgr *service.Resources) *pgSink {
 		paused:    m.NewGauge("pg_sink_paused", "sink"),
 	}}
 }
-
-// pingWithin bounds Connect's check that PostgreSQL (pg_sink) or Redis (redis_queue) answers again.
-const pingWithin = 5 * time.Second
 
 // sinkIdleConns is how many of the pool's connections stay open however long the sink idles (the
 // pool closes the others after a minute idle): a batch after a pause then needs no new connection
@@ -293,6 +291,12 @@ func (c PgSinkConfig) Check(ctx context.Context) (creates bool, err error) {
 // not answering (sink.ErrUnreachable: WriteBatch reported not connected, so /ready answers 503),
 // it pings the server until it answers; Benthos then writes the batch again.
 func (s *pgSink) Connect(ctx context.Context) error {
+	s.mu.Lock()
+	down := s.applier != nil && s.down
+	s.mu.Unlock()
+	if down {
+		s.pace.wait(ctx)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.applier != nil {
@@ -376,6 +380,7 @@ func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) err
 		s.mu.Unlock()
 		return service.ErrNotConnected
 	}
+	s.pace.wrote()
 	if err != nil {
 		s.countError(err, sink.Environment)
 		return err

@@ -314,7 +314,8 @@ type queueOutput struct {
 	mu     sync.Mutex
 	rdb    redis.UniversalClient
 	writer *queue.Writer
-	down   bool                // a write found Redis not answering: Connect waits until it does
+	down   bool // a write found Redis not answering: Connect waits until it does
+	pace   reconnectPace
 	queues map[string]struct{} // queues written, for retention
 	stop   chan struct{}
 	done   chan struct{}
@@ -372,6 +373,12 @@ func (c RedisQueueConfig) Check(ctx context.Context) error {
 // (redis_unreachable: WriteBatch reported not connected, so /ready answers 503), it pings Redis
 // until it answers; Benthos then writes the batch again.
 func (o *queueOutput) Connect(ctx context.Context) error {
+	o.mu.Lock()
+	down := o.writer != nil && o.down
+	o.mu.Unlock()
+	if down {
+		o.pace.wait(ctx)
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.writer != nil {
@@ -442,8 +449,10 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 			o.mu.Unlock()
 			return service.ErrNotConnected
 		}
+		o.pace.wrote()
 		return err
 	}
+	o.pace.wrote()
 	if sb != nil {
 		// the pointer is now at or past the cover: tell the source, which then skips reading it back
 		sb.Receipt.Mark(cover.Pos)
