@@ -240,8 +240,7 @@ type pgSink struct {
 	mu      sync.Mutex
 	pool    *pgxpool.Pool
 	applier *sink.Applier
-	down    bool // a write found PostgreSQL not answering: Connect waits until it does
-	pace    reconnectPace
+	rc      reconnect // a write that found PostgreSQL not answering: Connect waits until it does
 }
 
 // sinkMetrics are the sink's counters (DESIGN §8); dead letters are counted by the input.
@@ -292,25 +291,19 @@ func (c PgSinkConfig) Check(ctx context.Context) (creates bool, err error) {
 // it pings the server until it answers; Benthos then writes the batch again.
 func (s *pgSink) Connect(ctx context.Context) error {
 	s.mu.Lock()
-	down := s.applier != nil && s.down
+	open := s.pool
 	s.mu.Unlock()
-	if down {
-		s.pace.wait(ctx)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.applier != nil {
-		if !s.down {
-			return nil
-		}
-		pctx, cancel := context.WithTimeout(ctx, pingWithin)
-		defer cancel()
-		if err := s.pool.Ping(pctx); err != nil {
+	if open != nil {
+		if err := s.rc.await(ctx, open.Ping); err != nil {
 			err = pgconnect.Explain(err)
 			s.countError(err, sink.Classify(err))
 			return err
 		}
-		s.down = false
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pool != nil { // opened meanwhile
 		return nil
 	}
 	pcfg, err := s.conf.Conn.PoolConfig(s.conf.maxConns)
@@ -374,13 +367,9 @@ func (s *pgSink) WriteBatch(ctx context.Context, batch service.MessageBatch) err
 	res, err := a.Write(ctx, msgs)
 	if errors.Is(err, sink.ErrUnreachable) {
 		s.countError(err, sink.Transient)
-		s.log.Warnf("%v; waiting for it, then writing the batch again", err)
-		s.mu.Lock()
-		s.down = true
-		s.mu.Unlock()
-		return service.ErrNotConnected
+		return s.rc.lost(s.log, err)
 	}
-	s.pace.wrote()
+	s.rc.wrote()
 	if err != nil {
 		s.countError(err, sink.Environment)
 		return err

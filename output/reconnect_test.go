@@ -23,10 +23,10 @@ func TestPaceDelay(t *testing.T) {
 			t.Errorf("paceDelay(%d) = %s, want %s", c.n, got, c.want)
 		}
 	}
-	var p reconnectPace
-	p.n.Store(4)
-	p.wrote()
-	if p.n.Load() != 0 {
-		t.Errorf("after a write the count is %d, want 0", p.n.Load())
+	var r reconnect
+	r.tries.Store(4)
+	r.wrote()
+	if r.tries.Load() != 0 {
+		t.Errorf("after a write the count is %d, want 0", r.tries.Load())
 	}
 }

@@ -314,8 +314,7 @@ type queueOutput struct {
 	mu     sync.Mutex
 	rdb    redis.UniversalClient
 	writer *queue.Writer
-	down   bool // a write found Redis not answering: Connect waits until it does
-	pace   reconnectPace
+	rc     reconnect           // a write that found Redis not answering: Connect waits until it does
 	queues map[string]struct{} // queues written, for retention
 	stop   chan struct{}
 	done   chan struct{}
@@ -374,23 +373,14 @@ func (c RedisQueueConfig) Check(ctx context.Context) error {
 // until it answers; Benthos then writes the batch again.
 func (o *queueOutput) Connect(ctx context.Context) error {
 	o.mu.Lock()
-	down := o.writer != nil && o.down
+	rdb := o.rdb
 	o.mu.Unlock()
-	if down {
-		o.pace.wait(ctx)
+	if rdb != nil {
+		return o.conf.Conn.Explain(o.rc.await(ctx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() }))
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.writer != nil {
-		if !o.down {
-			return nil
-		}
-		pctx, cancel := context.WithTimeout(ctx, pingWithin)
-		defer cancel()
-		if err := o.rdb.Ping(pctx).Err(); err != nil {
-			return o.conf.Conn.Explain(err)
-		}
-		o.down = false
+	if o.rdb != nil { // opened meanwhile
 		return nil
 	}
 	rdb, w, err := o.conf.connect(ctx)
@@ -443,16 +433,12 @@ func (o *queueOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 		if errcode.Of(err) == errcode.RedisUnreachable {
 			// not a failed batch: the output waits for Redis in Connect and Benthos writes the same
 			// batch again (exactly once with pg_cdc by the pointer's compare-and-set)
-			o.log.Warnf("%v; waiting for it, then writing the batch again", err)
-			o.mu.Lock()
-			o.down = true
-			o.mu.Unlock()
-			return service.ErrNotConnected
+			return o.rc.lost(o.log, err)
 		}
-		o.pace.wrote()
+		o.rc.wrote()
 		return err
 	}
-	o.pace.wrote()
+	o.rc.wrote()
 	if sb != nil {
 		// the pointer is now at or past the cover: tell the source, which then skips reading it back
 		sb.Receipt.Mark(cover.Pos)
