@@ -212,17 +212,44 @@ func (pg *Postgres) waitReady(timeout time.Duration) error {
 			return fmt.Errorf("exited: %s", tail(p.log))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		conn, err := pgx.Connect(ctx, pg.DSN())
+		err := pg.answers(ctx)
+		cancel()
 		if err == nil {
-			conn.Close(ctx)
-			cancel()
 			return nil
 		}
-		cancel()
 		last = err
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("not ready after %s: %v\n%s", timeout, last, tail(pg.proc.current().log))
+}
+
+// answers reports whether this server takes connections on its port. The server must be this one
+// (its data directory): tests of other processes start servers too, and one of theirs may hold the
+// port this server is about to find taken, whose exit waitReady then reads.
+func (pg *Postgres) answers(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, pg.DSN())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var dir string
+	if err := conn.QueryRow(ctx, `SHOW data_directory`).Scan(&dir); err != nil {
+		return err
+	}
+	if !samePath(dir, pg.DataDir) {
+		return fmt.Errorf("port %d is answered by another server (data directory %s)", pg.Port, dir)
+	}
+	return nil
+}
+
+// samePath reports whether a and b name the same directory (symbolic links resolved).
+func samePath(a, b string) bool {
+	ra, errA := filepath.EvalSymlinks(a)
+	rb, errB := filepath.EvalSymlinks(b)
+	if errA != nil || errB != nil {
+		return filepath.Clean(a) == filepath.Clean(b)
+	}
+	return ra == rb
 }
 
 // DSN is the connection string of the postgres database as the postgres superuser.

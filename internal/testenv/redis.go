@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -111,6 +112,9 @@ func (r *Redis) tryStart(bin string) error {
 	if err := waitRedisLoaded(r.Addr(), r.tlsConf); err != nil {
 		return err
 	}
+	if err := waitOwnPort(p, r.Addr(), r.tlsConf); err != nil {
+		return err
+	}
 	return r.rewriteTruncatedAOF(logPath, logFrom)
 }
 
@@ -173,6 +177,25 @@ func waitRedisLoaded(addr string, tlsConf *tls.Config) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return err
+}
+
+// waitOwnPort returns once the server answering at addr is p (INFO's process_id): tests of other
+// processes start servers too, and one of theirs may hold the port p is about to find taken. Then
+// p exits, and its error (the log's "Address already in use") is returned.
+func waitOwnPort(p *proc, addr string, tlsConf *tls.Config) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, TLSConfig: tlsConf})
+	defer c.Close()
+	for i := 0; i < 500; i++ {
+		if p.exited() {
+			return fmt.Errorf("server exited: %s", tail(p.log))
+		}
+		info, err := c.Info(context.Background(), "server").Result()
+		if err == nil && parseInfo(info)["process_id"] == strconv.Itoa(p.cmd.Process.Pid) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("port of %s answered by another server than pid %d: Address already in use", addr, p.cmd.Process.Pid)
 }
 
 // Addr is host:port of the server.
