@@ -108,6 +108,9 @@ sentinel parallel-syncs %s 1
 	if err := waitTCP(s.proc, s.Port, 30*time.Second); err != nil {
 		t.Fatalf("testenv: sentinel: %v", err)
 	}
+	if err := waitOwnPort(s.proc, s.Addr(), nil); err != nil {
+		t.Fatalf("testenv: sentinel: %v", err)
+	}
 	return s
 }
 
