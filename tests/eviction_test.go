@@ -76,11 +76,16 @@ func lastBytes(s string, n int) string {
 
 // TestRedisAtItsMemoryLimit: Redis reaches maxmemory (noeviction) while pg_cdc streams a random
 // writer's transactions into redis_queue. Its writes are refused with redis_oom and the fix, the
-// source re-sends the same batch with backoff, nothing is lost or repeated: once maxmemory is
+// source re-sends the same batch with backoff and counts the code in pgrelay_source_errors;
+// nothing is lost or repeated: once maxmemory is
 // raised, with no restart, the queue replays to the table exactly and the source says the batch
 // went.
 func TestRedisAtItsMemoryLimit(t *testing.T) {
-	e := newCDCEnv(t, "oom", `[{table: w, queue: q}]`, "")
+	port := testenv.FreePort(t)
+	pg := testenv.StartPostgres(t)
+	e := newCDCEnvWith(t, pg, pg.DSN(), "oom", `[{table: w, queue: q}]`, func(p *cdctest.Pipeline, _ *testenv.Redis) {
+		p.Top = fmt.Sprintf("http: {address: \"127.0.0.1:%d\"}\nmetrics: {prometheus: {}}", port)
+	})
 	e.pg.Exec(writerTable)
 	rdb := e.rd.Client()
 	src := e.start()
@@ -94,6 +99,14 @@ func TestRedisAtItsMemoryLimit(t *testing.T) {
 	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "the writes refused", func() (bool, string) {
 		out := src.Output()
 		return strings.Contains(out, "redis_oom: Redis is at its memory limit") && strings.Contains(out, "Fix: raise maxmemory"), lastBytes(out, 2000)
+	})
+	// counted by code for the alert rules (PgrelaySourceErrorCodes), though the session goes on
+	cdctest.WaitEvery(t, 30*time.Second, 250*time.Millisecond, "redis_oom in pgrelay_source_errors", func() (bool, string) {
+		body, err := testenv.HTTPGet(e.ctx, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), 10*time.Second)
+		if err != nil {
+			return false, err.Error()
+		}
+		return hasSeries(body, "pgrelay_source_errors", `[1-9][0-9]*`, `code="redis_oom"`, `source="oom"`), body
 	})
 	time.Sleep(2 * time.Second) // several re-sends refused
 	close(stop)

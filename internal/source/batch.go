@@ -383,6 +383,7 @@ func (s *Source) settle(b *Batch) {
 	s.attempts++
 	s.mu.Unlock()
 	s.log.Warnf("batch up to %s not delivered, re-sending: %v", pos, err)
+	s.countError(err)
 }
 
 // waitAcked blocks until no returned batch awaits its ack and every acknowledged cover is

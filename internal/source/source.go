@@ -278,17 +278,27 @@ func (s *Source) Phase() (string, error) {
 	return s.phase, s.lastErr
 }
 
+// countError counts err by its code in the Error hook (pgrelay_source_errors): a session's error,
+// or a batch the output did not deliver (Redis at its memory limit, a write refused), which the
+// source sends again without ending the session.
+func (s *Source) countError(err error) {
+	if s.hooks.Error == nil {
+		return
+	}
+	code := errcode.Of(err)
+	if code.Transient() {
+		code = "" // counted as a lost connection is
+	}
+	s.hooks.Error(string(code))
+}
+
 func (s *Source) setPhase(p string, err error) {
 	s.mu.Lock()
 	changed := s.phase != p || (err != nil && (s.lastErr == nil || s.lastErr.Error() != err.Error()))
 	s.phase, s.lastErr = p, err
 	s.mu.Unlock()
-	if err != nil && s.hooks.Error != nil {
-		code := errcode.Of(err)
-		if code.Transient() {
-			code = "" // counted as a lost connection is
-		}
-		s.hooks.Error(string(code))
+	if err != nil {
+		s.countError(err)
 	}
 	if changed {
 		if s.hooks.Phase != nil {
