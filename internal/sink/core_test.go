@@ -178,6 +178,20 @@ func TestCore(t *testing.T) {
 				}
 			})
 		}
+		// a name that differs only in letter case is named, written as `table` takes it
+		mixed, lower := f.name("Mixed"), f.name("lower")
+		f.exec(t, `CREATE TABLE "`+mixed+`" (a int); CREATE TABLE `+lower+` (a int)`)
+		for _, c := range []struct{ table, want string }{
+			{"public." + mixed, `table public.` + mixed + ` does not exist, but public."` + mixed + `" does. Fix: names are taken as in SQL: unquoted ones in lower case, quoted ones as written; set ` + "`table`" + ` to public."` + mixed + `"`},
+			{`public."` + strings.ToUpper(lower) + `"`, `but public.` + lower + ` does`},
+			{strings.ToUpper(`"` + lower + `"`), `but public.` + lower + ` does`},
+			{"public.no_such_" + lower, "does not exist (or is not on the search_path)"},
+		} {
+			_, err := f.applierErr(Config{Table: c.table, Mode: ModeAppend})
+			if !errcode.Is(err, errcode.TargetMissing) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("table %s: %v, want %q", c.table, err, c.want)
+			}
+		}
 		a := f.applier(t, Config{Table: nokey + "_u", Mode: ModeUpsert, Key: []string{"b"}})
 		if strings.Join(a.Target().Key, ",") != "b" {
 			t.Fatalf("key %v", a.Target().Key)

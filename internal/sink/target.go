@@ -97,7 +97,11 @@ func Inspect(ctx context.Context, q Querier, table string, needs TargetNeeds) (*
 		return nil, schemaUsageError(ctx, q, table, err)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, errcode.New(errcode.TargetMissing, fmt.Sprintf("table %q does not exist (or is not on the search_path)", table),
+		if other := otherCase(ctx, q, table); other != "" {
+			return nil, errcode.New(errcode.TargetMissing, fmt.Sprintf("table %s does not exist, but %s does", table, other),
+				"names are taken as in SQL: unquoted ones in lower case, quoted ones as written; set `table` to "+other)
+		}
+		return nil, errcode.New(errcode.TargetMissing, fmt.Sprintf("table %s does not exist (or is not on the search_path)", table),
 			"create the table first (pg_sink never creates or alters it) or fix `table` (schema.name, quoted as in SQL)")
 	}
 	if err != nil {
@@ -259,6 +263,30 @@ func (t *Target) checkPrivileges(ctx context.Context, q Querier, oid uint32, pri
 			fmt.Sprintf("GRANT %s ON %s TO %s", strings.Join(missing, ", "), t.Ident(), pgx.Identifier{role}.Sanitize()))
 	}
 	return nil
+}
+
+// otherCase returns the one table whose name differs from table's only in letter case, written as
+// `table` takes it (quoted where SQL needs it), or "" when there is none (or more than one).
+func otherCase(ctx context.Context, q Querier, table string) string {
+	var schema, name string
+	err := q.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
+		LATERAL (SELECT parse_ident($1) AS p) i
+		WHERE c.relkind IN ('r', 'p') AND lower(c.relname) = lower(i.p[array_length(i.p, 1)])
+		  AND (array_length(i.p, 1) = 1 AND n.nspname = ANY (current_schemas(false)) OR lower(n.nspname) = lower(i.p[1]))`, table).Scan(&schema, &name)
+	if err != nil { // none, several, or a name parse_ident refuses
+		return ""
+	}
+	return sqlName(schema) + "." + sqlName(name)
+}
+
+// sqlName writes an identifier as SQL reads it back: bare when it is lower case, else quoted.
+func sqlName(s string) string {
+	for i, r := range s {
+		if !(r >= 'a' && r <= 'z' || r == '_' || i > 0 && (r >= '0' && r <= '9' || r == '$')) {
+			return pgx.Identifier{s}.Sanitize()
+		}
+	}
+	return s
 }
 
 // schemaUsageError is the target_privileges error of a table whose schema the role may not use
