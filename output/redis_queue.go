@@ -40,6 +40,10 @@ const (
 	rqoFieldBatching          = "batching"
 )
 
+// rqoUnreachableFor is how long a write retries while Redis cannot be reached at all before the
+// output reports not connected (other transient failures, a failover's, are retried for 30 s).
+const rqoUnreachableFor = 5 * time.Second
+
 // durability's values, and the limits of the numeric fields.
 const (
 	rqoDurabilityNone, rqoDurabilityAOF = "none", "aof"
@@ -219,6 +223,7 @@ func RedisQueueConfigFromParsed(conf *service.ParsedConfig) (c RedisQueueConfig,
 		return c, err
 	}
 	c.writer.Prefix = c.Conn.Prefix
+	c.writer.UnreachableFor = rqoUnreachableFor
 	if conf.Contains(rqoFieldShards) {
 		if c.writer.Shards, err = conf.FieldInt(rqoFieldShards); err != nil {
 			return c, err

@@ -146,6 +146,10 @@ type WriterConfig struct {
 	// RetryFor bounds how long Write retries transient failures (lost connection, LOADING, ...)
 	// with backoff; 0 means 30 s, negative means no retry.
 	RetryFor time.Duration
+	// UnreachableFor, when set, is how long Write retries while no connection to Redis can be
+	// opened at all (redisconn.Unreachable), shorter than RetryFor: a caller that waits for Redis
+	// on its own (the redis_queue output reports not connected) hears of it sooner.
+	UnreachableFor time.Duration
 }
 
 func (c *WriterConfig) defaults() {
@@ -365,7 +369,8 @@ func (w *Writer) split(msgs []Message) [][]Message {
 // after maxTxConflicts aborted EXECs or where no transaction can run; it retries transient
 // failures and a stale shard count.
 func (w *Writer) writePiece(ctx context.Context, msgs []Message, c *Cover, last bool) (Result, error) {
-	deadline := time.Now().Add(w.conf.RetryFor)
+	start := time.Now()
+	deadline := start.Add(w.conf.RetryFor)
 	wait := 50 * time.Millisecond
 	refreshed := false
 	conflicts := 0
@@ -397,7 +402,7 @@ func (w *Writer) writePiece(ctx context.Context, msgs []Message, c *Cover, last 
 			continue
 		}
 		err = classify(err)
-		if !isTransient(err) || !w.sleepRetry(ctx, deadline, &wait) {
+		if !isTransient(err) || w.gaveUp(start, err) || !w.sleepRetry(ctx, deadline, &wait) {
 			return ResultOK, err
 		}
 	}
@@ -410,6 +415,12 @@ func (w *Writer) writeScript(ctx context.Context, msgs []Message, c *Cover, last
 		return "", err
 	}
 	return w.run(ctx, keys, args)
+}
+
+// gaveUp reports whether the write that began at start has found Redis unreachable for
+// UnreachableFor (when set).
+func (w *Writer) gaveUp(start time.Time, err error) bool {
+	return w.conf.UnreachableFor > 0 && redisconn.Unreachable(err) && time.Since(start) >= w.conf.UnreachableFor
 }
 
 func (w *Writer) sleepRetry(ctx context.Context, deadline time.Time, wait *time.Duration) bool {

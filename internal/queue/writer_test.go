@@ -15,6 +15,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/lease"
+	"github.com/pgrelay/pgrelay/internal/redisconn"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
@@ -616,5 +617,27 @@ func TestWritePackBounds(t *testing.T) {
 				t.Errorf("messages per entry %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// TestWriteGivesUpOnUnreachableRedis: with UnreachableFor set, a write to a Redis that cannot be
+// reached at all returns its dial error once that long has passed, though RetryFor is a minute; a
+// write whose Redis comes back within it goes in.
+func TestWriteGivesUpOnUnreachableRedis(t *testing.T) {
+	r := testenv.StartRedis(t)
+	msgs := []Message{{Queue: "u", Partition: "p", ID: "m1", Payload: []byte(`{}`)}}
+	w := NewWriter(r.Client(), WriterConfig{RetryFor: time.Minute, UnreachableFor: 300 * time.Millisecond})
+	if _, err := w.Write(t.Context(), msgs, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.Kill()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second) // RetryFor alone would run past it
+	defer cancel()
+	if _, err := w.Write(ctx, msgs, nil); !redisconn.Unreachable(err) || ctx.Err() != nil {
+		t.Fatalf("write to a Redis that is gone: %v (context %v), want its dial error before the context ends", err, ctx.Err())
+	}
+	r.Restart()
+	if _, err := w.Write(t.Context(), msgs, nil); err != nil {
+		t.Fatalf("write once Redis is back: %v", err)
 	}
 }

@@ -315,10 +315,10 @@ func (c Config) Explain(err error) error {
 		return errcode.Wrap(errcode.RedisTLS, err, what, fix)
 	}
 	switch {
-	case unreachable(err) && c.Sentinel != nil && strings.Contains(err.Error(), allSentinelsDown):
+	case Unreachable(err) && c.Sentinel != nil && strings.Contains(err.Error(), allSentinelsDown):
 		return errcode.Wrap(errcode.RedisUnreachable, err, "no Redis Sentinel answers (of "+strings.Join(c.Sentinel.Addrs, ", ")+")",
 			"check "+FieldSentinel+"."+FieldSentinelAddresses+", that redis-sentinel runs and listens there (port in sentinel.conf) and that no firewall drops the connection; pgrelay keeps retrying")
-	case unreachable(err):
+	case Unreachable(err):
 		return errcode.Wrap(errcode.RedisUnreachable, err, "Redis does not answer"+dialedAt(err),
 			"check the host and port of url (or the Sentinel or Cluster addresses), that redis-server runs and listens there (bind and port in redis.conf) and that no firewall drops the connection; pgrelay keeps retrying")
 	case strings.Contains(err.Error(), "ERR DB index is out of range"):
@@ -359,10 +359,10 @@ func (c Config) database() int {
 // allSentinelsDown is go-redis's error text when no Sentinel of a failover client answers.
 const allSentinelsDown = "all sentinels specified in configuration are unreachable"
 
-// unreachable reports a connection that reached no server: a dial refused, without a route or timed
+// Unreachable reports a connection that reached no server: a dial refused, without a route or timed
 // out, a host name that does not resolve, or every Sentinel unreachable. An error of a connection
 // already open (a reset, a read timeout) is not.
-func unreachable(err error) bool {
+func Unreachable(err error) bool {
 	if errors.Is(err, context.Canceled) { // pgrelay is stopping
 		return false
 	}
