@@ -310,18 +310,7 @@ func waits(t *testing.T, p *testenv.Process, what string) {
 // again and applies what was written after, every message once.
 func TestConsumerReadyFollowsRedis(t *testing.T) {
 	e := startNumberSink(t)
-	e.write(1, 10)
-	e.rows(10)
-	if code, body := getReady(t.Context(), e.port); code != 200 {
-		t.Fatalf("/ready %d %s while reading", code, body)
-	}
-	e.rd.Kill()
-	e.waitReady("/ready 503 with Redis gone", 503, `"path":"input","connected":false`)
-	waits(t, e.p, "the input waiting for Redis")
-	e.rd.Restart()
-	e.waitReady("/ready 200 with Redis back", 200, "")
-	e.write(11, 20)
-	e.rows(20)
+	e.outage(e.rd, "Redis", "input", false)
 }
 
 // TestSinkReadyFollowsPostgres: a redis_queue input → pg_sink pipeline is ready while it applies;
@@ -330,19 +319,35 @@ func TestConsumerReadyFollowsRedis(t *testing.T) {
 // those written while it was down included, is applied once.
 func TestSinkReadyFollowsPostgres(t *testing.T) {
 	e := startNumberSink(t)
+	e.outage(e.pg, "PostgreSQL", "output", true)
+}
+
+// outage runs the pipeline through an outage of srv (named name): 10 messages applied and /ready
+// 200; srv killed (10 more messages queued meanwhile when writeDuring); /ready 503 with the
+// component at path not connected, the process waiting without spinning; srv restarted, /ready
+// 200, 10 more messages, and every message applied once.
+func (e *numberSink) outage(srv interface {
+	Kill()
+	Restart()
+}, name, path string, writeDuring bool) {
+	e.t.Helper()
 	e.write(1, 10)
 	e.rows(10)
-	if code, body := getReady(t.Context(), e.port); code != 200 {
-		t.Fatalf("/ready %d %s while applying", code, body)
+	if code, body := getReady(e.t.Context(), e.port); code != 200 {
+		e.t.Fatalf("/ready %d %s while applying", code, body)
 	}
-	e.pg.Kill()
-	e.write(11, 20)
-	e.waitReady("/ready 503 with PostgreSQL gone", 503, `"path":"output","connected":false`)
-	waits(t, e.p, "the output waiting for PostgreSQL")
-	e.pg.Restart()
-	e.waitReady("/ready 200 with PostgreSQL back", 200, "")
-	e.write(21, 30)
-	e.rows(30)
+	srv.Kill()
+	n := 10
+	if writeDuring {
+		e.write(11, 20)
+		n = 20
+	}
+	e.waitReady("/ready 503 with "+name+" gone", 503, `"path":"`+path+`","connected":false`)
+	waits(e.t, e.p, "the "+path+" waiting for "+name)
+	srv.Restart()
+	e.waitReady("/ready 200 with "+name+" back", 200, "")
+	e.write(n+1, n+10)
+	e.rows(n + 10)
 }
 
 // TestSourceReadyFollowsRedis: a pg_cdc → redis_queue pipeline is ready while it streams; with

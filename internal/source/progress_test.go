@@ -29,16 +29,7 @@ func TestSnapshotProgressInTheLogAndTheStatus(t *testing.T) {
 	e.pg.Exec(`CREATE TABLE p (id int PRIMARY KEY, v text);
 		INSERT INTO p SELECT g, 'row ' || g FROM generate_series(1, 1200) g;
 		ANALYZE p`)
-	section := fmt.Sprintf(`name: prog
-dsn: %s
-tls: {mode: disable}
-tables: [{table: p, queue: q}]
-redis: {url: %s}
-lease_ttl: 3s
-heartbeat: 1s
-snapshot: initial
-chunk_rows: 100
-max_bundle_messages: 100`, e.pg.DSN(), e.rd.URL())
+	section := e.section("prog", "p", "snapshot: initial\nchunk_rows: 100\nmax_bundle_messages: 100")
 	logs := &logBuffer{}
 	b := service.NewStreamBuilder()
 	b.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
@@ -136,13 +127,7 @@ max_bundle_messages: 100`, e.pg.DSN(), e.rd.URL())
 func TestQueueLagIsZeroWhenCaughtUp(t *testing.T) {
 	e := newEnv(t)
 	e.pg.Exec(`CREATE TABLE idle (id int PRIMARY KEY)`)
-	section := fmt.Sprintf(`name: idle
-dsn: %s
-tls: {mode: disable}
-tables: [{table: idle, queue: q}]
-redis: {url: %s}
-lease_ttl: 3s
-heartbeat: 1s`, e.pg.DSN(), e.rd.URL())
+	section := e.section("idle", "idle", "")
 	stop := startStream(t, "input:\n  pg_cdc:\n"+cdctest.Indent(section, "    ")+"output:\n  drop: {}\n")
 	defer stop()
 	e.pg.Exec(`INSERT INTO idle VALUES (1)`)
@@ -164,6 +149,17 @@ heartbeat: 1s`, e.pg.DSN(), e.rd.URL())
 }
 
 // sourceConfig is the source config of a pg_cdc section, as `pgrelay status` reads it.
+// section is the pg_cdc config section of source name streaming table into queue q on e's servers
+// (lease_ttl 3s, heartbeat 1s), then the lines of extra.
+func (e *env) section(name, table, extra string) string {
+	s := fmt.Sprintf("name: %s\ndsn: %s\ntls: {mode: disable}\ntables: [{table: %s, queue: q}]\nredis: {url: %s}\nlease_ttl: 3s\nheartbeat: 1s",
+		name, e.pg.DSN(), table, e.rd.URL())
+	if extra != "" {
+		s += "\n" + extra
+	}
+	return s
+}
+
 func sourceConfig(t *testing.T, section string) source.Config {
 	t.Helper()
 	parsed, err := input.PgCDCSpec().ParseYAML(section, nil)
