@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -214,6 +215,48 @@ func TestPostgresStartsWhenItsPortIsTaken(t *testing.T) {
 	var one int
 	if err := pg.Pool().QueryRow(context.Background(), `SELECT 1`).Scan(&one); err != nil || one != 1 {
 		t.Fatalf("the server on port %d: %d %v", pg.Port, one, err)
+	}
+}
+
+// A port held by another PostgreSQL server (another test process's) is not taken for this
+// server's: the other one answers on it, so readiness waits for this server's own data directory,
+// sees this one exit on the taken port, and starts it on another.
+func TestPostgresDoesNotTakeAnotherServerForItself(t *testing.T) {
+	other := StartPostgres(t)
+	pg := StartPostgres(t, func(o *pgOptions) { o.port = other.Port })
+	if pg.Port == other.Port {
+		t.Fatalf("the new server reports the other server's port %d", other.Port)
+	}
+	var dir string
+	if err := pg.Pool().QueryRow(context.Background(), `SHOW data_directory`).Scan(&dir); err != nil {
+		t.Fatal(err)
+	}
+	if !samePath(dir, pg.DataDir) {
+		t.Fatalf("port %d is answered by data directory %s, want %s", pg.Port, dir, pg.DataDir)
+	}
+}
+
+// The same for Redis: a port held by another redis-server is not taken for this one's (INFO's
+// process_id tells them apart); the new server starts on another port.
+func TestRedisDoesNotTakeAnotherServerForItself(t *testing.T) {
+	other := StartRedis(t)
+	first := true
+	r := startRedisOn(t, func(r *Redis) []string { return []string{"--port", fmt.Sprint(r.Port)} }, func(r *Redis) {
+		if first {
+			r.Port, first = other.Port, false
+		}
+	})
+	if r.Port == other.Port {
+		t.Fatalf("the new server reports the other server's port %d", other.Port)
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := parseInfo(info)["process_id"], strconv.Itoa(r.proc.current().cmd.Process.Pid); got != want {
+		t.Fatalf("port %d is answered by pid %s, want the new server's %s", r.Port, got, want)
 	}
 }
 
