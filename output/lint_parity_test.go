@@ -48,6 +48,9 @@ func TestPgSinkLintRefusesWhatTheStartRefuses(t *testing.T) {
 		{Name: "max_in_flight text", Set: "max_in_flight: many", Refused: "max_in_flight", Unlintable: linttest.TypeError},
 		{Name: "retry_max_wait", Set: "retry_max_wait: later", Refused: "retry_max_wait", Lint: "retry_max_wait must be a duration"},
 		{Name: "progress table without schema (lint only)", Set: "progress_table: progress", Lint: "progress_table must be schema.name"},
+		{Name: "unknown_keys pause", Set: "unknown_keys: pause"},
+		{Name: "unknown_keys unknown", Set: "unknown_keys: fail", Refused: "unknown unknown_keys", Lint: "not a valid option"},
+		{Name: "unknown_keys pause in sql", Set: "{table: ~, mode: sql, statement: SELECT 1, unknown_keys: pause}", Refused: "unknown_keys: pause is not used in mode sql", Lint: "unknown_keys: pause is not used in mode sql"},
 	}
 	cases = append(cases, linttest.PGConnCases()...)
 	linttest.Check(t, linttest.Output, "pg_sink", "host: 127.0.0.1\nname: copy\ntable: public.t\nmode: upsert\n", start, cases)

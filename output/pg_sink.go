@@ -34,6 +34,7 @@ const (
 	psFieldRequireProgress     = "require_progress"
 	psFieldMaxInFlight         = "max_in_flight"
 	psFieldRetryMaxWait        = "retry_max_wait"
+	psFieldUnknownKeys         = "unknown_keys"
 )
 
 // Limits of pg_sink's numeric fields.
@@ -77,8 +78,9 @@ exactly-once; messages without queue/shard/offset metadata are refused unless `+
 
 The target table is never created or altered; it is checked at start (exists, key, writable columns,
 privileges). Payload keys map to the columns of exactly the same name; a column the message does not
-name keeps its value on update and gets its DEFAULT on insert. Values are converted by PostgreSQL from
-the exact text the producer wrote.
+name keeps its value on update and gets its DEFAULT on insert; a key that names no column is left out
+with a warning, or pauses the sink until the table has the column (`+"`unknown_keys`"+`). Values are
+converted by PostgreSQL from the exact text the producer wrote.
 
 Errors: transient ones (connection, deadlock, serialization) are retried inside the output; a data
 error (SQLSTATE classes 21, 22, 23, 27, 44, 54, P0 or an unreadable payload) fails that message only
@@ -96,6 +98,12 @@ class 42) pause the sink with a coded error until fixed.`).
 				string(sink.ModeCDC):    "Apply pgrelay change events (from `pg_cdc`): c/r/u upsert `after` minus `unchanged`, a key change moves the row, d deletes, t truncates.",
 				string(sink.ModeSQL):    "Run `statement` once per message with `params`.",
 			}).Description("How messages change the table."),
+			service.NewStringAnnotatedEnumField(psFieldUnknownKeys, map[string]string{
+				string(sink.UnknownKeysIgnore): "Leave such keys out, silently.",
+				string(sink.UnknownKeysWarn):   "Leave them out, and log a warning (`target_column_missing`) the first time each key is met.",
+				string(sink.UnknownKeysPause):  "Pause the sink (`target_column_missing`, retried) until the table has the column: nothing of the batch is written without it, nothing is dead-lettered; within a retry of `ALTER TABLE ... ADD COLUMN` the sink writes it. For copies that must not drop a column added at the source.",
+			}).Description("What to do with a payload key (mode cdc: a key of `after`) that names no column of the target: a column added to the source that the copy lacks, or a producer's typo. Not used in mode sql.").
+				Default(string(sink.UnknownKeysWarn)),
 			service.NewStringListField(psFieldKey).Description("Conflict key columns (upsert, cdc); default the primary key, else the replica-identity index. Must match a unique index.").Default([]any{}),
 			service.NewStringField(psFieldStatement).Description("Mode sql: the statement, with `$1..$n` for `params`. Cast params in the statement (`$1::numeric`): they arrive as text. Several statements separated by `;` run in order for each message, each seeing what the ones before it changed; `$n` is the same params entry in all of them.").
 				Example("UPDATE accounts SET balance = balance + $1::numeric WHERE id = $2::bigint").Default(""),
@@ -155,6 +163,7 @@ func pgSinkChecks() []string {
 		speclint.Check(fmt.Sprintf(`this.%s.or("") != %q && (this.%s.or("") != "" || this.%s.or([]).length() > 0)`, psFieldMode, sql, psFieldStatement, psFieldParams), "statement and params are only used in mode sql"),
 		speclint.Check(fmt.Sprintf(`[%q, %q].contains(this.%s.or("")) && this.%s.or([]).length() > 0`, sql, string(sink.ModeAppend), psFieldMode, psFieldKey), "key is only used in modes upsert and cdc"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") != ""`, psFieldMode, sql, psFieldTable), "table is not used in mode sql: name it in the statement"),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") == %q`, psFieldMode, sql, psFieldUnknownKeys, string(sink.UnknownKeysPause)), "unknown_keys: pause is not used in mode sql (its params name what they read)"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or({}).values().any(v -> v != "")`, psFieldMode, sql, psFieldMetadata), "metadata columns are not used in mode sql: use @partition, @offset... params"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && %s.(ns -> ns.length() > 0 && (ns.max() != ns.unique().length() || ns.contains(0)))`, psFieldMode, sql, placeholders), "statement must number its placeholders $1..$n without gaps"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && %s.unique().length() != this.%s.or([]).length()`, psFieldMode, sql, placeholders, psFieldParams), "params must have one entry per $n placeholder in statement"),
@@ -216,6 +225,7 @@ func PgSinkConfigFromParsed(conf *service.ParsedConfig) (PgSinkConfig, error) {
 	c.Sink.RequireProgress = r.Bool(psFieldRequireProgress)
 	c.MaxInFlight = r.Int(psFieldMaxInFlight)
 	c.Sink.RetryMax = r.Duration(psFieldRetryMaxWait)
+	c.Sink.UnknownKeys = sink.UnknownKeys(r.String(psFieldUnknownKeys))
 	if err := r.Err(); err != nil {
 		return c, err
 	}
@@ -251,7 +261,9 @@ type sinkMetrics struct {
 
 func newPGSink(c PgSinkConfig, mgr *service.Resources) *pgSink {
 	m := mgr.Metrics()
-	return &pgSink{conf: c, log: mgr.Logger().With("sink", c.Sink.Name), m: sinkMetrics{
+	log := mgr.Logger().With("sink", c.Sink.Name)
+	c.Sink.OnUnknownKey = func(warning error) { log.Warnf("%v", warning) }
+	return &pgSink{conf: c, log: log, m: sinkMetrics{
 		applied:   m.NewCounter("pg_sink_applied", "sink"),
 		skipped:   m.NewCounter("pg_sink_skipped", "sink"),
 		failed:    m.NewCounter("pg_sink_failed", "sink"),

@@ -438,3 +438,66 @@ func (rt *roundTrip) waitApplied(db, sinkName string, p *testenv.Process) {
 		return true, ""
 	})
 }
+
+// TestSinkWaitsForAColumnAddedAtTheSource: a column added to the source table while it streams
+// reaches the copy's sink before the copy has it. With unknown_keys: pause the sink stops there
+// (target_column_missing in its log, the rows written since not applied, the process up) and, once
+// the column is added to the copy, writes every row with it: the copy equals the source row for
+// row. With the default (warn) another copy goes on without the column and logs the key once.
+func TestSinkWaitsForAColumnAddedAtTheSource(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end test")
+	}
+	rt := newRoundTrip(t, "addcol")
+	dsnB, dsnC := rt.database("b"), rt.database("c")
+	pipeline := func(dsn, name, unknownKeys string) *testenv.Process {
+		return startSinkPipeline(t, sinkPipeline{redisURL: rt.rd.URL(), queue: "q", group: name, dsn: dsn, sink: name,
+			table: "public.rt", mode: "cdc", batchCount: 64, maxAttempts: 3, unknownKeys: unknownKeys}.YAML())
+	}
+	strict, lenient := pipeline(dsnB, "copy_b", "pause"), pipeline(dsnC, "copy_c", "")
+	insert := func(from, to int, note bool) {
+		t.Helper()
+		sql := `INSERT INTO rt (id, amount) SELECT g, g * 1.5 FROM generate_series($1::int, $2::int) g`
+		if note {
+			sql = `INSERT INTO rt (id, amount, note) SELECT g, g * 1.5, 'note ' || g FROM generate_series($1::int, $2::int) g`
+		}
+		if _, err := rt.pg.Pool().Exec(rt.ctx, sql, from, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert(1, 100, false)
+	rt.waitCaughtUp("b", "copy_b", strict, 60*time.Second)
+
+	rt.pg.Exec(`ALTER TABLE rt ADD COLUMN note text`)
+	insert(101, 200, true)
+	rt.pg.Exec(`UPDATE rt SET note = 'set later ' || id WHERE id <= 10`)
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "copy_b pausing on the new column", func() (bool, string) {
+		out := strict.Output()
+		return strings.Contains(out, "target_column_missing") && strings.Contains(out, `payload key \"note\" has no column in public.rt`), sinkLastLines(out, 3)
+	})
+	var n int
+	if err := rt.pools["b"].QueryRow(rt.ctx, `SELECT count(*) FROM rt`).Scan(&n); err != nil || n != 100 {
+		t.Fatalf("the paused copy has %d rows (%v), want the 100 written before the column", n, err)
+	}
+	if strict.Exited() {
+		t.Fatalf("the paused sink exited: %s", sinkLastLines(strict.Output(), 5))
+	}
+
+	if _, err := rt.pools["b"].Exec(rt.ctx, `ALTER TABLE rt ADD COLUMN note text`); err != nil {
+		t.Fatal(err)
+	}
+	rt.waitCaughtUp("b", "copy_b", strict, 60*time.Second)
+	var notes int
+	if err := rt.pools["b"].QueryRow(rt.ctx, `SELECT count(note) FROM rt`).Scan(&notes); err != nil || notes != 110 {
+		t.Fatalf("the copy has %d notes (%v), want 110", notes, err)
+	}
+
+	cdctest.WaitEvery(t, 60*time.Second, 250*time.Millisecond, "copy_c writing the rows without the column", func() (bool, string) {
+		var n int
+		err := rt.pools["c"].QueryRow(rt.ctx, `SELECT count(*) FROM rt`).Scan(&n)
+		return err == nil && n == 200, fmt.Sprintf("%d rows %v", n, err)
+	})
+	if got := strings.Count(lenient.Output(), `payload key \"note\" names no column of public.rt`); got != 1 {
+		t.Fatalf("the default sink logged the unknown key %d times, want once: %s", got, sinkLastLines(lenient.Output(), 5))
+	}
+}

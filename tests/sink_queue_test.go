@@ -68,6 +68,7 @@ type sinkPipeline struct {
 	redisURL, queue, group  string
 	dsn, sink, table, mode  string
 	batchCount, maxAttempts int
+	unknownKeys             string // pg_sink's unknown_keys; empty: the default
 }
 
 func (c sinkPipeline) YAML() string {
@@ -90,7 +91,14 @@ output:
     table: %s
     mode: %s
     max_in_flight: 4
-`, c.redisURL, c.queue, c.group, c.batchCount, c.maxAttempts, c.dsn, c.sink, c.table, c.mode)
+`, c.redisURL, c.queue, c.group, c.batchCount, c.maxAttempts, c.dsn, c.sink, c.table, c.mode) + c.unknownKeysLine()
+}
+
+func (c sinkPipeline) unknownKeysLine() string {
+	if c.unknownKeys == "" {
+		return ""
+	}
+	return "    unknown_keys: " + c.unknownKeys + "\n"
 }
 
 // itemsCopy copies queue items into table items (sink and group items_copy).

@@ -68,6 +68,7 @@ type Applier struct {
 	target  *Target
 	stale   bool // re-read the target before the next attempt
 	checked time.Time
+	keys    *unknownKeys // payload keys that name no column, across the target's shapes
 }
 
 // shapeCheckInterval is how often a batch compares the target's catalog version with the one the
@@ -116,6 +117,7 @@ func start(ctx context.Context, pool *pgxpool.Pool, cfg Config, create bool) (a 
 		creates = true
 	}
 	a = &Applier{pool: pool, cfg: cfg, progress: prog}
+	a.keys = newUnknownKeys(&a.cfg)
 	if err := a.refresh(ctx); err != nil {
 		return nil, false, err
 	}
@@ -154,7 +156,7 @@ func (a *Applier) refresh(ctx context.Context) error {
 	} else if err := a.checkStatement(ctx); err != nil {
 		return err
 	}
-	h, err := newModeHandler(&a.cfg, t)
+	h, err := newModeHandler(&a.cfg, t, a.keys)
 	if err != nil {
 		return err
 	}
@@ -321,6 +323,7 @@ type batchState struct {
 	res      *Result
 	blocked  map[ShardKey]int64 // shard → offset of the failed message that blocks it
 	advanced map[ShardKey]int64
+	pause    error // unknown_keys: pause met a key the table has no column for: the batch waits
 }
 
 func (s *batchState) set(i int, o Outcome, err error) {
@@ -418,6 +421,9 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immedia
 		return nil, err
 	}
 	pending := a.sortOut(msgs, decodeErr, last, st)
+	if st.pause != nil {
+		return nil, st.pause
+	}
 	if isolate && immediate {
 		if _, err := conn.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
 			return nil, err
@@ -635,6 +641,9 @@ func (a *Applier) sortOut(msgs []*Message, decodeErr []error, last map[ShardKey]
 			continue
 		}
 		if decodeErr[i] != nil {
+			if isUnknownKeyPause(decodeErr[i]) && st.pause == nil {
+				st.pause = decodeErr[i] // the table lacks a column: the batch waits, no message fails
+			}
 			st.fail(i, m, decodeErr[i])
 			continue
 		}

@@ -253,7 +253,8 @@ func BenchmarkGoSide(b *testing.B) {
 	}
 	for _, mode := range []Mode{ModeUpsert, ModeAppend} {
 		b.Run(string(mode), func(b *testing.B) {
-			h, err := newModeHandler(&Config{Mode: mode}, benchTarget())
+			cfg := Config{Mode: mode, Table: "bench", UnknownKeys: UnknownKeysWarn} // the default watch of unknown keys, as the plugin runs
+			h, err := newModeHandler(&cfg, benchTarget(), newUnknownKeys(&cfg))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -56,6 +56,11 @@ type Config struct {
 	CreateProgressTable bool
 	RequireProgress     bool          // messages without queue/shard/offset metadata are refused
 	RetryMax            time.Duration // the longest wait between retries (default 10s)
+	UnknownKeys         UnknownKeys   // a payload key that names no column (default warn)
+	// OnUnknownKey is told, once per key, of a payload key that names no column of the table, with
+	// UnknownKeys warn: a coded warning naming the key and the fix, for the log. It may be called
+	// from concurrent batches.
+	OnUnknownKey func(warning error)
 }
 
 // Validate checks the combinations the linter also catches, for users of the Go API.
@@ -86,6 +91,17 @@ func (c *Config) Validate() error {
 	}
 	if c.Mode == ModeAppend && len(c.Key) > 0 {
 		return errcode.New(errcode.SinkConfig, "key is not used in mode append", "remove `key` or use mode upsert")
+	}
+	switch c.UnknownKeys {
+	case "":
+		c.UnknownKeys = UnknownKeysWarn
+	case UnknownKeysIgnore, UnknownKeysWarn:
+	case UnknownKeysPause:
+		if c.Mode == ModeSQL {
+			return errcode.New(errcode.SinkConfig, "unknown_keys: pause is not used in mode sql (its params name what they read)", "remove `unknown_keys`")
+		}
+	default:
+		return errcode.New(errcode.SinkConfig, fmt.Sprintf("unknown unknown_keys %q", c.UnknownKeys), "use ignore, warn or pause")
 	}
 	if c.ProgressTable == "" {
 		c.ProgressTable = DefaultProgressTable

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -43,15 +44,16 @@ type modeHandler interface {
 	plan(ops []op) ([]stmt, error)
 }
 
-// newModeHandler returns the handler of cfg.Mode for the target's shape (nil target in sql mode).
-func newModeHandler(cfg *Config, t *Target) (modeHandler, error) {
+// newModeHandler returns the handler of cfg.Mode for the target's shape (nil target in sql mode);
+// keys watches payload keys that name no column (nil: they are left out silently).
+func newModeHandler(cfg *Config, t *Target, keys *unknownKeys) (modeHandler, error) {
 	switch cfg.Mode {
 	case ModeAppend:
-		return appendMode{w: newWriter(t, cfg.Metadata)}, nil
+		return appendMode{w: newWriter(t, cfg.Metadata).watching(keys)}, nil
 	case ModeUpsert:
-		return upsertMode{w: newWriter(t, cfg.Metadata)}, nil
+		return upsertMode{w: newWriter(t, cfg.Metadata).watching(keys)}, nil
 	case ModeCDC:
-		return cdcMode{w: newWriter(t, cfg.Metadata)}, nil
+		return cdcMode{w: newWriter(t, cfg.Metadata).watching(keys)}, nil
 	case ModeSQL:
 		return newSQLMode(cfg.Statement, cfg.Params)
 	}
@@ -265,6 +267,18 @@ func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {
 	after, err := decodeObject(ev.After)
 	if err != nil {
 		return op{}, badPayload("%s event: after: %v", ev.Op, err)
+	}
+	if c.w.keys != nil {
+		var pauseKeys []string
+		for k := range after {
+			if _, ok := c.w.t.byName[k]; !ok && c.w.keys.meet([]byte(k)) {
+				pauseKeys = append(pauseKeys, k)
+			}
+		}
+		if pauseKeys != nil {
+			slices.Sort(pauseKeys)
+			return op{}, c.w.keys.pauseError(pauseKeys)
+		}
 	}
 	for _, u := range ev.Unchanged {
 		delete(after, u)

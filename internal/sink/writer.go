@@ -25,6 +25,7 @@ type writer struct {
 	colSig  []string   // "i," per column, the pieces of a column-set signature
 	bin     []binField // per column index: its COPY binary encoder, or nil (see copy.go)
 	stream  *streamGate
+	keys    *unknownKeys // payload keys that name no column (nil: left out silently)
 	mu      sync.Mutex
 	sqlByID map[string]string
 }
@@ -58,6 +59,12 @@ func newWriter(t *Target, mc MetadataColumns) *writer {
 		w.bin = append(w.bin, binFieldFor(t.Columns[i].BaseType))
 	}
 	w.stream = &streamGate{}
+	return w
+}
+
+// watching sets the watch of payload keys that name no column.
+func (w *writer) watching(keys *unknownKeys) *writer {
+	w.keys = keys
 	return w
 }
 
@@ -141,6 +148,7 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 	spans := buf.spans
 	clear(spans)
 	member := 0
+	var pauseKeys []string // unknown_keys: pause
 	err = jsonscan.Members(t, func(k []byte, escaped bool, v0, v1 int) error {
 		j := member
 		member++
@@ -151,7 +159,9 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 			if err := json.Unmarshal(k, &name); err != nil {
 				return err
 			}
-			i, ok = w.t.byName[name]
+			if i, ok = w.t.byName[name]; !ok && w.keys.meet([]byte(name)) {
+				pauseKeys = append(pauseKeys, name)
+			}
 		} else if name := k[1 : len(k)-1]; j < len(buf.order) && buf.order[j] >= 0 && w.t.Columns[buf.order[j]].Name == string(name) {
 			i, ok = buf.order[j], true // producers write their keys in the same order: no map lookup
 		} else if i, ok = w.t.byName[string(name)]; ok && j < maxOrder {
@@ -159,6 +169,8 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 				buf.order = append(buf.order, -1)
 			}
 			buf.order[j] = i
+		} else if !ok && w.keys.meet(name) {
+			pauseKeys = append(pauseKeys, string(name))
 		}
 		if ok {
 			spans[i] = span{v0, v1}
@@ -167,6 +179,9 @@ func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv row
 	})
 	if err != nil {
 		return rv, "", false, badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
+	}
+	if pauseKeys != nil {
+		return rv, "", false, w.keys.pauseError(pauseKeys)
 	}
 	text := buf.keep(t)
 	if buf.cols == nil {
