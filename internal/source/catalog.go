@@ -115,7 +115,7 @@ func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo,
 			return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist, but "+other+" does",
 				"names are case-sensitive and taken as written: set tables[].table to "+other)
 		}
-		return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist", "create it, or correct its name in tables[].table (or remove its entry if it was dropped)")
+		return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist", "create it, or correct its name in tables[].table: if it was renamed, its new name (the stream resumes where it stopped and its changes made under the old name are kept); remove its entry if it was dropped")
 	}
 	if err != nil {
 		return ti, fmt.Errorf("read pg_class: %w", err)
@@ -180,6 +180,18 @@ type column struct {
 }
 
 // tableColumns reads table oid's columns in table order (dropped ones left out).
+// tableName is the current schema.name of the table with oid, as tables[].table writes it (no
+// quotes), or "" when no such table exists.
+func tableName(ctx context.Context, q queryer, oid uint32) (string, error) {
+	var name string
+	err := q.QueryRow(ctx, `SELECT n.nspname || '.' || c.relname FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return name, err
+}
+
 func tableColumns(ctx context.Context, q queryer, oid uint32) ([]column, error) {
 	rows, err := q.Query(ctx, `SELECT attname, attgenerated <> '' FROM pg_catalog.pg_attribute
 		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, oid)

@@ -38,6 +38,8 @@ type decoder struct {
 	start    pointer.Pointer
 	truncEm  bool
 	tables   map[string]*TableInfo
+	byOID    map[uint32]*TableInfo // the configured tables by their oid at the session's start
+	renamed  func(ctx context.Context, t *TableInfo, inStream string) // a configured table met under another name
 	reg      *convert.Registry
 	loadType func(ctx context.Context, oids []uint32) error
 	readback readbackFunc
@@ -294,6 +296,15 @@ func (d *decoder) relation(ctx context.Context, m *pglogrepl.RelationMessage) er
 	var key, part []int
 	var env *envelope
 	info := d.tables[full]
+	if info == nil && d.byOID[m.RelationID] != nil {
+		// A configured table under another name: renamed after (or, for a session started with
+		// its new name, before) the change. Its changes keep their configured table and name.
+		info = d.byOID[m.RelationID]
+		if d.renamed != nil {
+			d.renamed(ctx, info, full)
+		}
+		full = info.Full()
+	}
 	if info != nil {
 		env = d.envs[info.Queue]
 		var err error

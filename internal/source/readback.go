@@ -32,13 +32,23 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row event.
 		params = append(params, row[k].Data)
 	}
 	schema, name, _ := strings.Cut(t.Name, ".")
-	sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + pgx.Identifier{schema, name}.Sanitize() + " WHERE " + strings.Join(where, " AND ")
+	from := pgx.Identifier{schema, name}.Sanitize()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read back unchanged values: %w", err)
 	}
 	defer conn.Release()
+	sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + from + " WHERE " + strings.Join(where, " AND ")
 	res := conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	if pgErr, ok := res.Err.(*pgconn.PgError); ok && pgErr.Code == "42P01" && rel.info != nil && rel.info.OID != 0 {
+		// renamed since: the configured table by its oid, under its name of now
+		if now, err := tableName(ctx, conn, rel.info.OID); err == nil && now != "" {
+			schema, name, _ = strings.Cut(now, ".")
+			from = pgx.Identifier{schema, name}.Sanitize()
+			sql = "SELECT " + strings.Join(sel, ", ") + " FROM " + from + " WHERE " + strings.Join(where, " AND ")
+			res = conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
+		}
+	}
 	if res.Err == nil && len(res.Rows) == 0 {
 		if err := waitVisible(ctx, conn.Conn().PgConn(), xid); err != nil {
 			return nil, fmt.Errorf("read back unchanged values of %s: %w", t.Name, err)

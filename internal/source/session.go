@@ -83,12 +83,25 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	}
 	ss.flush.Store(uint64(start.LSNValue()))
 	ss.every = statusInterval(ctx, pool)
-	byName := map[string]*TableInfo{}
+	byName, byOID := map[string]*TableInfo{}, map[uint32]*TableInfo{}
 	for i := range tables {
 		byName[tables[i].Full()] = &tables[i]
+		if tables[i].OID != 0 {
+			byOID[tables[i].OID] = &tables[i]
+		}
 	}
 	reg := convert.NewRegistry()
-	dec := &decoder{epoch: start.Epoch, start: start, truncEm: s.cfg.TruncateEmit, tables: byName, reg: reg,
+	dec := &decoder{epoch: start.Epoch, start: start, truncEm: s.cfg.TruncateEmit, tables: byName, byOID: byOID, reg: reg,
+		renamed: func(ctx context.Context, t *TableInfo, inStream string) {
+			if now, err := tableName(ctx, pool, t.OID); err == nil && now == t.Full() {
+				s.log.Infof("table %s was named %s when changes now streamed were made; they go to queue %s as %s", t.Full(), inStream, t.Queue, t.Full())
+				return
+			} else if err == nil && now != "" {
+				inStream = now
+			}
+			s.log.Warnf("table %s (oid %d) was renamed to %s: its changes keep going to queue %s as %s. "+
+				"Set tables[].table to %s before pg_cdc restarts: the start looks tables up by name (nothing is lost meanwhile)", t.Full(), t.OID, inStream, t.Queue, t.Full(), inStream)
+		},
 		rels: map[uint32]*relation{}, envs: newEnvelopes(&s.cfg), maxMessages: s.cfg.MaxBundleMessages, maxBytes: s.cfg.MaxBundleBytes,
 		loadType: func(ctx context.Context, oids []uint32) error { return reg.Load(ctx, pool, oids) },
 		readback: func(ctx context.Context, rel *relation, key event.Row, cols []int, xid uint32) (event.Row, error) {
