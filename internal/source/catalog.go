@@ -180,6 +180,26 @@ type column struct {
 }
 
 // tableColumns reads table oid's columns in table order (dropped ones left out).
+// recreated reports, as drift, a table of t's name that is not t (dropped and created again) and
+// that no publication of the source holds: PostgreSQL sends none of its changes.
+func recreated(ctx context.Context, q queryer, pubs Publications, t TableInfo) error {
+	var oid uint32
+	var published bool
+	err := q.QueryRow(ctx, `SELECT c.oid, EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables p
+			WHERE p.pubname = ANY($3) AND p.schemaname = n.nspname AND p.tablename = c.relname)
+		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2`, t.Schema, t.Name, pubs.Names()).Scan(&oid, &published)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && published {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check the publications: %w", err)
+	}
+	return errcode.New(errcode.Publication,
+		fmt.Sprintf("table %s was dropped and created again while it was streamed (oid %d, now %d): the new table is in no publication of the source, so PostgreSQL sends none of its changes", t.Full(), t.OID, oid),
+		"none for a managed publication: the next start puts the new table in and, with snapshot: initial, reads its rows (with snapshot: never, pgrelay resync; rows of the dropped table get no d); an unmanaged one: ALTER PUBLICATION … ADD TABLE, and the start after it reads the table")
+}
+
 // tableName is the current schema.name of the table with oid, as tables[].table writes it (no
 // quotes), or "" when no such table exists.
 func tableName(ctx context.Context, q queryer, oid uint32) (string, error) {
@@ -564,7 +584,9 @@ func EnsurePublishFunction(ctx context.Context, db txStarter) (installed bool, e
 // ends with a publication error: the next start puts the table back (a managed publication) or is
 // refused (an unmanaged one), and the error says that the changes made meanwhile were not sent. A
 // table that no longer exists (DROP TABLE) is no drift: its changes up to the drop are still in the
-// WAL, and the next start refuses it (table_missing).
+// WAL, and the next start refuses it (table_missing). Unless a table of its name was created
+// again outside the source's publications: PostgreSQL sends none of the new table's changes, so
+// that is drift too, and the next start takes the new table (and reads it).
 func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables []TableInfo, version int) error {
 	oids := make([]uint32, len(tables))
 	for i, t := range tables {
@@ -604,6 +626,9 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 	}
 	for _, t := range tables {
 		if !exists[t.OID] {
+			if err := recreated(ctx, q, pubs, t); err != nil {
+				return err
+			}
 			continue // dropped: not drift
 		}
 		want := pubs.Main
