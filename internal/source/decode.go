@@ -38,7 +38,7 @@ type decoder struct {
 	start    pointer.Pointer
 	truncEm  bool
 	tables   map[string]*TableInfo
-	byOID    map[uint32]*TableInfo // the configured tables by their oid at the session's start
+	byOID    map[uint32]*TableInfo                                    // the configured tables by their oid at the session's start
 	renamed  func(ctx context.Context, t *TableInfo, inStream string) // a configured table met under another name
 	reg      *convert.Registry
 	loadType func(ctx context.Context, oids []uint32) error

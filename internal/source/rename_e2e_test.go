@@ -35,7 +35,7 @@ func TestRenamedTableKeepsStreaming(t *testing.T) {
 	e.pg.Exec(`ALTER TABLE orders RENAME TO orders_old`)
 	e.pg.Exec(`INSERT INTO orders_old VALUES (2, 'two', 'small')`)
 	e.pg.Exec(`UPDATE orders_old SET id = 11 WHERE id = 1`) // body unchanged: read back
-	entries := e.waitEntries("qr", 4)                         // c 1, c 2, and the move: d 1, c 11
+	entries := e.waitEntries("qr", 4)                       // c 1, c 2, and the move: d 1, c 11
 	var moved bool
 	for _, en := range entries {
 		ev := event(t, en)
