@@ -100,7 +100,7 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 			service.NewStringField(pcFieldName).Description("The connector's name; the slot and publication default to `pgrelay_<name>` (`-` becomes `_`), and the lease and pointer keys carry it.").
 				Example("orders").LintRule(speclint.Match(pcFieldName, source.NamePattern, false)),
 			service.NewObjectListField(pcFieldTables,
-				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public. Taken as written, case-sensitive and without SQL quotes: a table created as `CREATE TABLE \"Orders\"` is `public.Orders`, one created as `CREATE TABLE Orders` is `public.orders`.").
+				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public. Taken as written, case-sensitive and without SQL quotes: a table created as `CREATE TABLE \"Orders\"` is `public.Orders`, one created as `CREATE TABLE Orders` is `public.orders`. An ordinary or a partitioned table: a partitioned one is streamed as one table, its partitions' changes (of partitions created later too) as its own.").
 					LintRule(tableRule(tablePath(pcFieldTable))),
 				service.NewStringField(pcFieldQueue).Description(fmt.Sprintf("The queue its changes go to (1-%d bytes, no braces).", source.MaxQueueBytes)).
 					LintRule(queueRule(tablePath(pcFieldQueue))),

@@ -23,6 +23,9 @@ type TableInfo struct {
 	OID      uint32
 	Identity byte     // relreplident: d default, f full, i index, n nothing
 	Key      []string // key columns in key order: the identity index's, else the primary key's
+	// Partitioned is a partitioned table: its partitions' changes are published as its own
+	// (publish_via_partition_root), and the snapshot reads it through the root.
+	Partitioned bool
 }
 
 // queryer is a pgx connection or pool.
@@ -85,7 +88,54 @@ func LoadTables(ctx context.Context, q queryer, tables []Table, version int) (ok
 		}
 		ok = append(ok, ti)
 	}
+	if slices.ContainsFunc(ok, func(t TableInfo) bool { return t.Partitioned }) {
+		return refuseListedPartitions(ctx, q, ok, refused)
+	}
 	return ok, refused, nil
+}
+
+// refuseListedPartitions refuses a partition listed beside a partitioned table it belongs to: the
+// publication sends its changes as the partitioned table's, so its own entry would get none.
+func refuseListedPartitions(ctx context.Context, q queryer, ok []TableInfo, refused []Refusal) ([]TableInfo, []Refusal, error) {
+	oids := make([]uint32, len(ok))
+	for i, t := range ok {
+		oids[i] = t.OID
+	}
+	rows, err := q.Query(ctx, `SELECT c.oid, a.relid::oid FROM unnest($1::oid[]) AS c(oid)
+		CROSS JOIN LATERAL pg_catalog.pg_partition_ancestors(c.oid) AS a(relid)
+		WHERE a.relid::oid <> c.oid AND a.relid::oid = ANY($1)`, oids)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read partition ancestors: %w", err)
+	}
+	within := map[uint32]uint32{} // a listed partition → a listed table it belongs to
+	for rows.Next() {
+		var part, root uint32
+		if err := rows.Scan(&part, &root); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("read partition ancestors: %w", err)
+		}
+		within[part] = root
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read partition ancestors: %w", err)
+	}
+	byOID := map[uint32]string{}
+	for _, t := range ok {
+		byOID[t.OID] = t.Full()
+	}
+	kept := ok[:0:0]
+	for _, t := range ok {
+		root, in := within[t.OID]
+		if !in {
+			kept = append(kept, t)
+			continue
+		}
+		refused = append(refused, Refusal{Table: t.Full(), Err: errcode.New(errcode.Publication,
+			fmt.Sprintf("%s is a partition of %s, which is listed too: its changes are streamed as %s's", t.Full(), byOID[root], byOID[root]),
+			"remove "+t.Full()+" from tables (its rows are streamed as "+byOID[root]+"'s), or list the partitions instead of "+byOID[root])})
+	}
+	return kept, refused, nil
 }
 
 // otherCase names a table whose schema and name differ from t's in letter case only ("" when none,
@@ -121,8 +171,9 @@ func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo,
 		return ti, fmt.Errorf("read pg_class: %w", err)
 	}
 	ti.Identity = ident[0]
-	if kind != "r" {
-		return ti, errcode.New(errcode.TableMissing, t.Full()+" is not an ordinary table (relkind "+kind+")", "list ordinary tables only")
+	ti.Partitioned = kind == "p"
+	if kind != "r" && kind != "p" {
+		return ti, errcode.New(errcode.TableMissing, t.Full()+" is not a table (relkind "+kind+": a view, a materialized view, a foreign table...)", "list ordinary or partitioned tables only")
 	}
 	if len(t.ColumnList) > 0 && version < 150000 {
 		return ti, errcode.New(errcode.ColumnList, fmt.Sprintf("tables[].columns needs PostgreSQL 15 or newer (publication column lists); this is %d", version/10000),
@@ -344,12 +395,13 @@ func (p Publications) Names() []string {
 // dropped); a managed one never holds it.
 func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
 	var main, ins []pubRel
+	var mainRoot, insRoot bool // a partitioned table: its partitions' changes published as its own
 	for _, t := range tables {
 		r := newPubRel(t.Schema, t.Name, t.ColumnList)
 		if t.AppendOnly {
-			ins = append(ins, r)
+			ins, insRoot = append(ins, r), insRoot || t.Partitioned
 		} else {
-			main = append(main, r)
+			main, mainRoot = append(main, r), mainRoot || t.Partitioned
 		}
 	}
 	var others []string
@@ -358,7 +410,7 @@ func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 		others = append(others, newPubRel(schema, table, nil).table)
 	}
 	pubs := Publications{Main: cfg.Publication}
-	if err := ensurePublication(ctx, q, cfg.Publication, cfg.ManagePublication, main, others, allOps, version); err != nil {
+	if err := ensurePublication(ctx, q, cfg.Publication, cfg.ManagePublication, main, others, allOps, mainRoot, version); err != nil {
 		return pubs, err
 	}
 	if len(ins) == 0 {
@@ -370,7 +422,7 @@ func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 		return pubs, nil
 	}
 	pubs.Insert = cfg.InsertPublication
-	return pubs, ensurePublication(ctx, q, cfg.InsertPublication, cfg.ManagePublication, ins, others, insertOps, version)
+	return pubs, ensurePublication(ctx, q, cfg.InsertPublication, cfg.ManagePublication, ins, others, insertOps, insRoot, version)
 }
 
 // pubRel is a table of a publication as ALTER PUBLICATION … SET TABLE names it: the quoted table,
@@ -404,16 +456,23 @@ func sqlList(rels []pubRel) string {
 }
 
 // ensurePublication makes publication name hold exactly the tables want, each with its column
-// list, and publish ops; an unmanaged one may also hold the tables of may (quoted).
-func ensurePublication(ctx context.Context, q queryer, name string, manage bool, want []pubRel, may []string, ops publishOps, version int) error {
+// list, and publish ops; an unmanaged one may also hold the tables of may (quoted). With viaRoot
+// (want holds a partitioned table) it publishes partitions' changes as their root's
+// (publish_via_partition_root): else PostgreSQL sends them as the partitions', which no
+// configured table names.
+func ensurePublication(ctx context.Context, q queryer, name string, manage bool, want []pubRel, may []string, ops publishOps, viaRoot bool, version int) error {
 	opsText := allOpsText
 	if ops == insertOps {
 		opsText = insertText
 	}
-	var exists bool
+	with := "publish = '" + opsText + "'"
+	if viaRoot {
+		with += ", publish_via_partition_root = true"
+	}
+	var exists, haveRoot bool
 	var have publishOps
-	err := q.QueryRow(ctx, `SELECT true, pubinsert, pubupdate, pubdelete, pubtruncate
-		FROM pg_catalog.pg_publication WHERE pubname = $1`, name).Scan(&exists, &have.insert, &have.update, &have.delete, &have.truncate)
+	err := q.QueryRow(ctx, `SELECT true, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
+		FROM pg_catalog.pg_publication WHERE pubname = $1`, name).Scan(&exists, &have.insert, &have.update, &have.delete, &have.truncate, &haveRoot)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read pg_publication: %w", err)
 	}
@@ -421,13 +480,13 @@ func ensurePublication(ctx context.Context, q queryer, name string, manage bool,
 	if !exists {
 		if !manage {
 			return errcode.New(errcode.Publication, "publication "+name+" does not exist",
-				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s'), or set publication.manage: true", pub, sqlList(want), opsText))
+				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s), or set publication.manage: true", pub, sqlList(want), with))
 		}
 		sql := "CREATE PUBLICATION " + pub
 		if len(want) > 0 {
 			sql += " FOR TABLE " + sqlList(want)
 		}
-		_, err := q.Exec(ctx, sql+" WITH (publish = '"+opsText+"')")
+		_, err := q.Exec(ctx, sql+" WITH ("+with+")")
 		return publicationErr(err, name)
 	}
 	haveRels, filtered, err := publicationTables(ctx, q, name, version)
@@ -451,14 +510,16 @@ func ensurePublication(ctx context.Context, q queryer, name string, manage bool,
 			what = "does not publish exactly the tables (and column lists) " + sqlList(want)
 		case have != ops:
 			what = "does not publish exactly " + opsText
+		case viaRoot && !haveRoot:
+			what = "publishes the changes of a partitioned table's partitions as theirs, not the table's (publish_via_partition_root is off)"
 		default:
 			return nil
 		}
 		return errcode.New(errcode.Publication, "publication "+name+" "+what,
-			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; ALTER PUBLICATION %s SET (publish = '%s'), or set publication.manage: true",
-				pub, sqlList(want), pub, opsText))
+			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; ALTER PUBLICATION %s SET (%s), or set publication.manage: true",
+				pub, sqlList(want), pub, with))
 	}
-	if exact && !filtered && have == ops {
+	if exact && !filtered && have == ops && (haveRoot || !viaRoot) {
 		return nil
 	}
 	if len(want) > 0 {
@@ -473,7 +534,7 @@ func ensurePublication(ctx context.Context, q queryer, name string, manage bool,
 	if err != nil {
 		return publicationErr(err, name)
 	}
-	_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET (publish = '"+opsText+"')")
+	_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET ("+with+")")
 	return publicationErr(err, name)
 }
 

@@ -93,11 +93,15 @@ func (p *SnapshotProgress) String() string {
 	return s
 }
 
-// estimateRows reads the table's row estimate (reltuples; -1 or 0 when never analyzed).
+// estimateRows reads the table's row estimate (reltuples; -1 or 0 when never analyzed); of a
+// partitioned table, the sum of its partitions'.
 func estimateRows(ctx context.Context, q queryer, table string) (int64, error) {
 	schema, name := ParseTable(table)
 	var est float64
-	err := q.QueryRow(ctx, `SELECT c.reltuples::float8 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+	err := q.QueryRow(ctx, `SELECT CASE WHEN c.relkind = 'p' THEN (SELECT coalesce(sum(greatest(l.reltuples, 0)), 0)::float8
+			FROM pg_catalog.pg_partition_tree(c.oid) t JOIN pg_catalog.pg_class l ON l.oid = t.relid WHERE t.isleaf)
+		ELSE c.reltuples::float8 END
+		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&est)
 	if err != nil {
 		return 0, fmt.Errorf("row estimate of %s: %w", table, err)
