@@ -43,7 +43,7 @@ func main() {
 		service.CLIOptSetDocumentationURL("https://github.com/pgrelay/pgrelay/tree/main/docs"),
 	}
 	// pgrelay's own subcommands, next to Benthos' run, lint, echo, streams, list...
-	cmds := []*ucli.Command{cli.Status(), cli.Check(), cli.Resync(), cli.Teardown(), cli.Queue()}
+	cmds := []*ucli.Command{cli.Status(), cli.Check(), cli.Resync(), cli.Snapshot(), cli.Teardown(), cli.Queue()}
 	for _, c := range cmds {
 		opts = append(opts, service.CLIOptAddCommand(c))
 	}

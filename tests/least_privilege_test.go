@@ -346,7 +346,7 @@ func TestLeastPrivilegeEndToEnd(t *testing.T) {
 		runs [][]string
 	}{
 		{"lp-cli", redisconn.CLIReadUses, nil},
-		{"lp-operator", redisconn.CLIWriteUses, [][]string{{"queue", "dlq", "--replay"}, {"queue", "dlq", "--drop"}, {"resync"}, {"teardown"}}},
+		{"lp-operator", redisconn.CLIWriteUses, [][]string{{"queue", "dlq", "--replay"}, {"queue", "dlq", "--drop"}, {"resync"}, {"snapshot"}, {"teardown"}}},
 	} {
 		e.bareUser(u.user, "")
 		conf, url := e.write(u.user+".yaml", e.sourceConfig(u.user)), e.rd.UserURL(u.user, lpPassword)
@@ -355,6 +355,8 @@ func TestLeastPrivilegeEndToEnd(t *testing.T) {
 			switch {
 			case args[0] == "queue":
 				args = append(args, "--url", url, "q")
+			case args[0] == "snapshot":
+				args = append(args, "-c", conf, "public.rt")
 			case len(args) == 1:
 				args = append(args, "-c", conf)
 			}

@@ -11,7 +11,7 @@ import (
 // TestFlagsFirst: flags written after a subcommand's arguments are moved before them, with their
 // values; boolean flags take none; `--` ends the flags; Benthos' own commands are left alone.
 func TestFlagsFirst(t *testing.T) {
-	cmds := []*cli.Command{Status(), Check(), Resync(), Teardown(), Queue()}
+	cmds := []*cli.Command{Status(), Check(), Resync(), Snapshot(), Teardown(), Queue()}
 	for _, c := range []struct{ in, want string }{
 		{"pgrelay queue info orders --url redis://h:1 --json", "pgrelay queue info --url redis://h:1 --json orders"},
 		{"pgrelay queue info --url redis://h:1 orders", "pgrelay queue info --url redis://h:1 orders"},

@@ -1,5 +1,5 @@
-// Package cli holds pgrelay's own subcommands, one file each: status, check, resync, teardown and
-// queue. main lists them where it builds the Benthos CLI. Every subcommand that takes a pipeline
+// Package cli holds pgrelay's own subcommands, one file each: status, check, resync, snapshot,
+// teardown and queue. main lists them where it builds the Benthos CLI. Every subcommand that takes a pipeline
 // config (-c) reads it with readPipeline (pipeline.go), which parses each pg_cdc, pg_sink and
 // redis_queue section with that plugin's own spec and parser, so a subcommand sees exactly the
 // values the running pipeline uses, TLS included.

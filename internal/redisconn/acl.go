@@ -65,6 +65,8 @@ const (
 	UseResync
 	// UseTeardown: pgrelay teardown (deletes the pointer, status and request keys).
 	UseTeardown
+	// UseReread: pgrelay snapshot (reads the pointer's presence and the request key, writes it).
+	UseReread
 )
 
 // aclCommands are the commands of each use, as an ACL rule names them. A command a script runs
@@ -88,6 +90,7 @@ var aclCommands = map[Use][]string{
 	UseDrop:        {"xdel"},
 	UseResync:      {"set"},
 	UseTeardown:    {"get", "pttl", "del"},
+	UseReread:      {"exists", "get", "set"},
 }
 
 // checkCommands are what CheckACL itself runs: it queues the others inside MULTI and DISCARDs them.
@@ -108,7 +111,7 @@ var (
 	// CLIReadUses is pgrelay status, queue info, queue position and queue dlq (listing).
 	CLIReadUses = []Use{UseStatus, UseInspect, UsePosition, UseDeadLetters}
 	// CLIWriteUses is the read-only CLI's plus pgrelay resync, teardown and queue dlq --replay/--drop.
-	CLIWriteUses = []Use{UseStatus, UseInspect, UsePosition, UseDeadLetters, UseResync, UseTeardown, UseReplay, UseDrop}
+	CLIWriteUses = []Use{UseStatus, UseInspect, UsePosition, UseDeadLetters, UseResync, UseTeardown, UseReplay, UseDrop, UseReread}
 )
 
 // ACLCommands lists the commands of uses and of the start check, sorted, each once.

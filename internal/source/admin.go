@@ -229,7 +229,7 @@ func Teardown(ctx context.Context, cfg Config, force bool, w io.Writer) error {
 			fmt.Fprintf(w, "dropped publication %s\n", pub)
 		}
 	}
-	if err := rdb.Del(ctx, keys.Pointer, keys.Status, keys.Resync, keys.Rejoin).Err(); err != nil {
+	if err := rdb.Del(ctx, keys.Pointer, keys.Status, keys.Resync, keys.Rejoin, keys.Reread).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
 	fmt.Fprintf(w, "deleted %s\n", keys.Pointer)

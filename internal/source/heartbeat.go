@@ -29,6 +29,10 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string, drift func(contex
 			ss.fail(errResyncRequested)
 			return
 		}
+		if ss.src.rereadPending(ss.ctx) {
+			ss.fail(errRereadRequested)
+			return
+		}
 		if err := ss.checkDrift(drift, every); err != nil {
 			ss.fail(err)
 			return

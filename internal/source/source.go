@@ -3,6 +3,7 @@ package source
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -109,12 +110,12 @@ type Hooks struct {
 }
 
 // Keys are the Redis keys of one source (DESIGN §4), under its first queue's hash tag.
-type Keys struct{ Lease, Pointer, Resync, Status, Rejoin string }
+type Keys struct{ Lease, Pointer, Resync, Status, Rejoin, Reread string }
 
 // KeysFor derives the keys from the config.
 func KeysFor(c *Config) Keys {
 	k := func(s string) string { return redisconn.Key(c.Redis.Prefix, c.Tables[0].Queue, "src", c.Name, s) }
-	return Keys{Lease: k("lease"), Pointer: k("ptr"), Resync: k("resync"), Status: k("status"), Rejoin: k("rejoin")}
+	return Keys{Lease: k("lease"), Pointer: k("ptr"), Resync: k("resync"), Status: k("status"), Rejoin: k("rejoin"), Reread: k("reread")}
 }
 
 // Source owns the lease, runs streaming sessions, and hands out one batch at a time.
@@ -414,6 +415,10 @@ func (s *Source) own(ctx context.Context) {
 			s.log.Warnf("fenced, starting over from the pointer: %v", err)
 			s.setPhase(PhaseConnecting, err)
 			return
+		}
+		if errors.Is(err, errRereadRequested) {
+			s.log.Infof("%v: starting the session again to read them", err)
+			continue
 		}
 		if time.Since(started) > time.Minute {
 			backoff = time.Second

@@ -96,11 +96,26 @@ func (s *Source) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	start, added, err := PlanTables(start, s.tableNames(), s.cfg.SnapshotInitial)
+	start, reread, err := s.reread(ctx, start, written) // likewise
 	if err != nil {
 		return err
 	}
-	added = slices.DeleteFunc(added, func(t string) bool { return slices.Contains(rejoined, t) })
+	var added []string
+	if len(reread) > 0 && !s.cfg.SnapshotInitial {
+		// snapshot: never reads no added table, but a requested one: the others count as known
+		for _, t := range s.tableNames() {
+			if !slices.Contains(start.Tables, t) && !slices.Contains(reread, t) {
+				added, start.Tables = append(added, t), append(start.Tables, t)
+			}
+		}
+		start, _, err = PlanTables(start, s.tableNames(), true)
+	} else {
+		start, added, err = PlanTables(start, s.tableNames(), s.cfg.SnapshotInitial)
+	}
+	if err != nil {
+		return err
+	}
+	added = slices.DeleteFunc(added, func(t string) bool { return slices.Contains(rejoined, t) || slices.Contains(reread, t) })
 	if len(added) > 0 {
 		what := "streamed from now on (snapshot: never)"
 		if s.cfg.SnapshotInitial {
