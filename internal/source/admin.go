@@ -66,15 +66,11 @@ type Status struct {
 
 // ReadStatus gathers a source's status from Redis and PostgreSQL.
 func ReadStatus(ctx context.Context, cfg Config) (*Status, error) {
-	rdb, err := cfg.Redis.Client()
+	rdb, keys, err := adminRedis(ctx, &cfg, redisconn.UseStatus)
 	if err != nil {
 		return nil, err
 	}
 	defer rdb.Close()
-	if err := cfg.Redis.CheckACL(ctx, rdb, cfg.Tables[0].Queue, redisconn.UseStatus); err != nil {
-		return nil, err
-	}
-	keys := KeysFor(&cfg)
 	st := &Status{Name: cfg.Name, Slot: cfg.Slot, Publication: cfg.Publication, Replicas: map[string]json.RawMessage{}}
 	if cfg.anyAppendOnly() {
 		st.InsertPublication = cfg.InsertPublication
@@ -144,6 +140,26 @@ func (st *Status) readSlot(ctx context.Context, pool *pgxpool.Pool, cfg Config, 
 	return nil
 }
 
+// adminRedis opens cfg's Redis for a command of use, with its ACL checked: the client (the caller
+// closes it) and the source's keys.
+func adminRedis(ctx context.Context, cfg *Config, use redisconn.Use) (redis.UniversalClient, Keys, error) {
+	rdb, err := cfg.Redis.Client()
+	if err != nil {
+		return nil, Keys{}, err
+	}
+	if err := cfg.Redis.CheckACL(ctx, rdb, cfg.Tables[0].Queue, use); err != nil {
+		rdb.Close()
+		return nil, Keys{}, err
+	}
+	return rdb, KeysFor(cfg), nil
+}
+
+// requester names who wrote a request key: host:pid.
+func requester() string {
+	host, _ := os.Hostname()
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
 func connectPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	pcfg, err := cfg.PG.PoolConfig(1)
 	if err != nil {
@@ -155,17 +171,12 @@ func connectPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 // RequestResync writes the source's resync key. The replica owning the source acts on it within a
 // heartbeat (or at its next start); a source with no running replica resyncs when one starts.
 func RequestResync(ctx context.Context, cfg Config, w io.Writer) error {
-	rdb, err := cfg.Redis.Client()
+	rdb, keys, err := adminRedis(ctx, &cfg, redisconn.UseResync)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	if err := cfg.Redis.CheckACL(ctx, rdb, cfg.Tables[0].Queue, redisconn.UseResync); err != nil {
-		return err
-	}
-	keys := KeysFor(&cfg)
-	host, _ := os.Hostname()
-	req, _ := json.Marshal(map[string]string{"requested_at": time.Now().UTC().Format(time.RFC3339Nano), "by": host + ":" + strconv.Itoa(os.Getpid())})
+	req, _ := json.Marshal(map[string]string{"requested_at": time.Now().UTC().Format(time.RFC3339Nano), "by": requester()})
 	if err := rdb.Set(ctx, keys.Resync, req, 0).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
@@ -177,15 +188,11 @@ func RequestResync(ctx context.Context, cfg Config, w io.Writer) error {
 // Teardown drops the slot and (when managed) the publication, then deletes the pointer, lease
 // status and resync keys. It refuses while a replica holds the lease, unless force.
 func Teardown(ctx context.Context, cfg Config, force bool, w io.Writer) error {
-	rdb, err := cfg.Redis.Client()
+	rdb, keys, err := adminRedis(ctx, &cfg, redisconn.UseTeardown)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	if err := cfg.Redis.CheckACL(ctx, rdb, cfg.Tables[0].Queue, redisconn.UseTeardown); err != nil {
-		return err
-	}
-	keys := KeysFor(&cfg)
 	if owner, _, err := lease.Holder(ctx, rdb, keys.Lease); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	} else if owner != "" && !force {

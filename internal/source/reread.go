@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -125,15 +123,11 @@ func RequestReread(ctx context.Context, cfg Config, tables []string, w io.Writer
 	if len(want) == 0 {
 		return errcode.New(errcode.TableMissing, "no table named", "name one or more tables of source "+cfg.Name+": "+strings.Join(tableList(cfg.Tables), ", "))
 	}
-	rdb, err := cfg.Redis.Client()
+	rdb, keys, err := adminRedis(ctx, &cfg, redisconn.UseReread)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	if err := cfg.Redis.CheckACL(ctx, rdb, cfg.Tables[0].Queue, redisconn.UseReread); err != nil {
-		return err
-	}
-	keys := KeysFor(&cfg)
 	if n, err := rdb.Exists(ctx, keys.Pointer).Result(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	} else if n == 0 {
@@ -148,8 +142,7 @@ func RequestReread(ctx context.Context, cfg Config, tables []string, w io.Writer
 			}
 		}
 	}
-	host, _ := os.Hostname()
-	req, _ := json.Marshal(rereadMark{Tables: want, RequestedAt: time.Now().UTC().Format(time.RFC3339Nano), By: host + ":" + strconv.Itoa(os.Getpid())})
+	req, _ := json.Marshal(rereadMark{Tables: want, RequestedAt: time.Now().UTC().Format(time.RFC3339Nano), By: requester()})
 	if err := rdb.Set(ctx, keys.Reread, req, 0).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
