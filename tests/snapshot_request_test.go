@@ -16,7 +16,8 @@ import (
 // TestSnapshotOnRequest: `pgrelay snapshot -c <config> public.w` while the binary streams two
 // tables and two writers change w: the owner reads w again while it streams (its rows arrive as r
 // events once more, in the same epoch), o (not named) is not read again, and the queue replays
-// to w; a table the config does not stream is refused with exit code 2.
+// to w; `pgrelay status` shows the request as taken; a table the config does not stream is
+// refused with exit code 2.
 func TestSnapshotOnRequest(t *testing.T) {
 	e := newCDCEnv(t, "reread", `[{table: w, queue: q}, {table: o, queue: q}]`, "snapshot: initial\nchunk_rows: 100")
 	e.pg.Exec(writerTable)
@@ -69,6 +70,10 @@ func TestSnapshotOnRequest(t *testing.T) {
 	}
 	if !strings.Contains(p.Output(), "re-reading public.w as requested") {
 		t.Errorf("no log line of the re-read: %s", sinkLastLines(p.Output(), 10))
+	}
+	if st, err := exec.Command(testenv.Binary(t), "status", "-c", e.config).CombinedOutput(); err != nil ||
+		!strings.Contains(string(st), "re-read:     public.w, requested") || !strings.Contains(string(st), "taken by a start") {
+		t.Errorf("pgrelay status does not show the re-read: %v\n%s", err, st)
 	}
 	e.convergeEpoch("public.w", "id")
 

@@ -127,6 +127,13 @@ func printSource(w io.Writer, st *source.Status, asJSON bool) error {
 	for _, r := range st.RefusedTables {
 		fmt.Fprintf(w, "  refused:     %s: %s\n", r.Table, r.Error)
 	}
+	if r := st.Reread; r != nil {
+		state := "pending: the owner reads them within heartbeat/2, or at its next start"
+		if r.Applied {
+			state = "taken by a start (the snapshot line shows the reading)"
+		}
+		fmt.Fprintf(w, "  re-read:     %s, requested %s by %s, %s\n", strings.Join(r.Tables, ", "), r.RequestedAt, r.By, state)
+	}
 	if st.SlotUnread {
 		fmt.Fprintf(w, "  slot:        %s not read (PostgreSQL: below)\n", st.Slot)
 	} else {

@@ -11,7 +11,8 @@ import (
 )
 
 // The text form of a source's status shows the owner's phase, the pointer as fields, the lag, each
-// refused table with its error, the publications and the snapshot's progress line; the JSON form
+// refused table with its error, the publications, the snapshot's progress line and a pending
+// re-read (`pgrelay snapshot`); the JSON form
 // keeps the fields of earlier versions and adds the new ones.
 func TestPrintSourceStatus(t *testing.T) {
 	lag := int64(4096)
@@ -20,7 +21,8 @@ func TestPrintSourceStatus(t *testing.T) {
 		Pointer: json.RawMessage(`{"v":1}`), Epoch: "0a1b2c3d", Generation: 2, LSN: "0/1570EA0", PointerUpdatedAt: "2026-11-30T10:00:00.000000Z", LagBytes: &lag,
 		RefusedTables: []source.RefusedTable{{Table: "public.audit", Code: errcode.ReplicaIdentity, Error: "tables[4] (public.audit): replica_identity: no key"}},
 		Snapshot: &source.SnapshotProgress{Table: "public.pgbench_accounts", Tables: 3, RowsDone: 40000, Estimate: 100000, Percent: 40,
-			RowsPerSec: 5000, ETASec: 12, At: "2026-11-30T10:00:00Z"}}
+			RowsPerSec: 5000, ETASec: 12, At: "2026-11-30T10:00:00Z"},
+		Reread: &source.RereadRequest{Tables: []string{"public.orders"}, RequestedAt: "2026-11-30T09:59:00Z", By: "ops:42"}}
 	var text bytes.Buffer
 	if err := printSource(&text, st, false); err != nil {
 		t.Fatal(err)
@@ -32,6 +34,7 @@ func TestPrintSourceStatus(t *testing.T) {
 		"  refused:     public.audit: tables[4] (public.audit): replica_identity: no key\n",
 		"  publication: pgrelay_bench, pgrelay_bench_insert (append-only tables: insert, truncate)\n",
 		"  snapshot:    public.pgbench_accounts (table 1 of 3): 40000 of ~100000 rows (40.0%), 5000 rows/s, ETA 12s\n",
+		"  re-read:     public.orders, requested 2026-11-30T09:59:00Z by ops:42, pending: the owner reads them within heartbeat/2, or at its next start\n",
 	} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, text.String())
@@ -57,7 +60,7 @@ func TestPrintSourceStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"name", "owner", "lease_ttl_left_ms", "replicas", "pointer", "slot", "slot_exists", "slot_lag_bytes", "publication",
-		"snapshot", "phase", "epoch", "generation", "lsn", "pointer_updated_at", "lag_bytes", "insert_publication", "refused_tables"} {
+		"snapshot", "phase", "epoch", "generation", "lsn", "pointer_updated_at", "lag_bytes", "insert_publication", "refused_tables", "reread"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("--json lacks %q: %s", k, js.String())
 		}

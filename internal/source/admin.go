@@ -62,6 +62,17 @@ type Status struct {
 	LagBytes *int64 `json:"lag_bytes,omitempty"`
 	// RefusedTables are the configured tables the owner's last start refused and does not stream.
 	RefusedTables []RefusedTable `json:"refused_tables,omitempty"`
+	// Reread is the last `pgrelay snapshot` request: pending until a start applies it, then read
+	// while the snapshot runs (Snapshot shows its progress).
+	Reread *RereadRequest `json:"reread,omitempty"`
+}
+
+// RereadRequest is a `pgrelay snapshot` request as `pgrelay status` shows it.
+type RereadRequest struct {
+	Tables      []string `json:"tables"`
+	RequestedAt string   `json:"requested_at"`
+	By          string   `json:"by"`
+	Applied     bool     `json:"applied"` // a start took it (from the pointer's pos AppliedPos)
 }
 
 // ReadStatus gathers a source's status from Redis and PostgreSQL.
@@ -84,6 +95,10 @@ func ReadStatus(ctx context.Context, cfg Config) (*Status, error) {
 		st.Pointer = raw
 	} else if !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("redis: %w", err)
+	}
+	var rr rereadMark
+	if raw, err := rdb.Get(ctx, keys.Reread).Bytes(); err == nil && json.Unmarshal(raw, &rr) == nil {
+		st.Reread = &RereadRequest{Tables: rr.Tables, RequestedAt: rr.RequestedAt, By: rr.By, Applied: rr.AppliedPos != ""}
 	}
 	reps, _ := rdb.HGetAll(ctx, keys.Status).Result()
 	for k, v := range reps {
