@@ -31,21 +31,21 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row event.
 		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{t.Columns[k].Name}.Sanitize(), i+1))
 		params = append(params, row[k].Data)
 	}
-	schema, name, _ := strings.Cut(t.Name, ".")
-	from := pgx.Identifier{schema, name}.Sanitize()
+	selectFrom := func(table string) string {
+		schema, name, _ := strings.Cut(table, ".")
+		return "SELECT " + strings.Join(sel, ", ") + " FROM " + pgx.Identifier{schema, name}.Sanitize() + " WHERE " + strings.Join(where, " AND ")
+	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read back unchanged values: %w", err)
 	}
 	defer conn.Release()
-	sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + from + " WHERE " + strings.Join(where, " AND ")
+	sql := selectFrom(t.Name)
 	res := conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
 	if pgErr, ok := res.Err.(*pgconn.PgError); ok && pgErr.Code == "42P01" && rel.info != nil && rel.info.OID != 0 {
 		// renamed since: the configured table by its oid, under its name of now
 		if now, err := tableName(ctx, conn, rel.info.OID); err == nil && now != "" {
-			schema, name, _ = strings.Cut(now, ".")
-			from = pgx.Identifier{schema, name}.Sanitize()
-			sql = "SELECT " + strings.Join(sel, ", ") + " FROM " + from + " WHERE " + strings.Join(where, " AND ")
+			sql = selectFrom(now)
 			res = conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
 		}
 	}
