@@ -100,7 +100,7 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 			service.NewStringField(pcFieldName).Description("The connector's name; the slot and publication default to `pgrelay_<name>` (`-` becomes `_`), and the lease and pointer keys carry it.").
 				Example("orders").LintRule(speclint.Match(pcFieldName, source.NamePattern, false)),
 			service.NewObjectListField(pcFieldTables,
-				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public. Taken as written, case-sensitive and without SQL quotes: a table created as `CREATE TABLE \"Orders\"` is `public.Orders`, one created as `CREATE TABLE Orders` is `public.orders`. An ordinary or a partitioned table: a partitioned one is streamed as one table, its partitions' changes (of partitions created later too) as its own.").
+				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public. Taken as written, case-sensitive and without SQL quotes: a table created as `CREATE TABLE \"Orders\"` is `public.Orders`, one created as `CREATE TABLE Orders` is `public.orders`. An ordinary or a partitioned table: a partitioned one is streamed as one table, its partitions' changes (of partitions created later too) as its own. A `*` in the name is a pattern (`sales.*`, `public.order_*`): every table of the schema it matches, with this entry's options, tables created later too (the source restarts its session within half a heartbeat to publish and, with `snapshot: initial`, read them); an entry naming a table outright wins over a pattern, and partitions are never matched.").
 					LintRule(tableRule(tablePath(pcFieldTable))),
 				service.NewStringField(pcFieldQueue).Description(fmt.Sprintf("The queue its changes go to (1-%d bytes, no braces).", source.MaxQueueBytes)).
 					LintRule(queueRule(tablePath(pcFieldQueue))),
@@ -180,6 +180,11 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 				pcFieldTables, pcFieldAppendOnly, pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix)),
 				fmt.Sprintf("%s.%s must be at most %d bytes with append-only tables (their publication adds %q)",
 					pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix), source.InsertPublicationSuffix)),
+			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or("").re_match("^[^.]*[*][^.]*[.]"))`, pcFieldTables, pcFieldTable),
+				tablePath(pcFieldTable)+": a pattern goes in the table's name only (sales.*, sales.order_*); name the schema"),
+			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or("").re_match("^[^.]+[.].*[*]|^[^.]*[*][^.]*$") && (t.%s.or([]).length() > 0 || t.%s.or(%q).type() == "array"))`,
+				pcFieldTables, pcFieldTable, pcFieldColumns, pcFieldPartitionBy, pcPartitionKey),
+				tablePath(pcFieldTable)+" is a pattern: its tables share the entry's options, so columns and partition_by columns are for tables listed by name"),
 			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(e -> e.%s.or(%d) > this.%s.or(%d))`,
 				pcFieldEnvelopes, pcFieldEnvMaxBytes, source.DefaultEnvelopeBytes, pcFieldMaxBundleBytes, pcDefaultBundleBytes),
 				fmt.Sprintf("%s[].%s must be at most %s (an envelope goes whole in one batch): raise both for larger envelopes", pcFieldEnvelopes, pcFieldEnvMaxBytes, pcFieldMaxBundleBytes)),

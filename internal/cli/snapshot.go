@@ -34,7 +34,7 @@ func Snapshot() *cli.Command {
 				full := source.Table{Schema: schema, Name: name}.Full()
 				found := false
 				for _, cfg := range p.sources {
-					if slices.ContainsFunc(cfg.Tables, func(ct source.Table) bool { return ct.Full() == full }) {
+					if slices.ContainsFunc(cfg.Tables, func(ct source.Table) bool { return ct.Names(full) }) {
 						asked[cfg.Name], found = append(asked[cfg.Name], full), true
 					}
 				}

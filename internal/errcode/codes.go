@@ -145,6 +145,8 @@ const (
 	Version Code = "version"
 	// TableMissing means a configured table does not exist or is not an ordinary table.
 	TableMissing Code = "table_missing"
+	// TablePattern means the tables[] patterns match no table at all, or more than a source streams.
+	TablePattern Code = "table_pattern"
 	// ReplicaIdentity means a table that is not append-only has no primary key and no usable
 	// REPLICA IDENTITY.
 	ReplicaIdentity Code = "replica_identity"

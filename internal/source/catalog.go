@@ -80,11 +80,11 @@ func LoadTables(ctx context.Context, q queryer, tables []Table, version int) (ok
 	for i, t := range tables {
 		ti, err := loadTable(ctx, q, t, version)
 		if errcode.Of(err) != "" {
-			refused = append(refused, Refusal{Table: t.Full(), Err: fmt.Errorf("tables[%d] (%s): %w", i, t.Full(), err)})
+			refused = append(refused, Refusal{Table: t.Full(), Err: fmt.Errorf("%s: %w", t.ref(i), err)})
 			continue
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("tables[%d] (%s): %w", i, t.Full(), err)
+			return nil, nil, fmt.Errorf("%s: %w", t.ref(i), err)
 		}
 		ok = append(ok, ti)
 	}
@@ -136,6 +136,62 @@ func refuseListedPartitions(ctx context.Context, q queryer, ok []TableInfo, refu
 			"remove "+t.Full()+" from tables (its rows are streamed as "+byOID[root]+"'s), or list the partitions instead of "+byOID[root])})
 	}
 	return kept, refused, nil
+}
+
+// ExpandTables replaces each pattern entry (`schema.prefix_*`) with the tables it matches now, in
+// name order, each with the entry's options: the ordinary and partitioned tables of its schema
+// that no entry by name and no earlier pattern names. A partition is never matched (its
+// partitioned table is streamed whole, or it is listed by name). Entries by name stay as they are,
+// in their place. Patterns matching no table at all, or more tables than a source streams, are
+// table_pattern.
+func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, error) {
+	if !slices.ContainsFunc(tables, Table.Pattern) {
+		return tables, nil
+	}
+	named := map[string]bool{}
+	for _, t := range tables {
+		if !t.Pattern() {
+			named[t.Full()] = true
+		}
+	}
+	var out []Table
+	var patterns []string
+	for _, t := range tables {
+		if !t.Pattern() {
+			out = append(out, t)
+			continue
+		}
+		patterns = append(patterns, t.Full())
+		like := strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`, "*", "%").Replace(t.Name)
+		rows, err := q.Query(ctx, `SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname::text LIKE $2
+			ORDER BY c.relname::text COLLATE "C"`, t.Schema, like)
+		if err != nil {
+			return nil, fmt.Errorf("match %s: %w", t.Full(), err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("match %s: %w", t.Full(), err)
+		}
+		for _, name := range names {
+			m := t
+			m.Name, m.From = name, t.Full()
+			if named[m.Full()] {
+				continue
+			}
+			named[m.Full()] = true
+			out = append(out, m)
+		}
+	}
+	switch {
+	case len(out) == 0:
+		return nil, errcode.New(errcode.TablePattern, "no table matches "+strings.Join(patterns, ", "),
+			"create a table the pattern names, or correct the pattern (a * in the table's name stands for any characters; names are case-sensitive)")
+	case len(out) > MaxTables:
+		return nil, errcode.New(errcode.TablePattern, fmt.Sprintf("%s match %d tables, more than the %d a source streams", strings.Join(patterns, ", "), len(out), MaxTables),
+			"narrow the patterns, or split the tables between sources (each its own name)")
+	}
+	return out, nil
 }
 
 // otherCase names a table whose schema and name differ from t's in letter case only ("" when none,

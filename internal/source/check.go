@@ -55,7 +55,12 @@ func Preflight(ctx context.Context, cfg Config) []Finding {
 		return out
 	}
 	add("PostgreSQL: EXECUTE on the functions pg_cdc calls", CheckFunctions(ctx, pool))
-	tables, refused, err := LoadTables(ctx, pool, cfg.Tables, version)
+	expanded, err := ExpandTables(ctx, pool, cfg.Tables)
+	if err != nil {
+		add("PostgreSQL: the tables", err)
+		return out
+	}
+	tables, refused, err := LoadTables(ctx, pool, expanded, version)
 	if err != nil {
 		add("PostgreSQL: the tables", err)
 		return out

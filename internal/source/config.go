@@ -34,10 +34,49 @@ type Table struct {
 	// ColumnList is the columns streamed and snapshotted (`columns`: a publication column list,
 	// PostgreSQL 15 or newer); nil streams them all. LoadTables puts it in table order.
 	ColumnList []string
+	// From is the pattern entry that matched the table (ExpandTables); "" for an entry by name.
+	From string
 }
 
 // Full is "schema.name" as it appears in events.
 func (t Table) Full() string { return t.Schema + "." + t.Name }
+
+// Pattern reports whether the entry names tables by a pattern: a `*` in the name stands for any
+// characters (`sales.*`, `public.order_*`).
+func (t Table) Pattern() bool { return strings.Contains(t.Name, "*") }
+
+// Names reports whether full ("schema.name") is a table the entry names: by name, or matched by
+// its pattern.
+func (t Table) Names(full string) bool {
+	schema, name := ParseTable(full)
+	if schema != t.Schema {
+		return false
+	}
+	if !t.Pattern() {
+		return name == t.Name
+	}
+	parts := strings.Split(t.Name, "*")
+	if !strings.HasPrefix(name, parts[0]) || len(name) < len(parts[0])+len(parts[len(parts)-1]) || !strings.HasSuffix(name, parts[len(parts)-1]) {
+		return false
+	}
+	rest := name[len(parts[0]) : len(name)-len(parts[len(parts)-1])]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(p):]
+	}
+	return true
+}
+
+// ref is how errors name the table: its entry's index, and the pattern that matched it.
+func (t Table) ref(i int) string {
+	if t.From != "" {
+		return fmt.Sprintf("%s (matched by %s)", t.Full(), t.From)
+	}
+	return fmt.Sprintf("tables[%d] (%s)", i, t.Full())
+}
 
 // EnvelopeQueue is a queue whose stream changes go one transaction per message: an envelope holding
 // the transaction's change events for that queue (DESIGN §2), in one partition.
@@ -210,6 +249,12 @@ func (c *Config) validateTables() error {
 		path := fmt.Sprintf("tables[%d]", i)
 		if t.Schema == "" || t.Name == "" {
 			return fieldErr(path+".table", "use schema.name or name")
+		}
+		if strings.Contains(t.Schema, "*") {
+			return fieldErr(path+".table", "%s: a pattern goes in the table's name only (sales.*, sales.order_*); name the schema", t.Full())
+		}
+		if t.Pattern() && (len(t.ColumnList) > 0 || t.Mode == PartitionByColumns) {
+			return fieldErr(path+".table", "%s is a pattern: its tables share the entry's options, so columns and partition_by columns are for tables listed by name", t.Full())
 		}
 		if strings.Contains(t.Full(), `"`) {
 			return fieldErr(path+".table", "%s is taken as written, without SQL quotes (names are case-sensitive): use %s", t.Full(), strings.ReplaceAll(t.Full(), `"`, ""))

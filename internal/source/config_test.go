@@ -22,3 +22,33 @@ func TestClusterSlotMatchesRedis(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestTableNames: an entry names a table by name, or by a pattern whose * stands for any
+// characters (none too) in the table's name; the schema is always named.
+func TestTableNames(t *testing.T) {
+	for _, c := range []struct {
+		entry, table string
+		want         bool
+	}{
+		{"public.orders", "public.orders", true},
+		{"public.orders", "public.orders2", false},
+		{"public.orders", "sales.orders", false},
+		{"sales.*", "sales.orders", true},
+		{"sales.*", "public.orders", false},
+		{"public.order_*", "public.order_items", true},
+		{"public.order_*", "public.order_", true},
+		{"public.order_*", "public.orders", false},
+		{"public.*_log", "public.audit_log", true},
+		{"public.*_log", "public.audit_log2", false},
+		{"public.a*b*c", "public.abc", true},
+		{"public.a*b*c", "public.axxbyyc", true},
+		{"public.a*b*c", "public.acb", false},
+		{"public.ab*ba", "public.aba", false},
+		{"public.Order*", "public.orders", false},
+	} {
+		schema, name := ParseTable(c.entry)
+		if got := (Table{Schema: schema, Name: name}).Names(c.table); got != c.want {
+			t.Errorf("%s names %s: %v, want %v", c.entry, c.table, got, c.want)
+		}
+	}
+}

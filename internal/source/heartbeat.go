@@ -2,6 +2,10 @@ package source
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,10 +62,39 @@ func (ss *session) heartbeat(pool *pgxpool.Pool, epoch string, drift func(contex
 func (ss *session) checkDrift(drift func(context.Context) error, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ss.ctx, timeout)
 	defer cancel()
-	if err := drift(ctx); errcode.Of(err) != "" {
+	if err := drift(ctx); errcode.Of(err) != "" || errors.Is(err, errNewTables) {
 		return err
 	}
 	return nil
+}
+
+// errNewTables ends a streaming session when a table was created that a tables[] pattern names:
+// the next start publishes it and, with snapshot: initial, reads it. It is no failure.
+var errNewTables = errors.New("new tables match the tables patterns")
+
+// newMatches reports, as errNewTables, the tables the patterns name now that the session's start did
+// not find (a failure to read them is left to the next tick).
+func (s *Source) newMatches(ctx context.Context, q queryer) error {
+	if !slices.ContainsFunc(s.cfg.Tables, Table.Pattern) {
+		return nil
+	}
+	now, err := ExpandTables(ctx, q, s.cfg.Tables)
+	if err != nil {
+		return nil
+	}
+	s.mu.Lock()
+	matched := s.matched
+	s.mu.Unlock()
+	var added []string
+	for _, t := range now {
+		if !slices.Contains(matched, t.Full()) {
+			added = append(added, fmt.Sprintf("%s (matched by %s)", t.Full(), t.From))
+		}
+	}
+	if len(added) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s; starting the session again to stream them", errNewTables, strings.Join(added, ", "))
 }
 
 // reportSlotLag publishes the slot's lag (current WAL − confirmed_flush_lsn) in bytes.

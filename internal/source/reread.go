@@ -112,7 +112,7 @@ func RequestReread(ctx context.Context, cfg Config, tables []string, w io.Writer
 	for _, t := range tables {
 		schema, name := ParseTable(t)
 		full := Table{Schema: schema, Name: name}.Full()
-		if !slices.ContainsFunc(cfg.Tables, func(c Table) bool { return c.Full() == full }) {
+		if !slices.ContainsFunc(cfg.Tables, func(c Table) bool { return c.Names(full) }) {
 			return errcode.New(errcode.TableMissing, fmt.Sprintf("source %s does not stream %s", cfg.Name, full),
 				"name a table of its tables list: "+strings.Join(tableList(cfg.Tables), ", "))
 		}

@@ -125,7 +125,12 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ss.heartbeat(pool, start.Epoch, func(ctx context.Context) error { return PublicationDrift(ctx, pool, pubs, tables, version) })
+		ss.heartbeat(pool, start.Epoch, func(ctx context.Context) error {
+			if err := PublicationDrift(ctx, pool, pubs, tables, version); err != nil {
+				return err
+			}
+			return s.newMatches(ctx, pool)
+		})
 	}()
 	if sn != nil {
 		wg.Add(1)

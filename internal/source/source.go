@@ -141,6 +141,7 @@ type Source struct {
 	sess     *session
 	sessCh   chan struct{}     // closed and replaced when sess changes
 	streamed []string          // the tables the replication session streams ("schema.name"), set at its start
+	matched  []string          // the tables the session's start found named (patterns expanded), refused ones too
 	refused  []Refusal         // the tables its start checks refused (skipped with on_refused_table: skip)
 	snapProg *SnapshotProgress // the running snapshot's last progress report
 	out      []*Batch          // handed out and awaiting their verdict (Ack), in the order handed out
@@ -416,7 +417,7 @@ func (s *Source) own(ctx context.Context) {
 			s.setPhase(PhaseConnecting, err)
 			return
 		}
-		if errors.Is(err, errRereadRequested) {
+		if errors.Is(err, errRereadRequested) || errors.Is(err, errNewTables) {
 			s.log.Infof("%v: starting the session again to read them", err)
 			continue
 		}

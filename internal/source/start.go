@@ -51,7 +51,14 @@ func (s *Source) session(ctx context.Context) error {
 	if err := CheckFunctions(ctx, pool); err != nil {
 		return err
 	}
-	tables, refused, err := LoadTables(ctx, pool, s.cfg.Tables, version)
+	expanded, err := ExpandTables(ctx, pool, s.cfg.Tables)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.matched = tableList(expanded)
+	s.mu.Unlock()
+	tables, refused, err := LoadTables(ctx, pool, expanded, version)
 	if err != nil {
 		return err
 	}
