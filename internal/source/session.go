@@ -99,8 +99,15 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 			} else if err == nil && now != "" {
 				inStream = now
 			}
-			s.log.Warnf("table %s (oid %d) was renamed to %s: its changes keep going to queue %s as %s. "+
-				"Set tables[].table to %s before pg_cdc restarts: the start looks tables up by name (nothing is lost meanwhile)", t.Full(), t.OID, inStream, t.Queue, t.Full(), inStream)
+			next := fmt.Sprintf("Set tables[].table to %s before pg_cdc restarts: the start looks tables up by name (nothing is lost meanwhile)", inStream)
+			if t.From != "" {
+				schema, pattern := ParseTable(t.From)
+				next = fmt.Sprintf("%s does not match it: the next start no longer streams it", t.From)
+				if (Table{Schema: schema, Name: pattern}).Names(inStream) {
+					next = fmt.Sprintf("%s matches it: the next start streams it as %s", t.From, inStream)
+				}
+			}
+			s.log.Warnf("table %s (oid %d) was renamed to %s: its changes keep going to queue %s as %s. %s", t.Full(), t.OID, inStream, t.Queue, t.Full(), next)
 		},
 		rels: map[uint32]*relation{}, envs: newEnvelopes(&s.cfg), maxMessages: s.cfg.MaxBundleMessages, maxBytes: s.cfg.MaxBundleBytes,
 		loadType: func(ctx context.Context, oids []uint32) error { return reg.Load(ctx, pool, oids) },
