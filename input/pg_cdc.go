@@ -30,6 +30,7 @@ const (
 	pcFieldPartitionBy       = "partition_by"
 	pcFieldAppendOnly        = "append_only"
 	pcFieldColumns           = "columns"
+	pcFieldExclude           = "exclude"
 	pcFieldOnRefusedTable    = "on_refused_table"
 	pcFieldPublication       = "publication"
 	pcFieldPublicationName   = "name"
@@ -115,6 +116,8 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 					Default([]any{}).Example([]string{"id", "status", "total"}).
 					LintRule(fmt.Sprintf(`root = if this.type() == "array" && (this.any(c -> c == "") || this.unique().length() != this.length()) { [%q] }`,
 						tablePath(pcFieldColumns)+" must list each column once, by a non-empty name")),
+				service.NewStringListField(pcFieldExclude).Description("For a pattern entry: tables it matches that are not streamed, named as `table` names them (`schema.name` or `name`, a `*` in the name for a pattern), e.g. `[public.audit_*, public.tmp]`.").
+					Default([]any{}).Example([]string{"public.audit_*"}),
 			).Description(fmt.Sprintf("The tables to stream (1-%d, none twice), in order; the lease and pointer live under the first one's queue.", source.MaxTables)).
 				LintRule(fmt.Sprintf(`root = if this.type() != "array" { deleted() } else if this.length() < 1 || this.length() > %d { [%q] } else if this.map_each(t -> if t.%s.or("").contains(".") { t.%s } else { "public." + t.%s.or("") }).unique().length() != this.length() { [%q] }`,
 					source.MaxTables, fmt.Sprintf("%s must list 1-%d tables", pcFieldTables, source.MaxTables),
@@ -180,6 +183,10 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 				pcFieldTables, pcFieldAppendOnly, pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix)),
 				fmt.Sprintf("%s.%s must be at most %d bytes with append-only tables (their publication adds %q)",
 					pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix), source.InsertPublicationSuffix)),
+			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or([]).length() > 0 && !t.%s.or("").contains("*"))`, pcFieldTables, pcFieldExclude, pcFieldTable),
+				tablePath(pcFieldExclude)+" is for an entry whose table is a pattern"),
+			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or([]).any(x -> x.type() != "string" || x == "" || x.contains("\"") || x.re_match("^[^.]*[*][^.]*[.]") || x.has_prefix(".") || x.has_suffix(".")))`, pcFieldTables, pcFieldExclude),
+				tablePath(pcFieldExclude)+" must name tables as table takes them (schema.name or name, a * in the name only, no SQL quotes)"),
 			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or("").re_match("^[^.]*[*][^.]*[.]"))`, pcFieldTables, pcFieldTable),
 				tablePath(pcFieldTable)+": a pattern goes in the table's name only (sales.*, sales.order_*); name the schema"),
 			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or("").re_match("^[^.]+[.].*[*]|^[^.]*[*][^.]*$") && (t.%s.or([]).length() > 0 || t.%s.or(%q).type() == "array"))`,
@@ -344,6 +351,7 @@ func pgCDCTables(r *confread.Reader) ([]source.Table, error) {
 		t.Queue = tr.String(pcFieldQueue)
 		t.AppendOnly = tr.Bool(pcFieldAppendOnly)
 		t.ColumnList = tr.StringList(pcFieldColumns)
+		t.Exclude = tr.StringList(pcFieldExclude)
 		pb := tr.Any(pcFieldPartitionBy)
 		if err := tr.Err(); err != nil {
 			return nil, err

@@ -142,8 +142,8 @@ func refuseListedPartitions(ctx context.Context, q queryer, ok []TableInfo, refu
 // name order, each with the entry's options: the ordinary and partitioned tables of its schema
 // that no entry by name and no earlier pattern names. A partition is never matched (its
 // partitioned table is streamed whole, or it is listed by name). Entries by name stay as they are,
-// in their place. Patterns matching no table at all, or more tables than a source streams, are
-// table_pattern.
+// in their place; a pattern's exclude list takes tables out of its matches. Patterns matching no
+// table at all, or more tables than a source streams, are table_pattern.
 func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, error) {
 	if !slices.ContainsFunc(tables, Table.Pattern) {
 		return tables, nil
@@ -175,8 +175,8 @@ func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, erro
 		}
 		for _, name := range names {
 			m := t
-			m.Name, m.From = name, t.Full()
-			if named[m.Full()] {
+			m.Name, m.From, m.Exclude = name, t.Full(), nil
+			if named[m.Full()] || t.excludes(m.Full()) {
 				continue
 			}
 			named[m.Full()] = true

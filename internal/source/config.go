@@ -34,6 +34,8 @@ type Table struct {
 	// ColumnList is the columns streamed and snapshotted (`columns`: a publication column list,
 	// PostgreSQL 15 or newer); nil streams them all. LoadTables puts it in table order.
 	ColumnList []string
+	// Exclude names tables a pattern entry does not stream ("schema.name" or "name", patterns too).
+	Exclude []string
 	// From is the pattern entry that matched the table (ExpandTables); "" for an entry by name.
 	From string
 }
@@ -68,6 +70,17 @@ func (t Table) Names(full string) bool {
 		rest = rest[i+len(p):]
 	}
 	return true
+}
+
+// excludes reports whether the entry's exclude list names full.
+func (t Table) excludes(full string) bool {
+	for _, x := range t.Exclude {
+		schema, name := ParseTable(x)
+		if (Table{Schema: schema, Name: name}).Names(full) {
+			return true
+		}
+	}
+	return false
 }
 
 // ref is how errors name the table: its entry's index, and the pattern that matched it.
@@ -252,6 +265,14 @@ func (c *Config) validateTables() error {
 		}
 		if strings.Contains(t.Schema, "*") {
 			return fieldErr(path+".table", "%s: a pattern goes in the table's name only (sales.*, sales.order_*); name the schema", t.Full())
+		}
+		if len(t.Exclude) > 0 && !t.Pattern() {
+			return fieldErr(path+".exclude", "is for an entry whose table is a pattern (%s names one table)", t.Full())
+		}
+		for _, x := range t.Exclude {
+			if schema, name := ParseTable(x); schema == "" || name == "" || strings.ContainsAny(x, `"`) || strings.Contains(schema, "*") {
+				return fieldErr(path+".exclude", "%q: name tables as table takes them (schema.name or name, a * in the name only, no SQL quotes)", x)
+			}
 		}
 		if t.Pattern() && (len(t.ColumnList) > 0 || t.Mode == PartitionByColumns) {
 			return fieldErr(path+".table", "%s is a pattern: its tables share the entry's options, so columns and partition_by columns are for tables listed by name", t.Full())

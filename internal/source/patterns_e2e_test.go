@@ -11,9 +11,10 @@ import (
 )
 
 // TestTablePatterns: `public.t_*` streams every table it matches (a partitioned one whole, never a
-// partition) beside a table listed by name, snapshot first; a table created later that the pattern
-// matches is published and read within a heartbeat tick (rows inserted before that arrive as r
-// events, later ones as changes), one it does not match never is; every table replays exactly.
+// partition) but those its exclude list names, beside a table listed by name, snapshot first; a
+// table created later that the pattern matches is published and read within a heartbeat tick (rows
+// inserted before that arrive as r events, later ones as changes), one it does not match or that
+// is excluded never is; every table replays exactly.
 func TestTablePatterns(t *testing.T) {
 	e := newEnv(t)
 	e.pg.Exec(`CREATE TABLE t_a (id int PRIMARY KEY, v text); INSERT INTO t_a SELECT g, 'a' || g FROM generate_series(1, 20) g;
@@ -21,8 +22,9 @@ func TestTablePatterns(t *testing.T) {
 		CREATE TABLE t_p (id int, at int, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);
 		CREATE TABLE t_p_low PARTITION OF t_p FOR VALUES FROM (0) TO (100); INSERT INTO t_p SELECT g, g FROM generate_series(1, 30) g;
 		CREATE TABLE x_c (id int PRIMARY KEY); INSERT INTO x_c SELECT generate_series(1, 5);
-		CREATE TABLE u_d (id int PRIMARY KEY); INSERT INTO u_d VALUES (1)`)
-	e.run("pat", `[{table: "public.t_*", queue: qt}, {table: x_c, queue: qt}]`, "snapshot: initial")
+		CREATE TABLE u_d (id int PRIMARY KEY); INSERT INTO u_d VALUES (1);
+		CREATE TABLE t_skip_a (id int PRIMARY KEY); INSERT INTO t_skip_a VALUES (1)`)
+	e.run("pat", `[{table: "public.t_*", queue: qt, exclude: ["t_skip_*"]}, {table: x_c, queue: qt}]`, "snapshot: initial")
 	e.waitSnapshotDone("pat", "qt", 60*time.Second)
 	reads := func() map[string]int {
 		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qt")
@@ -43,6 +45,7 @@ func TestTablePatterns(t *testing.T) {
 	}
 	e.pg.Exec(`CREATE TABLE t_new (id int PRIMARY KEY, v text); INSERT INTO t_new SELECT g, 'n' || g FROM generate_series(1, 7) g;
 		CREATE TABLE y_new (id int PRIMARY KEY); INSERT INTO y_new VALUES (1);
+		CREATE TABLE t_skip_new (id int PRIMARY KEY); INSERT INTO t_skip_new VALUES (1);
 		INSERT INTO t_a VALUES (21, 'a21'); INSERT INTO t_p VALUES (31, 31)`)
 	cdctest.Wait(t, 30*time.Second, "t_new read", func() (bool, string) {
 		n := reads()
@@ -54,7 +57,7 @@ func TestTablePatterns(t *testing.T) {
 		return n["c public.t_new"] == 1 && n["u public.t_new"] == 1, fmt.Sprint(n)
 	})
 	for k := range reads() {
-		if k[2:] == "public.y_new" || k[2:] == "public.u_d" || k[2:] == "public.t_p_low" {
+		if k[2:] == "public.y_new" || k[2:] == "public.u_d" || k[2:] == "public.t_p_low" || k[2:] == "public.t_skip_a" || k[2:] == "public.t_skip_new" {
 			t.Errorf("events of %s, which no entry names", k)
 		}
 	}
