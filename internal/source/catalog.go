@@ -194,6 +194,46 @@ func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, erro
 	return out, nil
 }
 
+// RefuseUnpublished refuses, with an unmanaged publication, the tables a pattern matched that are
+// not in their publication (the main one, or the insert one for append-only tables): a table
+// created since the administrator last altered it. A table listed by name missing there refuses
+// the whole start (ensurePublication); one a pattern found refuses only itself, so a new table
+// does not stop the others. It returns the tables kept and the refusals, and the names refused.
+func RefuseUnpublished(ctx context.Context, q queryer, cfg *Config, ok []TableInfo, refused []Refusal, version int) ([]TableInfo, []Refusal, []string, error) {
+	if cfg.ManagePublication || !slices.ContainsFunc(ok, func(t TableInfo) bool { return t.From != "" }) {
+		return ok, refused, nil, nil
+	}
+	in := map[string]map[string]bool{} // publication → quoted tables
+	for _, p := range []string{cfg.Publication, cfg.InsertPublication} {
+		rels, _, err := publicationTables(ctx, q, p, version)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		in[p] = map[string]bool{}
+		for _, r := range rels {
+			in[p][r.table] = true
+		}
+	}
+	kept := ok[:0:0]
+	var names []string
+	for _, t := range ok {
+		pub := cfg.Publication
+		if t.AppendOnly {
+			pub = cfg.InsertPublication
+		}
+		rel := newPubRel(t.Schema, t.Name, nil).table
+		if t.From == "" || in[pub][rel] {
+			kept = append(kept, t)
+			continue
+		}
+		names = append(names, t.Full())
+		refused = append(refused, Refusal{Table: t.Full(), Err: errcode.New(errcode.Publication,
+			fmt.Sprintf("%s (matched by %s) is not in publication %s (publication.manage: false)", t.Full(), t.From, pub),
+			fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s: the source then streams it (and, with snapshot: initial, reads it) within heartbeat/2", pgx.Identifier{pub}.Sanitize(), rel))})
+	}
+	return kept, refused, names, nil
+}
+
 // otherCase names a table whose schema and name differ from t's in letter case only ("" when none,
 // or when the catalog cannot be read): the usual reason a configured table is not found.
 func otherCase(ctx context.Context, q queryer, t Table) string {

@@ -61,6 +61,9 @@ func Preflight(ctx context.Context, cfg Config) []Finding {
 		return out
 	}
 	tables, refused, err := LoadTables(ctx, pool, expanded, version)
+	if err == nil {
+		tables, refused, _, err = RefuseUnpublished(ctx, pool, &cfg, tables, refused, version)
+	}
 	if err != nil {
 		add("PostgreSQL: the tables", err)
 		return out

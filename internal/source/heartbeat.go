@@ -68,27 +68,48 @@ func (ss *session) checkDrift(drift func(context.Context) error, timeout time.Du
 	return nil
 }
 
-// errNewTables ends a streaming session when a table was created that a tables[] pattern names:
-// the next start publishes it and, with snapshot: initial, reads it. It is no failure.
+// errNewTables ends a streaming session when a table was created that a tables[] pattern names, or
+// when one an unmanaged publication lacked joined it: the next start publishes (or takes) it and,
+// with snapshot: initial, reads it. It is no failure.
 var errNewTables = errors.New("new tables match the tables patterns")
 
 // newMatches reports, as errNewTables, the tables the patterns name now that the session's start did
-// not find (a failure to read them is left to the next tick).
+// not find, and those it refused for an unmanaged publication that now holds them (a failure to
+// read them is left to the next tick).
 func (s *Source) newMatches(ctx context.Context, q queryer) error {
 	if !slices.ContainsFunc(s.cfg.Tables, Table.Pattern) {
 		return nil
+	}
+	// tableInfos is names as the TableInfos outOfPublications reads.
+	tableInfos := func(names []string) []TableInfo {
+		out := make([]TableInfo, len(names))
+		for i, n := range names {
+			out[i].Schema, out[i].Name = ParseTable(n)
+		}
+		return out
 	}
 	now, err := ExpandTables(ctx, q, s.cfg.Tables)
 	if err != nil {
 		return nil
 	}
 	s.mu.Lock()
-	matched := s.matched
+	matched, unpublished := s.matched, s.unpublished
 	s.mu.Unlock()
 	var added []string
 	for _, t := range now {
 		if !slices.Contains(matched, t.Full()) {
 			added = append(added, fmt.Sprintf("%s (matched by %s)", t.Full(), t.From))
+		}
+	}
+	if len(unpublished) > 0 {
+		out, err := outOfPublications(ctx, q, []string{s.cfg.Publication, s.cfg.InsertPublication}, tableInfos(unpublished), 0)
+		if err != nil {
+			return nil
+		}
+		for _, t := range unpublished {
+			if !slices.Contains(out, t) {
+				added = append(added, t+" (now in the publication)")
+			}
 		}
 	}
 	if len(added) == 0 {

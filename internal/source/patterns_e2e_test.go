@@ -66,3 +66,47 @@ func TestTablePatterns(t *testing.T) {
 	}
 	e.checkOracle("qt", "public.t_p", "id", "at")
 }
+
+// TestTablePatternWithUnmanagedPublication: with publication.manage: false, a new table the pattern
+// matches that the administrator has not put in the publication is refused by itself (the other
+// tables stream on); once it is added, the source reads it and streams it within a heartbeat tick.
+func TestTablePatternWithUnmanagedPublication(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE p_a (id int PRIMARY KEY); CREATE TABLE p_b (id int PRIMARY KEY);
+		INSERT INTO p_a VALUES (1); INSERT INTO p_b VALUES (1);
+		CREATE PUBLICATION pp FOR TABLE p_a, p_b`)
+	e.run("pun", `[{table: "public.p_*", queue: qu}]`, "snapshot: initial\npublication: {name: pp, manage: false}")
+	e.waitSnapshotDone("pun", "qu", 60*time.Second)
+	count := func(what string) int {
+		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, en := range entries {
+			var ev struct{ Op, Table string }
+			if json.Unmarshal(en.Payload, &ev) == nil && ev.Op+" "+ev.Table == what {
+				n++
+			}
+		}
+		return n
+	}
+	e.pg.Exec(`CREATE TABLE p_c (id int PRIMARY KEY); INSERT INTO p_c SELECT generate_series(1, 3)`)
+	e.waitStatus("qu", "pun", `public.p_c (matched by public.p_*) is not in publication pp`)
+	e.waitStatus("qu", "pun", `"phase":"streaming"`)
+	e.pg.Exec(`INSERT INTO p_a VALUES (2)`)
+	cdctest.Wait(t, 30*time.Second, "p_a streaming beside the refused p_c", func() (bool, string) {
+		return count("c public.p_a") == 1, fmt.Sprint(count("c public.p_a"))
+	})
+	e.pg.Exec(`ALTER PUBLICATION pp ADD TABLE p_c`)
+	cdctest.Wait(t, 30*time.Second, "p_c read once in the publication", func() (bool, string) {
+		return count("r public.p_c") == 3, fmt.Sprint(count("r public.p_c"))
+	})
+	e.pg.Exec(`INSERT INTO p_c VALUES (4)`)
+	cdctest.Wait(t, 30*time.Second, "p_c streaming", func() (bool, string) {
+		return count("c public.p_c") == 1, fmt.Sprint(count("c public.p_c"))
+	})
+	for _, table := range []string{"public.p_a", "public.p_b", "public.p_c"} {
+		e.checkOracle("qu", table, "id")
+	}
+}

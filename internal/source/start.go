@@ -62,6 +62,13 @@ func (s *Source) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	tables, refused, unpublished, err := RefuseUnpublished(ctx, pool, &s.cfg, tables, refused, version)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.unpublished = unpublished
+	s.mu.Unlock()
 	if err := s.settleRefusals(tables, refused); err != nil {
 		return err
 	}
