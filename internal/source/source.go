@@ -139,20 +139,20 @@ type Source struct {
 	phase    string
 	lastErr  error
 	sess     *session
-	sessCh   chan struct{}     // closed and replaced when sess changes
-	streamed []string          // the tables the replication session streams ("schema.name"), set at its start
-	matched  []string          // the tables the session's start found named (patterns expanded), refused ones too
+	sessCh   chan struct{} // closed and replaced when sess changes
+	streamed []string      // the tables the replication session streams ("schema.name"), set at its start
+	matched  []string      // the tables the session's start found named (patterns expanded), refused ones too
 	// unpublished are the tables a pattern matched that the start refused for not being in an
 	// unmanaged publication: the heartbeat restarts the session once one is.
 	unpublished []string
-	refused  []Refusal         // the tables its start checks refused (skipped with on_refused_table: skip)
-	snapProg *SnapshotProgress // the running snapshot's last progress report
-	out      []*Batch          // handed out and awaiting their verdict (Ack), in the order handed out
-	outCh    chan struct{}     // closed and replaced whenever out shrinks
-	retry    []*Batch          // nacked, to send again in order
-	settling bool              // an Ack is settling the batches at the head of out (they stay in out until settled)
-	ahead    *Batch            // built while a batch was in flight; handed out after its ack, or behind it
-	attempts int
+	refused     []Refusal         // the tables its start checks refused (skipped with on_refused_table: skip)
+	snapProg    *SnapshotProgress // the running snapshot's last progress report
+	out         []*Batch          // handed out and awaiting their verdict (Ack), in the order handed out
+	outCh       chan struct{}     // closed and replaced whenever out shrinks
+	retry       []*Batch          // nacked, to send again in order
+	settling    bool              // an Ack is settling the batches at the head of out (they stay in out until settled)
+	ahead       *Batch            // built while a batch was in flight; handed out after its ack, or behind it
+	attempts    int
 
 	cancel context.CancelFunc
 	done   chan struct{}
