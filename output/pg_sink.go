@@ -262,7 +262,11 @@ type sinkMetrics struct {
 func newPGSink(c PgSinkConfig, mgr *service.Resources) *pgSink {
 	m := mgr.Metrics()
 	log := mgr.Logger().With("sink", c.Sink.Name)
-	c.Sink.OnUnknownKey = func(warning error) { log.Warnf("%v", warning) }
+	unknown := m.NewCounter("pg_sink_unknown_keys", "sink")
+	c.Sink.OnUnknownKey = func(warning error) {
+		log.Warnf("%v", warning)
+		unknown.Incr(1, c.Sink.Name)
+	}
 	return &pgSink{conf: c, log: log, m: sinkMetrics{
 		applied:   m.NewCounter("pg_sink_applied", "sink"),
 		skipped:   m.NewCounter("pg_sink_skipped", "sink"),
