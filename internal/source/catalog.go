@@ -198,40 +198,39 @@ func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, erro
 // not in their publication (the main one, or the insert one for append-only tables): a table
 // created since the administrator last altered it. A table listed by name missing there refuses
 // the whole start (ensurePublication); one a pattern found refuses only itself, so a new table
-// does not stop the others. It returns the tables kept and the refusals, and the names refused.
-func RefuseUnpublished(ctx context.Context, q queryer, cfg *Config, ok []TableInfo, refused []Refusal, version int) ([]TableInfo, []Refusal, []string, error) {
-	if cfg.ManagePublication || !slices.ContainsFunc(ok, func(t TableInfo) bool { return t.From != "" }) {
+// does not stop the others. It returns the tables kept, the refusals, and the tables it refused.
+func RefuseUnpublished(ctx context.Context, q queryer, cfg *Config, ok []TableInfo, refused []Refusal, version int) ([]TableInfo, []Refusal, []TableInfo, error) {
+	var matched []TableInfo
+	for _, t := range ok {
+		if t.From != "" {
+			matched = append(matched, t)
+		}
+	}
+	if cfg.ManagePublication || len(matched) == 0 {
 		return ok, refused, nil, nil
 	}
-	in := map[string]map[string]bool{} // publication → quoted tables
-	for _, p := range []string{cfg.Publication, cfg.InsertPublication} {
-		rels, _, err := publicationTables(ctx, q, p, version)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		in[p] = map[string]bool{}
-		for _, r := range rels {
-			in[p][r.table] = true
-		}
+	out, err := outOfPublications(ctx, q, []string{cfg.Publication, cfg.InsertPublication}, matched, version)
+	if err != nil || len(out) == 0 {
+		return ok, refused, nil, err
 	}
 	kept := ok[:0:0]
-	var names []string
+	var unpublished []TableInfo
 	for _, t := range ok {
+		if t.From == "" || !slices.Contains(out, t.Full()) {
+			kept = append(kept, t)
+			continue
+		}
 		pub := cfg.Publication
 		if t.AppendOnly {
 			pub = cfg.InsertPublication
 		}
-		rel := newPubRel(t.Schema, t.Name, nil).table
-		if t.From == "" || in[pub][rel] {
-			kept = append(kept, t)
-			continue
-		}
-		names = append(names, t.Full())
+		unpublished = append(unpublished, t)
 		refused = append(refused, Refusal{Table: t.Full(), Err: errcode.New(errcode.Publication,
 			fmt.Sprintf("%s (matched by %s) is not in publication %s (publication.manage: false)", t.Full(), t.From, pub),
-			fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s: the source then streams it (and, with snapshot: initial, reads it) within heartbeat/2", pgx.Identifier{pub}.Sanitize(), rel))})
+			fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s: the source then streams it (and, with snapshot: initial, reads it) within heartbeat/2",
+				pgx.Identifier{pub}.Sanitize(), newPubRel(t.Schema, t.Name, nil).table))})
 	}
-	return kept, refused, names, nil
+	return kept, refused, unpublished, nil
 }
 
 // otherCase names a table whose schema and name differ from t's in letter case only ("" when none,

@@ -43,6 +43,15 @@ type Table struct {
 // Full is "schema.name" as it appears in events.
 func (t Table) Full() string { return t.Schema + "." + t.Name }
 
+// tableList is the tables' names as tables[].table writes them.
+func tableList(tables []Table) []string {
+	out := make([]string, len(tables))
+	for i, t := range tables {
+		out[i] = t.Full()
+	}
+	return out
+}
+
 // Pattern reports whether the entry names tables by a pattern: a `*` in the name stands for any
 // characters (`sales.*`, `public.order_*`).
 func (t Table) Pattern() bool { return strings.Contains(t.Name, "*") }

@@ -80,14 +80,6 @@ func (s *Source) newMatches(ctx context.Context, q queryer) error {
 	if !slices.ContainsFunc(s.cfg.Tables, Table.Pattern) {
 		return nil
 	}
-	// tableInfos is names as the TableInfos outOfPublications reads.
-	tableInfos := func(names []string) []TableInfo {
-		out := make([]TableInfo, len(names))
-		for i, n := range names {
-			out[i].Schema, out[i].Name = ParseTable(n)
-		}
-		return out
-	}
 	now, err := ExpandTables(ctx, q, s.cfg.Tables)
 	if err != nil {
 		return nil
@@ -102,13 +94,14 @@ func (s *Source) newMatches(ctx context.Context, q queryer) error {
 		}
 	}
 	if len(unpublished) > 0 {
-		out, err := outOfPublications(ctx, q, []string{s.cfg.Publication, s.cfg.InsertPublication}, tableInfos(unpublished), 0)
+		// the version only picks how column lists are read, which membership does not need
+		out, err := outOfPublications(ctx, q, []string{s.cfg.Publication, s.cfg.InsertPublication}, unpublished, 0)
 		if err != nil {
 			return nil
 		}
 		for _, t := range unpublished {
-			if !slices.Contains(out, t) {
-				added = append(added, t+" (now in the publication)")
+			if !slices.Contains(out, t.Full()) {
+				added = append(added, t.Full()+" (now in the publication)")
 			}
 		}
 	}

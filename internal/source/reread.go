@@ -48,7 +48,7 @@ func (s *Source) rereadPending(ctx context.Context) bool {
 	return json.Unmarshal(raw, &m) == nil && m.AppliedPos == "" && len(m.Tables) > 0
 }
 
-// applyRereadSQL sets the reread key to ARGV[2] if it still holds ARGV[1] (a request written
+// applyRereadScript sets the reread key to ARGV[2] if it still holds ARGV[1] (a request written
 // meanwhile is left for the next start).
 var applyRereadScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2])
@@ -76,8 +76,9 @@ func (s *Source) reread(ctx context.Context, start pointer.Pointer, written bool
 		return start, nil, nil
 	}
 	var again, gone []string
+	streamed := s.tableNames()
 	for _, t := range m.Tables {
-		if slices.Contains(start.Tables, t) && slices.Contains(s.tableNames(), t) {
+		if slices.Contains(start.Tables, t) && slices.Contains(streamed, t) {
 			again = append(again, t)
 		} else {
 			gone = append(gone, t)
@@ -149,13 +150,4 @@ func RequestReread(ctx context.Context, cfg Config, tables []string, w io.Writer
 	fmt.Fprintf(w, "re-read of %s requested from source %s (%s): the owning pgrelay reads them again while it streams, their rows going to the queue as r events\n",
 		strings.Join(want, ", "), cfg.Name, keys.Reread)
 	return nil
-}
-
-// tableList is the tables' names as tables[].table writes them.
-func tableList(tables []Table) []string {
-	out := make([]string, len(tables))
-	for i, t := range tables {
-		out[i] = t.Full()
-	}
-	return out
 }

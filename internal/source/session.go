@@ -92,24 +92,8 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 	}
 	reg := convert.NewRegistry()
 	dec := &decoder{epoch: start.Epoch, start: start, truncEm: s.cfg.TruncateEmit, tables: byName, byOID: byOID, reg: reg,
-		renamed: func(ctx context.Context, t *TableInfo, inStream string) {
-			if now, err := tableName(ctx, pool, t.OID); err == nil && now == t.Full() {
-				s.log.Infof("table %s was named %s when changes now streamed were made; they go to queue %s as %s", t.Full(), inStream, t.Queue, t.Full())
-				return
-			} else if err == nil && now != "" {
-				inStream = now
-			}
-			next := fmt.Sprintf("Set tables[].table to %s before pg_cdc restarts: the start looks tables up by name (nothing is lost meanwhile)", inStream)
-			if t.From != "" {
-				schema, pattern := ParseTable(t.From)
-				next = fmt.Sprintf("%s does not match it: the next start no longer streams it", t.From)
-				if (Table{Schema: schema, Name: pattern}).Names(inStream) {
-					next = fmt.Sprintf("%s matches it: the next start streams it as %s", t.From, inStream)
-				}
-			}
-			s.log.Warnf("table %s (oid %d) was renamed to %s: its changes keep going to queue %s as %s. %s", t.Full(), t.OID, inStream, t.Queue, t.Full(), next)
-		},
-		rels: map[uint32]*relation{}, envs: newEnvelopes(&s.cfg), maxMessages: s.cfg.MaxBundleMessages, maxBytes: s.cfg.MaxBundleBytes,
+		renamed: func(ctx context.Context, t *TableInfo, inStream string) { s.logRenamed(ctx, pool, t, inStream) },
+		rels:    map[uint32]*relation{}, envs: newEnvelopes(&s.cfg), maxMessages: s.cfg.MaxBundleMessages, maxBytes: s.cfg.MaxBundleBytes,
 		loadType: func(ctx context.Context, oids []uint32) error { return reg.Load(ctx, pool, oids) },
 		readback: func(ctx context.Context, rel *relation, key event.Row, cols []int, xid uint32) (event.Row, error) {
 			return readback(ctx, pool, rel, key, cols, xid)
@@ -158,4 +142,26 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 		return cause
 	}
 	return err
+}
+
+// logRenamed tells of a configured table met in the stream under another name (the decoder keeps
+// streaming it under its configured one): renamed since pg_cdc started (a warning, naming what the
+// next start does), or named otherwise when changes streamed now were made (info).
+func (s *Source) logRenamed(ctx context.Context, pool *pgxpool.Pool, t *TableInfo, inStream string) {
+	if now, err := tableName(ctx, pool, t.OID); err == nil && now == t.Full() {
+		s.log.Infof("table %s was named %s when changes now streamed were made; they go to queue %s as %s", t.Full(), inStream, t.Queue, t.Full())
+		return
+	} else if err == nil && now != "" {
+		inStream = now
+	}
+	next := fmt.Sprintf("Set tables[].table to %s before pg_cdc restarts: the start looks tables up by name (nothing is lost meanwhile)", inStream)
+	if t.From != "" {
+		schema, pattern := ParseTable(t.From)
+		next = fmt.Sprintf("%s does not match it: the next start no longer streams it", t.From)
+		if (Table{Schema: schema, Name: pattern}).Names(inStream) {
+			next = fmt.Sprintf("%s matches it: the next start streams it as %s", t.From, inStream)
+		}
+	}
+	s.log.Warnf("table %s (oid %d) was renamed to %s: its changes keep going to queue %s as %s. %s", t.Full(), t.OID, inStream, t.Queue, t.Full(), next)
+
 }

@@ -144,7 +144,7 @@ type Source struct {
 	matched  []string      // the tables the session's start found named (patterns expanded), refused ones too
 	// unpublished are the tables a pattern matched that the start refused for not being in an
 	// unmanaged publication: the heartbeat restarts the session once one is.
-	unpublished []string
+	unpublished []TableInfo
 	refused     []Refusal         // the tables its start checks refused (skipped with on_refused_table: skip)
 	snapProg    *SnapshotProgress // the running snapshot's last progress report
 	out         []*Batch          // handed out and awaiting their verdict (Ack), in the order handed out
