@@ -200,18 +200,28 @@ func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, erro
 // the whole start (ensurePublication); one a pattern found refuses only itself, so a new table
 // does not stop the others. It returns the tables kept, the refusals, and the tables it refused.
 func RefuseUnpublished(ctx context.Context, q queryer, cfg *Config, ok []TableInfo, refused []Refusal, version int) ([]TableInfo, []Refusal, []TableInfo, error) {
-	var matched []TableInfo
+	pubOf := func(t TableInfo) string {
+		if t.AppendOnly {
+			return cfg.InsertPublication
+		}
+		return cfg.Publication
+	}
+	matched := map[string][]TableInfo{} // publication → the tables a pattern matched for it
 	for _, t := range ok {
 		if t.From != "" {
-			matched = append(matched, t)
+			matched[pubOf(t)] = append(matched[pubOf(t)], t)
 		}
 	}
 	if cfg.ManagePublication || len(matched) == 0 {
 		return ok, refused, nil, nil
 	}
-	out, err := outOfPublications(ctx, q, []string{cfg.Publication, cfg.InsertPublication}, matched, version)
-	if err != nil || len(out) == 0 {
-		return ok, refused, nil, err
+	var out []string
+	for pub, tables := range matched {
+		o, err := outOfPublications(ctx, q, []string{pub}, tables, version)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		out = append(out, o...)
 	}
 	kept := ok[:0:0]
 	var unpublished []TableInfo
@@ -220,10 +230,7 @@ func RefuseUnpublished(ctx context.Context, q queryer, cfg *Config, ok []TableIn
 			kept = append(kept, t)
 			continue
 		}
-		pub := cfg.Publication
-		if t.AppendOnly {
-			pub = cfg.InsertPublication
-		}
+		pub := pubOf(t)
 		unpublished = append(unpublished, t)
 		refused = append(refused, Refusal{Table: t.Full(), Err: errcode.New(errcode.Publication,
 			fmt.Sprintf("%s (matched by %s) is not in publication %s (publication.manage: false)", t.Full(), t.From, pub),
