@@ -143,7 +143,8 @@ const (
 	WALLevel Code = "wal_level"
 	// Version means PostgreSQL is older than 14, or slot.failover is set before 17.
 	Version Code = "version"
-	// TableMissing means a configured table does not exist or is not a table (a view, a foreign table...).
+	// TableMissing means a configured table does not exist or is not a table (a view, a foreign
+	// table...), or is UNLOGGED (it writes no WAL).
 	TableMissing Code = "table_missing"
 	// TablePattern means the tables[] patterns match no table at all, or more than a source streams.
 	TablePattern Code = "table_pattern"

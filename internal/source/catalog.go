@@ -141,7 +141,8 @@ func refuseListedPartitions(ctx context.Context, q queryer, ok []TableInfo, refu
 // ExpandTables replaces each pattern entry (`schema.prefix_*`) with the tables it matches now, in
 // name order, each with the entry's options: the ordinary and partitioned tables of its schema
 // that no entry by name and no earlier pattern names. A partition is never matched (its
-// partitioned table is streamed whole, or it is listed by name). Entries by name stay as they are,
+// partitioned table is streamed whole, or it is listed by name), nor an UNLOGGED table (it writes
+// no WAL: a scratch table, never streamed). Entries by name stay as they are,
 // in their place; a pattern's exclude list takes tables out of its matches. Patterns matching no
 // table at all, or more tables than a source streams, are table_pattern.
 func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, error) {
@@ -164,7 +165,7 @@ func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, erro
 		patterns = append(patterns, t.Full())
 		like := strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`, "*", "%").Replace(t.Name)
 		rows, err := q.Query(ctx, `SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-			WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname::text LIKE $2
+			WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relpersistence = 'p' AND NOT c.relispartition AND c.relname::text LIKE $2
 			ORDER BY c.relname::text COLLATE "C"`, t.Schema, like)
 		if err != nil {
 			return nil, fmt.Errorf("match %s: %w", t.Full(), err)
@@ -256,12 +257,12 @@ func otherCase(ctx context.Context, q queryer, t Table) string {
 
 func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo, error) {
 	ti := TableInfo{Table: t}
-	var kind, ident, role string
+	var kind, ident, role, persistence string
 	var usage, sel bool
-	err := q.QueryRow(ctx, `SELECT c.oid, c.relreplident::text, c.relkind::text, current_user,
+	err := q.QueryRow(ctx, `SELECT c.oid, c.relreplident::text, c.relkind::text, c.relpersistence::text, current_user,
 		has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT') FROM pg_catalog.pg_class c
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
-		t.Schema, t.Name).Scan(&ti.OID, &ident, &kind, &role, &usage, &sel)
+		t.Schema, t.Name).Scan(&ti.OID, &ident, &kind, &persistence, &role, &usage, &sel)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if other := otherCase(ctx, q, t); other != "" {
 			return ti, errcode.New(errcode.TableMissing, "table "+t.Full()+" does not exist, but "+other+" does",
@@ -276,6 +277,10 @@ func loadTable(ctx context.Context, q queryer, t Table, version int) (TableInfo,
 	ti.Partitioned = kind == "p"
 	if kind != "r" && kind != "p" {
 		return ti, errcode.New(errcode.TableMissing, t.Full()+" is not a table (relkind "+kind+": a view, a materialized view, a foreign table...)", "list ordinary or partitioned tables only")
+	}
+	if persistence != "p" { // unlogged: no WAL, so nothing to decode (and no publication takes it)
+		return ti, errcode.New(errcode.TableMissing, t.Full()+" is UNLOGGED: PostgreSQL writes no WAL for its changes, so none can be streamed",
+			"ALTER TABLE "+pgx.Identifier{t.Schema, t.Name}.Sanitize()+" SET LOGGED, or remove it from tables")
 	}
 	if len(t.ColumnList) > 0 && version < 150000 {
 		return ti, errcode.New(errcode.ColumnList, fmt.Sprintf("tables[].columns needs PostgreSQL 15 or newer (publication column lists); this is %d", version/10000),

@@ -12,7 +12,7 @@ import (
 )
 
 // TestLoadTablesChecksColumnLists: a table that does not exist is refused (table_missing), naming
-// the one that differs only in letter case if there is one. A table's columns list is put in table order and refused
+// the one that differs only in letter case if there is one, and so is an UNLOGGED one. A table's columns list is put in table order and refused
 // (column_list) when it cannot be a publication column list: before PostgreSQL 15, a listed
 // column missing or generated, a key or partition_by column left out, REPLICA IDENTITY FULL on a
 // table that is not append-only. SELECT on the listed columns is enough; without it on one of
@@ -24,7 +24,8 @@ func TestLoadTablesChecksColumnLists(t *testing.T) {
 		CREATE TABLE gen (id int PRIMARY KEY, v int, g int GENERATED ALWAYS AS (v * 2) STORED);
 		CREATE TABLE full_ident (id int PRIMARY KEY, v text, secret text);
 		ALTER TABLE full_ident REPLICA IDENTITY FULL;
-		CREATE TABLE log (cat text, v text, secret text)`)
+		CREATE TABLE log (cat text, v text, secret text);
+		CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY)`)
 	table := func(name string, cols ...string) Table {
 		return Table{Schema: "public", Name: name, Queue: "q", ColumnList: cols}
 	}
@@ -41,6 +42,7 @@ func TestLoadTablesChecksColumnLists(t *testing.T) {
 		{"whole table", table("t"), "", ""},
 		{"no such table", table("nosuch"), errcode.TableMissing, "table public.nosuch does not exist. Fix: create it"},
 		{"another letter case", table("T"), errcode.TableMissing, "table public.T does not exist, but public.t does. Fix: names are case-sensitive and taken as written: set tables[].table to public.t"},
+		{"unlogged", table("scratch"), errcode.TableMissing, `public.scratch is UNLOGGED: PostgreSQL writes no WAL for its changes, so none can be streamed. Fix: ALTER TABLE "public"."scratch" SET LOGGED`},
 		{"put in table order", table("t", "v", "id"), "", "id,v"},
 		{"key column left out", table("t", "v"), errcode.ColumnList, "key column id is not listed"},
 		{"missing column", table("t", "id", "nope"), errcode.ColumnList, "column nope does not exist"},
