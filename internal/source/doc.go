@@ -12,9 +12,10 @@
 //   - start.go: a session's start (server, table, publication and publish function checks, then
 //     settling the pointer and the slot); tables.go plans the pointer's table list and snapshot
 //     cursor; rejoin.go puts back a table that left the publications and reads it again;
-//     privileges.go checks the role's privileges; catalog.go and slot.go read and check the
-//     catalog (refusing tables one by one), the publications (the main one, and the insert-only
-//     one of the append-only tables) and the slot.
+//     privileges.go checks the role's privileges; catalog.go reads and checks the tables
+//     (refusing them one by one); publication.go settles the publications (the main one, and the
+//     insert-only one of the append-only tables) and watches them while streaming; slot.go the
+//     slot.
 //   - session.go starts replication and runs one streaming life; walreader.go receives the WAL and
 //     reports the flush position in standby status updates, coalesce.go batches its reads while
 //     the stream is behind or under load, pollconn_linux.go keeps the replication socket out of
