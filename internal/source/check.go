@@ -3,6 +3,7 @@ package source
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -78,7 +79,11 @@ func Preflight(ctx context.Context, cfg Config) []Finding {
 	if cfg.ManagePublication {
 		what = "publications " + cfg.Publication + " (managed: created or corrected in a transaction rolled back)"
 	}
-	add(what, publicationsCheck(ctx, pool, &cfg, tables, refused, version))
+	pubs, err := publicationsCheck(ctx, pool, &cfg, tables, refused, version)
+	if len(pubs.Broader) > 0 {
+		what += "; beyond the tables (their changes are sent and dropped): " + strings.Join(pubs.Broader, ", ")
+	}
+	add(what, err)
 	add("PostgreSQL: the replication connection", replicationCheck(ctx, cfg))
 	return out
 }
@@ -86,14 +91,13 @@ func Preflight(ctx context.Context, cfg Config) []Finding {
 // publicationsCheck runs the start's publication statements in a transaction it rolls back (DDL
 // is transactional in PostgreSQL): a managed publication is created or corrected with the role's
 // rights and then undone, an unmanaged one only read.
-func publicationsCheck(ctx context.Context, pool *pgxpool.Pool, cfg *Config, tables []TableInfo, refused []Refusal, version int) error {
+func publicationsCheck(ctx context.Context, pool *pgxpool.Pool, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
-		return err
+		return Publications{}, err
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }() // nothing of it may stay
-	_, err = EnsurePublications(ctx, tx, cfg, tables, refused, version)
-	return err
+	return EnsurePublications(ctx, tx, cfg, tables, refused, version)
 }
 
 // replicationCheck opens the replication connection pg_cdc streams on and identifies the system.

@@ -147,7 +147,7 @@ func TestEnsurePublicationsColumnLists(t *testing.T) {
 			if errcode.Of(err) != c.code || (c.code == "" && err != nil) {
 				t.Fatalf("error %v, want code %q", err, c.code)
 			}
-			if c.code != "" && len(c.tables[0].ColumnList) > 0 && !strings.Contains(err.Error(), `ALTER PUBLICATION "`+c.pub+`" SET TABLE "public"."t" ("id", "v")`) {
+			if c.code != "" && len(c.tables[0].ColumnList) > 0 && !strings.Contains(err.Error(), `ALTER PUBLICATION "`+c.pub+`" ADD TABLE "public"."t" ("id", "v")`) {
 				t.Errorf("the fix does not name the configured list: %v", err)
 			}
 			if got := lists(c.pub); got != c.want {

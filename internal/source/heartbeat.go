@@ -76,7 +76,7 @@ var errNewTables = errors.New("new tables match the tables patterns")
 // newMatches reports, as errNewTables, the tables the patterns name now that the session's start did
 // not find, and those it refused for an unmanaged publication that now holds them (a failure to
 // read them is left to the next tick).
-func (s *Source) newMatches(ctx context.Context, q queryer) error {
+func (s *Source) newMatches(ctx context.Context, q queryer, version int) error {
 	if !slices.ContainsFunc(s.cfg.Tables, Table.Pattern) {
 		return nil
 	}
@@ -94,8 +94,7 @@ func (s *Source) newMatches(ctx context.Context, q queryer) error {
 		}
 	}
 	if len(unpublished) > 0 {
-		// the version only picks how column lists are read, which membership does not need
-		out, err := outOfPublications(ctx, q, []string{s.cfg.Publication, s.cfg.InsertPublication}, unpublished, 0)
+		out, err := outOfPublications(ctx, q, []string{s.cfg.Publication, s.cfg.InsertPublication}, unpublished, version)
 		if err != nil {
 			return nil
 		}

@@ -1,13 +1,11 @@
 package source_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
-	"github.com/pgrelay/pgrelay/internal/oracle"
 )
 
 // TestTablePatterns: `public.t_*` streams every table it matches (a partitioned one whole, never a
@@ -27,20 +25,7 @@ func TestTablePatterns(t *testing.T) {
 		CREATE UNLOGGED TABLE t_scratch (id int PRIMARY KEY); INSERT INTO t_scratch VALUES (1)`)
 	e.run("pat", `[{table: "public.t_*", queue: qt, exclude: ["t_skip_*"]}, {table: x_c, queue: qt}]`, "snapshot: initial")
 	e.waitSnapshotDone("pat", "qt", 60*time.Second)
-	reads := func() map[string]int {
-		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qt")
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := map[string]int{}
-		for _, en := range entries {
-			var ev struct{ Op, Table string }
-			if json.Unmarshal(en.Payload, &ev) == nil {
-				n[ev.Op+" "+ev.Table]++
-			}
-		}
-		return n
-	}
+	reads := func() map[string]int { return e.opCounts("qt") }
 	if n := reads(); n["r public.t_a"] != 20 || n["r public.t_b"] != 10 || n["r public.t_p"] != 30 || n["r public.x_c"] != 5 || len(n) != 4 {
 		t.Fatalf("the first snapshot: %v", n)
 	}
@@ -78,20 +63,7 @@ func TestTablePatternWithUnmanagedPublication(t *testing.T) {
 		CREATE PUBLICATION pp FOR TABLE p_a, p_b`)
 	e.run("pun", `[{table: "public.p_*", queue: qu}]`, "snapshot: initial\npublication: {name: pp, manage: false}")
 	e.waitSnapshotDone("pun", "qu", 60*time.Second)
-	count := func(what string) int {
-		entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "qu")
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, en := range entries {
-			var ev struct{ Op, Table string }
-			if json.Unmarshal(en.Payload, &ev) == nil && ev.Op+" "+ev.Table == what {
-				n++
-			}
-		}
-		return n
-	}
+	count := func(what string) int { return e.opCounts("qu")[what] }
 	e.pg.Exec(`CREATE TABLE p_c (id int PRIMARY KEY); INSERT INTO p_c SELECT generate_series(1, 3)`)
 	e.waitStatus("qu", "pun", `public.p_c (matched by public.p_*) is not in publication pp`)
 	e.waitStatus("qu", "pun", `"phase":"streaming"`)

@@ -29,6 +29,10 @@ var (
 type Publications struct {
 	Main   string // every operation of the tables with a key
 	Insert string // inserts and truncates of the append-only tables; "" when there are none
+	// Broader says, per unmanaged publication that publishes tables the source does not stream
+	// ("p: FOR ALL TABLES"), what else it publishes: PostgreSQL decodes and sends those tables'
+	// changes, and pg_cdc drops them.
+	Broader []string
 }
 
 // Names lists the publications for pgoutput's publication_names.
@@ -41,12 +45,13 @@ func (p Publications) Names() []string {
 
 // EnsurePublications creates or corrects the managed publications, or verifies unmanaged ones. A
 // table's publish operations are per publication, so the append-only tables have their own:
-// the main publication holds exactly the other tables, with every operation; the insert
-// publication exactly the append-only tables, publishing insert and truncate only (so
-// PostgreSQL lets their updates and deletes run without a replica identity, and does not send
-// them). A table is published whole, or with exactly its columns list as the column list; row
-// filters are refused. A refused table may stay in an unmanaged publication (its changes are
-// dropped); a managed one never holds it.
+// the main publication holds the other tables, with every operation; the insert publication the
+// append-only tables, publishing insert and truncate only (so PostgreSQL lets their updates and
+// deletes run without a replica identity, and does not send them). A table is published whole,
+// or with exactly its columns list as the column list; row filters are refused. A managed
+// publication holds exactly its tables. An unmanaged one may publish more (other tables listed,
+// FOR TABLES IN SCHEMA, FOR ALL TABLES: their changes are sent and dropped), but never an
+// append-only table in the main publication, which would publish its updates and deletes.
 func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []TableInfo, refused []Refusal, version int) (Publications, error) {
 	var main, ins []pubRel
 	var mainRoot, insRoot bool // a partitioned table: its partitions' changes published as its own
@@ -64,7 +69,15 @@ func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 		others = append(others, newPubRel(schema, table, nil).table)
 	}
 	pubs := Publications{Main: cfg.Publication}
-	if err := ensurePublication(ctx, q, cfg.Publication, cfg.ManagePublication, main, others, allOps, mainRoot, version); err != nil {
+	settle := func(name string, want, forbid []pubRel, ops publishOps, viaRoot bool) error {
+		p := pubSpec{name: name, want: want, forbid: forbid, may: others, ops: ops, viaRoot: viaRoot}
+		broader, err := ensurePublication(ctx, q, p, cfg.ManagePublication, version)
+		if broader != "" {
+			pubs.Broader = append(pubs.Broader, name+": "+broader)
+		}
+		return err
+	}
+	if err := settle(cfg.Publication, main, ins, allOps, mainRoot); err != nil {
 		return pubs, err
 	}
 	if len(ins) == 0 {
@@ -76,15 +89,16 @@ func EnsurePublications(ctx context.Context, q queryer, cfg *Config, tables []Ta
 		return pubs, nil
 	}
 	pubs.Insert = cfg.InsertPublication
-	return pubs, ensurePublication(ctx, q, cfg.InsertPublication, cfg.ManagePublication, ins, others, insertOps, insRoot, version)
+	return pubs, settle(cfg.InsertPublication, ins, nil, insertOps, insRoot)
 }
 
 // pubRel is a table of a publication as ALTER PUBLICATION … SET TABLE names it: the quoted table,
-// and its column list (` ("a", "b")`, in table order) or "" for the whole table.
-type pubRel struct{ table, cols string }
+// and its column list (` ("a", "b")`, in table order) or "" for the whole table; schema is the
+// table's schema, unquoted (FOR TABLES IN SCHEMA publishes by it).
+type pubRel struct{ schema, table, cols string }
 
 func newPubRel(schema, name string, cols []string) pubRel {
-	return pubRel{table: pgx.Identifier{schema, name}.Sanitize(), cols: columnListSQL(cols)}
+	return pubRel{schema: schema, table: pgx.Identifier{schema, name}.Sanitize(), cols: columnListSQL(cols)}
 }
 
 // columnListSQL is cols as a publication's column list, ` ("a", "b")`; "" for none.
@@ -109,87 +123,226 @@ func sqlList(rels []pubRel) string {
 	return strings.Join(out, ", ")
 }
 
-// ensurePublication makes publication name hold exactly the tables want, each with its column
-// list, and publish ops; an unmanaged one may also hold the tables of may (quoted). With viaRoot
-// (want holds a partitioned table) it publishes partitions' changes as their root's
-// (publish_via_partition_root): else PostgreSQL sends them as the partitions', which no
-// configured table names.
-func ensurePublication(ctx context.Context, q queryer, name string, manage bool, want []pubRel, may []string, ops publishOps, viaRoot bool, version int) error {
+// pubSpec is what one publication must publish: the tables want (each with its column list), the
+// operations ops, partitions' changes as their root's when viaRoot (want holds a partitioned
+// table: else PostgreSQL sends them as the partitions', which no configured table names), and
+// none of the tables forbid. may are tables (quoted) an unmanaged one may hold without a word:
+// the refused ones.
+type pubSpec struct {
+	name         string
+	want, forbid []pubRel
+	may          []string
+	ops          publishOps
+	viaRoot      bool
+}
+
+func (p pubSpec) with() string {
 	opsText := allOpsText
-	if ops == insertOps {
+	if p.ops == insertOps {
 		opsText = insertText
 	}
 	with := "publish = '" + opsText + "'"
-	if viaRoot {
+	if p.viaRoot {
 		with += ", publish_via_partition_root = true"
 	}
-	var exists, haveRoot bool
-	var have publishOps
-	err := q.QueryRow(ctx, `SELECT true, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
-		FROM pg_catalog.pg_publication WHERE pubname = $1`, name).Scan(&exists, &have.insert, &have.update, &have.delete, &have.truncate, &haveRoot)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("read pg_publication: %w", err)
+	return with
+}
+
+// ensurePublication makes a managed publication publish exactly p, or checks that an unmanaged
+// one publishes at least p's tables as p says. It returns what else an unmanaged one publishes
+// ("" when nothing but p's tables and the refused ones).
+func ensurePublication(ctx context.Context, q queryer, p pubSpec, manage bool, version int) (string, error) {
+	sc, err := readPublication(ctx, q, p.name, version)
+	if err != nil {
+		return "", err
 	}
-	pub := pgx.Identifier{name}.Sanitize()
-	if !exists {
+	pub := pgx.Identifier{p.name}.Sanitize()
+	if !sc.exists {
 		if !manage {
-			return errcode.New(errcode.Publication, "publication "+name+" does not exist",
-				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s), or set publication.manage: true", pub, sqlList(want), with))
+			return "", errcode.New(errcode.Publication, "publication "+p.name+" does not exist",
+				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s), or set publication.manage: true", pub, sqlList(p.want), p.with()))
 		}
 		sql := "CREATE PUBLICATION " + pub
-		if len(want) > 0 {
-			sql += " FOR TABLE " + sqlList(want)
+		if len(p.want) > 0 {
+			sql += " FOR TABLE " + sqlList(p.want)
 		}
-		_, err := q.Exec(ctx, sql+" WITH ("+with+")")
-		return publicationErr(err, name)
+		_, err := q.Exec(ctx, sql+" WITH ("+p.with()+")")
+		return "", publicationErr(err, p.name)
 	}
-	haveRels, filtered, err := publicationTables(ctx, q, name, version)
-	if err != nil {
-		return err
-	}
-	exact := sqlList(haveRels) == sqlList(want)
 	if !manage {
-		missing, extra := false, false
-		for _, r := range want {
-			missing = missing || !slices.Contains(haveRels, r)
+		if what, fix := sc.refusal(p); what != "" {
+			return "", errcode.New(errcode.Publication, "publication "+p.name+" "+what, fix+", or set publication.manage: true")
 		}
-		for _, r := range haveRels {
-			extra = extra || !slices.Contains(want, r) && !slices.Contains(may, r.table)
-		}
-		what := ""
-		switch {
-		case filtered:
-			what = "has a row filter, or is FOR ALL TABLES (a filtered stream could not be made complete)"
-		case missing || extra:
-			what = "does not publish exactly the tables (and column lists) " + sqlList(want)
-		case have != ops:
-			what = "does not publish exactly " + opsText
-		case viaRoot && !haveRoot:
-			what = "publishes the changes of a partitioned table's partitions as theirs, not the table's (publish_via_partition_root is off)"
-		default:
-			return nil
-		}
-		return errcode.New(errcode.Publication, "publication "+name+" "+what,
-			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; ALTER PUBLICATION %s SET (%s), or set publication.manage: true",
-				pub, sqlList(want), pub, with))
+		return sc.broader(p), nil
 	}
-	if exact && !filtered && have == ops && (haveRoot || !viaRoot) {
-		return nil
+	if sc.all {
+		return "", errcode.New(errcode.Publication, "publication "+p.name+" is FOR ALL TABLES, which pg_cdc cannot narrow to the configured tables (publication.manage: true)",
+			"set publication.manage: false to stream through it as it is (the changes of the other tables are sent and dropped), or set publication.name to a publication pg_cdc may create")
 	}
-	if len(want) > 0 {
-		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+sqlList(want))
-	} else if len(haveRels) > 0 {
-		tables := make([]string, len(haveRels))
-		for i, r := range haveRels {
-			tables[i] = r.table // DROP TABLE takes no column list
+	if sqlList(sc.rels) == sqlList(p.want) && len(sc.filtered) == 0 && len(sc.schemas) == 0 && sc.ops == p.ops && (sc.viaRoot || !p.viaRoot) {
+		return "", nil
+	}
+	switch {
+	case len(p.want) > 0:
+		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET TABLE "+sqlList(p.want)) // schemas go too
+	case len(sc.rels) > 0 || len(sc.schemas) > 0:
+		var drop []string
+		for _, r := range sc.rels {
+			drop = append(drop, "TABLE "+r.table) // DROP TABLE takes no column list
 		}
-		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" DROP TABLE "+strings.Join(tables, ", "))
+		for _, s := range sc.schemas {
+			drop = append(drop, "TABLES IN SCHEMA "+pgx.Identifier{s}.Sanitize())
+		}
+		_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" DROP "+strings.Join(drop, ", "))
 	}
 	if err != nil {
-		return publicationErr(err, name)
+		return "", publicationErr(err, p.name)
 	}
-	_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET ("+with+")")
-	return publicationErr(err, name)
+	_, err = q.Exec(ctx, "ALTER PUBLICATION "+pub+" SET ("+p.with()+")")
+	return "", publicationErr(err, p.name)
+}
+
+// pubScope is what a publication publishes, as the catalog says.
+type pubScope struct {
+	exists   bool
+	ops      publishOps
+	viaRoot  bool            // publish_via_partition_root
+	all      bool            // FOR ALL TABLES
+	schemas  []string        // FOR TABLES IN SCHEMA (PostgreSQL 15+), unquoted
+	rels     []pubRel        // the tables listed by name, each with its column list
+	filtered map[string]bool // the listed tables (quoted) a row filter narrows
+}
+
+// holds reports whether the publication publishes r's table, and if so with which column list
+// ("" whole: a table it publishes by its schema or as FOR ALL TABLES is always whole) and whether
+// a row filter narrows it.
+func (sc pubScope) holds(r pubRel) (held bool, cols string, filtered bool) {
+	for _, h := range sc.rels {
+		if h.table == r.table {
+			return true, h.cols, sc.filtered[h.table]
+		}
+	}
+	return sc.all || slices.Contains(sc.schemas, r.schema), "", false
+}
+
+// refusal says why an unmanaged publication cannot serve p, and the fix ("" when it can).
+func (sc pubScope) refusal(p pubSpec) (what, fix string) {
+	pub := pgx.Identifier{p.name}.Sanitize()
+	for _, r := range p.want {
+		held, cols, filtered := sc.holds(r)
+		listed := slices.ContainsFunc(sc.rels, func(h pubRel) bool { return h.table == r.table })
+		switch {
+		case !held:
+			return "does not publish " + r.table, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pub, r.table+r.cols)
+		case filtered:
+			return "publishes only the rows of " + r.table + " that its row filter passes (a filtered stream could not be made complete)",
+				readd(pub, r)
+		case cols != r.cols && listed:
+			return fmt.Sprintf("publishes %s with another column list than its tables[].columns (%q, want %q)", r.table, strings.TrimSpace(cols), strings.TrimSpace(r.cols)),
+				readd(pub, r)
+		case cols != r.cols:
+			return "publishes " + r.table + " whole (FOR ALL TABLES or TABLES IN SCHEMA), not only its tables[].columns",
+				fmt.Sprintf("use a publication FOR TABLE %s", sqlList(p.want))
+		}
+	}
+	for _, r := range p.forbid {
+		if held, _, _ := sc.holds(r); held {
+			return "publishes the append-only table " + r.table + " with its updates and deletes (PostgreSQL then needs a replica identity for them, and sends them)",
+				fmt.Sprintf("publish %s in %s only: ALTER PUBLICATION %s DROP TABLE %s, or a publication FOR TABLE of the other tables", r.table, p.name+InsertPublicationSuffix, pub, r.table)
+		}
+	}
+	switch {
+	case sc.ops != p.ops:
+		return "does not publish exactly " + strings.TrimSuffix(strings.TrimPrefix(p.with(), "publish = '"), "'"), fmt.Sprintf("ALTER PUBLICATION %s SET (%s)", pub, p.with())
+	case p.viaRoot && !sc.viaRoot:
+		return "publishes the changes of a partitioned table's partitions as theirs, not the table's (publish_via_partition_root is off)",
+			fmt.Sprintf("ALTER PUBLICATION %s SET (%s)", pub, p.with())
+	}
+	return "", ""
+}
+
+// readd is the SQL that publishes r again as r says, in one transaction (so no change of it goes
+// unpublished between the two).
+func readd(pub string, r pubRel) string {
+	return fmt.Sprintf("BEGIN; ALTER PUBLICATION %s DROP TABLE %s; ALTER PUBLICATION %s ADD TABLE %s; COMMIT", pub, r.table, pub, r.table+r.cols)
+}
+
+// broader says what else an unmanaged publication publishes beyond p's tables and the refused
+// ones: "FOR ALL TABLES", its schemas, or how many other tables it lists ("" for nothing).
+func (sc pubScope) broader(p pubSpec) string {
+	var what []string
+	if sc.all {
+		what = append(what, "FOR ALL TABLES")
+	}
+	if len(sc.schemas) > 0 {
+		what = append(what, "FOR TABLES IN SCHEMA "+strings.Join(sc.schemas, ", "))
+	}
+	n := 0
+	for _, h := range sc.rels {
+		if !slices.ContainsFunc(p.want, func(r pubRel) bool { return r.table == h.table }) && !slices.Contains(p.may, h.table) {
+			n++
+		}
+	}
+	if n > 0 && !sc.all {
+		what = append(what, fmt.Sprintf("%d other tables listed", n))
+	}
+	return strings.Join(what, "; ")
+}
+
+// readPublication reads what publication name publishes (exists false when there is none).
+func readPublication(ctx context.Context, q queryer, name string, version int) (pubScope, error) {
+	sc := pubScope{filtered: map[string]bool{}}
+	err := q.QueryRow(ctx, `SELECT true, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot, puballtables
+		FROM pg_catalog.pg_publication WHERE pubname = $1`, name).Scan(&sc.exists, &sc.ops.insert, &sc.ops.update, &sc.ops.delete, &sc.ops.truncate, &sc.viaRoot, &sc.all)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return sc, nil
+	}
+	if err != nil {
+		return sc, fmt.Errorf("read pg_publication: %w", err)
+	}
+	filterExpr := "false"
+	if version >= 150000 {
+		filterExpr = "pr.prqual IS NOT NULL"
+	}
+	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname, `+filterExpr+`, `+columnListExpr(version)+` FROM pg_catalog.pg_publication_rel pr
+		JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+		JOIN pg_catalog.pg_class c ON c.oid = pr.prrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE p.pubname = $1`, name)
+	if err != nil {
+		return sc, fmt.Errorf("read pg_publication_rel: %w", err)
+	}
+	for rows.Next() {
+		var s, t string
+		var f bool
+		var cols []string
+		if err := rows.Scan(&s, &t, &f, &cols); err != nil {
+			rows.Close()
+			return sc, fmt.Errorf("read pg_publication_rel: %w", err)
+		}
+		r := newPubRel(s, t, cols)
+		sc.rels = append(sc.rels, r)
+		if f {
+			sc.filtered[r.table] = true
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return sc, fmt.Errorf("read pg_publication_rel: %w", err)
+	}
+	if version < 150000 {
+		return sc, nil
+	}
+	rows, err = q.Query(ctx, `SELECT n.nspname FROM pg_catalog.pg_publication_namespace pn
+		JOIN pg_catalog.pg_publication p ON p.oid = pn.pnpubid JOIN pg_catalog.pg_namespace n ON n.oid = pn.pnnspid
+		WHERE p.pubname = $1 ORDER BY n.nspname`, name)
+	if err != nil {
+		return sc, fmt.Errorf("read pg_publication_namespace: %w", err)
+	}
+	sc.schemas, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return sc, fmt.Errorf("read pg_publication_namespace: %w", err)
+	}
+	return sc, nil
 }
 
 // columnListExpr is the SQL of the column list of pg_publication_rel pr: its column names in table
@@ -200,40 +353,6 @@ func columnListExpr(version int) string {
 	}
 	return `(SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
 		WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[]))`
-}
-
-// publicationTables lists a publication's tables with their column lists, and whether any has a
-// row filter (a FOR ALL TABLES publication counts as filtered: it is never exactly the tables).
-func publicationTables(ctx context.Context, q queryer, name string, version int) ([]pubRel, bool, error) {
-	filterExpr := "false"
-	if version >= 150000 {
-		filterExpr = "pr.prqual IS NOT NULL"
-	}
-	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname, `+filterExpr+`, `+columnListExpr(version)+` FROM pg_catalog.pg_publication_rel pr
-		JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
-		JOIN pg_catalog.pg_class c ON c.oid = pr.prrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE p.pubname = $1`, name)
-	if err != nil {
-		return nil, false, fmt.Errorf("read pg_publication_rel: %w", err)
-	}
-	defer rows.Close()
-	var have []pubRel
-	filtered := false
-	for rows.Next() {
-		var s, t string
-		var f bool
-		var cols []string
-		if err := rows.Scan(&s, &t, &f, &cols); err != nil {
-			return nil, false, err
-		}
-		have = append(have, newPubRel(s, t, cols))
-		filtered = filtered || f
-	}
-	var all bool
-	if err := q.QueryRow(ctx, `SELECT puballtables FROM pg_catalog.pg_publication WHERE pubname = $1`, name).Scan(&all); err == nil && all {
-		return nil, true, rows.Err()
-	}
-	return have, filtered, rows.Err()
 }
 
 func publicationErr(err error, name string) error {
@@ -249,7 +368,7 @@ func publicationErr(err error, name string) error {
 }
 
 // PublicationDrift reports a configured table that left its publication, or whose column list
-// changed, while the source streams (checked with the heartbeat): `ALTER PUBLICATION … DROP TABLE`,
+// changed, or that a row filter narrows, while the source streams (checked with the heartbeat): `ALTER PUBLICATION … DROP TABLE`,
 // or `ALTER TABLE … DROP COLUMN … CASCADE` of a listed column, which takes the table out of the
 // publication. pgoutput then stops sending the table's changes without a word, so the session
 // ends with a publication error: the next start puts the table back (a managed publication) or is
@@ -263,11 +382,16 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 	for i, t := range tables {
 		oids[i] = t.OID
 	}
-	rows, err := q.Query(ctx, `SELECT c.oid, coalesce(p.pubname, ''), `+columnListExpr(version)+`
+	filterExpr, bySchema := "false", ""
+	if version >= 150000 {
+		filterExpr = "coalesce(pr.prqual IS NOT NULL, false)"
+		bySchema = ` OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_namespace pn WHERE pn.pnpubid = p.oid AND pn.pnnspid = c.relnamespace)`
+	}
+	rows, err := q.Query(ctx, `SELECT c.oid, coalesce(p.pubname, ''), `+columnListExpr(version)+`, `+filterExpr+`
 		FROM pg_catalog.pg_class c
-		LEFT JOIN pg_catalog.pg_publication_rel pr ON pr.prrelid = c.oid
-			AND pr.prpubid IN (SELECT oid FROM pg_catalog.pg_publication WHERE pubname = ANY($2))
-		LEFT JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+		LEFT JOIN pg_catalog.pg_publication p ON p.pubname = ANY($2) AND (p.puballtables
+			OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = c.oid)`+bySchema+`)
+		LEFT JOIN pg_catalog.pg_publication_rel pr ON pr.prrelid = c.oid AND pr.prpubid = p.oid
 		WHERE c.oid = ANY($1)`, oids, pubs.Names())
 	if err != nil {
 		return fmt.Errorf("check the publications: %w", err)
@@ -276,19 +400,24 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 		pub string
 		oid uint32
 	}
+	type membership struct {
+		cols     string // its column list there ("" whole)
+		filtered bool   // a row filter narrows it
+	}
 	exists := map[uint32]bool{}
-	held := map[rel]string{} // a publication's table → its column list there
+	held := map[rel]membership{} // a publication's table → how it publishes it
 	for rows.Next() {
 		var oid uint32
 		var pub string
 		var cols []string
-		if err := rows.Scan(&oid, &pub, &cols); err != nil {
+		var filtered bool
+		if err := rows.Scan(&oid, &pub, &cols, &filtered); err != nil {
 			rows.Close()
 			return fmt.Errorf("check the publications: %w", err)
 		}
 		exists[oid] = true
 		if pub != "" {
-			held[rel{pub, oid}] = columnListSQL(cols)
+			held[rel{pub, oid}] = membership{columnListSQL(cols), filtered}
 		}
 	}
 	rows.Close()
@@ -306,19 +435,22 @@ func PublicationDrift(ctx context.Context, q queryer, pubs Publications, tables 
 		if t.AppendOnly {
 			want = pubs.Insert
 		}
-		cols, ok := held[rel{want, t.OID}]
-		what := ""
+		m, ok := held[rel{want, t.OID}]
+		fix := "none for a managed publication: the next start puts the table back and, with snapshot: initial, reads its rows again (with snapshot: never, pgrelay resync); an unmanaged one: ALTER PUBLICATION as the start error says, and the start after it reads the table again"
+		var what string
 		switch {
 		case !ok:
-			what = "no longer holds " + t.Full()
-		case cols != columnListSQL(t.ColumnList):
-			what = "has another column list for " + t.Full()
+			what = "no longer holds " + t.Full() + " while it was streamed (ALTER PUBLICATION, or ALTER TABLE … DROP COLUMN … CASCADE of a listed column): PostgreSQL did not send its changes made since then"
+		case m.cols != columnListSQL(t.ColumnList):
+			what = "has another column list for " + t.Full() + " while it was streamed (ALTER PUBLICATION): PostgreSQL sent its changes since then with other columns"
+			fix = "the next start puts a managed publication's column list back (an unmanaged one is refused until ALTER PUBLICATION as the start error says); the rows changed meanwhile are read again by pgrelay snapshot -c <config> " + t.Full()
+		case m.filtered:
+			what = "has a row filter on " + t.Full() + " while it was streamed (ALTER PUBLICATION … WHERE): PostgreSQL did not send the changes it held back"
+			fix = "the next start takes the filter off a managed publication (an unmanaged one is refused until ALTER PUBLICATION as the start error says); the rows it held back are read again by pgrelay snapshot -c <config> " + t.Full()
 		default:
 			continue
 		}
-		return errcode.New(errcode.Publication,
-			fmt.Sprintf("publication %s %s while it was streamed (ALTER PUBLICATION, or ALTER TABLE … DROP COLUMN … CASCADE of a listed column): PostgreSQL did not send its changes made since then", want, what),
-			"none for a managed publication: the next start puts the table back and, with snapshot: initial, reads its rows again (with snapshot: never, pgrelay resync); an unmanaged one: ALTER PUBLICATION as the start error says, and the start after it reads the table again")
+		return errcode.New(errcode.Publication, "publication "+want+" "+what, fix)
 	}
 	return nil
 }

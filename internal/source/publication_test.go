@@ -2,6 +2,7 @@ package source
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
@@ -78,5 +79,100 @@ func TestEnsurePublications(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUnmanagedBroaderPublications: an unmanaged publication may publish more than the configured
+// tables (others listed by name, FOR TABLES IN SCHEMA, FOR ALL TABLES) and say so, but never an
+// append-only table in the main publication or a row filter on a configured table; a managed one
+// is never FOR ALL TABLES and is narrowed to exactly its tables. Through such a publication no
+// table is out of the publications, and the heartbeat's drift check stays quiet until a
+// configured table really leaves it or a row filter narrows it.
+func TestUnmanagedBroaderPublications(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	ctx := context.Background()
+	version := pg.Version * 10000
+	pg.Exec(`CREATE SCHEMA other; CREATE TABLE k (id int PRIMARY KEY); CREATE TABLE l (v text);
+		CREATE TABLE x (id int PRIMARY KEY); CREATE TABLE other.y (id int PRIMARY KEY)`)
+	tables, refused, err := LoadTables(ctx, pg.Pool(), []Table{{Schema: "public", Name: "k", Queue: "q"},
+		{Schema: "public", Name: "l", Queue: "q", AppendOnly: true, Mode: PartitionBySingle}}, version)
+	if err != nil || len(refused) > 0 {
+		t.Fatal(err, refused)
+	}
+	k, l := tables[:1], tables
+	for _, c := range []struct {
+		name    string
+		min     int // the oldest major version that has it
+		setup   string
+		pub     string
+		manage  bool
+		tables  []TableInfo
+		code    errcode.Code
+		broader string // Publications.Broader, joined by " | "
+		want    string // PublicationSummary of pub afterwards
+	}{
+		{"other tables listed", 14, "CREATE PUBLICATION b1 FOR TABLE k, x", "b1", false, k, "", "b1: 1 other tables listed", "t,t,t,t:k,x"},
+		{"FOR ALL TABLES", 14, "CREATE PUBLICATION b2 FOR ALL TABLES", "b2", false, k, "", "b2: FOR ALL TABLES", "t,t,t,t:k,l,x,y"},
+		{"FOR ALL TABLES holds the append-only table", 14, "CREATE PUBLICATION b3 FOR ALL TABLES; CREATE PUBLICATION b3_insert FOR TABLE l WITH (publish = 'insert, truncate')",
+			"b3", false, l, errcode.Publication, "", "t,t,t,t:k,l,x,y"},
+		{"FOR ALL TABLES as the insert publication", 14, "CREATE PUBLICATION b4 FOR TABLE k; CREATE PUBLICATION b4_insert FOR ALL TABLES WITH (publish = 'insert, truncate')",
+			"b4", false, l, "", "b4_insert: FOR ALL TABLES", "t,t,t,t:k"},
+		{"FOR ALL TABLES without a configured operation", 14, "CREATE PUBLICATION b5 FOR ALL TABLES WITH (publish = 'insert, update, delete')",
+			"b5", false, k, errcode.Publication, "", "t,t,t,f:k,l,x,y"},
+		{"FOR TABLES IN SCHEMA", 15, "CREATE PUBLICATION b6 FOR TABLES IN SCHEMA public, other", "b6", false, k, "", "b6: FOR TABLES IN SCHEMA other, public", "t,t,t,t:k,l,x,y"},
+		{"FOR TABLES IN SCHEMA of another schema", 15, "CREATE PUBLICATION b7 FOR TABLES IN SCHEMA other", "b7", false, k, errcode.Publication, "", "t,t,t,t:y"},
+		{"a row filter on another table", 15, "CREATE PUBLICATION b8 FOR TABLE k, x WHERE (id > 1)", "b8", false, k, "", "b8: 1 other tables listed", "t,t,t,t:k,x"},
+		{"a row filter on a configured table", 15, "CREATE PUBLICATION b9 FOR TABLE k WHERE (id > 1), x", "b9", false, k, errcode.Publication, "", "t,t,t,t:k,x"},
+		{"managed: FOR ALL TABLES is refused", 14, "CREATE PUBLICATION m1 FOR ALL TABLES", "m1", true, k, errcode.Publication, "", "t,t,t,t:k,l,x,y"},
+		{"managed: FOR TABLES IN SCHEMA narrowed", 15, "CREATE PUBLICATION m2 FOR TABLES IN SCHEMA public, other", "m2", true, k, "", "", "t,t,t,t:k"},
+		{"managed: only a schema, no table wanted", 15, "CREATE PUBLICATION m3 FOR TABLES IN SCHEMA other", "m3", true, nil, "", "", "t,t,t,t:"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if pg.Version < c.min {
+				t.Skipf("needs PostgreSQL %d", c.min)
+			}
+			pg.Exec(c.setup)
+			cfg := &Config{Publication: c.pub, InsertPublication: c.pub + InsertPublicationSuffix, ManagePublication: c.manage}
+			pubs, err := EnsurePublications(ctx, pg.Pool(), cfg, c.tables, nil, version)
+			if errcode.Of(err) != c.code || (c.code == "" && err != nil) {
+				t.Fatalf("error %v, want code %q", err, c.code)
+			}
+			if got := strings.Join(pubs.Broader, " | "); c.code == "" && got != c.broader {
+				t.Errorf("broader %q, want %q", got, c.broader)
+			}
+			if got, err := PublicationSummary(ctx, pg.Pool(), c.pub); err != nil || got[c.pub] != c.want {
+				t.Errorf("publication %s: %q (%v), want %q", c.pub, got[c.pub], err, c.want)
+			}
+			if c.code != "" {
+				return
+			}
+			if out, err := outOfPublications(ctx, pg.Pool(), pubs.Names(), c.tables, version); err != nil || len(out) > 0 {
+				t.Errorf("out of the publications: %v %v", out, err)
+			}
+			if err := PublicationDrift(ctx, pg.Pool(), pubs, c.tables, version); err != nil {
+				t.Errorf("drift: %v", err)
+			}
+		})
+	}
+	if pg.Version < 15 {
+		return
+	}
+	// Drift through a schema publication: the schema's going is drift, as is a row filter.
+	pg.Exec(`CREATE PUBLICATION d FOR TABLES IN SCHEMA public`)
+	pubs := Publications{Main: "d"}
+	for _, s := range []struct{ sql, drift string }{
+		{"", ""},
+		{"ALTER PUBLICATION d ADD TABLE other.y", ""},
+		{"ALTER PUBLICATION d DROP TABLES IN SCHEMA public", "publication d no longer holds public.k"},
+		{"ALTER PUBLICATION d ADD TABLE k WHERE (id > 1)", "publication d has a row filter on public.k"},
+		{"ALTER PUBLICATION d SET TABLE k", ""},
+	} {
+		if s.sql != "" {
+			pg.Exec(s.sql)
+		}
+		err := PublicationDrift(ctx, pg.Pool(), pubs, k, version)
+		if s.drift == "" && err != nil || s.drift != "" && (errcode.Of(err) != errcode.Publication || !strings.Contains(err.Error(), s.drift)) {
+			t.Fatalf("after %q: drift %v, want %q", s.sql, err, s.drift)
+		}
 	}
 }

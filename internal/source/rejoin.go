@@ -104,21 +104,21 @@ func (s *Source) rejoin(ctx context.Context, start pointer.Pointer, written bool
 	return start, again, nil
 }
 
-// outOfPublications lists the tables that are in none of pubs (all of them when none exists).
+// outOfPublications lists the tables that none of pubs publishes (all of them when none exists):
+// listed by name, by their schema (FOR TABLES IN SCHEMA) or as FOR ALL TABLES.
 func outOfPublications(ctx context.Context, q queryer, pubs []string, tables []TableInfo, version int) ([]string, error) {
-	in := map[string]bool{}
+	scopes := make([]pubScope, 0, len(pubs))
 	for _, p := range pubs {
-		rels, _, err := publicationTables(ctx, q, p, version)
+		sc, err := readPublication(ctx, q, p, version)
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range rels {
-			in[r.table] = true
-		}
+		scopes = append(scopes, sc)
 	}
 	var out []string
 	for _, t := range tables {
-		if !in[newPubRel(t.Schema, t.Name, nil).table] {
+		r := newPubRel(t.Schema, t.Name, nil)
+		if !slices.ContainsFunc(scopes, func(sc pubScope) bool { held, _, _ := sc.holds(r); return held }) {
 			out = append(out, t.Full())
 		}
 	}

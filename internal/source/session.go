@@ -120,7 +120,7 @@ func (s *Source) stream(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.Pg
 			if err := PublicationDrift(ctx, pool, pubs, tables, version); err != nil {
 				return err
 			}
-			return s.newMatches(ctx, pool)
+			return s.newMatches(ctx, pool, version)
 		})
 	}()
 	if sn != nil {

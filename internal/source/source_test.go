@@ -344,6 +344,23 @@ func TestReplicaIdentityFullUsingIndexPartitionColumnsAndTruncate(t *testing.T) 
 	e.checkOracle("qi", "public.ix", "code")
 }
 
+// opCounts counts queue's entries by op and table ("c public.t": 3).
+func (e *env) opCounts(queue string) map[string]int {
+	e.t.Helper()
+	entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", queue)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, en := range entries {
+		var ev struct{ Op, Table string }
+		if json.Unmarshal(en.Payload, &ev) == nil {
+			n[ev.Op+" "+ev.Table]++
+		}
+	}
+	return n
+}
+
 // waitStatus waits until the source's status hash shows want (a phase or an error code).
 func (e *env) waitStatus(queue, name, want string) {
 	e.t.Helper()

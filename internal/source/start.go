@@ -80,6 +80,9 @@ func (s *Source) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	for _, b := range pubs.Broader {
+		s.log.Infof("publication %s, beyond the configured tables: PostgreSQL decodes and sends the other tables' changes, and pg_cdc drops them (a publication FOR TABLE of the configured tables spares that)", b)
+	}
 	if err := s.ensurePublishFunction(ctx, pool); err != nil {
 		return err
 	}
