@@ -76,7 +76,7 @@ func TestReconnectPacesAFailingLoop(t *testing.T) {
 	stop, cancelStop := context.WithCancel(context.Background())
 	cancelStop()
 	start = time.Now()
-	if err := r.await(stop, answers); !errors.Is(err, context.Canceled) || time.Since(start) > 50*time.Millisecond {
+	if err := r.await(stop, answers); !errors.Is(err, context.Canceled) || time.Since(start) > 500*time.Millisecond {
 		t.Fatalf("a stopped Connect returned %v after %s, want context.Canceled at once", err, time.Since(start))
 	}
 }
