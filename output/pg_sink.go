@@ -24,6 +24,7 @@ import (
 const (
 	psFieldName                = "name"
 	psFieldTable               = "table"
+	psFieldTables              = "tables"
 	psFieldMode                = "mode"
 	psFieldKey                 = "key"
 	psFieldStatement           = "statement"
@@ -92,6 +93,8 @@ class 42) pause the sink with a coded error until fixed.`).
 			service.NewStringField(psFieldName).Description("The sink's identity in the progress table. Keep it stable: a new name starts over from the queue's first offsets.").
 				LintRule(fmt.Sprintf(`root = if this == "" { [%q] }`, psFieldName+" must not be empty")),
 			service.NewStringField(psFieldTable).Description("Target table, `schema.name` (quote as in SQL: `public.\"Orders\"`). Not used in mode sql.").Default(""),
+			service.NewStringMapField(psFieldTables).Description("Mode cdc, instead of `table`: copies of several tables in one sink. Maps each change event's `table` (`schema.name` as pg_cdc writes it, `schema.*` for every table of a schema, `*` for every table) to its target (`schema.name` quoted as in `table`, or `schema.*` / `*` for the event table's own name, in that schema / in its own schema). An entry by name wins over `schema.*`, which wins over `*`. The events of every table commit in one transaction per batch, with the progress rows; an event no entry maps is a `table_unmapped` data error. Each target's key is its primary key (or replica-identity index): `key` is not used.").
+				Example(map[string]any{"public.*": "replica.*"}).Example(map[string]any{"public.orders": "copy.orders", "public.order_items": "copy.items"}).Default(map[string]any{}),
 			service.NewStringAnnotatedEnumField(psFieldMode, map[string]string{
 				string(sink.ModeAppend): "Insert every message as a new row.",
 				string(sink.ModeUpsert): "Insert, or update on the key the columns the message names.",
@@ -157,9 +160,15 @@ func psParamPattern() string {
 func pgSinkChecks() []string {
 	sql := string(sink.ModeSQL)
 	placeholders := fmt.Sprintf(`this.%s.or("").pg_placeholders()`, psFieldStatement)
+	tables := fmt.Sprintf(`this.%s.or({})`, psFieldTables)
 	return []string{
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") == ""`, psFieldMode, sql, psFieldStatement), "mode sql needs a statement"),
-		speclint.CheckExpr(fmt.Sprintf(`this.%s.or("") != %q && this.%s.or("") == ""`, psFieldMode, sql, psFieldTable), fmt.Sprintf(`"mode " + this.%s.or("") + " needs a table"`, psFieldMode)),
+		speclint.CheckExpr(fmt.Sprintf(`this.%s.or("") != %q && this.%s.or("") == "" && %s.length() == 0`, psFieldMode, sql, psFieldTable, tables), fmt.Sprintf(`"mode " + this.%s.or("") + " needs a table"`, psFieldMode)),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") != %q && %s.length() > 0`, psFieldMode, string(sink.ModeCDC), tables), "tables is only used in mode cdc"),
+		speclint.Check(fmt.Sprintf(`this.%s.or("") != "" && %s.length() > 0`, psFieldTable, tables), "table and tables are both set: keep one"),
+		speclint.Check(fmt.Sprintf(`this.%s.or([]).length() > 0 && %s.length() > 0`, psFieldKey, tables), "key is not used with tables (each target's own key is used)"),
+		speclint.Check(fmt.Sprintf(`%s.key_values().any(kv -> !(kv.key == "*" || kv.key.re_match("^[^.*]+[.]([*]|[^*]+)$")) || kv.value == "" || (kv.value.contains("*") || kv.key.has_suffix("*")) && !(kv.value == "*" || kv.value.re_match("^[^*]+[.][*]$")))`, tables),
+			"tables entries must map schema.name, schema.* or * to schema.name, schema.* or * (a pattern to a pattern)"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") != %q && (this.%s.or("") != "" || this.%s.or([]).length() > 0)`, psFieldMode, sql, psFieldStatement, psFieldParams), "statement and params are only used in mode sql"),
 		speclint.Check(fmt.Sprintf(`[%q, %q].contains(this.%s.or("")) && this.%s.or([]).length() > 0`, sql, string(sink.ModeAppend), psFieldMode, psFieldKey), "key is only used in modes upsert and cdc"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") != ""`, psFieldMode, sql, psFieldTable), "table is not used in mode sql: name it in the statement"),
@@ -213,6 +222,7 @@ func PgSinkConfigFromParsed(conf *service.ParsedConfig) (PgSinkConfig, error) {
 	r := confread.New(conf)
 	c.Sink.Name = r.String(psFieldName)
 	c.Sink.Table = r.String(psFieldTable)
+	c.Sink.Tables = r.StringMap(psFieldTables)
 	c.Sink.Mode = sink.Mode(r.String(psFieldMode))
 	c.Sink.Statement = r.String(psFieldStatement)
 	c.Sink.ProgressTable = r.String(psFieldProgressTable)

@@ -34,6 +34,11 @@ func (r *Reader) String(path ...string) string { return read(r, r.conf.FieldStri
 // StringList reads a list of strings.
 func (r *Reader) StringList(path ...string) []string { return read(r, r.conf.FieldStringList, path) }
 
+// StringMap reads a map of strings.
+func (r *Reader) StringMap(path ...string) map[string]string {
+	return read(r, r.conf.FieldStringMap, path)
+}
+
 // Int reads an integer field.
 func (r *Reader) Int(path ...string) int { return read(r, r.conf.FieldInt, path) }
 

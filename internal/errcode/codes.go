@@ -94,6 +94,9 @@ const (
 	NoProgressMetadata Code = "no_progress_metadata"
 	// BadMetadata means queue/shard/offset metadata is present but not numbers, or an offset is below 1.
 	BadMetadata Code = "bad_metadata"
+	// TableUnmapped means a cdc sink with tables met a change event of a table no entry maps; a
+	// data error, dead-lettered after max_attempts.
+	TableUnmapped Code = "table_unmapped"
 	// TargetMissing means the target table does not exist.
 	TargetMissing Code = "target_missing"
 	// TargetNotTable means the target is not a table.

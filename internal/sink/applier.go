@@ -65,10 +65,10 @@ type Applier struct {
 
 	mu      sync.Mutex
 	handler modeHandler
-	target  *Target
-	stale   bool // re-read the target before the next attempt
+	target  *Target // the one target (nil in sql mode, and with tables: see routedMode)
+	stale   bool    // re-read the target before the next attempt
 	checked time.Time
-	keys    *unknownKeys // payload keys that name no column, across the target's shapes
+	keys    map[string]*unknownKeys // by target: payload keys that name no column, across its shapes
 }
 
 // shapeCheckInterval is how often a batch compares the target's catalog version with the one the
@@ -116,19 +116,44 @@ func start(ctx context.Context, pool *pgxpool.Pool, cfg Config, create bool) (a 
 		}
 		creates = true
 	}
-	a = &Applier{pool: pool, cfg: cfg, progress: prog}
-	a.keys = newUnknownKeys(&a.cfg)
+	a = &Applier{pool: pool, cfg: cfg, progress: prog, keys: map[string]*unknownKeys{}}
 	if err := a.refresh(ctx); err != nil {
 		return nil, false, err
 	}
 	return a, creates, nil
 }
 
-// Target is the target table as last inspected (nil in sql mode).
+// Target is the target table as last inspected (nil in sql mode and with tables).
 func (a *Applier) Target() *Target {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.target
+}
+
+// targets lists the targets as last inspected: the one table, or with tables those met so far.
+func (a *Applier) targets() []*Target {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r, ok := a.handler.(*routedMode); ok {
+		return r.targetList()
+	}
+	if a.target == nil {
+		return nil
+	}
+	return []*Target{a.target}
+}
+
+// keysFor is the watch of the payload keys that name no column of table (as the warnings name
+// it), nil when they are ignored.
+func (a *Applier) keysFor(table string) *unknownKeys {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k, ok := a.keys[table]
+	if !ok {
+		k = newUnknownKeys(&a.cfg, table)
+		a.keys[table] = k
+	}
+	return k
 }
 
 // needs lists what the mode requires of the table.
@@ -146,7 +171,24 @@ func (a *Applier) needs() TargetNeeds {
 }
 
 // refresh re-reads the target and rebuilds the mode (its statement cache goes with the old shape).
+// With tables it reads the targets of the entries by name, and the others again as their events
+// come (resolve).
 func (a *Applier) refresh(ctx context.Context) error {
+	if a.cfg.routes != nil {
+		r := &routedMode{routes: *a.cfg.routes, targets: map[string]*routed{}}
+		for _, table := range a.cfg.routes.names() {
+			target, _ := r.routes.Target(table)
+			to, err := a.routeTo(ctx, r, target)
+			if err != nil {
+				return err
+			}
+			r.targets[table] = to
+		}
+		a.mu.Lock()
+		a.target, a.handler, a.stale = nil, r, false
+		a.mu.Unlock()
+		return nil
+	}
 	var t *Target
 	if a.cfg.Mode != ModeSQL {
 		var err error
@@ -156,7 +198,11 @@ func (a *Applier) refresh(ctx context.Context) error {
 	} else if err := a.checkStatement(ctx); err != nil {
 		return err
 	}
-	h, err := newModeHandler(&a.cfg, t, a.keys)
+	var keys *unknownKeys
+	if t != nil {
+		keys = a.keysFor(a.cfg.Table)
+	}
+	h, err := newModeHandler(&a.cfg, t, keys)
 	if err != nil {
 		return err
 	}
@@ -196,30 +242,39 @@ func (a *Applier) checkStatement(ctx context.Context) error {
 	return nil
 }
 
-func (a *Applier) current(ctx context.Context) (modeHandler, error) {
+// current is the mode for a batch of msgs: rebuilt when a target's shape changed (checked at most
+// once a second) or an error made it stale, and with tables knowing every target msgs need.
+func (a *Applier) current(ctx context.Context, msgs []*Message) (modeHandler, error) {
+	targets := a.targets()
 	a.mu.Lock()
-	stale, h, t := a.stale, a.handler, a.target
-	due := t != nil && time.Since(a.checked) > shapeCheckInterval
+	stale, h := a.stale, a.handler
+	due := len(targets) > 0 && time.Since(a.checked) > shapeCheckInterval
 	if due {
 		a.checked = time.Now()
 	}
 	a.mu.Unlock()
-	if due && !stale {
+	for _, t := range targets {
+		if !due || stale {
+			break
+		}
 		v, err := shapeVersion(ctx, a.pool, t.OID)
 		if err != nil {
 			return nil, err
 		}
 		stale = v != t.Version
 	}
-	if !stale {
-		return h, nil
+	if stale {
+		if err := a.refresh(ctx); err != nil {
+			return nil, err
+		}
+		a.mu.Lock()
+		h = a.handler
+		a.mu.Unlock()
 	}
-	if err := a.refresh(ctx); err != nil {
-		return nil, err
+	if r, ok := h.(*routedMode); ok {
+		return a.resolve(ctx, r, msgs)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.handler, nil
+	return h, nil
 }
 
 // Write applies a batch: one transaction with the progress rows, retried inside on transient and
@@ -289,7 +344,10 @@ func (a *Applier) explain(ctx context.Context, err error) error {
 		return environmentError(err)
 	}
 	missing := a.progress.checkPrivileges(ctx, a.pool)
-	if t := a.Target(); missing == nil && t != nil {
+	for _, t := range a.targets() {
+		if missing != nil {
+			break
+		}
 		privs := a.needs().Privileges
 		if missing = t.checkPrivileges(ctx, a.pool, t.OID, privs); missing == nil && a.cfg.Mode == ModeCDC {
 			missing = t.checkPrivileges(ctx, a.pool, t.OID, []string{"TRUNCATE"})
@@ -366,7 +424,7 @@ func (s *batchState) applied(i int, m *Message) {
 // With immediate (isolate only), deferrable constraints are checked at each statement (SET
 // CONSTRAINTS ALL IMMEDIATE), so one that a message violates fails that message, not the COMMIT.
 func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immediate bool) (*Result, error) {
-	h, err := a.current(ctx)
+	h, err := a.current(ctx, msgs)
 	if err != nil {
 		return nil, err
 	}

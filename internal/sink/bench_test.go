@@ -254,7 +254,7 @@ func BenchmarkGoSide(b *testing.B) {
 	for _, mode := range []Mode{ModeUpsert, ModeAppend} {
 		b.Run(string(mode), func(b *testing.B) {
 			cfg := Config{Mode: mode, Table: "bench", UnknownKeys: UnknownKeysWarn} // the default watch of unknown keys, as the plugin runs
-			h, err := newModeHandler(&cfg, benchTarget(), newUnknownKeys(&cfg))
+			h, err := newModeHandler(&cfg, benchTarget(), newUnknownKeys(&cfg, cfg.Table))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -45,8 +45,11 @@ func (m MetadataColumns) names() []string {
 
 // Config is a parsed pg_sink configuration (without the connection).
 type Config struct {
-	Name                string // the sink's identity in the progress table
-	Table               string // target table, schema.name (SQL quoting rules)
+	Name  string // the sink's identity in the progress table
+	Table string // target table, schema.name (SQL quoting rules)
+	// Tables, in mode cdc instead of Table, maps the events' tables to targets (see Routes).
+	Tables              map[string]string
+	routes              *Routes // Tables, read by Validate
 	Mode                Mode
 	Key                 []string // conflict key; empty = primary key, else replica-identity index
 	Statement           string   // sql mode
@@ -70,13 +73,29 @@ func (c *Config) Validate() error {
 	}
 	switch c.Mode {
 	case ModeAppend, ModeUpsert, ModeCDC:
-		if c.Table == "" {
+		switch {
+		case len(c.Tables) > 0 && c.Mode != ModeCDC:
+			return errcode.New(errcode.SinkConfig, fmt.Sprintf("tables is for mode cdc, not %s", c.Mode), "set `table`, or use mode: cdc")
+		case len(c.Tables) > 0 && c.Table != "":
+			return errcode.New(errcode.SinkConfig, "table and tables are both set", "keep `tables` (several tables) or `table` (one)")
+		case len(c.Tables) > 0 && len(c.Key) > 0:
+			return errcode.New(errcode.SinkConfig, "key is not used with tables (each target's primary key or replica-identity index is its key)", "remove `key`")
+		case len(c.Tables) > 0:
+			r, err := ParseRoutes(c.Tables)
+			if err != nil {
+				return err
+			}
+			c.routes = &r
+		case c.Table == "":
 			return errcode.New(errcode.SinkConfig, fmt.Sprintf("mode %s needs a table", c.Mode), "set `table`")
 		}
 		if c.Statement != "" || len(c.Params) > 0 {
 			return errcode.New(errcode.SinkConfig, fmt.Sprintf("statement and params are for mode sql, not %s", c.Mode), "remove them or use mode: sql")
 		}
 	case ModeSQL:
+		if len(c.Tables) > 0 {
+			return errcode.New(errcode.SinkConfig, "tables is for mode cdc, not sql", "name the tables in the statement")
+		}
 		if len(splitStatement(c.Statement)) == 0 {
 			return errcode.New(errcode.SinkConfig, "mode sql needs a statement", "set `statement`")
 		}

@@ -35,6 +35,7 @@ type op struct {
 	newKey []pgtype.Text // opMove: the new key
 	params []any         // opSQL
 	mapped bool          // vals already holds the mapped row (append, upsert)
+	to     *routed       // cdc with tables: the target it goes to (nil: the sink's one table)
 }
 
 // modeHandler decodes messages (data errors per message) and plans decoded ops, in offset order,
@@ -191,6 +192,7 @@ type cdcMode struct{ w *writer }
 // event is the part of a change event the sink reads.
 type event struct {
 	Op        string
+	Table     string
 	Key       Row
 	After     json.RawMessage
 	Before    json.RawMessage
@@ -215,6 +217,13 @@ func readEvent(payload []byte) (event, error) {
 		}
 		ev.Op = op.String
 	}
+	if raw := row["table"]; !isNull(raw) {
+		table, err := textOf(raw)
+		if err != nil || raw[0] != '"' {
+			return ev, badPayload("change event table is not a string: %s", excerpt(raw))
+		}
+		ev.Table = table.String
+	}
 	if raw := row["key"]; !isNull(raw) {
 		if ev.Key, err = decodeObject(raw); err != nil {
 			return ev, badPayload("change event key is not an object: %s", excerpt(raw))
@@ -233,9 +242,14 @@ func (c cdcMode) decode(m *Message, _ *rowBuf) (op, error) {
 	if err != nil {
 		return op{}, err
 	}
+	return c.decodeEvent(m, &ev)
+}
+
+// decodeEvent turns a read change event into its op.
+func (c cdcMode) decodeEvent(m *Message, ev *event) (op, error) {
 	switch ev.Op {
 	case "c", "r", "u":
-		return c.decodeWrite(m, &ev)
+		return c.decodeWrite(m, ev)
 	case "d":
 		src := ev.Key
 		if len(src) == 0 && !isNull(ev.Before) {

@@ -215,7 +215,7 @@ func (pp *piped) finish() (int, error) {
 // COPY; sql mode runs the user's statements, which may read what the batch wrote).
 func piecewiseMode(h modeHandler) bool {
 	switch h.(type) {
-	case upsertMode, cdcMode:
+	case upsertMode, cdcMode, *routedMode:
 		return true
 	}
 	return false

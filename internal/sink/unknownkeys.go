@@ -38,8 +38,9 @@ type unknownKeys struct {
 	told atomic.Pointer[map[string]bool] // keys already told; replaced, never changed, under mu
 }
 
-// newUnknownKeys returns the watch for cfg, or nil when keys are ignored (or the mode maps none).
-func newUnknownKeys(cfg *Config) *unknownKeys {
+// newUnknownKeys returns the watch for cfg's target table, or nil when keys are ignored (or the
+// mode maps none).
+func newUnknownKeys(cfg *Config, table string) *unknownKeys {
 	if cfg.Mode == ModeSQL || cfg.UnknownKeys == UnknownKeysIgnore {
 		return nil
 	}
@@ -47,7 +48,7 @@ func newUnknownKeys(cfg *Config) *unknownKeys {
 	if tell == nil {
 		tell = func(error) {}
 	}
-	return &unknownKeys{policy: cfg.UnknownKeys, table: cfg.Table, tell: tell}
+	return &unknownKeys{policy: cfg.UnknownKeys, table: table, tell: tell}
 }
 
 // meet records a key with no column. It returns true with pause: the caller collects the message's

@@ -1,0 +1,158 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"maps"
+)
+
+// routedMode is mode cdc over several targets (Config.Tables): each change event goes to the table
+// its `table` maps to, and a batch's events of every table commit in its one transaction with the
+// progress rows. It is never changed once made: resolving new event tables makes a new one.
+type routedMode struct {
+	routes  Routes
+	targets map[string]*routed // event table → its target (events of tables not here are unmapped)
+}
+
+// routed is one target of a routedMode, shared by the event tables that map to it, so their ops
+// are planned together, in message order.
+type routed struct {
+	t    *Target
+	mode cdcMode
+}
+
+func (r *routedMode) decode(m *Message, _ *rowBuf) (op, error) {
+	ev, err := readEvent(m.Payload)
+	if err != nil {
+		return op{}, err
+	}
+	if ev.Op == "m" { // a published message: no table, nothing to write
+		return op{msg: m, kind: opNone}, nil
+	}
+	to := r.targets[ev.Table]
+	if to == nil {
+		return op{}, unmappedError(ev.Table)
+	}
+	o, err := to.mode.decodeEvent(m, &ev)
+	o.to = to
+	return o, err
+}
+
+// plan plans each target's ops (in message order) with its cdc mode, the targets in the order
+// their first op comes. Ops of different tables may so run in another order than the messages';
+// the transaction commits them together, and a constraint between the tables that this order
+// violates fails the batch, which then runs message by message (the applier's isolation).
+func (r *routedMode) plan(ops []op) ([]stmt, error) {
+	var order []*routed
+	by := map[*routed][]op{}
+	for _, o := range ops {
+		if o.to == nil {
+			continue // opNone
+		}
+		if _, ok := by[o.to]; !ok {
+			order = append(order, o.to)
+		}
+		by[o.to] = append(by[o.to], o)
+	}
+	var stmts []stmt
+	for _, to := range order {
+		s, err := to.mode.plan(by[to])
+		if err != nil {
+			return nil, err
+		}
+		stmts = append(stmts, s...)
+	}
+	return stmts, nil
+}
+
+// targetList lists the distinct targets.
+func (r *routedMode) targetList() []*Target {
+	var out []*Target
+	seen := map[*routed]bool{}
+	for _, to := range r.targets {
+		if !seen[to] {
+			seen[to] = true
+			out = append(out, to.t)
+		}
+	}
+	return out
+}
+
+// resolve returns h with the targets of every event table of msgs that h does not know yet and an
+// entry maps (inspected now: a missing target is an environment error, and the batch waits for
+// it), or h itself when there are none. Tables no entry maps stay out: decode fails their events.
+func (a *Applier) resolve(ctx context.Context, h *routedMode, msgs []*Message) (*routedMode, error) {
+	var next *routedMode
+	for _, m := range msgs {
+		table := eventTable(m.Payload)
+		if table == "" {
+			continue
+		}
+		if _, known := h.targets[table]; known {
+			continue
+		}
+		if next != nil {
+			if _, known := next.targets[table]; known {
+				continue
+			}
+		}
+		target, ok := h.routes.Target(table)
+		if !ok {
+			continue
+		}
+		if next == nil {
+			next = &routedMode{routes: h.routes, targets: maps.Clone(h.targets)}
+		}
+		to, err := a.routeTo(ctx, next, target)
+		if err != nil {
+			return nil, err
+		}
+		next.targets[table] = to
+	}
+	if next == nil {
+		return h, nil
+	}
+	a.mu.Lock()
+	if a.handler == modeHandler(h) {
+		a.handler = next
+	}
+	a.mu.Unlock()
+	return next, nil
+}
+
+// routeTo is target's routed in r (one per table, whatever event tables map to it), inspected anew
+// when r has none.
+func (a *Applier) routeTo(ctx context.Context, r *routedMode, target string) (*routed, error) {
+	t, err := Inspect(ctx, a.pool, target, a.needs())
+	if err != nil {
+		return nil, err
+	}
+	for _, to := range r.targets {
+		if to.t.OID == t.OID {
+			return to, nil
+		}
+	}
+	return &routed{t: t, mode: cdcMode{w: newWriter(t, a.cfg.Metadata).watching(a.keysFor(t.Ident()))}}, nil
+}
+
+// eventTable is a change event's `table` ("" when it has none or is not an object): read from the
+// front of the payload when it begins as pg_cdc writes events (`{"op":"c","table":"…"`), else
+// parsed.
+func eventTable(payload []byte) string {
+	const head, mid = `{"op":"`, `","table":"`
+	if len(payload) > len(head)+1+len(mid) && bytes.HasPrefix(payload, []byte(head)) && bytes.HasPrefix(payload[len(head)+1:], []byte(mid)) {
+		rest := payload[len(head)+1+len(mid):]
+		if end := bytes.IndexByte(rest, '"'); end >= 0 && bytes.IndexByte(rest[:end], '\\') < 0 {
+			return string(rest[:end])
+		}
+	}
+	row, err := decodeObject(payload)
+	if err != nil || isNull(row["table"]) || row["table"][0] != '"' {
+		return ""
+	}
+	table, err := textOf(row["table"])
+	if err != nil {
+		return ""
+	}
+	return table.String
+}
