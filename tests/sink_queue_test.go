@@ -69,6 +69,7 @@ type sinkPipeline struct {
 	dsn, sink, table, mode  string
 	batchCount, maxAttempts int
 	unknownKeys             string // pg_sink's unknown_keys; empty: the default
+	tables                  string // pg_sink's tables (a YAML flow map), instead of table
 }
 
 func (c sinkPipeline) YAML() string {
@@ -88,10 +89,17 @@ output:
   pg_sink:
     dsn: %q
     name: %s
-    table: %s
+    %s
     mode: %s
     max_in_flight: 4
-`, c.redisURL, c.queue, c.group, c.batchCount, c.maxAttempts, c.dsn, c.sink, c.table, c.mode) + c.unknownKeysLine()
+`, c.redisURL, c.queue, c.group, c.batchCount, c.maxAttempts, c.dsn, c.sink, c.targetLine(), c.mode) + c.unknownKeysLine()
+}
+
+func (c sinkPipeline) targetLine() string {
+	if c.tables != "" {
+		return "tables: " + c.tables
+	}
+	return "table: " + c.table
 }
 
 func (c sinkPipeline) unknownKeysLine() string {

@@ -1,0 +1,262 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/errcode"
+)
+
+// TestRoutes: an event table goes to the target of its entry by name, else its schema's, else `*`;
+// a pattern's target takes the event table's name (quoted: case and odd characters kept); entries
+// that cannot be read are refused.
+func TestRoutes(t *testing.T) {
+	r, err := ParseRoutes(map[string]string{
+		"public.orders": `copy."Orders"`,
+		"public.*":      "copy.*",
+		"app.*":         "*",
+		"*":             "rest.*",
+		"sales.items":   "other.*",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ table, want string }{
+		{"public.orders", `copy."Orders"`},
+		{"public.order_items", `copy."order_items"`},
+		{"public.Mixed Case", `copy."Mixed Case"`},
+		{"app.users", `"app"."users"`},
+		{"sales.items", `other."items"`},
+		{"sales.other", `rest."other"`},
+		{"noschema", ""},
+	} {
+		got, ok := r.Target(c.table)
+		if got != c.want || ok != (c.want != "") {
+			t.Errorf("Target(%q) = %q %v, want %q", c.table, got, ok, c.want)
+		}
+	}
+	if got := strings.Join(r.names(), ","); got != "public.orders,sales.items" {
+		t.Errorf("names %s", got)
+	}
+	if _, ok := mustRoutes(t, map[string]string{"public.t": "copy.t"}).Target("public.u"); ok {
+		t.Error("an unmapped table was mapped")
+	}
+	for _, bad := range []map[string]string{
+		{},
+		{"orders": "copy.orders"},
+		{"public.": "copy.t"},
+		{"*.orders": "copy.orders"},
+		{"public.t_*": "copy.*"},
+		{"public.*": "copy.t"},
+		{"*": "copy.t"},
+		{"public.*": "copy.t_*"},
+		{"public.*": "*.*"},
+		{"public.t": ""},
+	} {
+		if _, err := ParseRoutes(bad); !errcode.Is(err, errcode.SinkConfig) {
+			t.Errorf("ParseRoutes(%v): %v, want sink_config", bad, err)
+		}
+	}
+}
+
+func mustRoutes(t *testing.T, m map[string]string) Routes {
+	t.Helper()
+	r, err := ParseRoutes(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestEventTable: the event's table read from the front of a pg_cdc event, and parsed from any
+// other JSON object.
+func TestEventTable(t *testing.T) {
+	for _, c := range []struct{ payload, want string }{
+		{`{"op":"c","table":"public.t","key":{"id":1}}`, "public.t"},
+		{`{"op":"c","table":"public.we\"ird","key":{}}`, `public.we"ird`},
+		{`{"table":"public.t","op":"u"}`, "public.t"},
+		{`{"op":"m","table":null}`, ""},
+		{`{"op":"c","table":7}`, ""},
+		{`not json`, ""},
+	} {
+		if got := eventTable([]byte(c.payload)); got != c.want {
+			t.Errorf("eventTable(%s) = %q, want %q", c.payload, got, c.want)
+		}
+	}
+}
+
+// TestCDCTables: one cdc sink keeping copies of several tables: each event goes to the target its
+// table maps to, a batch of events of every table commits in one transaction (a data error in one
+// table's message rolls back none of the others' and blocks its shard only), an event of an
+// unmapped table is a table_unmapped data error, a mapped target created after the sink started
+// is found (the batch waits for it, an environment error, and is then written), a column added to
+// one target is written within the shape check, and a key change moves the row within its table.
+func TestCDCTables(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE SCHEMA src_copy;
+		CREATE TABLE src_copy.orders (id int PRIMARY KEY, total numeric);
+		CREATE TABLE src_copy.items (order_id int, n int, sku text, PRIMARY KEY (order_id, n));
+		CREATE TABLE named_target (id int PRIMARY KEY, v text)`)
+	ev := func(op, table, key, after, before string) string {
+		return `{"op":"` + op + `","table":"` + table + `","key":` + key + `,"after":` + after + `,"before":` + before + `,"lsn":"0/1","ts":"2026-10-03T06:15:03.583036Z","seq":0}`
+	}
+	retries := make(chan error, 100)
+	cfg := Config{Name: f.name("sink"), Mode: ModeCDC, Tables: map[string]string{"public.*": "src_copy.*", "public.special": "named_target"},
+		CreateProgressTable: true, RequireProgress: true, RetryMax: 50 * time.Millisecond, ProgressTable: DefaultProgressTable}
+	ctx := context.Background()
+	a, err := NewApplier(ctx, f.pool, cfg, func(err error, _ Class, _ time.Duration) {
+		select {
+		case retries <- err:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := func(sql string) string { return strings.Join(f.queryStrings(t, sql), ",") }
+
+	res := write(t, a,
+		msg("q", 0, 1, ev("c", "public.orders", `{"id":1}`, `{"id":1,"total":"10.50"}`, "null")),
+		msg("q", 0, 2, ev("c", "public.items", `{"order_id":1,"n":1}`, `{"order_id":1,"n":1,"sku":"a"}`, "null")),
+		msg("q", 0, 3, ev("c", "public.items", `{"order_id":1,"n":2}`, `{"order_id":1,"n":2,"sku":"b"}`, "null")),
+		msg("q", 1, 1, ev("c", "public.special", `{"id":5}`, `{"id":5,"v":"named"}`, "null")),
+		msg("q", 2, 1, ev("c", "other.t", `{"id":1}`, `{"id":1}`, "null")),
+		msg("q", 2, 2, ev("c", "public.orders", `{"id":2}`, `{"id":2,"total":"1"}`, "null")),
+		msg("q", 3, 1, ev("u", "public.orders", `{"id":1}`, `{"id":1,"total":"11"}`, "null")),
+		msg("q", 3, 2, `{"op":"m","table":null,"key":null,"after":{"x":1}}`),
+	)
+	want := []Outcome{Applied, Applied, Applied, Applied, Failed, Blocked, Applied, Applied}
+	for i, o := range want {
+		if res.Outcomes[i] != o {
+			t.Fatalf("outcomes %v, want %v (errs %v)", res.Outcomes, want, res.Errs)
+		}
+	}
+	if !errcode.Is(res.Errs[4], errcode.TableUnmapped) || !strings.Contains(res.Errs[4].Error(), `"other.t"`) {
+		t.Errorf("the unmapped event: %v", res.Errs[4])
+	}
+	if got := rows(`SELECT id || ':' || total FROM src_copy.orders ORDER BY id`); got != "1:11" {
+		t.Errorf("orders %s", got)
+	}
+	if got := rows(`SELECT order_id || '.' || n || ':' || sku FROM src_copy.items ORDER BY 1`); got != "1.1:a,1.2:b" {
+		t.Errorf("items %s", got)
+	}
+	if got := rows(`SELECT id || ':' || v FROM named_target`); got != "5:named" {
+		t.Errorf("named_target %s", got)
+	}
+
+	// A table whose target does not exist yet: the batch waits (an environment error) and is
+	// written once the table is created; nothing of it is written before.
+	done := make(chan *Result, 1)
+	go func() {
+		r, err := a.Write(ctx, []*Message{
+			msg("q", 0, 4, ev("c", "public.orders", `{"id":3}`, `{"id":3,"total":"3"}`, "null")),
+			msg("q", 0, 5, ev("c", "public.later", `{"id":1}`, `{"id":1,"v":"late"}`, "null")),
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	select {
+	case err := <-retries:
+		if !errcode.Is(err, errcode.TargetMissing) {
+			t.Fatalf("the retried error: %v, want target_missing", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no retry while the target is missing")
+	}
+	if got := rows(`SELECT count(*)::text FROM src_copy.orders WHERE id = 3`); got != "0" {
+		t.Fatalf("a row of the waiting batch was written: %s", got)
+	}
+	f.exec(t, `CREATE TABLE src_copy.later (id int PRIMARY KEY, v text)`)
+	if r := <-done; r == nil || r.Applied != 2 {
+		t.Fatalf("after the target was created: %+v", r)
+	}
+	if got := rows(`SELECT id || ':' || v FROM src_copy.later`); got != "1:late" {
+		t.Errorf("later %s", got)
+	}
+
+	// A column added to one target is written within the shape check; a key change moves the row.
+	f.exec(t, `ALTER TABLE src_copy.items ADD COLUMN qty int`)
+	time.Sleep(shapeCheckInterval + 100*time.Millisecond)
+	res = write(t, a,
+		msg("q", 0, 6, ev("u", "public.items", `{"order_id":1,"n":1}`, `{"order_id":1,"n":1,"sku":"a","qty":4}`, "null")),
+		msg("q", 0, 7, ev("u", "public.orders", `{"id":9}`, `{"id":9,"total":"3"}`, `{"id":3}`)),
+	)
+	if res.Applied != 2 {
+		t.Fatalf("applied %d: %v", res.Applied, res.Errs)
+	}
+	if got := rows(`SELECT order_id || '.' || n || ':' || coalesce(qty::text, '-') FROM src_copy.items ORDER BY 1`); got != "1.1:4,1.2:-" {
+		t.Errorf("items after the new column %s", got)
+	}
+	if got := rows(`SELECT id || ':' || total FROM src_copy.orders ORDER BY id`); got != "1:11,9:3" {
+		t.Errorf("orders after the key change %s", got)
+	}
+	got := rows(fmt.Sprintf(`SELECT shard || ':' || last_offset FROM pgrelay.sink_progress WHERE sink = '%s' ORDER BY shard`, cfg.Name))
+	if got != "0:7,1:1,2:0,3:2" {
+		t.Errorf("progress %s", got)
+	}
+}
+
+// TestCDCTablesStartChecks: the targets of entries by name are checked at start (a missing one is
+// target_missing before any message); those of patterns as their events come.
+func TestCDCTablesStartChecks(t *testing.T) {
+	f := startPG(t)
+	_, err := f.applierErr(Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "nowhere.*", "public.t": "public.missing_target"}})
+	if !errcode.Is(err, errcode.TargetMissing) || !strings.Contains(err.Error(), "missing_target") {
+		t.Fatalf("start: %v, want target_missing naming missing_target", err)
+	}
+	if _, err := f.applierErr(Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "nowhere.*"}}); err != nil {
+		t.Fatalf("a pattern's targets are not checked at start: %v", err)
+	}
+}
+
+// TestCDCTablesForeignKey: a batch whose tables' ops, planned table by table, would break a
+// foreign key between the targets (a parent deleted before its child) is written message by
+// message, in message order, and every message is applied: the copies end as the events left the
+// source. The batch is large enough to go in pieces.
+func TestCDCTablesForeignKey(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE SCHEMA fk;
+		CREATE TABLE fk.orders (id int PRIMARY KEY);
+		CREATE TABLE fk.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES fk.orders)`)
+	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "fk.*"}})
+	ev := func(op, table string, id, order int) string {
+		key := fmt.Sprintf(`{"id":%d}`, id)
+		after := key
+		if table == "public.items" {
+			after = fmt.Sprintf(`{"id":%d,"order_id":%d}`, id, order)
+		}
+		if op == "d" {
+			return `{"op":"d","table":"` + table + `","key":` + key + `,"after":null,"before":` + key + `}`
+		}
+		return `{"op":"` + op + `","table":"` + table + `","key":` + key + `,"after":` + after + `,"before":null}`
+	}
+	if res := write(t, a, msg("q", 0, 1, ev("c", "public.orders", 1, 0)), msg("q", 0, 2, ev("c", "public.items", 1, 1))); res.Applied != 2 {
+		t.Fatalf("first batch: %v", res.Errs)
+	}
+	var msgs []*Message
+	off := int64(2)
+	add := func(p string) { off++; msgs = append(msgs, msg("q", 0, off, p)) }
+	for i := 2; i <= 32; i++ {
+		add(ev("c", "public.orders", i, 0))
+		add(ev("c", "public.items", i, i))
+	}
+	add(ev("d", "public.items", 1, 1))
+	add(ev("d", "public.orders", 1, 0))
+	if pieceBounds(len(msgs)) == nil {
+		t.Fatalf("%d messages do not go in pieces", len(msgs))
+	}
+	if res := write(t, a, msgs...); res.Applied != len(msgs) {
+		t.Fatalf("applied %d of %d: %v", res.Applied, len(msgs), res.Errs)
+	}
+	if got := f.one(t, `SELECT count(*) || ':' || min(id) || '-' || max(id) FROM fk.orders`); got != "31:2-32" {
+		t.Errorf("orders %s", got)
+	}
+	if got := f.one(t, `SELECT count(*) || ':' || count(*) FILTER (WHERE id = order_id) FROM fk.items`); got != "31:31" {
+		t.Errorf("items %s", got)
+	}
+}
