@@ -64,7 +64,7 @@ func sinkParts(p *pipeline) sinkstatus.Parts {
 	for _, s := range p.sinks {
 		conn := s.Conn
 		conn.ApplicationName = "pgrelay-status"
-		parts.Sinks = append(parts.Sinks, sinkstatus.SinkRef{Name: s.Sink.Name, Table: s.Sink.Table,
+		parts.Sinks = append(parts.Sinks, sinkstatus.SinkRef{Name: s.Sink.Name, Table: s.Sink.Into(),
 			Mode: string(s.Sink.Mode), ProgressTable: s.Sink.ProgressTable, Conn: conn})
 	}
 	for _, q := range p.queueInputs {

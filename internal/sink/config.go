@@ -11,6 +11,9 @@ package sink
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/errcode"
@@ -64,6 +67,19 @@ type Config struct {
 	// UnknownKeys warn: a coded warning naming the key and the fix, for the log. It may be called
 	// from concurrent batches.
 	OnUnknownKey func(warning error)
+}
+
+// Into names where the sink writes, for people: its table, or its tables entries
+// ("tables public.* → copy.*, public.t → x.t"); "" in mode sql.
+func (c *Config) Into() string {
+	if len(c.Tables) == 0 {
+		return c.Table
+	}
+	var out []string
+	for _, from := range slices.Sorted(maps.Keys(c.Tables)) {
+		out = append(out, from+" → "+c.Tables[from])
+	}
+	return "tables " + strings.Join(out, ", ")
 }
 
 // Validate checks the combinations the linter also catches, for users of the Go API.

@@ -260,3 +260,19 @@ func TestCDCTablesForeignKey(t *testing.T) {
 		t.Errorf("items %s", got)
 	}
 }
+
+// TestInto: where a sink writes, as status prints it.
+func TestInto(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Table: "public.t"}, "public.t"},
+		{Config{Tables: map[string]string{"public.*": "copy.*", "app.t": `x."T"`}}, `tables app.t → x."T", public.* → copy.*`},
+		{Config{}, ""},
+	} {
+		if got := c.cfg.Into(); got != c.want {
+			t.Errorf("Into() = %q, want %q", got, c.want)
+		}
+	}
+}
