@@ -201,7 +201,8 @@ type event struct {
 
 // readEvent reads a change event's members by their exact names (DESIGN §2): op a string, key null
 // or an object, unchanged null or an array of strings; after and before are read by the op.
-func readEvent(payload []byte) (event, error) {
+// Table is read only withTable (the routed mode's): a sink of one table does not check it.
+func readEvent(payload []byte, withTable bool) (event, error) {
 	row, err := decodeObject(payload)
 	if err != nil {
 		return event{}, err
@@ -217,7 +218,7 @@ func readEvent(payload []byte) (event, error) {
 		}
 		ev.Op = op.String
 	}
-	if raw := row["table"]; !isNull(raw) {
+	if raw := row["table"]; withTable && !isNull(raw) {
 		table, err := textOf(raw)
 		if err != nil || raw[0] != '"' {
 			return ev, badPayload("change event table is not a string: %s", excerpt(raw))
@@ -238,7 +239,7 @@ func readEvent(payload []byte) (event, error) {
 }
 
 func (c cdcMode) decode(m *Message, _ *rowBuf) (op, error) {
-	ev, err := readEvent(m.Payload)
+	ev, err := readEvent(m.Payload, false)
 	if err != nil {
 		return op{}, err
 	}

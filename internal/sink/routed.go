@@ -22,7 +22,7 @@ type routed struct {
 }
 
 func (r *routedMode) decode(m *Message, _ *rowBuf) (op, error) {
-	ev, err := readEvent(m.Payload)
+	ev, err := readEvent(m.Payload, true)
 	if err != nil {
 		return op{}, err
 	}
