@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -340,4 +341,58 @@ func TestModeMismatchHints(t *testing.T) {
 		!strings.Contains(err.Error(), "Fix: if the queue holds rows rather than change events, set mode: upsert") {
 		t.Errorf("a row in mode cdc: %v %v", res.Outcomes, err)
 	}
+}
+
+// TestPartialRowsKeepRequiredColumns: PostgreSQL checks NOT NULL on the row an upsert would insert
+// before it finds the conflict, so a cdc u whose unchanged TOASTed value is in a NOT NULL column
+// (or an upsert payload that leaves such a column out) must still update the stored row, keeping
+// that column; where no row is stored the write is the data error it always was. Batches mix the
+// partial and whole rows, and a key change moves a row keeping the column.
+func TestPartialRowsKeepRequiredColumns(t *testing.T) {
+	f := startPG(t)
+	rows := func(t *testing.T, table string) string {
+		return strings.Join(f.queryStrings(t, `SELECT concat_ws('/', id, a, big, n) FROM `+table+` ORDER BY id`), ",")
+	}
+	ddl := ` (id int PRIMARY KEY, a text, big text NOT NULL, n int NOT NULL DEFAULT 7, g int GENERATED ALWAYS AS (n * 2) STORED)`
+	t.Run("cdc", func(t *testing.T) {
+		table := f.name("nn")
+		f.exec(t, `CREATE TABLE `+table+ddl)
+		a := f.applier(t, Config{Table: table, Mode: ModeCDC})
+		ev := func(op, id, after, before, unchanged string) string {
+			return `{"op":"` + op + `","table":"public.x","key":{"id":` + id + `},"after":` + after + `,"before":` + before + `,"unchanged":` + unchanged + `}`
+		}
+		res := write(t, a, msg("q", 0, 1, ev("c", "1", `{"id":1,"a":"x","big":"LONG1","n":1}`, "null", "null")),
+			msg("q", 0, 2, ev("c", "2", `{"id":2,"a":"x","big":"LONG2","n":2}`, "null", "null")),
+			msg("q", 0, 3, ev("c", "3", `{"id":3,"a":"x","big":"LONG3","n":3}`, "null", "null")))
+		if res.Applied != 3 {
+			t.Fatal(res.Errs)
+		}
+		res = write(t, a,
+			msg("q", 0, 4, ev("u", "1", `{"id":1,"a":"y","n":10}`, "null", `["big"]`)),
+			msg("q", 0, 5, ev("u", "2", `{"id":2,"a":"z","big":"NEW2","n":20}`, "null", "null")),
+			msg("q", 0, 6, ev("u", "9", `{"id":9,"a":"moved","n":30}`, `{"id":3}`, `["big"]`)),
+			msg("q", 1, 1, ev("u", "5", `{"id":5,"a":"never stored","n":5}`, "null", `["big"]`)))
+		if want := []Outcome{Applied, Applied, Applied, Failed}; !slices.Equal(res.Outcomes, want) {
+			t.Fatalf("outcomes %v, want %v: %v", res.Outcomes, want, res.Errs)
+		}
+		if !strings.Contains(res.Errs[3].Error(), "23502") {
+			t.Errorf("the row never stored: %v", res.Errs[3])
+		}
+		if got := rows(t, table); got != "1/y/LONG1/10,2/z/NEW2/20,9/moved/LONG3/30" {
+			t.Fatalf("rows %q", got)
+		}
+	})
+	t.Run("upsert", func(t *testing.T) {
+		table := f.name("nn")
+		f.exec(t, `CREATE TABLE `+table+ddl)
+		a := f.applier(t, Config{Table: table, Mode: ModeUpsert})
+		res := write(t, a, msg("q", 0, 1, `{"id":1,"a":"x","big":"B"}`), msg("q", 0, 2, `{"id":1,"a":"updated"}`),
+			msg("q", 0, 3, `{"id":2,"a":"no big"}`))
+		if want := []Outcome{Applied, Applied, Failed}; !slices.Equal(res.Outcomes, want) {
+			t.Fatalf("outcomes %v, want %v: %v", res.Outcomes, want, res.Errs)
+		}
+		if got := rows(t, table); got != "1/updated/B/7" {
+			t.Fatalf("rows %q", got)
+		}
+	})
 }

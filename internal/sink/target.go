@@ -33,6 +33,10 @@ type Column struct {
 	Kind           valueKind // how values are converted
 	Generated      bool      // attgenerated <> '': never written
 	IdentityAlways bool      // attidentity = 'a': written with OVERRIDING SYSTEM VALUE, never updated
+	// Required is NOT NULL without a default (no identity, not generated): an upsert that does not
+	// name it must still give it a value, since PostgreSQL checks NOT NULL on the row it would
+	// insert before it finds the conflict (see writer.insertSQL).
+	Required bool
 	Datetime       bool      // base type is in the datetime category (metadata created_at as a timestamp)
 	BaseType       uint32    // OID of the type, or of a domain's base type (picks the COPY binary encoder)
 }
@@ -77,6 +81,7 @@ SELECT a.attname, a.attnum,
        CASE a.atttypid WHEN 'bpchar'::regtype THEN 'bpchar' WHEN 'bit'::regtype THEN '"bit"' ELSE format_type(a.atttypid, NULL) END,
        format_type(a.atttypid, a.atttypmod),
        a.attgenerated <> '', a.attidentity = 'a',
+       a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '',
        bt.typname IN ('json', 'jsonb'), bt.typcategory = 'A' OR bt.typtype = 'c', bt.typcategory = 'D', bt.oid
 FROM pg_attribute a
 JOIN LATERAL (SELECT typ FROM base WHERE base.attnum = a.attnum ORDER BY depth DESC LIMIT 1) b ON true
@@ -154,7 +159,7 @@ func (t *Target) readColumns(ctx context.Context, q Querier, oid uint32) error {
 	for rows.Next() {
 		var c Column
 		var isJSON, isPopulate bool
-		if err := rows.Scan(&c.Name, &c.Num, &c.CastType, &c.Type, &c.Generated, &c.IdentityAlways,
+		if err := rows.Scan(&c.Name, &c.Num, &c.CastType, &c.Type, &c.Generated, &c.IdentityAlways, &c.Required,
 			&isJSON, &isPopulate, &c.Datetime, &c.BaseType); err != nil {
 			return fmt.Errorf("read columns of %s: %w", t.Ident(), err)
 		}

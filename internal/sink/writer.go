@@ -362,6 +362,11 @@ func (w *writer) cached(id string, build func() string) string {
 
 // insertSQL is INSERT ... SELECT FROM unnest(text arrays) for one column set, with ON CONFLICT on
 // the key for upserts: present non-key columns are updated, absent ones keep their stored value.
+// PostgreSQL checks NOT NULL on the row an upsert would insert before it looks for the conflict,
+// so an upsert whose set leaves out a required column (NOT NULL, no default: say an unchanged
+// TOASTed value of a cdc u) reads it from the stored row (LEFT JOIN on the key) into the row to
+// insert: for a stored row it passes the check and is not updated; without one it is NULL, and the
+// insert fails as it would have.
 func (w *writer) insertSQL(cols []int, upsert bool) string {
 	if len(cols) == 0 {
 		return "INSERT INTO " + w.t.Ident() + " SELECT FROM generate_series(1, $1::int)"
@@ -381,8 +386,28 @@ func (w *writer) insertSQL(cols []int, upsert bool) string {
 			sets = append(sets, w.colName(i)+" = EXCLUDED."+w.colName(i))
 		}
 	}
+	from := " FROM unnest(" + strings.Join(params, ", ") + ") AS u(" + strings.Join(aliases, ", ") + ")"
+	if upsert {
+		var on []string
+		for n, i := range cols {
+			if w.isKey(i) {
+				on = append(on, "s."+w.colName(i)+" = "+exprs[n])
+			}
+		}
+		joined := false
+		for i := range w.t.Columns {
+			if c := &w.t.Columns[i]; c.Required && !slices.Contains(cols, i) && len(on) == len(w.keyIdx) {
+				names = append(names, w.colName(i))
+				exprs = append(exprs, "s."+w.colName(i))
+				joined = true
+			}
+		}
+		if joined {
+			from += " LEFT JOIN " + w.t.Ident() + " AS s ON " + strings.Join(on, " AND ")
+		}
+	}
 	sql := "INSERT INTO " + w.t.Ident() + " (" + strings.Join(names, ", ") + ")" + overriding +
-		" SELECT " + strings.Join(exprs, ", ") + " FROM unnest(" + strings.Join(params, ", ") + ") AS u(" + strings.Join(aliases, ", ") + ")"
+		" SELECT " + strings.Join(exprs, ", ") + from
 	if !upsert {
 		return sql
 	}
