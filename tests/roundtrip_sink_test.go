@@ -21,8 +21,8 @@ import (
 
 // rtTable is the round trip's table, created the same way in database A (the source) and in every
 // copy: jsonb, 30-digit numerics, bigints past 2^53, text arrays with NULL/commas/quotes/braces and a
-// 20–40 kB text stored out of line without compression (STORAGE EXTERNAL), so updates that do not
-// touch it arrive with it listed in `unchanged`.
+// 20–40 kB NOT NULL text stored out of line without compression (STORAGE EXTERNAL), so updates that
+// do not touch it arrive with it listed in `unchanged` (and the copy's upsert must keep it).
 const rtTable = `
 CREATE TABLE rt (
   id     bigint PRIMARY KEY,
@@ -30,7 +30,7 @@ CREATE TABLE rt (
   amount numeric,
   big    bigint,
   tags   text[],
-  body   text,
+  body   text NOT NULL,
   n      int NOT NULL DEFAULT 0,
   ts     timestamptz NOT NULL DEFAULT now()
 );
