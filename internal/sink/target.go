@@ -37,8 +37,8 @@ type Column struct {
 	// name it must still give it a value, since PostgreSQL checks NOT NULL on the row it would
 	// insert before it finds the conflict (see writer.insertSQL).
 	Required bool
-	Datetime       bool      // base type is in the datetime category (metadata created_at as a timestamp)
-	BaseType       uint32    // OID of the type, or of a domain's base type (picks the COPY binary encoder)
+	Datetime bool   // base type is in the datetime category (metadata created_at as a timestamp)
+	BaseType uint32 // OID of the type, or of a domain's base type (picks the COPY binary encoder)
 }
 
 // Target is the sink's table as read from pg_catalog at start and after schema errors.
