@@ -33,12 +33,12 @@ type Column struct {
 	Kind           valueKind // how values are converted
 	Generated      bool      // attgenerated <> '': never written
 	IdentityAlways bool      // attidentity = 'a': written with OVERRIDING SYSTEM VALUE, never updated
+	Datetime       bool      // base type is in the datetime category (metadata created_at as a timestamp)
+	BaseType       uint32    // OID of the type, or of a domain's base type (picks the COPY binary encoder)
 	// Required is NOT NULL without a default (no identity, not generated): an upsert that does not
 	// name it must still give it a value, since PostgreSQL checks NOT NULL on the row it would
 	// insert before it finds the conflict (see writer.insertSQL).
 	Required bool
-	Datetime bool   // base type is in the datetime category (metadata created_at as a timestamp)
-	BaseType uint32 // OID of the type, or of a domain's base type (picks the COPY binary encoder)
 }
 
 // Target is the sink's table as read from pg_catalog at start and after schema errors.
