@@ -101,7 +101,7 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 			service.NewStringField(pcFieldName).Description("The connector's name; the slot and publication default to `pgrelay_<name>` (`-` becomes `_`), and the lease and pointer keys carry it.").
 				Example("orders").LintRule(speclint.Match(pcFieldName, source.NamePattern, false)),
 			service.NewObjectListField(pcFieldTables,
-				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public. Taken as written, case-sensitive and without SQL quotes: a table created as `CREATE TABLE \"Orders\"` is `public.Orders`, one created as `CREATE TABLE Orders` is `public.orders`. An ordinary or a partitioned table: a partitioned one is streamed as one table, its partitions' changes (of partitions created later too) as its own. A `*` in the name is a pattern (`sales.*`, `public.order_*`): every table of the schema it matches, with this entry's options, tables created later too (the source restarts its session within half a heartbeat to publish and, with `snapshot: initial`, read them); an entry naming a table outright wins over a pattern, and partitions are never matched.").
+				service.NewStringField(pcFieldTable).Description("`schema.name`, or `name` in schema public. Taken as written, case-sensitive and without SQL quotes: a table created as `CREATE TABLE \"Orders\"` is `public.Orders`, one created as `CREATE TABLE Orders` is `public.orders`. An ordinary or a partitioned table: a partitioned one is streamed as one table, its partitions' changes (of partitions created later too) as its own. A `*` is a pattern (`sales.*`, `public.order_*`, `tenant_*.orders`): every table it matches, with this entry's options, tables created later too (a `*` in the schema never matches `pg_*`, `information_schema` or `pgrelay`) (the source restarts its session within half a heartbeat to publish and, with `snapshot: initial`, read them); an entry naming a table outright wins over a pattern, and partitions are never matched.").
 					LintRule(tableRule(tablePath(pcFieldTable))),
 				service.NewStringField(pcFieldQueue).Description(fmt.Sprintf("The queue its changes go to (1-%d bytes, no braces).", source.MaxQueueBytes)).
 					LintRule(queueRule(tablePath(pcFieldQueue))),
@@ -116,7 +116,7 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 					Default([]any{}).Example([]string{"id", "status", "total"}).
 					LintRule(fmt.Sprintf(`root = if this.type() == "array" && (this.any(c -> c == "") || this.unique().length() != this.length()) { [%q] }`,
 						tablePath(pcFieldColumns)+" must list each column once, by a non-empty name")),
-				service.NewStringListField(pcFieldExclude).Description("For a pattern entry: tables it matches that are not streamed, named as `table` names them (`schema.name` or `name`, a `*` in the name for a pattern), e.g. `[public.audit_*, public.tmp]`.").
+				service.NewStringListField(pcFieldExclude).Description("For a pattern entry: tables it matches that are not streamed, named as `table` names them (`schema.name` or `name`, a `*` for any characters), e.g. `[public.audit_*, public.tmp, tenant_test.*]`.").
 					Default([]any{}).Example([]string{"public.audit_*"}),
 			).Description(fmt.Sprintf("The tables to stream (1-%d, none twice), in order; the lease and pointer live under the first one's queue.", source.MaxTables)).
 				LintRule(fmt.Sprintf(`root = if this.type() != "array" { deleted() } else if this.length() < 1 || this.length() > %d { [%q] } else if this.map_each(t -> if t.%s.or("").contains(".") { t.%s } else { "public." + t.%s.or("") }).unique().length() != this.length() { [%q] }`,
@@ -185,11 +185,9 @@ Metadata on every message (unless `+"`metadata: false`"+`): `+"`queue`, `partiti
 					pcFieldPublication, pcFieldPublicationName, source.MaxPublicationBytes-len(source.InsertPublicationSuffix), source.InsertPublicationSuffix)),
 			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or([]).length() > 0 && !t.%s.or("").contains("*"))`, pcFieldTables, pcFieldExclude, pcFieldTable),
 				tablePath(pcFieldExclude)+" is for an entry whose table is a pattern"),
-			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or([]).any(x -> x.type() != "string" || x == "" || x.contains("\"") || x.re_match("^[^.]*[*][^.]*[.]") || x.has_prefix(".") || x.has_suffix(".")))`, pcFieldTables, pcFieldExclude),
-				tablePath(pcFieldExclude)+" must name tables as table takes them (schema.name or name, a * in the name only, no SQL quotes)"),
-			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or("").re_match("^[^.]*[*][^.]*[.]"))`, pcFieldTables, pcFieldTable),
-				tablePath(pcFieldTable)+": a pattern goes in the table's name only (sales.*, sales.order_*); name the schema"),
-			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or("").re_match("^[^.]+[.].*[*]|^[^.]*[*][^.]*$") && (t.%s.or([]).length() > 0 || t.%s.or(%q).type() == "array"))`,
+			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or([]).any(x -> x.type() != "string" || x == "" || x.contains("\"") || x.has_prefix(".") || x.has_suffix(".")))`, pcFieldTables, pcFieldExclude),
+				tablePath(pcFieldExclude)+" must name tables as table takes them (schema.name or name, a * for any characters, no SQL quotes)"),
+			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(t -> t.%s.or("").contains("*") && (t.%s.or([]).length() > 0 || t.%s.or(%q).type() == "array"))`,
 				pcFieldTables, pcFieldTable, pcFieldColumns, pcFieldPartitionBy, pcPartitionKey),
 				tablePath(pcFieldTable)+" is a pattern: its tables share the entry's options, so columns and partition_by columns are for tables listed by name"),
 			speclint.Check(fmt.Sprintf(`this.%s.or([]).any(e -> e.%s.or(%d) > this.%s.or(%d))`,

@@ -137,9 +137,10 @@ func refuseListedPartitions(ctx context.Context, q queryer, ok []TableInfo, refu
 	return kept, refused, nil
 }
 
-// ExpandTables replaces each pattern entry (`schema.prefix_*`) with the tables it matches now, in
-// name order, each with the entry's options: the ordinary and partitioned tables of its schema
-// that no entry by name and no earlier pattern names. A partition is never matched (its
+// ExpandTables replaces each pattern entry (`schema.prefix_*`, `tenant_*.orders`) with the tables
+// it matches now, in schema and name order, each with the entry's options: the ordinary and
+// partitioned tables of the schemas it names (a pattern in the schema never matching a system
+// schema, SystemSchema) that no entry by name and no earlier pattern names. A partition is never matched (its
 // partitioned table is streamed whole, or it is listed by name), nor an UNLOGGED table (it writes
 // no WAL: a scratch table, never streamed). Entries by name stay as they are,
 // in their place; a pattern's exclude list takes tables out of its matches. Patterns matching no
@@ -162,21 +163,21 @@ func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, erro
 			continue
 		}
 		patterns = append(patterns, t.Full())
-		like := strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`, "*", "%").Replace(t.Name)
-		rows, err := q.Query(ctx, `SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-			WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relpersistence = 'p' AND NOT c.relispartition AND c.relname::text LIKE $2
-			ORDER BY c.relname::text COLLATE "C"`, t.Schema, like)
+		like := strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`, "*", "%")
+		rows, err := q.Query(ctx, `SELECT n.nspname, c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname::text LIKE $1 AND c.relkind IN ('r', 'p') AND c.relpersistence = 'p' AND NOT c.relispartition AND c.relname::text LIKE $2
+			ORDER BY n.nspname::text COLLATE "C", c.relname::text COLLATE "C"`, like.Replace(t.Schema), like.Replace(t.Name))
 		if err != nil {
 			return nil, fmt.Errorf("match %s: %w", t.Full(), err)
 		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Schema, Name string }])
 		if err != nil {
 			return nil, fmt.Errorf("match %s: %w", t.Full(), err)
 		}
-		for _, name := range names {
+		for _, f := range found {
 			m := t
-			m.Name, m.From, m.Exclude = name, t.Full(), nil
-			if named[m.Full()] || t.excludes(m.Full()) {
+			m.Schema, m.Name, m.From, m.Exclude = f.Schema, f.Name, t.Full(), nil
+			if named[m.Full()] || t.excludes(m.Full()) || strings.Contains(t.Schema, "*") && SystemSchema(f.Schema) {
 				continue
 			}
 			named[m.Full()] = true
@@ -186,7 +187,7 @@ func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, erro
 	switch {
 	case len(out) == 0:
 		return nil, errcode.New(errcode.TablePattern, "no table matches "+strings.Join(patterns, ", "),
-			"create a table the pattern names, or correct the pattern (a * in the table's name stands for any characters; names are case-sensitive)")
+			"create a table the pattern names, or correct the pattern (a * stands for any characters, in the schema's name too; names are case-sensitive)")
 	case len(out) > MaxTables:
 		return nil, errcode.New(errcode.TablePattern, fmt.Sprintf("%s match %d tables, more than the %d a source streams", strings.Join(patterns, ", "), len(out), MaxTables),
 			"narrow the patterns, or split the tables between sources (each its own name)")

@@ -54,23 +54,30 @@ func tableList(tables []Table) []string {
 
 // Pattern reports whether the entry names tables by a pattern: a `*` in the name stands for any
 // characters (`sales.*`, `public.order_*`).
-func (t Table) Pattern() bool { return strings.Contains(t.Name, "*") }
+func (t Table) Pattern() bool {
+	return strings.Contains(t.Schema, "*") || strings.Contains(t.Name, "*")
+}
 
 // Names reports whether full ("schema.name") is a table the entry names: by name, or matched by
 // its pattern.
 func (t Table) Names(full string) bool {
 	schema, name := ParseTable(full)
-	if schema != t.Schema {
-		return false
-	}
 	if !t.Pattern() {
-		return name == t.Name
+		return schema == t.Schema && name == t.Name
 	}
-	parts := strings.Split(t.Name, "*")
-	if !strings.HasPrefix(name, parts[0]) || len(name) < len(parts[0])+len(parts[len(parts)-1]) || !strings.HasSuffix(name, parts[len(parts)-1]) {
+	return glob(t.Schema, schema) && glob(t.Name, name) && (!strings.Contains(t.Schema, "*") || !SystemSchema(schema))
+}
+
+// glob reports whether s matches pattern, where each * stands for any characters (none too).
+func glob(pattern, s string) bool {
+	parts := strings.Split(pattern, "*")
+	if len(parts) == 1 {
+		return s == pattern
+	}
+	if !strings.HasPrefix(s, parts[0]) || len(s) < len(parts[0])+len(parts[len(parts)-1]) || !strings.HasSuffix(s, parts[len(parts)-1]) {
 		return false
 	}
-	rest := name[len(parts[0]) : len(name)-len(parts[len(parts)-1])]
+	rest := s[len(parts[0]) : len(s)-len(parts[len(parts)-1])]
 	for _, p := range parts[1 : len(parts)-1] {
 		i := strings.Index(rest, p)
 		if i < 0 {
@@ -79,6 +86,14 @@ func (t Table) Names(full string) bool {
 		rest = rest[i+len(p):]
 	}
 	return true
+}
+
+// SystemSchema reports a schema a pattern in the schema never matches: PostgreSQL's own
+// (pg_catalog, information_schema, pg_toast, the temporary ones: pg_*) and pgrelay's (its publish
+// function, and a sink's progress table when it writes into the source's database). Named
+// outright, such a schema is taken as written.
+func SystemSchema(schema string) bool {
+	return strings.HasPrefix(schema, "pg_") || schema == "information_schema" || schema == "pgrelay"
 }
 
 // excludes reports whether the entry's exclude list names full.
@@ -272,15 +287,12 @@ func (c *Config) validateTables() error {
 		if t.Schema == "" || t.Name == "" {
 			return fieldErr(path+".table", "use schema.name or name")
 		}
-		if strings.Contains(t.Schema, "*") {
-			return fieldErr(path+".table", "%s: a pattern goes in the table's name only (sales.*, sales.order_*); name the schema", t.Full())
-		}
 		if len(t.Exclude) > 0 && !t.Pattern() {
 			return fieldErr(path+".exclude", "is for an entry whose table is a pattern (%s names one table)", t.Full())
 		}
 		for _, x := range t.Exclude {
-			if schema, name := ParseTable(x); schema == "" || name == "" || strings.ContainsAny(x, `"`) || strings.Contains(schema, "*") {
-				return fieldErr(path+".exclude", "%q: name tables as table takes them (schema.name or name, a * in the name only, no SQL quotes)", x)
+			if schema, name := ParseTable(x); schema == "" || name == "" || strings.ContainsAny(x, `"`) {
+				return fieldErr(path+".exclude", "%q: name tables as table takes them (schema.name or name, a * for any characters, no SQL quotes)", x)
 			}
 		}
 		if t.Pattern() && (len(t.ColumnList) > 0 || t.Mode == PartitionByColumns) {

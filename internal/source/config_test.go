@@ -24,7 +24,9 @@ func TestClusterSlotMatchesRedis(t *testing.T) {
 }
 
 // TestTableNames: an entry names a table by name, or by a pattern whose * stands for any
-// characters (none too) in the table's name; the schema is always named.
+// characters (none too), in the table's name or the schema's; a pattern in the schema never names a
+// system schema (PostgreSQL's pg_* and information_schema, pgrelay's own), which a schema named
+// outright can.
 func TestTableNames(t *testing.T) {
 	for _, c := range []struct {
 		entry, table string
@@ -45,6 +47,16 @@ func TestTableNames(t *testing.T) {
 		{"public.a*b*c", "public.acb", false},
 		{"public.ab*ba", "public.aba", false},
 		{"public.Order*", "public.orders", false},
+		{"tenant_*.orders", "tenant_a.orders", true},
+		{"tenant_*.orders", "tenant_a.orders2", false},
+		{"tenant_*.orders", "public.orders", false},
+		{"*.orders", "public.orders", true},
+		{"*.*", "sales.t", true},
+		{"*.*", "pg_catalog.pg_class", false},
+		{"*.*", "information_schema.tables", false},
+		{"*.*", "pgrelay.sink_progress", false},
+		{"pgrelay.*", "pgrelay.sink_progress", true},
+		{"t*_*.o*", "t1_x.orders", true},
 	} {
 		schema, name := ParseTable(c.entry)
 		if got := (Table{Schema: schema, Name: name}).Names(c.table); got != c.want {
