@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"maps"
+	"slices"
+	"strings"
 )
 
 // routedMode is mode cdc over several targets (Config.Tables): each change event goes to the table
@@ -38,11 +40,44 @@ func (r *routedMode) decode(m *Message, _ *rowBuf) (op, error) {
 	return o, err
 }
 
-// plan plans each target's ops (in message order) with its cdc mode, the targets in the order
-// their first op comes. Ops of different tables may so run in another order than the messages';
-// the transaction commits them together, and a constraint between the tables that this order
-// violates fails the batch, which then runs message by message (the applier's isolation).
+// plan plans the ops in runs: a run of truncates (adjacent t events, as one TRUNCATE of several
+// tables at the source gives) is one TRUNCATE of their targets, so copies that reference each other
+// by foreign keys can be emptied as the source was; between them, each target's ops (in message
+// order) are planned by its cdc mode, the targets in the order their first op comes.
 func (r *routedMode) plan(ops []op) ([]stmt, error) {
+	var stmts []stmt
+	for start := 0; start < len(ops); {
+		end, truncate := start, ops[start].kind == opTruncate
+		for end < len(ops) && (ops[end].kind == opTruncate) == truncate {
+			end++
+		}
+		var err error
+		if truncate {
+			stmts = append(stmts, truncateStmt(ops[start:end]))
+		} else if stmts, err = r.planRun(stmts, ops[start:end]); err != nil {
+			return nil, err
+		}
+		start = end
+	}
+	return stmts, nil
+}
+
+// truncateStmt truncates the targets of ops (truncates), each once.
+func truncateStmt(ops []op) stmt {
+	var names []string
+	for _, o := range ops {
+		if name := o.to.t.Ident(); !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	return stmt{sql: "TRUNCATE " + strings.Join(names, ", ")}
+}
+
+// planRun appends the statements of ops (no truncate among them), target by target. Ops of
+// different tables may so run in another order than the messages'; the transaction commits them
+// together, and a constraint between the tables that this order violates fails the batch, which
+// then runs message by message (the applier's isolation).
+func (r *routedMode) planRun(stmts []stmt, ops []op) ([]stmt, error) {
 	var order []*routed
 	by := map[*routed][]op{}
 	for _, o := range ops {
@@ -54,7 +89,6 @@ func (r *routedMode) plan(ops []op) ([]stmt, error) {
 		}
 		by[o.to] = append(by[o.to], o)
 	}
-	var stmts []stmt
 	for _, to := range order {
 		s, err := to.mode.plan(by[to])
 		if err != nil {

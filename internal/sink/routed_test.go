@@ -217,7 +217,8 @@ func TestCDCTablesStartChecks(t *testing.T) {
 // TestCDCTablesForeignKey: a batch whose tables' ops, planned table by table, would break a
 // foreign key between the targets (a parent deleted before its child) is written message by
 // message, in message order, and every message is applied: the copies end as the events left the
-// source. The batch is large enough to go in pieces.
+// source. The batch is large enough to go in pieces. Adjacent truncates of the two tables (one
+// TRUNCATE at the source) are one TRUNCATE here.
 func TestCDCTablesForeignKey(t *testing.T) {
 	f := startPG(t)
 	f.exec(t, `CREATE SCHEMA fk;
@@ -258,6 +259,18 @@ func TestCDCTablesForeignKey(t *testing.T) {
 	}
 	if got := f.one(t, `SELECT count(*) || ':' || count(*) FILTER (WHERE id = order_id) FROM fk.items`); got != "31:31" {
 		t.Errorf("items %s", got)
+	}
+
+	// TRUNCATE fk.orders, fk.items at the source: two t events, one statement here (either table
+	// alone is refused while the other references it)
+	trunc := func(table string) string { return `{"op":"t","table":"` + table + `","key":null,"after":null,"before":null}` }
+	res := write(t, a, msg("q", 0, off+1, trunc("public.orders")), msg("q", 0, off+2, trunc("public.items")),
+		msg("q", 0, off+3, ev("c", "public.orders", 100, 0)))
+	if res.Applied != 3 {
+		t.Fatalf("truncates: %v", res.Errs)
+	}
+	if got := f.one(t, `SELECT (SELECT string_agg(id::text, ',') FROM fk.orders) || '/' || (SELECT count(*) FROM fk.items)`); got != "100/0" {
+		t.Errorf("after the truncates: %s", got)
 	}
 }
 
