@@ -263,7 +263,9 @@ func TestCDCTablesForeignKey(t *testing.T) {
 
 	// TRUNCATE fk.orders, fk.items at the source: two t events, one statement here (either table
 	// alone is refused while the other references it)
-	trunc := func(table string) string { return `{"op":"t","table":"` + table + `","key":null,"after":null,"before":null}` }
+	trunc := func(table string) string {
+		return `{"op":"t","table":"` + table + `","key":null,"after":null,"before":null}`
+	}
 	res := write(t, a, msg("q", 0, off+1, trunc("public.orders")), msg("q", 0, off+2, trunc("public.items")),
 		msg("q", 0, off+3, ev("c", "public.orders", 100, 0)))
 	if res.Applied != 3 {
