@@ -351,11 +351,11 @@ func TestModeMismatchHints(t *testing.T) {
 func TestPartialRowsKeepRequiredColumns(t *testing.T) {
 	f := startPG(t)
 	rows := func(t *testing.T, table string) string {
-		return strings.Join(f.queryStrings(t, `SELECT concat_ws('/', id, a, big, n, dom, dd) FROM `+table+` ORDER BY id`), ",")
+		return strings.Join(f.queryStrings(t, `SELECT concat_ws('/', id, a, big, n, dom, dd, ck) FROM `+table+` ORDER BY id`), ",")
 	}
 	f.exec(t, `CREATE DOMAIN required_text AS text NOT NULL; CREATE DOMAIN defaulted_text AS text NOT NULL DEFAULT 'd'`)
 	ddl := ` (id int PRIMARY KEY, a text, big text NOT NULL, n int NOT NULL DEFAULT 7, g int GENERATED ALWAYS AS (n * 2) STORED,
-		dom required_text, dd defaulted_text)`
+		dom required_text, dd defaulted_text, ck text, CHECK (ck IS NOT NULL))`
 	t.Run("cdc", func(t *testing.T) {
 		table := f.name("nn")
 		f.exec(t, `CREATE TABLE `+table+ddl)
@@ -363,9 +363,9 @@ func TestPartialRowsKeepRequiredColumns(t *testing.T) {
 		ev := func(op, id, after, before, unchanged string) string {
 			return `{"op":"` + op + `","table":"public.x","key":{"id":` + id + `},"after":` + after + `,"before":` + before + `,"unchanged":` + unchanged + `}`
 		}
-		res := write(t, a, msg("q", 0, 1, ev("c", "1", `{"id":1,"a":"x","big":"LONG1","n":1,"dom":"D1"}`, "null", "null")),
-			msg("q", 0, 2, ev("c", "2", `{"id":2,"a":"x","big":"LONG2","n":2,"dom":"D2"}`, "null", "null")),
-			msg("q", 0, 3, ev("c", "3", `{"id":3,"a":"x","big":"LONG3","n":3,"dom":"D3"}`, "null", "null")))
+		res := write(t, a, msg("q", 0, 1, ev("c", "1", `{"id":1,"a":"x","big":"LONG1","n":1,"dom":"D1","ck":"K1"}`, "null", "null")),
+			msg("q", 0, 2, ev("c", "2", `{"id":2,"a":"x","big":"LONG2","n":2,"dom":"D2","ck":"K2"}`, "null", "null")),
+			msg("q", 0, 3, ev("c", "3", `{"id":3,"a":"x","big":"LONG3","n":3,"dom":"D3","ck":"K3"}`, "null", "null")))
 		if res.Applied != 3 {
 			t.Fatal(res.Errs)
 		}
@@ -380,7 +380,7 @@ func TestPartialRowsKeepRequiredColumns(t *testing.T) {
 		if !strings.Contains(res.Errs[3].Error(), "23502") {
 			t.Errorf("the row never stored: %v", res.Errs[3])
 		}
-		if got := rows(t, table); got != "1/y/LONG1/10/D1/d,2/z/NEW2/20/D2/d,9/moved/LONG3/30/D3/d" {
+		if got := rows(t, table); got != "1/y/LONG1/10/D1/d/K1,2/z/NEW2/20/D2/d/K2,9/moved/LONG3/30/D3/d/K3" {
 			t.Fatalf("rows %q", got)
 		}
 	})
@@ -388,12 +388,12 @@ func TestPartialRowsKeepRequiredColumns(t *testing.T) {
 		table := f.name("nn")
 		f.exec(t, `CREATE TABLE `+table+ddl)
 		a := f.applier(t, Config{Table: table, Mode: ModeUpsert})
-		res := write(t, a, msg("q", 0, 1, `{"id":1,"a":"x","big":"B","dom":"D"}`), msg("q", 0, 2, `{"id":1,"a":"updated"}`),
+		res := write(t, a, msg("q", 0, 1, `{"id":1,"a":"x","big":"B","dom":"D","ck":"K"}`), msg("q", 0, 2, `{"id":1,"a":"updated"}`),
 			msg("q", 0, 3, `{"id":2,"a":"no big"}`))
 		if want := []Outcome{Applied, Applied, Failed}; !slices.Equal(res.Outcomes, want) {
 			t.Fatalf("outcomes %v, want %v: %v", res.Outcomes, want, res.Errs)
 		}
-		if got := rows(t, table); got != "1/updated/B/7/D/d" {
+		if got := rows(t, table); got != "1/updated/B/7/D/d/K" {
 			t.Fatalf("rows %q", got)
 		}
 	})

@@ -35,8 +35,9 @@ type Column struct {
 	IdentityAlways bool      // attidentity = 'a': written with OVERRIDING SYSTEM VALUE, never updated
 	Datetime       bool      // base type is in the datetime category (metadata created_at as a timestamp)
 	BaseType       uint32    // OID of the type, or of a domain's base type (picks the COPY binary encoder)
-	// Required is NOT NULL (or of a NOT NULL domain) without a default (its own or a domain's; no
-	// identity, not generated): an upsert that does not
+	// Required is NOT NULL (or of a NOT NULL domain, or named by a CHECK constraint: `CHECK (c IS
+	// NOT NULL)`) without a default (its own or a domain's; no identity, not generated): an upsert
+	// that does not
 	// name it must still give it a value, since PostgreSQL checks NOT NULL on the row it would
 	// insert before it finds the conflict (see writer.insertSQL).
 	Required bool
@@ -82,7 +83,8 @@ SELECT a.attname, a.attnum,
        CASE a.atttypid WHEN 'bpchar'::regtype THEN 'bpchar' WHEN 'bit'::regtype THEN '"bit"' ELSE format_type(a.atttypid, NULL) END,
        format_type(a.atttypid, a.atttypmod),
        a.attgenerated <> '', a.attidentity = 'a',
-       (a.attnotnull OR EXISTS (SELECT 1 FROM base d JOIN pg_type dt ON dt.oid = d.typ WHERE d.attnum = a.attnum AND dt.typtype = 'd' AND dt.typnotnull))
+       (a.attnotnull OR EXISTS (SELECT 1 FROM base d JOIN pg_type dt ON dt.oid = d.typ WHERE d.attnum = a.attnum AND dt.typtype = 'd' AND dt.typnotnull)
+          OR EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = a.attrelid AND k.contype = 'c' AND a.attnum = ANY(k.conkey)))
          AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''
          AND NOT EXISTS (SELECT 1 FROM base d JOIN pg_type dt ON dt.oid = d.typ WHERE d.attnum = a.attnum AND dt.typdefault IS NOT NULL),
        bt.typname IN ('json', 'jsonb'), bt.typcategory = 'A' OR bt.typtype = 'c', bt.typcategory = 'D', bt.oid
