@@ -253,15 +253,18 @@ func (a *Applier) current(ctx context.Context, msgs []*Message) (modeHandler, er
 		a.checked = time.Now()
 	}
 	a.mu.Unlock()
-	for _, t := range targets {
-		if !due || stale {
-			break
+	if due && !stale {
+		oids := make([]uint32, len(targets))
+		for i, t := range targets {
+			oids[i] = t.OID
 		}
-		v, err := shapeVersion(ctx, a.pool, t.OID)
+		v, err := shapeVersions(ctx, a.pool, oids)
 		if err != nil {
 			return nil, err
 		}
-		stale = v != t.Version
+		for _, t := range targets {
+			stale = stale || v[t.OID] != t.Version
+		}
 	}
 	if stale {
 		if err := a.refresh(ctx); err != nil {

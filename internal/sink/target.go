@@ -146,13 +146,32 @@ type Querier interface {
 // shapeVersion changes whenever ALTER TABLE touches the table or one of its columns: it is the
 // transaction ids that last wrote their catalog rows.
 func shapeVersion(ctx context.Context, q Querier, oid uint32) (string, error) {
-	var v string
-	err := q.QueryRow(ctx, `SELECT coalesce((SELECT xmin::text FROM pg_class WHERE oid = $1), 'gone') || ':' ||
-		coalesce((SELECT string_agg(xmin::text, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = $1 AND attnum > 0), '')`, oid).Scan(&v)
+	v, err := shapeVersions(ctx, q, []uint32{oid})
+	return v[oid], err
+}
+
+// shapeVersions is shapeVersion of several tables in one query.
+func shapeVersions(ctx context.Context, q Querier, oids []uint32) (map[uint32]string, error) {
+	rows, err := q.Query(ctx, `SELECT o.oid, coalesce((SELECT xmin::text FROM pg_class WHERE oid = o.oid), 'gone') || ':' ||
+		coalesce((SELECT string_agg(xmin::text, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = o.oid AND attnum > 0), '')
+		FROM unnest($1::oid[]) AS o(oid)`, oids)
 	if err != nil {
-		return "", fmt.Errorf("read the table's catalog version: %w", err)
+		return nil, fmt.Errorf("read the table's catalog version: %w", err)
 	}
-	return v, nil
+	defer rows.Close()
+	out := make(map[uint32]string, len(oids))
+	for rows.Next() {
+		var oid uint32
+		var v string
+		if err := rows.Scan(&oid, &v); err != nil {
+			return nil, fmt.Errorf("read the table's catalog version: %w", err)
+		}
+		out[oid] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the table's catalog version: %w", err)
+	}
+	return out, nil
 }
 
 func (t *Target) readColumns(ctx context.Context, q Querier, oid uint32) error {
