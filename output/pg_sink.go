@@ -36,9 +36,16 @@ const (
 	psFieldMaxInFlight         = "max_in_flight"
 	psFieldRetryMaxWait        = "retry_max_wait"
 	psFieldUnknownKeys         = "unknown_keys"
+	psFieldOnUnmappedTable     = "on_unmapped_table"
 )
 
 // Limits of pg_sink's numeric fields.
+// The on_unmapped_table options.
+const (
+	psUnmappedFail = "fail"
+	psUnmappedSkip = "skip"
+)
+
 const (
 	psMaxInFlight   = 256
 	psDefaultFlight = 4
@@ -101,6 +108,10 @@ class 42) pause the sink with a coded error until fixed.`).
 				string(sink.ModeCDC):    "Apply pgrelay change events (from `pg_cdc`): c/r/u upsert `after` minus `unchanged`, a key change moves the row, d deletes, t truncates.",
 				string(sink.ModeSQL):    "Run `statement` once per message with `params`.",
 			}).Description("How messages change the table."),
+			service.NewStringAnnotatedEnumField(psFieldOnUnmappedTable, map[string]string{
+				psUnmappedFail: "A data error (`table_unmapped`): the input dead-letters the event after `max_attempts`.",
+				psUnmappedSkip: "Skip the event (it counts as applied, its offset moves on) and log the table once at info: for a queue whose other tables other sinks copy.",
+			}).Description("Mode cdc with `tables`: what to do with a change event whose table no entry maps.").Default(psUnmappedFail),
 			service.NewStringAnnotatedEnumField(psFieldUnknownKeys, map[string]string{
 				string(sink.UnknownKeysIgnore): "Leave such keys out, silently.",
 				string(sink.UnknownKeysWarn):   "Leave them out, and log a warning (`target_column_missing`) the first time each key is met.",
@@ -165,6 +176,7 @@ func pgSinkChecks() []string {
 		speclint.Check(fmt.Sprintf(`this.%s.or("") == %q && this.%s.or("") == ""`, psFieldMode, sql, psFieldStatement), "mode sql needs a statement"),
 		speclint.CheckExpr(fmt.Sprintf(`this.%s.or("") != %q && this.%s.or("") == "" && %s.length() == 0`, psFieldMode, sql, psFieldTable, tables), fmt.Sprintf(`"mode " + this.%s.or("") + " needs a table"`, psFieldMode)),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") != %q && %s.length() > 0`, psFieldMode, string(sink.ModeCDC), tables), "tables is only used in mode cdc"),
+		speclint.Check(fmt.Sprintf(`this.%s.or(%q) != %q && %s.length() == 0`, psFieldOnUnmappedTable, psUnmappedFail, psUnmappedFail, tables), "on_unmapped_table is only used with tables (mode cdc)"),
 		speclint.Check(fmt.Sprintf(`this.%s.or("") != "" && %s.length() > 0`, psFieldTable, tables), "table and tables are both set: keep one"),
 		speclint.Check(fmt.Sprintf(`this.%s.or([]).length() > 0 && %s.length() > 0`, psFieldKey, tables), "key is not used with tables (each target's own key is used)"),
 		speclint.Check(fmt.Sprintf(`%s.key_values().any(kv -> !(kv.key == "*" || kv.key.re_match("^[^.*]+[.]([*]|[^*]+)$")) || kv.value == "" || (kv.value.contains("*") || kv.key.has_suffix("*")) && !(kv.value == "*" || kv.value.re_match("^[^*]+[.][*]$")))`, tables),
@@ -236,8 +248,13 @@ func PgSinkConfigFromParsed(conf *service.ParsedConfig) (PgSinkConfig, error) {
 	c.MaxInFlight = r.Int(psFieldMaxInFlight)
 	c.Sink.RetryMax = r.Duration(psFieldRetryMaxWait)
 	c.Sink.UnknownKeys = sink.UnknownKeys(r.String(psFieldUnknownKeys))
+	unmapped := r.String(psFieldOnUnmappedTable)
+	c.Sink.SkipUnmapped = unmapped == psUnmappedSkip
 	if err := r.Err(); err != nil {
 		return c, err
+	}
+	if unmapped != psUnmappedFail && unmapped != psUnmappedSkip {
+		return c, errcode.New(errcode.SinkConfig, fmt.Sprintf("unknown %s %q", psFieldOnUnmappedTable, unmapped), "use fail or skip")
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > psMaxInFlight {
 		return c, errcode.New(errcode.SinkConfig, fmt.Sprintf("%s %d is not in 1-%d", psFieldMaxInFlight, c.MaxInFlight, psMaxInFlight),
@@ -276,6 +293,9 @@ func newPGSink(c PgSinkConfig, mgr *service.Resources) *pgSink {
 	c.Sink.OnUnknownKey = func(warning error) {
 		log.Warnf("%v", warning)
 		unknown.Incr(1, c.Sink.Name)
+	}
+	c.Sink.OnUnmapped = func(table string) {
+		log.Infof("change events of table %s match no entry of tables: skipped (%s: %s)", table, psFieldOnUnmappedTable, psUnmappedSkip)
 	}
 	return &pgSink{conf: c, log: log, m: sinkMetrics{
 		applied:   m.NewCounter("pg_sink_applied", "sink"),

@@ -69,6 +69,8 @@ type Applier struct {
 	stale   bool    // re-read the target before the next attempt
 	checked time.Time
 	keys    map[string]*unknownKeys // by target: payload keys that name no column, across its shapes
+	// skippedTables are the event tables on_unmapped_table: skip has told of
+	skippedTables map[string]bool
 }
 
 // shapeCheckInterval is how often a batch compares the target's catalog version with the one the
@@ -143,6 +145,22 @@ func (a *Applier) targets() []*Target {
 	return []*Target{a.target}
 }
 
+// skipped tells, once per table, that events of table are skipped (on_unmapped_table: skip).
+func (a *Applier) skipped(table string) {
+	a.mu.Lock()
+	told := a.skippedTables[table]
+	if !told {
+		if a.skippedTables == nil {
+			a.skippedTables = map[string]bool{}
+		}
+		a.skippedTables[table] = true
+	}
+	a.mu.Unlock()
+	if !told && a.cfg.OnUnmapped != nil {
+		a.cfg.OnUnmapped(table)
+	}
+}
+
 // keysFor is the watch of the payload keys that name no column of table (as the warnings name
 // it), nil when they are ignored.
 func (a *Applier) keysFor(table string) *unknownKeys {
@@ -176,6 +194,9 @@ func (a *Applier) needs() TargetNeeds {
 func (a *Applier) refresh(ctx context.Context) error {
 	if a.cfg.routes != nil {
 		r := &routedMode{routes: *a.cfg.routes, targets: map[string]*routed{}}
+		if a.cfg.SkipUnmapped {
+			r.skip = a.skipped
+		}
 		for _, table := range a.cfg.routes.names() {
 			target, _ := r.routes.Target(table)
 			to, err := a.routeTo(ctx, r, target)

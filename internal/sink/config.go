@@ -52,6 +52,7 @@ type Config struct {
 	Table string // target table, schema.name (SQL quoting rules)
 	// Tables, in mode cdc instead of Table, maps the events' tables to targets (see Routes).
 	Tables              map[string]string
+	SkipUnmapped        bool    // with Tables: an event of a table no entry maps is skipped, not failed
 	routes              *Routes // Tables, read by Validate
 	Mode                Mode
 	Key                 []string // conflict key; empty = primary key, else replica-identity index
@@ -67,6 +68,9 @@ type Config struct {
 	// UnknownKeys warn: a coded warning naming the key and the fix, for the log. It may be called
 	// from concurrent batches.
 	OnUnknownKey func(warning error)
+	// OnUnmapped is told, once per table, that events of a table no entry of Tables maps are
+	// skipped (SkipUnmapped), for the log. It may be called from concurrent batches.
+	OnUnmapped func(table string)
 }
 
 // Into names where the sink writes, for people: its table, or its tables entries
@@ -94,6 +98,8 @@ func (c *Config) Validate() error {
 			return errcode.New(errcode.SinkConfig, fmt.Sprintf("tables is for mode cdc, not %s", c.Mode), "set `table`, or use mode: cdc")
 		case len(c.Tables) > 0 && c.Table != "":
 			return errcode.New(errcode.SinkConfig, "table and tables are both set", "keep `tables` (several tables) or `table` (one)")
+		case len(c.Tables) == 0 && c.SkipUnmapped:
+			return errcode.New(errcode.SinkConfig, "on_unmapped_table is for mode cdc with tables", "remove `on_unmapped_table`, or set `tables`")
 		case len(c.Tables) > 0 && len(c.Key) > 0:
 			return errcode.New(errcode.SinkConfig, "key is not used with tables (each target's primary key or replica-identity index is its key)", "remove `key`")
 		case len(c.Tables) > 0:
@@ -111,6 +117,9 @@ func (c *Config) Validate() error {
 	case ModeSQL:
 		if len(c.Tables) > 0 {
 			return errcode.New(errcode.SinkConfig, "tables is for mode cdc, not sql", "name the tables in the statement")
+		}
+		if c.SkipUnmapped {
+			return errcode.New(errcode.SinkConfig, "on_unmapped_table is for mode cdc with tables", "remove `on_unmapped_table`")
 		}
 		if len(splitStatement(c.Statement)) == 0 {
 			return errcode.New(errcode.SinkConfig, "mode sql needs a statement", "set `statement`")

@@ -14,6 +14,7 @@ import (
 type routedMode struct {
 	routes  Routes
 	targets map[string]*routed // event table → its target (events of tables not here are unmapped)
+	skip    func(table string) // on_unmapped_table: skip (nil: fail): told of each skipped event's table
 }
 
 // routed is one target of a routedMode, shared by the event tables that map to it, so their ops
@@ -32,6 +33,10 @@ func (r *routedMode) decode(m *Message, _ *rowBuf) (op, error) {
 		return op{msg: m, kind: opNone}, nil
 	}
 	to := r.targets[ev.Table]
+	if to == nil && r.skip != nil {
+		r.skip(ev.Table)
+		return op{msg: m, kind: opNone}, nil // applied as nothing: its offset moves on
+	}
 	if to == nil {
 		return op{}, unmappedError(ev.Table)
 	}
@@ -135,7 +140,7 @@ func (a *Applier) resolve(ctx context.Context, h *routedMode, msgs []*Message) (
 			continue
 		}
 		if next == nil {
-			next = &routedMode{routes: h.routes, targets: maps.Clone(h.targets)}
+			next = &routedMode{routes: h.routes, targets: maps.Clone(h.targets), skip: h.skip}
 		}
 		to, err := a.routeTo(ctx, next, target)
 		if err != nil {

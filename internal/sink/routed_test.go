@@ -291,3 +291,32 @@ func TestInto(t *testing.T) {
 		}
 	}
 }
+
+// TestCDCTablesSkipUnmapped: with SkipUnmapped (on_unmapped_table: skip) an event of a table no
+// entry maps is applied as nothing (its offset moves on, nothing is written), the others as usual,
+// and each skipped table is told once.
+func TestCDCTablesSkipUnmapped(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE SCHEMA sk; CREATE TABLE sk.orders (id int PRIMARY KEY)`)
+	var told []string
+	cfg := Config{Mode: ModeCDC, Tables: map[string]string{"public.orders": "sk.orders"}, SkipUnmapped: true,
+		OnUnmapped: func(table string) { told = append(told, table) }}
+	a := f.applier(t, cfg)
+	ev := func(table string, id int) string {
+		return fmt.Sprintf(`{"op":"c","table":%q,"key":{"id":%d},"after":{"id":%d},"before":null}`, table, id, id)
+	}
+	res := write(t, a, msg("q", 0, 1, ev("public.customers", 1)), msg("q", 0, 2, ev("public.orders", 1)),
+		msg("q", 0, 3, ev("public.customers", 2)), msg("q", 0, 4, ev("app.users", 1)))
+	if res.Applied != 4 {
+		t.Fatalf("applied %d: %v", res.Applied, res.Errs)
+	}
+	if got := f.one(t, `SELECT string_agg(id::text, ',') FROM sk.orders`); got != "1" {
+		t.Errorf("orders %s", got)
+	}
+	if got := strings.Join(told, ","); got != "public.customers,app.users" {
+		t.Errorf("told %s", got)
+	}
+	if got := f.one(t, `SELECT last_offset::text FROM pgrelay.sink_progress WHERE sink = $1`, a.cfg.Name); got != "4" {
+		t.Errorf("progress %s", got)
+	}
+}
