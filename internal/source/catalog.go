@@ -93,6 +93,44 @@ func LoadTables(ctx context.Context, q queryer, tables []Table, version int) (ok
 	return ok, refused, nil
 }
 
+// PartitionsWithoutIdentity lists, for a partitioned table whose updates and deletes are published
+// (not append-only), its partitions with no replica identity (REPLICA IDENTITY NOTHING, or the
+// default without a primary key): PostgreSQL refuses their UPDATEs and DELETEs while the table is
+// published, and the partitioned table's own key does not change that. Each is a coded warning
+// naming the fix; the table still streams.
+func PartitionsWithoutIdentity(ctx context.Context, q queryer, t TableInfo) ([]error, error) {
+	if !t.Partitioned || t.AppendOnly {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname, c.relreplident = 'n'
+		FROM pg_catalog.pg_partition_tree($1::oid::regclass) p JOIN pg_catalog.pg_class c ON c.oid = p.relid
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE p.isleaf AND (c.relreplident = 'n' OR c.relreplident = 'd'
+			AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
+		ORDER BY 1, 2`, t.OID)
+	if err != nil {
+		return nil, fmt.Errorf("read the partitions of %s: %w", t.Full(), err)
+	}
+	defer rows.Close()
+	var out []error
+	for rows.Next() {
+		var schema, table string
+		var nothing bool
+		if err := rows.Scan(&schema, &table, &nothing); err != nil {
+			return nil, fmt.Errorf("read the partitions of %s: %w", t.Full(), err)
+		}
+		why := "no primary key"
+		if nothing {
+			why = "REPLICA IDENTITY NOTHING"
+		}
+		name := Table{Schema: schema, Name: table}.Full()
+		out = append(out, errcode.New(errcode.ReplicaIdentity,
+			fmt.Sprintf("partition %s of %s has no replica identity (%s): while %s is published, PostgreSQL refuses the partition's UPDATEs and DELETEs", name, t.Full(), why, t.Full()),
+			"ALTER TABLE "+pgx.Identifier{schema, table}.Sanitize()+" REPLICA IDENTITY FULL, or give it the partitioned table's key"))
+	}
+	return out, rows.Err()
+}
+
 // refuseListedPartitions refuses a partition listed beside a partitioned table it belongs to: the
 // publication sends its changes as the partitioned table's, so its own entry would get none.
 func refuseListedPartitions(ctx context.Context, q queryer, ok []TableInfo, refused []Refusal) ([]TableInfo, []Refusal, error) {

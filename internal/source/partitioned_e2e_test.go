@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
+	"github.com/pgrelay/pgrelay/internal/errcode"
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/source"
 )
 
 // TestPartitionedTable: a partitioned table is streamed as one table. Its rows in every partition
@@ -63,4 +65,42 @@ func TestPartitionedTable(t *testing.T) {
 	e.run("both", `[{table: ev, queue: qb}, {table: ev_2026, queue: qb}]`, "")
 	e.waitStatus("qb", "both", `public.ev_2026 is a partition of public.ev, which is listed too`)
 	e.waitStatus("qb", "both", `"phase":"streaming"`)
+}
+
+// TestPartitionsWithoutIdentity: a published partitioned table's partitions without a replica
+// identity (REPLICA IDENTITY NOTHING, or no primary key) are each a replica_identity warning naming
+// the ALTER that fixes it; partitions with the table's key are not, nor an append-only table's.
+func TestPartitionsWithoutIdentity(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE pw (id int, at int, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);
+		CREATE TABLE pw_ok PARTITION OF pw FOR VALUES FROM (0) TO (10);
+		CREATE TABLE pw_nothing PARTITION OF pw FOR VALUES FROM (10) TO (20);
+		ALTER TABLE pw_nothing REPLICA IDENTITY NOTHING;
+		CREATE TABLE pw_sub PARTITION OF pw FOR VALUES FROM (20) TO (30) PARTITION BY RANGE (at);
+		CREATE TABLE pw_sub_leaf PARTITION OF pw_sub FOR VALUES FROM (20) TO (30);
+		ALTER TABLE pw_sub_leaf REPLICA IDENTITY NOTHING;
+		CREATE TABLE lg (id int, at int) PARTITION BY RANGE (at);
+		CREATE TABLE lg_all PARTITION OF lg FOR VALUES FROM (MINVALUE) TO (MAXVALUE)`)
+	tables, refused, err := source.LoadTables(e.ctx, e.pg.Pool(), []source.Table{{Schema: "public", Name: "pw", Queue: "q"},
+		{Schema: "public", Name: "lg", Queue: "q", AppendOnly: true, Mode: source.PartitionBySingle}}, e.pg.Version*10000)
+	if err != nil || len(refused) > 0 {
+		t.Fatal(err, refused)
+	}
+	var got []string
+	for _, tb := range tables {
+		warnings, err := source.PartitionsWithoutIdentity(e.ctx, e.pg.Pool(), tb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range warnings {
+			if errcode.Of(w) != errcode.ReplicaIdentity {
+				t.Errorf("%v: not replica_identity", w)
+			}
+			got = append(got, w.Error())
+		}
+	}
+	if len(got) != 2 || !strings.Contains(got[0], "partition public.pw_nothing of public.pw has no replica identity (REPLICA IDENTITY NOTHING)") ||
+		!strings.Contains(got[0], `ALTER TABLE "public"."pw_nothing" REPLICA IDENTITY FULL`) || !strings.Contains(got[1], "public.pw_sub_leaf") {
+		t.Fatalf("warnings:\n%s", strings.Join(got, "\n"))
+	}
 }

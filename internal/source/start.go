@@ -69,6 +69,15 @@ func (s *Source) session(ctx context.Context) error {
 	s.mu.Lock()
 	s.unpublished = unpublished
 	s.mu.Unlock()
+	for _, t := range tables {
+		warnings, err := PartitionsWithoutIdentity(ctx, pool, t)
+		if err != nil {
+			return err
+		}
+		for _, w := range warnings {
+			s.log.Warnf("%v", w)
+		}
+	}
 	if err := s.settleRefusals(tables, refused); err != nil {
 		return err
 	}
