@@ -312,3 +312,62 @@ func BenchmarkGoSide(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCDCGoSide is BenchmarkGoSide for mode cdc: a 500-event batch of `u` events decoded,
+// planned and encoded, by a sink of one table (`table`) and by one with `tables` whose events of
+// two tables go to two targets (the same shape), so the routed mode's cost per event reads as a
+// ratio to the one-table sink's in the same run. Reported: CPU time per event and allocations.
+func BenchmarkCDCGoSide(b *testing.B) {
+	rows := benchRows(500, 1)
+	msgs := make([]*Message, len(rows))
+	for i, r := range rows {
+		table := []string{"public.bench", "public.bench2"}[i%2]
+		payload := fmt.Appendf(nil, `{"op":"u","table":%q,"key":{"id":%d},"after":%s,"before":null,"lsn":"0/16B3748","xid":771,"ts":"2026-10-03T06:15:03.583036Z","seq":%d}`,
+			table, r.id, r.payload, i)
+		msgs[i] = &Message{Queue: "bench", Shard: int32(i % 4), Offset: int64(i + 1), HasPosition: true, Payload: payload}
+	}
+	cfg := Config{Mode: ModeCDC, Table: "bench", UnknownKeys: UnknownKeysWarn}
+	single, err := newModeHandler(&cfg, benchTarget(), newUnknownKeys(&cfg, cfg.Table))
+	if err != nil {
+		b.Fatal(err)
+	}
+	routes := mustRoutes(b, map[string]string{"public.*": "public.*"})
+	t2 := benchTarget()
+	t2.Name, t2.OID = "bench2", 2
+	routed := &routedMode{routes: routes, targets: map[string]*routed{
+		"public.bench":  {t: benchTarget(), mode: cdcMode{w: newWriter(benchTarget(), cfg.Metadata).watching(newUnknownKeys(&cfg, "public.bench"))}},
+		"public.bench2": {t: t2, mode: cdcMode{w: newWriter(t2, cfg.Metadata).watching(newUnknownKeys(&cfg, "public.bench2"))}},
+	}}
+	for _, c := range []struct {
+		name string
+		h    modeHandler
+	}{{"table", single}, {"tables", routed}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := benchenv.SelfCPU()
+			for i := 0; i < b.N; i++ {
+				ops := make([]op, len(msgs))
+				buf := newRowBuf(msgs)
+				for j, m := range msgs {
+					if ops[j], err = c.h.decode(m, buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				stmts, err := c.h.plan(ops)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, s := range stmts {
+					out := make([]byte, 0, 256)
+					for _, a := range s.args {
+						if out, err = (textArrayPlan{}).Encode(a, out); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			}
+			b.ReportMetric(float64((benchenv.SelfCPU()-cpu0).Nanoseconds())/float64(b.N*len(msgs)), "cpu_ns/event")
+		})
+	}
+}

@@ -428,6 +428,10 @@ func FuzzDecode(f *testing.F) {
 			if err == nil && o.kind != kind && !(anyKind && (o.kind == opWrite || o.kind == opMove)) {
 				t.Fatalf("cdc %q: kind %d, want %d", payload, o.kind, kind)
 			}
+			if after, ok := obj["after"].(map[string]any); err == nil && o.mapped && ok {
+				// the hot path (decodeWhole) writes exactly the after object's columns
+				checkRow(t, w, o.vals, after, payload)
+			}
 		}
 	})
 }

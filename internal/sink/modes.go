@@ -193,66 +193,116 @@ type cdcMode struct{ w *writer }
 type event struct {
 	Op        string
 	Table     string
-	Key       Row
+	KeyRaw    json.RawMessage // null, or an object (see key)
 	After     json.RawMessage
 	Before    json.RawMessage
 	Unchanged []string
 }
 
+// key is the event's key object as a row (nil for null).
+func (ev *event) key() (Row, error) {
+	if isNull(ev.KeyRaw) {
+		return nil, nil
+	}
+	return decodeObject(ev.KeyRaw)
+}
+
 // readEvent reads a change event's members by their exact names (DESIGN §2): op a string, key null
 // or an object, unchanged null or an array of strings; after and before are read by the op.
-// Table is read only withTable (the routed mode's): a sink of one table does not check it.
+// Table is read only withTable (the routed mode's): a sink of one table does not check it. One
+// pass over the payload, keeping the members' bytes (a member named twice: the last); no map.
 func readEvent(payload []byte, withTable bool) (event, error) {
-	row, err := decodeObject(payload)
+	t, err := objectBytes(payload)
 	if err != nil {
 		return event{}, err
 	}
-	ev := event{After: row["after"], Before: row["before"]}
-	if raw := row["op"]; !isNull(raw) {
-		if raw[0] != '"' {
-			return ev, badPayload("change event op is not a string: %s", excerpt(raw))
+	var ev event
+	var opRaw, tableRaw, unchangedRaw json.RawMessage
+	err = scanMembers(t, func(k []byte, escaped bool, v []byte) error {
+		name := k[1 : len(k)-1]
+		if escaped {
+			var s string
+			if err := json.Unmarshal(k, &s); err != nil {
+				return err
+			}
+			name = []byte(s)
 		}
-		op, err := textOf(raw)
-		if err != nil {
-			return ev, badPayload("change event op: %v", err)
+		switch string(name) {
+		case "op":
+			opRaw = v
+		case "table":
+			tableRaw = v
+		case "key":
+			ev.KeyRaw = v
+		case "after":
+			ev.After = v
+		case "before":
+			ev.Before = v
+		case "unchanged":
+			unchangedRaw = v
 		}
-		ev.Op = op.String
+		return nil
+	})
+	if err != nil {
+		return event{}, badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
 	}
-	if raw := row["table"]; withTable && !isNull(raw) {
-		table, err := textOf(raw)
-		if err != nil || raw[0] != '"' {
-			return ev, badPayload("change event table is not a string: %s", excerpt(raw))
+	if !isNull(opRaw) {
+		if opRaw[0] != '"' {
+			return ev, badPayload("change event op is not a string: %s", excerpt(opRaw))
+		}
+		switch string(opRaw) { // the usual ops without an allocation
+		case `"c"`, `"r"`, `"u"`, `"d"`, `"t"`, `"m"`:
+			ev.Op = opNames[opRaw[1]]
+		default:
+			op, err := textOf(opRaw)
+			if err != nil {
+				return ev, badPayload("change event op: %v", err)
+			}
+			ev.Op = op.String
+		}
+	}
+	if withTable && !isNull(tableRaw) {
+		table, err := textOf(tableRaw)
+		if err != nil || tableRaw[0] != '"' {
+			return ev, badPayload("change event table is not a string: %s", excerpt(tableRaw))
 		}
 		ev.Table = table.String
 	}
-	if raw := row["key"]; !isNull(raw) {
-		if ev.Key, err = decodeObject(raw); err != nil {
-			return ev, badPayload("change event key is not an object: %s", excerpt(raw))
-		}
+	if !isNull(ev.KeyRaw) && ev.KeyRaw[0] != '{' { // the scan checked it is valid JSON
+		return ev, badPayload("change event key is not an object: %s", excerpt(ev.KeyRaw))
 	}
-	if raw := row["unchanged"]; !isNull(raw) {
-		if err := json.Unmarshal(raw, &ev.Unchanged); err != nil {
-			return ev, badPayload("change event unchanged is not an array of column names: %s", excerpt(raw))
+	if !isNull(unchangedRaw) {
+		if err := json.Unmarshal(unchangedRaw, &ev.Unchanged); err != nil {
+			return ev, badPayload("change event unchanged is not an array of column names: %s", excerpt(unchangedRaw))
 		}
 	}
 	return ev, nil
 }
 
-func (c cdcMode) decode(m *Message, _ *rowBuf) (op, error) {
+// opNames are the one-letter ops as strings, by letter.
+var opNames = map[byte]string{'c': "c", 'r': "r", 'u': "u", 'd': "d", 't': "t", 'm': "m"}
+
+func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
 	ev, err := readEvent(m.Payload, false)
 	if err != nil {
 		return op{}, err
 	}
-	return c.decodeEvent(m, &ev)
+	return c.decodeEvent(m, &ev, buf)
 }
 
-// decodeEvent turns a read change event into its op.
-func (c cdcMode) decodeEvent(m *Message, ev *event) (op, error) {
+// decodeEvent turns a read change event into its op; buf is the batch's row memory (nil: none).
+func (c cdcMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error) {
 	switch ev.Op {
 	case "c", "r", "u":
+		if o, ok := c.decodeWhole(m, ev, buf); ok {
+			return o, nil
+		}
 		return c.decodeWrite(m, ev)
 	case "d":
-		src := ev.Key
+		src, err := ev.key()
+		if err != nil {
+			return op{}, badPayload("change event key is not an object: %s", excerpt(ev.KeyRaw))
+		}
 		if len(src) == 0 && !isNull(ev.Before) {
 			if b, err := decodeObject(ev.Before); err == nil {
 				src = b
@@ -273,6 +323,22 @@ func (c cdcMode) decodeEvent(m *Message, ev *event) (op, error) {
 			"if the queue holds rows rather than change events, set mode: upsert (or append); else fix the producer. The input dead-letters this message after max_attempts")
 	}
 	return op{}, badPayload("unknown change event op %q (expected c, r, u, d, t or m)", ev.Op)
+}
+
+// decodeWhole is decodeWrite's hot path, for an event whose after is the whole row (nothing
+// unchanged) and that cannot move a row (no before): after is mapped straight from its bytes, as
+// an upsert payload is (no map of it is built). ok is false when the event needs decodeWrite: an
+// after that is not an object or lacks a key value (the key object fills it there), or a key with
+// no column under unknown_keys: pause (decodeWrite names such keys sorted).
+func (c cdcMode) decodeWhole(m *Message, ev *event, buf *rowBuf) (op, bool) {
+	if len(ev.Unchanged) > 0 || !isNull(ev.Before) || len(ev.After) == 0 || ev.After[0] != '{' {
+		return op{}, false
+	}
+	vals, key, hasKey, err := c.w.rowFromPayload(ev.After, m, buf)
+	if err != nil || !hasKey {
+		return op{}, false
+	}
+	return op{msg: m, kind: opWrite, vals: vals, key: key, mapped: true}, true
 }
 
 func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {
@@ -298,7 +364,11 @@ func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {
 	for _, u := range ev.Unchanged {
 		delete(after, u)
 	}
-	for k, v := range ev.Key {
+	keyRow, err := ev.key()
+	if err != nil {
+		return op{}, badPayload("change event key is not an object: %s", excerpt(ev.KeyRaw))
+	}
+	for k, v := range keyRow {
 		if _, ok := after[k]; !ok {
 			after[k] = v
 		}

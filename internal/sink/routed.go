@@ -24,7 +24,10 @@ type routed struct {
 	mode cdcMode
 }
 
-func (r *routedMode) decode(m *Message, _ *rowBuf) (op, error) {
+// decode reads m's event and decodes it for its table's target. The batch's row memory (buf) is
+// shared by the targets: its remembered member order is checked by name, and a row's column-set
+// signature depends only on the column indexes.
+func (r *routedMode) decode(m *Message, buf *rowBuf) (op, error) {
 	ev, err := readEvent(m.Payload, true)
 	if err != nil {
 		return op{}, err
@@ -40,7 +43,7 @@ func (r *routedMode) decode(m *Message, _ *rowBuf) (op, error) {
 	if to == nil {
 		return op{}, unmappedError(ev.Table)
 	}
-	o, err := to.mode.decodeEvent(m, &ev)
+	o, err := to.mode.decodeEvent(m, &ev, buf)
 	o.to = to
 	return o, err
 }

@@ -62,7 +62,7 @@ func TestRoutes(t *testing.T) {
 	}
 }
 
-func mustRoutes(t *testing.T, m map[string]string) Routes {
+func mustRoutes(t testing.TB, m map[string]string) Routes {
 	t.Helper()
 	r, err := ParseRoutes(m)
 	if err != nil {

@@ -308,6 +308,14 @@ func (w *writer) keyText(r Row) (string, bool) {
 }
 
 func (w *writer) keyTextOf(get func(i int) (json.RawMessage, bool)) (string, bool) {
+	if len(w.keyIdx) == 1 { // the value itself, as keyFromSpans has it: the two must agree
+		raw, ok := get(w.keyIdx[0])
+		if !ok || isNull(raw) {
+			return "", false
+		}
+		v, err := textOf(raw)
+		return v.String, err == nil && v.Valid
+	}
 	var b strings.Builder
 	for _, i := range w.keyIdx {
 		raw, ok := get(i)
