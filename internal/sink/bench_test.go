@@ -195,6 +195,44 @@ func BenchmarkUpsert(b *testing.B) {
 	}
 }
 
+// BenchmarkCDC is BenchmarkUpsert for mode cdc: the same rows as pg_cdc's change events (`c` for
+// the insert pass, `u` for the update pass) against the same unnest + ON CONFLICT loop, in the same
+// run. Reported as BenchmarkUpsert.
+func BenchmarkCDC(b *testing.B) {
+	f := newBench(b)
+	n := benchenv.Size("PGRELAY_BENCH_SINK_ROWS", 20000, 4000)
+	events := func(rows []benchRow, op string) []benchRow {
+		out := make([]benchRow, len(rows))
+		for i, r := range rows {
+			out[i] = r
+			out[i].payload = fmt.Appendf(nil, `{"op":%q,"table":"public.bench","key":{"id":%d},"after":%s,"before":null,"lsn":"0/16B3748","xid":771,"ts":"2026-10-03T06:15:03.583036Z","seq":%d}`,
+				op, r.id, r.payload, i)
+		}
+		return out
+	}
+	const batch = 500
+	insert, update := benchRows(n, 1), benchRows(n, 2)
+	evInsert, evUpdate := events(insert, "c"), events(update, "u")
+	var sink, base cost
+	for i := 0; i < b.N; i++ {
+		tSink, tBase := f.table(b), f.table(b)
+		a, err := NewApplier(context.Background(), f.pool, Config{Name: tSink, Table: tSink, Mode: ModeCDC,
+			ProgressTable: DefaultProgressTable, CreateProgressTable: true, RequireProgress: true}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var off int64
+		for k, pass := range [][]benchRow{insert, update} {
+			evs := [][]benchRow{evInsert, evUpdate}[k]
+			for j := 0; j < len(pass); j += batch {
+				f.measure(b, &base, func() { unnestPass(b, f.pool, tBase, pass[j:min(j+batch, len(pass))], batch) })
+				f.measure(b, &sink, func() { sinkPass(b, a, evs[j:min(j+batch, len(evs))], batch, &off) })
+			}
+		}
+	}
+	sink.report(b, base, "unnest", float64(2*n*b.N))
+}
+
 // BenchmarkAppend compares the sink's append mode with COPY of the same rows, one transaction per
 // batch each. Reported: rows/s of both and their ratio (goal >= 0.5).
 func BenchmarkAppend(b *testing.B) {

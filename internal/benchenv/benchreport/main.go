@@ -131,6 +131,7 @@ const (
 	lat    = "BenchmarkSourceLatency"
 	ups    = "BenchmarkUpsert/batch=500"
 	ups2k  = "BenchmarkUpsert/batch=2000"
+	cdc    = "BenchmarkCDC"
 	app    = "BenchmarkAppend/batch=500"
 	app2k  = "BenchmarkAppend/batch=2000"
 	rcpu   = "BenchmarkRedisCPU"
@@ -245,6 +246,8 @@ var figures = []figure{
 		baseName: "hand-written unnest + ON CONFLICT", baseUnit: "unnest_rows/s", ratioUnit: "ratio", goal: "≥ 0.9", met: atLeast(ups, "ratio", 0.9), chart: true, chartGoal: 0.9},
 	{section: "Sink", name: "upsert, 2,000-row batches, rows/s", bench: ups2k, unit: "sink_rows/s",
 		baseName: "hand-written unnest + ON CONFLICT", baseUnit: "unnest_rows/s", ratioUnit: "ratio", goal: "≥ 0.9", met: atLeast(ups2k, "ratio", 0.9)},
+	{section: "Sink", name: "cdc (pg_cdc's c and u events of the same rows), 500-row batches, rows/s", bench: cdc, unit: "sink_rows/s",
+		baseName: "hand-written unnest + ON CONFLICT", baseUnit: "unnest_rows/s", ratioUnit: "ratio", goal: "—"},
 	{section: "Sink", name: "append, 500-row batches, rows/s", bench: app, unit: "sink_rows/s",
 		baseName: "COPY", baseUnit: "copy_rows/s", ratioUnit: "ratio", goal: "≥ 0.85", met: atLeast(app, "ratio", 0.85), chart: true, chartGoal: 0.85},
 	{section: "Sink", name: "append, 2,000-row batches, rows/s", bench: app2k, unit: "sink_rows/s",
@@ -404,6 +407,7 @@ func cpuTable(r results, w *strings.Builder) {
 		{snap, "Snapshot, µs per row"},
 		{small, "Streaming small transactions (pgbench at 2,000 tx/s), µs per transaction"},
 		{ups, "Sink upsert (500-row batches), µs per row"},
+		{cdc, "Sink cdc (500-row batches), µs per row"},
 		{app, "Sink append (500-row batches), µs per row"},
 		{q2t, "Queue → table through the binary, µs per row"},
 		{proj, "Read-model projection, µs per change"},
