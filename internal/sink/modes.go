@@ -325,18 +325,27 @@ func (c cdcMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error) {
 	return op{}, badPayload("unknown change event op %q (expected c, r, u, d, t or m)", ev.Op)
 }
 
-// decodeWhole is decodeWrite's hot path, for an event whose after is the whole row (nothing
-// unchanged) and that cannot move a row (no before): after is mapped straight from its bytes, as
-// an upsert payload is (no map of it is built). ok is false when the event needs decodeWrite: an
-// after that is not an object or lacks a key value (the key object fills it there), or a key with
-// no column under unknown_keys: pause (decodeWrite names such keys sorted).
+// decodeWhole is decodeWrite's hot path, for an event that cannot move a row (no before): after is
+// mapped straight from its bytes, as an upsert payload is (no map of it is built). Columns listed
+// in unchanged are absent from after (DESIGN §2), so they are left out as decodeWrite leaves them.
+// ok is false when the event needs decodeWrite: an after that is not an object, lacks a key value
+// (the key object fills it there) or names a column unchanged lists (decodeWrite drops it), or a
+// key with no column under unknown_keys: pause (decodeWrite names such keys sorted).
 func (c cdcMode) decodeWhole(m *Message, ev *event, buf *rowBuf) (op, bool) {
-	if len(ev.Unchanged) > 0 || !isNull(ev.Before) || len(ev.After) == 0 || ev.After[0] != '{' {
+	if !isNull(ev.Before) || len(ev.After) == 0 || ev.After[0] != '{' {
 		return op{}, false
+	}
+	if buf == nil {
+		buf = &rowBuf{rows: 1}
 	}
 	vals, key, hasKey, err := c.w.rowFromPayload(ev.After, m, buf)
 	if err != nil || !hasKey {
 		return op{}, false
+	}
+	for _, u := range ev.Unchanged {
+		if i, ok := c.w.t.byName[u]; ok && buf.spans[i].v1 > 0 {
+			return op{}, false
+		}
 	}
 	return op{msg: m, kind: opWrite, vals: vals, key: key, mapped: true}, true
 }
