@@ -31,15 +31,7 @@ func TestOneSinkSeveralTables(t *testing.T) {
 	src := e.start()
 	defer src.Kill()
 	e.waitPointer()
-	dsn := e.pg.CreateDatabase("copies")
-	copies, err := pgxpool.New(e.ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer copies.Close()
-	if _, err := copies.Exec(e.ctx, "CREATE SCHEMA copy;"+sinkTablesDDL("copy")); err != nil {
-		t.Fatal(err)
-	}
+	dsn, copies := e.copyDatabase("copies", "CREATE SCHEMA copy;"+sinkTablesDDL("copy"))
 	cfg := sinkPipeline{redisURL: e.rd.URL(), queue: "q", group: "copies", dsn: dsn, sink: "copies",
 		tables: `{"public.*": "copy.*"}`, mode: "cdc", batchCount: 64, maxAttempts: 3}.YAML()
 	p := startSinkPipeline(t, cfg)
@@ -75,6 +67,22 @@ func TestOneSinkSeveralTables(t *testing.T) {
 		got := dump(copies, "copy")
 		return got == want, fmt.Sprintf("copies %d bytes, source %d; sink: %s", len(got), len(want), sinkLastLines(p.Output(), 5))
 	})
+}
+
+// copyDatabase creates database db on the source's server with ddl, for a sink's copies, and
+// returns its DSN and a pool on it (closed at the test's end).
+func (e *cdcEnv) copyDatabase(db, ddl string) (string, *pgxpool.Pool) {
+	e.t.Helper()
+	dsn := e.pg.CreateDatabase(db)
+	pool, err := pgxpool.New(e.ctx, dsn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(pool.Close)
+	if _, err := pool.Exec(e.ctx, ddl); err != nil {
+		e.t.Fatal(err)
+	}
+	return dsn, pool
 }
 
 // ordersWriter commits random transactions on orders and their items until stop: a new order

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/testenv"
 )
@@ -23,15 +21,7 @@ func TestSoftDeleteRecipe(t *testing.T) {
 	src := e.start()
 	defer src.Kill()
 	e.waitPointer()
-	dsn := e.pg.CreateDatabase("history")
-	copyPool, err := pgxpool.New(e.ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer copyPool.Close()
-	if _, err := copyPool.Exec(e.ctx, `CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, total numeric, deleted_at timestamptz)`); err != nil {
-		t.Fatal(err)
-	}
+	dsn, copyPool := e.copyDatabase("history", `CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, total numeric, deleted_at timestamptz)`)
 	sink := testenv.StartProcess(t, []string{"REDIS_URL=" + e.rd.URL(), "TARGET_DSN=" + dsn}, testenv.Binary(t),
 		"run", "-s", "http.enabled=false", "-s", "input.redis_queue.lease_ttl=3s", filepath.Join(testenv.RepoRoot(), "config", "pg_sink_soft_delete.yaml"))
 	defer sink.Kill()
