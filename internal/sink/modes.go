@@ -325,14 +325,16 @@ func (c cdcMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error) {
 	return op{}, badPayload("unknown change event op %q (expected c, r, u, d, t or m)", ev.Op)
 }
 
-// decodeWhole is decodeWrite's hot path, for an event that cannot move a row (no before): after is
-// mapped straight from its bytes, as an upsert payload is (no map of it is built). Columns listed
-// in unchanged are absent from after (DESIGN §2), so they are left out as decodeWrite leaves them.
-// ok is false when the event needs decodeWrite: an after that is not an object, lacks a key value
-// (the key object fills it there) or names a column unchanged lists (decodeWrite drops it), or a
-// key with no column under unknown_keys: pause (decodeWrite names such keys sorted).
+// decodeWhole is decodeWrite's hot path, for an event that does not move a row (no before, or a
+// before with the same key: REPLICA IDENTITY FULL): after is mapped straight from its bytes, as an
+// upsert payload is (no map of it is built). Columns listed in unchanged are absent from after
+// (DESIGN §2), so they are left out as decodeWrite leaves them. ok is false when the event needs
+// decodeWrite: an after that is not an object, lacks a key value (the key object fills it there)
+// or names a column unchanged lists (decodeWrite drops it), a before that is not an object or
+// holds another key (a move), or a key with no column under unknown_keys: pause (decodeWrite
+// names such keys sorted).
 func (c cdcMode) decodeWhole(m *Message, ev *event, buf *rowBuf) (op, bool) {
-	if !isNull(ev.Before) || len(ev.After) == 0 || ev.After[0] != '{' {
+	if len(ev.After) == 0 || ev.After[0] != '{' || !isNull(ev.Before) && (ev.Op != "u" || ev.Before[0] != '{') {
 		return op{}, false
 	}
 	if buf == nil {
@@ -345,6 +347,11 @@ func (c cdcMode) decodeWhole(m *Message, ev *event, buf *rowBuf) (op, bool) {
 	for _, u := range ev.Unchanged {
 		if i, ok := c.w.t.byName[u]; ok && buf.spans[i].v1 > 0 {
 			return op{}, false
+		}
+	}
+	if !isNull(ev.Before) {
+		if old, ok := c.w.keyTextOfObject(ev.Before); ok && old != key {
+			return op{}, false // a key change: decodeWrite makes it a move
 		}
 	}
 	return op{msg: m, kind: opWrite, vals: vals, key: key, mapped: true}, true

@@ -53,6 +53,11 @@ func TestCDC(t *testing.T) {
 			{ev("c", `{"id":1}`, `{"id":1,"a":"x","b":"y","big":"LONG"}`, "null")},
 			{ev("u", `{"id":7}`, `{"id":7,"a":"moved"}`, `{"id":1}`, "big"), ev("u", `{"id":7}`, `{"id":7,"b":"after-move"}`, "null")},
 		}, "7/moved/after-move/LONG"},
+		{"REPLICA IDENTITY FULL: a u whose before is the whole old row updates it, or moves it when the key changed", [][]string{
+			{ev("c", `{"id":1}`, `{"id":1,"a":"x","b":"y","big":"L1"}`, "null"), ev("c", `{"id":2}`, `{"id":2,"a":"x","b":"y","big":"L2"}`, "null")},
+			{ev("u", `{"id":1}`, `{"id":1,"a":"x2","b":"y","big":"L1"}`, `{"id":1,"a":"x","b":"y","big":"L1"}`),
+				ev("u", `{"id":8}`, `{"id":8,"a":"moved","b":"y","big":"L2"}`, `{"id":2,"a":"x","b":"y","big":"L2"}`)},
+		}, "1/x2/y/L1,8/moved/y/L2"},
 		{"t truncates, later events of the batch apply", [][]string{
 			{ev("c", `{"id":1}`, `{"id":1,"a":"x"}`, "null"), ev("c", `{"id":2}`, `{"id":2,"a":"x"}`, "null")},
 			{ev("c", `{"id":3}`, `{"id":3,"a":"gone"}`, "null"), `{"op":"t","table":"public.x"}`, ev("c", `{"id":4}`, `{"id":4,"a":"kept"}`, "null")},

@@ -302,6 +302,39 @@ func metaValue(field string, c *Column, m *Message) pgtype.Text {
 	return pgtype.Text{String: s, Valid: true}
 }
 
+// keyTextOfObject is keyText of a JSON object (a change event's before) read in one pass without
+// a map; a member named twice counts once, the last, as in a map.
+func (w *writer) keyTextOfObject(obj []byte) (string, bool) {
+	vals := make([]json.RawMessage, len(w.keyIdx))
+	err := jsonscan.Members(obj, func(k []byte, escaped bool, v0, v1 int) error {
+		name := k[1 : len(k)-1]
+		if escaped {
+			var s string
+			if err := json.Unmarshal(k, &s); err != nil {
+				return err
+			}
+			name = []byte(s)
+		}
+		for n, i := range w.keyIdx {
+			if w.t.Columns[i].Name == string(name) {
+				vals[n] = obj[v0:v1]
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", false
+	}
+	return w.keyTextOf(func(i int) (json.RawMessage, bool) {
+		for n, j := range w.keyIdx {
+			if j == i {
+				return vals[n], vals[n] != nil
+			}
+		}
+		return nil, false
+	})
+}
+
 // keyText identifies the row's key for folding, or ok=false when a key column is absent or null.
 func (w *writer) keyText(r Row) (string, bool) {
 	return w.keyTextOf(func(i int) (json.RawMessage, bool) { raw, ok := r[w.t.Columns[i].Name]; return raw, ok })
