@@ -432,6 +432,19 @@ func FuzzDecode(f *testing.F) {
 				// the hot path (decodeWhole) writes exactly the after object's columns
 				checkRow(t, w, o.vals, after, payload)
 			}
+			if err == nil && o.kind == opDelete {
+				// decodeDelete reads the key as a map of the key object (or of before) would give it
+				row, _ := decodeObject(payload)
+				src, _ := decodeObject(row["key"])
+				if len(src) == 0 {
+					src, _ = decodeObject(row["before"])
+				}
+				want, werr := w.keyValues(src)
+				text, _ := w.keyText(src)
+				if werr != nil || !reflect.DeepEqual(want, o.oldKey) || text != o.key {
+					t.Fatalf("cdc %q: delete key %v %q, want %v %q (%v)", payload, o.oldKey, o.key, want, text, werr)
+				}
+			}
 		}
 	})
 }

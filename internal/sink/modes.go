@@ -299,21 +299,7 @@ func (c cdcMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error) {
 		}
 		return c.decodeWrite(m, ev)
 	case "d":
-		src, err := ev.key()
-		if err != nil {
-			return op{}, badPayload("change event key is not an object: %s", excerpt(ev.KeyRaw))
-		}
-		if len(src) == 0 && !isNull(ev.Before) {
-			if b, err := decodeObject(ev.Before); err == nil {
-				src = b
-			}
-		}
-		key, err := c.w.keyValues(src)
-		if err != nil {
-			return op{}, badPayload("delete event: %v", err)
-		}
-		kt, _ := c.w.keyText(src)
-		return op{msg: m, kind: opDelete, oldKey: key, key: kt}, nil
+		return c.decodeDelete(m, ev)
 	case "t":
 		return op{msg: m, kind: opTruncate}, nil
 	case "m":
@@ -355,6 +341,25 @@ func (c cdcMode) decodeWhole(m *Message, ev *event, buf *rowBuf) (op, bool) {
 		}
 	}
 	return op{msg: m, kind: opWrite, vals: vals, key: key, mapped: true}, true
+}
+
+// decodeDelete deletes by the event's key object, or by its before when the key is null or empty;
+// the key columns are read from the object in one pass, without a map.
+func (c cdcMode) decodeDelete(m *Message, ev *event) (op, error) {
+	var key []pgtype.Text
+	var text string
+	members := 0
+	err := badPayload("key column %q is missing or null", c.w.t.Columns[c.w.keyIdx[0]].Name)
+	if !isNull(ev.KeyRaw) {
+		key, text, members, err = c.w.keyValuesOfObject(ev.KeyRaw)
+	}
+	if members == 0 && !isNull(ev.Before) && ev.Before[0] == '{' {
+		key, text, _, err = c.w.keyValuesOfObject(ev.Before)
+	}
+	if err != nil {
+		return op{}, badPayload("delete event: %v", err)
+	}
+	return op{msg: m, kind: opDelete, oldKey: key, key: text}, nil
 }
 
 func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {

@@ -305,8 +305,55 @@ func metaValue(field string, c *Column, m *Message) pgtype.Text {
 // keyTextOfObject is keyText of a JSON object (a change event's before) read in one pass without
 // a map; a member named twice counts once, the last, as in a map.
 func (w *writer) keyTextOfObject(obj []byte) (string, bool) {
+	vals, _, err := w.keyMembers(obj)
+	if err != nil {
+		return "", false
+	}
+	return w.keyTextOf(func(i int) (json.RawMessage, bool) {
+		for n, j := range w.keyIdx {
+			if j == i {
+				return vals[n], vals[n] != nil
+			}
+		}
+		return nil, false
+	})
+}
+
+// keyValuesOfObject is keyValues and keyText of a JSON object read as keyTextOfObject reads it;
+// members is how many members the object has.
+func (w *writer) keyValuesOfObject(obj []byte) (vals []pgtype.Text, text string, members int, err error) {
+	raws, members, err := w.keyMembers(obj)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	vals = make([]pgtype.Text, len(w.keyIdx))
+	for n, i := range w.keyIdx {
+		c := &w.t.Columns[i]
+		if raws[n] == nil || isNull(raws[n]) {
+			return nil, "", members, badPayload("key column %q is missing or null", c.Name)
+		}
+		if vals[n], err = valueFor(c, raws[n]); err != nil {
+			return nil, "", members, err
+		}
+	}
+	text, _ = w.keyTextOf(func(i int) (json.RawMessage, bool) {
+		for n, j := range w.keyIdx {
+			if j == i {
+				return raws[n], true
+			}
+		}
+		return nil, false
+	})
+	return vals, text, members, nil
+}
+
+// keyMembers reads the key columns' values from a JSON object (nil: not there), and how many
+// members it has.
+func (w *writer) keyMembers(obj []byte) ([]json.RawMessage, int, error) {
 	vals := make([]json.RawMessage, len(w.keyIdx))
+	members := 0
 	err := jsonscan.Members(obj, func(k []byte, escaped bool, v0, v1 int) error {
+		members++
 		name := k[1 : len(k)-1]
 		if escaped {
 			var s string
@@ -322,17 +369,7 @@ func (w *writer) keyTextOfObject(obj []byte) (string, bool) {
 		}
 		return nil
 	})
-	if err != nil {
-		return "", false
-	}
-	return w.keyTextOf(func(i int) (json.RawMessage, bool) {
-		for n, j := range w.keyIdx {
-			if j == i {
-				return vals[n], vals[n] != nil
-			}
-		}
-		return nil, false
-	})
+	return vals, members, err
 }
 
 // keyText identifies the row's key for folding, or ok=false when a key column is absent or null.
