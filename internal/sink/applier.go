@@ -118,7 +118,7 @@ func start(ctx context.Context, pool *pgxpool.Pool, cfg Config, create bool) (a 
 		}
 		creates = true
 	}
-	a = &Applier{pool: pool, cfg: cfg, progress: prog, keys: map[string]*unknownKeys{}}
+	a = &Applier{pool: pool, cfg: cfg, progress: prog, keys: map[string]*unknownKeys{}, skippedTables: map[string]bool{}}
 	if err := a.refresh(ctx); err != nil {
 		return nil, false, err
 	}
@@ -149,12 +149,7 @@ func (a *Applier) targets() []*Target {
 func (a *Applier) skipped(table string) {
 	a.mu.Lock()
 	told := a.skippedTables[table]
-	if !told {
-		if a.skippedTables == nil {
-			a.skippedTables = map[string]bool{}
-		}
-		a.skippedTables[table] = true
-	}
+	a.skippedTables[table] = true
 	a.mu.Unlock()
 	if !told && a.cfg.OnUnmapped != nil {
 		a.cfg.OnUnmapped(table)

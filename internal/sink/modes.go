@@ -218,14 +218,10 @@ func readEvent(payload []byte, withTable bool) (event, error) {
 	}
 	var ev event
 	var opRaw, tableRaw, unchangedRaw json.RawMessage
-	err = scanMembers(t, func(k []byte, escaped bool, v []byte) error {
-		name := k[1 : len(k)-1]
-		if escaped {
-			var s string
-			if err := json.Unmarshal(k, &s); err != nil {
-				return err
-			}
-			name = []byte(s)
+	err = scanMembers(t, func(k []byte, _ bool, v []byte) error {
+		name, err := jsonscan.Text(k)
+		if err != nil {
+			return err
 		}
 		switch string(name) {
 		case "op":
@@ -250,10 +246,9 @@ func readEvent(payload []byte, withTable bool) (event, error) {
 		if opRaw[0] != '"' {
 			return ev, badPayload("change event op is not a string: %s", excerpt(opRaw))
 		}
-		switch string(opRaw) { // the usual ops without an allocation
-		case `"c"`, `"r"`, `"u"`, `"d"`, `"t"`, `"m"`:
-			ev.Op = opNames[opRaw[1]]
-		default:
+		if len(opRaw) == 3 && opRaw[1] != '\\' {
+			ev.Op = string(opRaw[1:2]) // a one-byte string allocates nothing
+		} else {
 			op, err := textOf(opRaw)
 			if err != nil {
 				return ev, badPayload("change event op: %v", err)
@@ -278,9 +273,6 @@ func readEvent(payload []byte, withTable bool) (event, error) {
 	}
 	return ev, nil
 }
-
-// opNames are the one-letter ops as strings, by letter.
-var opNames = map[byte]string{'c': "c", 'r': "r", 'u': "u", 'd': "d", 't': "t", 'm': "m"}
 
 func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
 	ev, err := readEvent(m.Payload, false)
@@ -346,13 +338,7 @@ func (c cdcMode) decodeWhole(m *Message, ev *event, buf *rowBuf) (op, bool) {
 // decodeDelete deletes by the event's key object, or by its before when the key is null or empty;
 // the key columns are read from the object in one pass, without a map.
 func (c cdcMode) decodeDelete(m *Message, ev *event) (op, error) {
-	var key []pgtype.Text
-	var text string
-	members := 0
-	err := badPayload("key column %q is missing or null", c.w.t.Columns[c.w.keyIdx[0]].Name)
-	if !isNull(ev.KeyRaw) {
-		key, text, members, err = c.w.keyValuesOfObject(ev.KeyRaw)
-	}
+	key, text, members, err := c.w.keyValuesOfObject(ev.KeyRaw)
 	if members == 0 && !isNull(ev.Before) && ev.Before[0] == '{' {
 		key, text, _, err = c.w.keyValuesOfObject(ev.Before)
 	}

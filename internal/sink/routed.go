@@ -125,18 +125,11 @@ func (r *routedMode) targetList() []*Target {
 // it), or h itself when there are none. Tables no entry maps stay out: decode fails their events.
 func (a *Applier) resolve(ctx context.Context, h *routedMode, msgs []*Message) (*routedMode, error) {
 	var next *routedMode
+	known := h.targets // next's, once there is a next
 	for _, m := range msgs {
 		table := eventTable(m.Payload)
-		if table == "" {
+		if _, ok := known[table]; ok || table == "" {
 			continue
-		}
-		if _, known := h.targets[table]; known {
-			continue
-		}
-		if next != nil {
-			if _, known := next.targets[table]; known {
-				continue
-			}
 		}
 		target, ok := h.routes.Target(table)
 		if !ok {
@@ -144,6 +137,7 @@ func (a *Applier) resolve(ctx context.Context, h *routedMode, msgs []*Message) (
 		}
 		if next == nil {
 			next = &routedMode{routes: h.routes, targets: maps.Clone(h.targets), skip: h.skip}
+			known = next.targets
 		}
 		to, err := a.routeTo(ctx, next, target)
 		if err != nil {

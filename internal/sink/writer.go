@@ -305,22 +305,15 @@ func metaValue(field string, c *Column, m *Message) pgtype.Text {
 // keyTextOfObject is keyText of a JSON object (a change event's before) read in one pass without
 // a map; a member named twice counts once, the last, as in a map.
 func (w *writer) keyTextOfObject(obj []byte) (string, bool) {
-	vals, _, err := w.keyMembers(obj)
+	raws, _, err := w.keyMembers(obj)
 	if err != nil {
 		return "", false
 	}
-	return w.keyTextOf(func(i int) (json.RawMessage, bool) {
-		for n, j := range w.keyIdx {
-			if j == i {
-				return vals[n], vals[n] != nil
-			}
-		}
-		return nil, false
-	})
+	return w.keyTextOf(raws.get)
 }
 
-// keyValuesOfObject is keyValues and keyText of a JSON object read as keyTextOfObject reads it;
-// members is how many members the object has.
+// keyValuesOfObject is keyValues and keyText of a JSON object (null: none) read as keyTextOfObject
+// reads it; members is how many members the object has.
 func (w *writer) keyValuesOfObject(obj []byte) (vals []pgtype.Text, text string, members int, err error) {
 	raws, members, err := w.keyMembers(obj)
 	if err != nil {
@@ -329,47 +322,43 @@ func (w *writer) keyValuesOfObject(obj []byte) (vals []pgtype.Text, text string,
 	vals = make([]pgtype.Text, len(w.keyIdx))
 	for n, i := range w.keyIdx {
 		c := &w.t.Columns[i]
-		if raws[n] == nil || isNull(raws[n]) {
+		if raw, ok := raws.get(i); !ok || isNull(raw) {
 			return nil, "", members, badPayload("key column %q is missing or null", c.Name)
-		}
-		if vals[n], err = valueFor(c, raws[n]); err != nil {
+		} else if vals[n], err = valueFor(c, raw); err != nil {
 			return nil, "", members, err
 		}
 	}
-	text, _ = w.keyTextOf(func(i int) (json.RawMessage, bool) {
-		for n, j := range w.keyIdx {
-			if j == i {
-				return raws[n], true
-			}
-		}
-		return nil, false
-	})
+	text, _ = w.keyTextOf(raws.get)
 	return vals, text, members, nil
 }
 
-// keyMembers reads the key columns' values from a JSON object (nil: not there), and how many
-// members it has.
-func (w *writer) keyMembers(obj []byte) ([]json.RawMessage, int, error) {
-	vals := make([]json.RawMessage, len(w.keyIdx))
+// keyRaws are the values of a row's key columns, by column index (nil: not named).
+type keyRaws map[int]json.RawMessage
+
+func (k keyRaws) get(i int) (json.RawMessage, bool) { raw, ok := k[i]; return raw, ok }
+
+// keyMembers reads the key columns' values from a JSON object (null: none), and how many members
+// it has.
+func (w *writer) keyMembers(obj []byte) (keyRaws, int, error) {
+	raws := make(keyRaws, len(w.keyIdx))
+	if isNull(obj) {
+		return raws, 0, nil
+	}
 	members := 0
-	err := jsonscan.Members(obj, func(k []byte, escaped bool, v0, v1 int) error {
+	err := jsonscan.Members(obj, func(k []byte, _ bool, v0, v1 int) error {
 		members++
-		name := k[1 : len(k)-1]
-		if escaped {
-			var s string
-			if err := json.Unmarshal(k, &s); err != nil {
-				return err
-			}
-			name = []byte(s)
+		name, err := jsonscan.Text(k)
+		if err != nil {
+			return err
 		}
-		for n, i := range w.keyIdx {
+		for _, i := range w.keyIdx {
 			if w.t.Columns[i].Name == string(name) {
-				vals[n] = obj[v0:v1]
+				raws[i] = obj[v0:v1]
 			}
 		}
 		return nil
 	})
-	return vals, members, err
+	return raws, members, err
 }
 
 // keyText identifies the row's key for folding, or ok=false when a key column is absent or null.

@@ -178,7 +178,7 @@ func refuseListedPartitions(ctx context.Context, q queryer, ok []TableInfo, refu
 // ExpandTables replaces each pattern entry (`schema.prefix_*`, `tenant_*.orders`) with the tables
 // it matches now, in schema and name order, each with the entry's options: the ordinary and
 // partitioned tables of the schemas it names (a pattern in the schema never matching a system
-// schema, SystemSchema) that no entry by name and no earlier pattern names. A partition is never matched (its
+// schema, systemSchema) that no entry by name and no earlier pattern names. A partition is never matched (its
 // partitioned table is streamed whole, or it is listed by name), nor an UNLOGGED table (it writes
 // no WAL: a scratch table, never streamed). Entries by name stay as they are,
 // in their place; a pattern's exclude list takes tables out of its matches. Patterns matching no
@@ -215,7 +215,7 @@ func ExpandTables(ctx context.Context, q queryer, tables []Table) ([]Table, erro
 		for _, f := range found {
 			m := t
 			m.Schema, m.Name, m.From, m.Exclude = f.Schema, f.Name, t.Full(), nil
-			if named[m.Full()] || t.excludes(m.Full()) || strings.Contains(t.Schema, "*") && SystemSchema(f.Schema) {
+			if named[m.Full()] || t.excludes(m.Full()) || !t.matchesSchema(f.Schema) {
 				continue
 			}
 			named[m.Full()] = true

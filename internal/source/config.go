@@ -62,10 +62,16 @@ func (t Table) Pattern() bool {
 // its pattern.
 func (t Table) Names(full string) bool {
 	schema, name := ParseTable(full)
-	if !t.Pattern() {
-		return schema == t.Schema && name == t.Name
+	return t.matchesSchema(schema) && glob(t.Name, name)
+}
+
+// matchesSchema reports whether schema is one the entry names: as written, or matched by a pattern
+// in the schema, which never matches a system schema (systemSchema).
+func (t Table) matchesSchema(schema string) bool {
+	if !strings.Contains(t.Schema, "*") {
+		return schema == t.Schema
 	}
-	return glob(t.Schema, schema) && glob(t.Name, name) && (!strings.Contains(t.Schema, "*") || !SystemSchema(schema))
+	return glob(t.Schema, schema) && !systemSchema(schema)
 }
 
 // glob reports whether s matches pattern, where each * stands for any characters (none too).
@@ -88,11 +94,11 @@ func glob(pattern, s string) bool {
 	return true
 }
 
-// SystemSchema reports a schema a pattern in the schema never matches: PostgreSQL's own
+// systemSchema reports a schema a pattern in the schema never matches: PostgreSQL's own
 // (pg_catalog, information_schema, pg_toast, the temporary ones: pg_*) and pgrelay's (its publish
 // function, and a sink's progress table when it writes into the source's database). Named
 // outright, such a schema is taken as written.
-func SystemSchema(schema string) bool {
+func systemSchema(schema string) bool {
 	return strings.HasPrefix(schema, "pg_") || schema == "information_schema" || schema == "pgrelay"
 }
 
