@@ -375,19 +375,36 @@ type column struct {
 	generated bool
 }
 
-// tableColumns reads table oid's columns in table order (dropped ones left out).
 // tableName is the current schema.name of the table with oid, as tables[].table writes it (no
 // quotes), or "" when no such table exists.
 func tableName(ctx context.Context, q queryer, oid uint32) (string, error) {
-	var name string
-	err := q.QueryRow(ctx, `SELECT n.nspname || '.' || c.relname FROM pg_catalog.pg_class c
-		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&name)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
+	schema, name, err := relationName(ctx, q, oid)
+	if err != nil || name == "" {
+		return "", err
 	}
-	return name, err
+	return Table{Schema: schema, Name: name}.Full(), nil
 }
 
+// relationName is the current schema and name of the table with oid ("" when no such table
+// exists): a configured table renamed since the session read it is found by its oid.
+func relationName(ctx context.Context, q queryer, oid uint32) (schema, name string, err error) {
+	err = q.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&schema, &name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", nil
+	}
+	return schema, name, err
+}
+
+// renamedAway reports whether err is PostgreSQL's undefined_table: a statement naming a
+// configured table failed because it was renamed (or moved to another schema, or dropped) since the
+// name was read. relationName then tells which.
+func renamedAway(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "42P01"
+}
+
+// tableColumns reads table oid's columns in table order (dropped ones left out).
 func tableColumns(ctx context.Context, q queryer, oid uint32) ([]column, error) {
 	rows, err := q.Query(ctx, `SELECT attname, attgenerated <> '' FROM pg_catalog.pg_attribute
 		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, oid)

@@ -31,8 +31,7 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row event.
 		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{t.Columns[k].Name}.Sanitize(), i+1))
 		params = append(params, row[k].Data)
 	}
-	selectFrom := func(table string) string {
-		schema, name, _ := strings.Cut(table, ".")
+	selectFrom := func(schema, name string) string {
 		return "SELECT " + strings.Join(sel, ", ") + " FROM " + pgx.Identifier{schema, name}.Sanitize() + " WHERE " + strings.Join(where, " AND ")
 	}
 	conn, err := pool.Acquire(ctx)
@@ -40,12 +39,16 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row event.
 		return nil, fmt.Errorf("read back unchanged values: %w", err)
 	}
 	defer conn.Release()
-	sql := selectFrom(t.Name)
+	schema, name, _ := strings.Cut(t.Name, ".")
+	if rel.info != nil {
+		schema, name = rel.info.Schema, rel.info.Name
+	}
+	sql := selectFrom(schema, name)
 	res := conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
-	if pgErr, ok := res.Err.(*pgconn.PgError); ok && pgErr.Code == "42P01" && rel.info != nil && rel.info.OID != 0 {
+	if renamedAway(res.Err) && rel.info != nil && rel.info.OID != 0 {
 		// renamed since: the configured table by its oid, under its name of now
-		if now, err := tableName(ctx, conn, rel.info.OID); err == nil && now != "" {
-			sql = selectFrom(now)
+		if schema, name, err := relationName(ctx, conn, rel.info.OID); err == nil && name != "" {
+			sql = selectFrom(schema, name)
 			res = conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
 		}
 	}

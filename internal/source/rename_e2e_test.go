@@ -1,11 +1,13 @@
 package source_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
@@ -91,5 +93,61 @@ func TestRenamedTableKeepsStreaming(t *testing.T) {
 	}
 	for _, d := range oracle.Compare(replayed, rows) {
 		t.Error(d)
+	}
+}
+
+// TestRenameDuringSnapshot: a table renamed while its snapshot reads it (the rename commits while
+// a chunk's read waits for its lock, so that read fails on the old name) is read on under its new
+// name, found by its oid, from where the snapshot was: every row once as an `r` event, the stream's
+// changes made under either name in the queue too, and the log says to set the new name.
+func TestRenameDuringSnapshot(t *testing.T) {
+	e := newEnv(t)
+	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
+		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 3000) i`)
+	logs := &logBuffer{}
+	stop := runStream(t, cdctest.Pipeline{Name: "rs", DSN: e.pg.DSN(), Tables: "[{table: a, queue: q}]", Redis: e.rd.URL(),
+		Source: "snapshot: initial\nchunk_rows: 10", LogLevel: "info"}.YAML(),
+		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	defer stop()
+	cdctest.Wait(t, 60*time.Second, "a chunk of a written", func() (bool, string) { return e.cursorAfter("rs", "q") > 0, "" })
+	lock, err := e.pg.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(context.Background())
+	if _, err := lock.Exec(e.ctx, `SET LOCAL synchronous_commit = local; LOCK TABLE a IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	cdctest.Wait(t, 30*time.Second, "a chunk's read of a waiting for the lock", func() (bool, string) {
+		var n int
+		err := e.pg.Pool().QueryRow(e.ctx, chunkReadsWaiting, `"public"."a"`).Scan(&n)
+		return err == nil && n > 0, fmt.Sprint(err)
+	})
+	if _, err := lock.Exec(e.ctx, `UPDATE a SET v = 'before' WHERE id = 2999; ALTER TABLE a RENAME TO a_renamed`); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.pg.Exec(`UPDATE a_renamed SET v = 'after' WHERE id IN (1, 3000); DELETE FROM a_renamed WHERE id = 2`)
+	e.waitSnapshotDone("rs", "q", 60*time.Second)
+	if !strings.Contains(logs.String(), "was renamed to public.a_renamed") {
+		t.Errorf("no warning of the rename in the log:\n%s", logs.String())
+	}
+	e.pg.Exec(`ALTER TABLE a_renamed RENAME TO a`) // the oracle reads the configured name
+	e.waitOracle("q", 10*time.Second, map[string][]string{"public.a": {"id"}})
+	read := map[string]int{}
+	for _, en := range e.waitEntries("q", 3000) {
+		if ev := event(t, en); string(ev["op"]) == `"r"` {
+			read[string(ev["key"])]++
+		}
+	}
+	if len(read) < 2999 { // id 2 may be deleted before its chunk
+		t.Errorf("%d rows read by the snapshot, want 2999 or 3000", len(read))
+	}
+	for k, n := range read {
+		if n != 1 {
+			t.Errorf("row %s read %d times", k, n)
+		}
 	}
 }

@@ -472,12 +472,47 @@ func (sn *snapshotter) chunk(ctx context.Context, t *snapTable, cur snapshot.Cur
 	}
 	chunk, hw, err := sn.readBetween(ctx, t, cur, p.id, p.rows)
 	if err != nil {
+		if t != nil && renamedAway(err) && sn.followRename(ctx, t) {
+			sn.abandon(p)
+			return sn.chunk(ctx, t, cur)
+		}
 		return nil, err
 	}
 	p.early = t != nil && chunk.XminRead && chunk.Young == 0 &&
 		sn.ss.src.cfg.Envelope(t.info.Queue) == nil // an enveloped queue keeps its chunks at their high watermark, in commit order
 	sn.prepare(p, chunk, hw)
 	return p, nil
+}
+
+// followRename points t's chunk query at the table's name of now when the table (found by its
+// oid) was renamed or moved to another schema since the query was built, and reports whether it
+// was: the snapshot goes on under the new name, as the stream does, and the log says to set it in
+// tables[].table. A dropped table keeps its name (false).
+func (sn *snapshotter) followRename(ctx context.Context, t *snapTable) bool {
+	schema, name, err := relationName(ctx, sn.pool, t.info.OID)
+	if err != nil || name == "" || (schema == t.spec.Schema && name == t.spec.Name) {
+		return false
+	}
+	t.spec.Schema, t.spec.Name = schema, name
+	sn.ss.src.logRenamed(ctx, sn.pool, t.info, Table{Schema: schema, Name: name}.Full())
+	return true
+}
+
+// abandon forgets chunk p, whose read failed before its snapshot was taken: its low watermark is
+// in the WAL (the stream passes it as an unknown chunk's) and its high watermark is not, since the
+// read's failed transaction refused that statement.
+func (sn *snapshotter) abandon(p *pendingChunk) {
+	sn.mu.Lock()
+	sn.pending = slices.DeleteFunc(sn.pending, func(q *pendingChunk) bool { return q == p })
+	sn.share.abandoned()
+	sn.mu.Unlock()
+	if p.rows != nil {
+		select {
+		case sn.renders <- p.rows:
+		default:
+		}
+		p.rows = nil
+	}
 }
 
 // lsn is the lsn of p's `r` and fill events for its high watermark hw: the position the chunk goes

@@ -59,6 +59,13 @@ func (s *share) start() {
 	s.moved, s.owed = 0, s.last
 }
 
+// abandoned records that a started chunk was given up before its read (its high watermark never
+// emitted).
+func (s *share) abandoned() {
+	s.inFlight--
+	s.unhanded--
+}
+
 // read records the bytes of values a started chunk read.
 func (s *share) read(n int) { s.inFlightBytes += n }
 

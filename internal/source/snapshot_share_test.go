@@ -178,3 +178,37 @@ func mustItems(ss *session) []item {
 	items, _ := ss.q.peek()
 	return items
 }
+
+// TestAbandonedChunk: a chunk whose read failed before its snapshot (its table renamed away) is
+// forgotten: its low watermark passes as an unknown chunk's, the next chunk's high watermark is
+// the first pending one's, and the share counts the abandoned chunk neither in flight nor
+// unhanded, so the pipeline's chunksAhead stay open to the chunks read after it.
+func TestAbandonedChunk(t *testing.T) {
+	ss, sn := shareSession(t, 10)
+	table := testTable()
+	cur, _ := snapshot.Start([]string{"public.t"})
+	emit := func(it item) error {
+		if ok, _ := ss.q.tryPush(it); !ok {
+			return fmt.Errorf("queue full")
+		}
+		return nil
+	}
+	for range 2 * chunksAhead { // more abandoned chunks than the pipeline holds
+		gone := sn.open(table, cur)
+		sn.lowWatermark(gone.id)
+		sn.abandon(gone)
+		sn.lowWatermark(gone.id)
+	}
+	if sn.share.inFlight != 0 || sn.share.unhanded != 0 || !sn.mayRead("public.t") {
+		t.Fatalf("after abandoned chunks: %+v, may read %v", sn.share, sn.mayRead("public.t"))
+	}
+	p := sn.open(table, cur)
+	sn.lowWatermark(p.id)
+	readFake(sn, p, 0x2000)
+	if handled, err := sn.highWatermark(p.id, p.hwAt, emit); !handled || err != nil {
+		t.Fatalf("the chunk after the abandoned ones: high watermark %v %v", handled, err)
+	}
+	if n := len(mustItems(ss)); n == 0 {
+		t.Fatal("the chunk after the abandoned ones is not in the queue")
+	}
+}
