@@ -762,13 +762,18 @@ func (a *Applier) applyAll(ctx context.Context, conn *pgx.Conn, h modeHandler, m
 }
 
 // applyEach applies message by message under savepoints: a data error rolls back that message
-// only and blocks the rest of its shard; any other error aborts the attempt.
+// only and blocks the rest of its shard; any other error aborts the attempt. A message's ops are
+// planned in their order where the mode can reorder them (orderedPlanner).
 func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
+	plan := h.plan
+	if o, ok := h.(orderedPlanner); ok {
+		plan = o.planInOrder
+	}
 	for _, i := range pending {
 		if st.block(i, msgs[i]) {
 			continue
 		}
-		stmts, err := h.plan(ops[i : i+1])
+		stmts, err := plan(ops[i : i+1])
 		if err != nil {
 			if Classify(err) != Data {
 				return err

@@ -3,6 +3,7 @@ package sink
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -22,6 +23,7 @@ const (
 	opTruncate               // cdc t
 	opSQL                    // sql mode: the user's statement with params
 	opNone                   // nothing to do (cdc m)
+	opEnvelope               // cdc x: one source transaction's change events (sub), in order
 )
 
 // op is one decoded message.
@@ -36,6 +38,32 @@ type op struct {
 	params []any         // opSQL
 	mapped bool          // vals already holds the mapped row (append, upsert)
 	to     *routed       // cdc with tables: the target it goes to (nil: the sink's one table)
+	sub    []op          // opEnvelope: its events' ops, in order, each with msg
+}
+
+// flat is ops with every envelope replaced by its events' ops, in order (ops itself when there
+// is none).
+func flat(ops []op) []op {
+	n, envelopes := 0, false
+	for i := range ops {
+		if ops[i].kind == opEnvelope {
+			n, envelopes = n+len(ops[i].sub), true
+		} else {
+			n++
+		}
+	}
+	if !envelopes {
+		return ops
+	}
+	out := make([]op, 0, n)
+	for i := range ops {
+		if ops[i].kind == opEnvelope {
+			out = append(out, ops[i].sub...)
+		} else {
+			out = append(out, ops[i])
+		}
+	}
+	return out
 }
 
 // modeHandler decodes messages (data errors per message) and plans decoded ops, in offset order,
@@ -43,6 +71,13 @@ type op struct {
 type modeHandler interface {
 	decode(m *Message, buf *rowBuf) (op, error)
 	plan(ops []op) ([]stmt, error)
+}
+
+// orderedPlanner is a mode whose plan may write ops in another order than theirs (mode cdc with
+// tables groups them by target) and that can also plan them in order: the plan of one message
+// alone, so an envelope's events apply as its source transaction did.
+type orderedPlanner interface {
+	planInOrder(ops []op) ([]stmt, error)
 }
 
 // newModeHandler returns the handler of cfg.Mode for the target's shape (nil target in sql mode);
@@ -186,7 +221,8 @@ func (f *folder) flush(stmts []stmt) ([]stmt, error) {
 }
 
 // cdcMode applies change events (DESIGN §2): c/r/u upsert `after` (absent and `unchanged` columns
-// keep their value), a key change moves the row, d deletes by key, t truncates, m is ignored.
+// keep their value), a key change moves the row, d deletes by key, t truncates, m is ignored, and
+// an envelope (x) applies its events in order.
 type cdcMode struct{ w *writer }
 
 // event is the part of a change event the sink reads.
@@ -197,6 +233,7 @@ type event struct {
 	After     json.RawMessage
 	Before    json.RawMessage
 	Unchanged []string
+	Events    json.RawMessage // x: the envelope's change events
 }
 
 // key is the event's key object as a row (nil for null).
@@ -236,6 +273,8 @@ func readEvent(payload []byte, withTable bool) (event, error) {
 			ev.Before = v
 		case "unchanged":
 			unchangedRaw = v
+		case "events":
+			ev.Events = v
 		}
 		return nil
 	})
@@ -279,7 +318,55 @@ func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
 	if err != nil {
 		return op{}, err
 	}
+	if ev.Op == "x" {
+		return decodeEnvelope(m, &ev, false, func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) })
+	}
 	return c.decodeEvent(m, &ev, buf)
+}
+
+// decodeEnvelope decodes an envelope (op x: one source transaction's change events for a queue, or
+// one part of them, docs/source.md) as one op whose sub ops are its events', decoded by decode in
+// order. The envelope is one message, applied in the batch's one transaction, so the source
+// transaction lands whole or not at all: an event that cannot be applied fails the message, naming
+// the event, and none of its events is written.
+func decodeEnvelope(m *Message, ev *event, withTable bool, decode func(ev *event) (op, error)) (op, error) {
+	if len(ev.Events) == 0 || ev.Events[0] != '[' {
+		return op{}, badPayload("envelope (op x) without an events array: %s", excerpt(m.Payload))
+	}
+	o := op{msg: m, kind: opEnvelope}
+	var failed error
+	err := jsonscan.Elements(ev.Events, func(v0, v1 int) error {
+		inner, err := readEvent(ev.Events[v0:v1], withTable)
+		if err == nil && inner.Op == "x" {
+			err = badPayload("an envelope inside an envelope")
+		}
+		var sub op
+		if err == nil {
+			sub, err = decode(&inner)
+		}
+		if err != nil {
+			failed = inEnvelope(len(o.sub), err)
+			return failed
+		}
+		o.sub = append(o.sub, sub)
+		return nil
+	})
+	if failed != nil {
+		return op{}, failed
+	}
+	if err != nil {
+		return op{}, badPayload("envelope events: %v", err)
+	}
+	return o, nil
+}
+
+// inEnvelope names envelope event i (from 0, its index in events) in err, keeping err's code.
+func inEnvelope(i int, err error) error {
+	e, ok := errors.AsType[*errcode.Error](err)
+	if !ok {
+		return fmt.Errorf("envelope event %d: %w", i, err)
+	}
+	return errcode.Wrap(e.Code, e.Err, fmt.Sprintf("envelope event %d: %s", i, e.Msg), e.Fix)
 }
 
 // decodeEvent turns a read change event into its op; buf is the batch's row memory (nil: none).
@@ -300,7 +387,7 @@ func (c cdcMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error) {
 		return op{}, errcode.New(errcode.BadPayload, "change event has no op (DESIGN §2 needs op, table, key, after, ...)",
 			"if the queue holds rows rather than change events, set mode: upsert (or append); else fix the producer. The input dead-letters this message after max_attempts")
 	}
-	return op{}, badPayload("unknown change event op %q (expected c, r, u, d, t or m)", ev.Op)
+	return op{}, badPayload("unknown change event op %q (expected c, r, u, d, t, m or x)", ev.Op)
 }
 
 // decodeWhole is decodeWrite's hot path, for an event that does not move a row (no before, or a
@@ -407,6 +494,7 @@ func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {
 }
 
 func (c cdcMode) plan(ops []op) ([]stmt, error) {
+	ops = flat(ops)
 	f := newFolder(c.w, len(ops))
 	var stmts []stmt
 	var err error

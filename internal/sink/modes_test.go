@@ -89,7 +89,7 @@ func TestCDC(t *testing.T) {
 		table, a := newTable(t)
 		res := write(t, a,
 			msg("q", 0, 1, ev("c", `{"id":1}`, `{"id":1,"a":"ok"}`, "null")),
-			msg("q", 0, 2, `{"op":"x","key":{"id":1}}`),
+			msg("q", 0, 2, `{"op":"z","key":{"id":1}}`),
 			msg("q", 0, 3, ev("c", `{"id":3}`, `{"id":3,"a":"blocked"}`, "null")),
 			msg("q", 1, 1, `not json at all`),
 			msg("q", 2, 1, `{"op":"c","after":{"a":"no key"}}`),
@@ -101,7 +101,7 @@ func TestCDC(t *testing.T) {
 				t.Fatalf("outcomes %v, want %v (errs %v)", res.Outcomes, want, res.Errs)
 			}
 		}
-		for i, sub := range map[int]string{1: `unknown change event op "x"`, 3: "payload is not JSON", 4: "no non-null value for key"} {
+		for i, sub := range map[int]string{1: `unknown change event op "z"`, 3: "payload is not JSON", 4: "no non-null value for key"} {
 			if !errcode.Is(res.Errs[i], errcode.BadPayload) || !strings.Contains(res.Errs[i].Error(), sub) {
 				t.Errorf("message %d: %v lacks %q", i, res.Errs[i], sub)
 			}

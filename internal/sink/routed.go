@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/pgrelay/pgrelay/internal/jsonscan"
 )
 
 // routedMode is mode cdc over several targets (Config.Tables): each change event goes to the table
@@ -32,6 +34,14 @@ func (r *routedMode) decode(m *Message, buf *rowBuf) (op, error) {
 	if err != nil {
 		return op{}, err
 	}
+	if ev.Op == "x" { // its events go to their tables' targets
+		return decodeEnvelope(m, &ev, true, func(ev *event) (op, error) { return r.decodeEvent(m, ev, buf) })
+	}
+	return r.decodeEvent(m, &ev, buf)
+}
+
+// decodeEvent decodes a read change event of m for its table's target.
+func (r *routedMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error) {
 	if ev.Op == "m" { // a published message: no table, nothing to write
 		return op{msg: m, kind: opNone}, nil
 	}
@@ -43,7 +53,7 @@ func (r *routedMode) decode(m *Message, buf *rowBuf) (op, error) {
 	if to == nil {
 		return op{}, unmappedError(ev.Table)
 	}
-	o, err := to.mode.decodeEvent(m, &ev, buf)
+	o, err := to.mode.decodeEvent(m, ev, buf)
 	o.to = to
 	return o, err
 }
@@ -52,7 +62,32 @@ func (r *routedMode) decode(m *Message, buf *rowBuf) (op, error) {
 // tables at the source gives) is one TRUNCATE of their targets, so copies that reference each other
 // by foreign keys can be emptied as the source was; between them, each target's ops (in message
 // order) are planned by its cdc mode, the targets in the order their first op comes.
-func (r *routedMode) plan(ops []op) ([]stmt, error) {
+func (r *routedMode) plan(ops []op) ([]stmt, error) { return r.planBy(ops, r.planRun) }
+
+// planInOrder plans ops in their order, as the source applied them: between truncate runs, each
+// run of adjacent ops of one target in turn. It is the plan of one message run alone (the
+// applier's isolation), so an envelope whose source transaction changed tables that reference each
+// other applies as that transaction did, whatever order plan's grouping by target would give.
+func (r *routedMode) planInOrder(ops []op) ([]stmt, error) {
+	return r.planBy(ops, func(stmts []stmt, ops []op) ([]stmt, error) {
+		for start := 0; start < len(ops); {
+			end := start + 1
+			for end < len(ops) && ops[end].to == ops[start].to {
+				end++
+			}
+			var err error
+			if stmts, err = r.planRun(stmts, ops[start:end]); err != nil {
+				return nil, err
+			}
+			start = end
+		}
+		return stmts, nil
+	})
+}
+
+// planBy splits ops (envelopes opened) into truncate runs and the runs between, which run plans.
+func (r *routedMode) planBy(ops []op, run func(stmts []stmt, ops []op) ([]stmt, error)) ([]stmt, error) {
+	ops = flat(ops)
 	var stmts []stmt
 	for start := 0; start < len(ops); {
 		end, truncate := start, ops[start].kind == opTruncate
@@ -62,7 +97,7 @@ func (r *routedMode) plan(ops []op) ([]stmt, error) {
 		var err error
 		if truncate {
 			stmts = append(stmts, truncateStmt(ops[start:end]))
-		} else if stmts, err = r.planRun(stmts, ops[start:end]); err != nil {
+		} else if stmts, err = run(stmts, ops[start:end]); err != nil {
 			return nil, err
 		}
 		start = end
@@ -126,24 +161,27 @@ func (r *routedMode) targetList() []*Target {
 func (a *Applier) resolve(ctx context.Context, h *routedMode, msgs []*Message) (*routedMode, error) {
 	var next *routedMode
 	known := h.targets // next's, once there is a next
+	var tables []string
 	for _, m := range msgs {
-		table := eventTable(m.Payload)
-		if _, ok := known[table]; ok || table == "" {
-			continue
+		tables = eventTables(tables[:0], m.Payload)
+		for _, table := range tables {
+			if _, ok := known[table]; ok || table == "" {
+				continue
+			}
+			target, ok := h.routes.Target(table)
+			if !ok {
+				continue
+			}
+			if next == nil {
+				next = &routedMode{routes: h.routes, targets: maps.Clone(h.targets), skip: h.skip}
+				known = next.targets
+			}
+			to, err := a.routeTo(ctx, next, target)
+			if err != nil {
+				return nil, err
+			}
+			next.targets[table] = to
 		}
-		target, ok := h.routes.Target(table)
-		if !ok {
-			continue
-		}
-		if next == nil {
-			next = &routedMode{routes: h.routes, targets: maps.Clone(h.targets), skip: h.skip}
-			known = next.targets
-		}
-		to, err := a.routeTo(ctx, next, target)
-		if err != nil {
-			return nil, err
-		}
-		next.targets[table] = to
 	}
 	if next == nil {
 		return h, nil
@@ -169,6 +207,28 @@ func (a *Applier) routeTo(ctx context.Context, r *routedMode, target string) (*r
 		}
 	}
 	return &routed{t: t, mode: cdcMode{w: newWriter(t, a.cfg.Metadata).watching(a.keysFor(t.Ident()))}}, nil
+}
+
+// eventTables appends to dst the tables of a message's change events: its event's `table`, or an
+// envelope's events' tables, each once (empty names left out).
+func eventTables(dst []string, payload []byte) []string {
+	if !bytes.HasPrefix(payload, []byte(`{"op":"x"`)) {
+		if table := eventTable(payload); table != "" {
+			return append(dst, table)
+		}
+	}
+	ev, err := readEvent(payload, false)
+	if err != nil || ev.Op != "x" || len(ev.Events) == 0 || ev.Events[0] != '[' {
+		return dst
+	}
+	n := len(dst)
+	_ = jsonscan.Elements(ev.Events, func(v0, v1 int) error {
+		if table := eventTable(ev.Events[v0:v1]); table != "" && !slices.Contains(dst[n:], table) {
+			dst = append(dst, table)
+		}
+		return nil
+	})
+	return dst
 }
 
 // eventTable is a change event's `table` ("" when it has none or is not an object): read from the

@@ -72,7 +72,7 @@ func mustRoutes(t testing.TB, m map[string]string) Routes {
 }
 
 // TestEventTable: the event's table read from the front of a pg_cdc event, and parsed from any
-// other JSON object.
+// other JSON object; a message's tables (eventTables) are an envelope's events' tables, each once.
 func TestEventTable(t *testing.T) {
 	for _, c := range []struct{ payload, want string }{
 		{`{"op":"c","table":"public.t","key":{"id":1}}`, "public.t"},
@@ -84,6 +84,18 @@ func TestEventTable(t *testing.T) {
 	} {
 		if got := eventTable([]byte(c.payload)); got != c.want {
 			t.Errorf("eventTable(%s) = %q, want %q", c.payload, got, c.want)
+		}
+	}
+	for _, c := range []struct{ payload, want string }{
+		{`{"op":"c","table":"public.t","key":{"id":1}}`, "public.t"},
+		{`{"op":"x","id":"pg:1","events":[{"op":"c","table":"public.a"},{"op":"m","table":null},{"op":"u","table":"public.b"},{"op":"d","table":"public.a"}]}`, "public.a,public.b"},
+		{`{"id":"pg:1","events":[{"op":"c","table":"public.a"}],"op":"x"}`, "public.a"},
+		{`{"op":"x","events":[]}`, ""},
+		{`{"op":"x","events":{"op":"c","table":"public.a"}}`, ""},
+		{`{"op":"c","events":[{"op":"c","table":"public.a"}]}`, ""},
+	} {
+		if got := strings.Join(eventTables([]string{"kept"}, []byte(c.payload))[1:], ","); got != c.want {
+			t.Errorf("eventTables(%s) = %q, want %q", c.payload, got, c.want)
 		}
 	}
 }
