@@ -105,7 +105,7 @@ class 42) pause the sink with a coded error until fixed.`).
 			service.NewStringAnnotatedEnumField(psFieldMode, map[string]string{
 				string(sink.ModeAppend): "Insert every message as a new row.",
 				string(sink.ModeUpsert): "Insert, or update on the key the columns the message names.",
-				string(sink.ModeCDC):    "Apply pgrelay change events (from `pg_cdc`): c/r/u upsert `after` minus `unchanged`, a key change moves the row, d deletes, t truncates.",
+				string(sink.ModeCDC):    "Apply pgrelay change events (from `pg_cdc`): c/r/u upsert `after` minus `unchanged`, a key change moves the row, d deletes, t truncates, and an envelope (x) applies its events in order, whole or not at all.",
 				string(sink.ModeSQL):    "Run `statement` once per message with `params`.",
 			}).Description("How messages change the table."),
 			service.NewStringAnnotatedEnumField(psFieldOnUnmappedTable, map[string]string{
