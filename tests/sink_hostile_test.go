@@ -32,8 +32,9 @@ func peakRSS(t *testing.T, pid int) int64 {
 
 // TestSinkHostileInput feeds the real redis_queue input → pg_sink (cdc mode) pipeline change events
 // that are malformed JSON, not UTF-8, wrongly typed (an op that is a number, a key that is an array,
-// a column value PostgreSQL refuses), over the 64 MiB payload limit, of an unknown op, or without a
-// key, each placed first, in the middle or last of a partition among good events. Each is
+// a column value PostgreSQL refuses), over the 64 MiB payload limit, of an unknown op, without a
+// key, or an envelope with one such event (none of its events written), each placed first, in the
+// middle or last of a partition among good events. Each is
 // dead-lettered after max_attempts with its coded error, every partition carries on past it, and
 // the table holds exactly the last good write of every row. The sink refuses the 64 MiB payload
 // before parsing it: its peak RSS stays within a few copies of the message.
@@ -61,9 +62,11 @@ func TestSinkHostileInput(t *testing.T) {
 		{"key-array", "p2", "last", `{"op":"d","key":[201]}`, "bad_payload: change event key is not an object"},
 		{"value-type", "p3", "middle", `{"op":"u","key":{"id":301},"after":{"id":301,"n":"not a number"}}`, "22P02: invalid input syntax for type integer"},
 		{"huge", "p3", "first", string(huge), "payload_too_large: payload is"},
-		{"unknown-op", "p4", "middle", `{"op":"x","key":{"id":401},"after":{"id":401}}`, `bad_payload: unknown change event op "x"`},
+		{"unknown-op", "p4", "middle", `{"op":"z","key":{"id":401},"after":{"id":401}}`, `bad_payload: unknown change event op "z"`},
 		{"no-key", "p5", "first", `{"op":"c","key":null,"after":{"v":"no key"}}`, "bad_payload: c event has no non-null value for key column(s) [id]"},
 		{"not-object", "p5", "middle", `[1,2,3]`, "bad_payload: payload is JSON but not an object"},
+		{"envelope", "p6", "last", `{"op":"x","id":"pg:1","events":[{"op":"u","key":{"id":601},"after":{"id":601,"v":"never","n":0}},{"op":"d","key":[601]}]}`,
+			"bad_payload: envelope event 1: change event key is not an object"},
 	}
 	// good events: each partition pK writes rows K01..K03, several times; the last write wins
 	perPartition := map[string][]sinkMessage{}

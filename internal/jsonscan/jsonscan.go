@@ -19,75 +19,74 @@ import (
 // fn ends the scan with a "bad key" error.
 func Members(b []byte, fn func(key []byte, escaped bool, v0, v1 int) error) error {
 	s := scanner{b: b}
-	s.ws()
-	if !s.eat('{') {
-		return s.fail("expected {")
-	}
-	s.ws()
-	if s.eat('}') {
-		return s.end()
-	}
-	for {
-		s.ws()
-		start := s.i
-		escaped, err := s.str()
-		if err != nil {
-			return err
-		}
-		key := b[start:s.i]
-		s.ws()
-		if !s.eat(':') {
-			return s.fail("expected :")
-		}
-		s.ws()
-		vstart := s.i
+	err := s.members(func(key []byte, escaped bool) error {
+		v0 := s.i
 		if err := s.value(0); err != nil {
 			return err
 		}
-		if err := fn(key, escaped, vstart, s.i); err != nil {
+		if fn(key, escaped, v0, s.i) != nil {
 			return s.fail("bad key")
 		}
-		s.ws()
-		if s.eat(',') {
-			continue
-		}
-		if s.eat('}') {
-			return s.end()
-		}
-		return s.fail("expected , or }")
+		return nil
+	})
+	if err != nil {
+		return err
 	}
+	return s.end()
+}
+
+// MembersAt reads the object that starts at b[i] (after any whitespace) inside a larger document
+// and returns where it ends, checking nothing after it. fn gets each member's key as written (as
+// Members gives it) and where its value starts, reads the value itself (SkipAt, MembersAt or
+// ElementsAt) and returns where it ends: a document whose values are read as they are reached is
+// validated in one pass, however deep the reading goes.
+func MembersAt(b []byte, i int, fn func(key []byte, escaped bool, v0 int) (v1 int, err error)) (int, error) {
+	s := scanner{b: b, i: i}
+	err := s.members(func(key []byte, escaped bool) (err error) {
+		s.i, err = fn(key, escaped, s.i)
+		return err
+	})
+	return s.i, err
+}
+
+// ElementsAt reads the array that starts at b[i] (after any whitespace) as MembersAt reads an
+// object: fn reads each element from v0 and returns where it ends.
+func ElementsAt(b []byte, i int, fn func(v0 int) (v1 int, err error)) (int, error) {
+	s := scanner{b: b, i: i}
+	err := s.elements(func() (err error) {
+		s.i, err = fn(s.i)
+		return err
+	})
+	return s.i, err
+}
+
+// SkipAt validates the JSON value that starts at b[i] (after any whitespace) and returns where it
+// ends.
+func SkipAt(b []byte, i int) (int, error) {
+	s := scanner{b: b, i: i}
+	s.ws()
+	err := s.value(0)
+	return s.i, err
 }
 
 // Elements validates the JSON array b and calls fn with the position of each element, b[v0:v1].
 // An error from fn ends the scan with a "bad element" error.
 func Elements(b []byte, fn func(v0, v1 int) error) error {
 	s := scanner{b: b}
-	s.ws()
-	if !s.eat('[') {
-		return s.fail("expected [")
-	}
-	s.ws()
-	if s.eat(']') {
-		return s.end()
-	}
-	for {
-		s.ws()
-		vstart := s.i
+	err := s.elements(func() error {
+		v0 := s.i
 		if err := s.value(0); err != nil {
 			return err
 		}
-		if err := fn(vstart, s.i); err != nil {
+		if fn(v0, s.i) != nil {
 			return s.fail("bad element")
 		}
-		s.ws()
-		if s.eat(',') {
-			continue
-		}
-		if s.eat(']') {
-			return s.end()
-		}
-		return s.fail("expected , or ]")
+		return nil
+	})
+	if err != nil {
+		return err
 	}
+	return s.end()
 }
 
 // Value validates b as one JSON value.
@@ -203,6 +202,71 @@ type scanner struct {
 
 // MaxDepth is the deepest nesting of arrays and objects a document may have.
 const MaxDepth = 1000
+
+// members reads the object at s.i (after whitespace) up to its closing brace: at each member,
+// value is called with the key read and s.i at the value, and must leave s.i past the value.
+func (s *scanner) members(value func(key []byte, escaped bool) error) error {
+	s.ws()
+	if !s.eat('{') {
+		return s.fail("expected {")
+	}
+	s.ws()
+	if s.eat('}') {
+		return nil
+	}
+	for {
+		s.ws()
+		start := s.i
+		escaped, err := s.str()
+		if err != nil {
+			return err
+		}
+		key := s.b[start:s.i]
+		s.ws()
+		if !s.eat(':') {
+			return s.fail("expected :")
+		}
+		s.ws()
+		if err := value(key, escaped); err != nil {
+			return err
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat('}') {
+			return nil
+		}
+		return s.fail("expected , or }")
+	}
+}
+
+// elements reads the array at s.i (after whitespace) up to its closing bracket: at each element,
+// value is called with s.i at it, and must leave s.i past it.
+func (s *scanner) elements(value func() error) error {
+	s.ws()
+	if !s.eat('[') {
+		return s.fail("expected [")
+	}
+	s.ws()
+	if s.eat(']') {
+		return nil
+	}
+	for {
+		s.ws()
+		if err := value(); err != nil {
+			return err
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat(']') {
+			return nil
+		}
+		return s.fail("expected , or ]")
+	}
+}
 
 func (s *scanner) fail(what string) error {
 	return fmt.Errorf("%s at byte %d", what, s.i)

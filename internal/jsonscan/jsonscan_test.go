@@ -113,3 +113,43 @@ func TestElements(t *testing.T) {
 		}
 	}
 }
+
+// TestReadingAt: MembersAt, ElementsAt and SkipAt read a document inside a larger one in one pass,
+// each value read where it is reached: an object of arrays of objects walked whole gives every
+// leaf and ends where the document does, and they accept exactly what Value accepts (nothing after
+// the object is checked: the caller does).
+func TestReadingAt(t *testing.T) {
+	doc := `xx {"op":"x", "events" : [ {"a":1,"b":[2,{"c":3}]}, {"a":"4"} ], "last":true} yy`
+	var got []string
+	end, err := MembersAt([]byte(doc), 2, func(key []byte, _ bool, v0 int) (int, error) {
+		if string(key) != `"events"` {
+			v1, err := SkipAt([]byte(doc), v0)
+			got = append(got, string(key)+"="+doc[v0:v1])
+			return v1, err
+		}
+		return ElementsAt([]byte(doc), v0, func(e0 int) (int, error) {
+			return MembersAt([]byte(doc), e0, func(key []byte, _ bool, v0 int) (int, error) {
+				v1, err := SkipAt([]byte(doc), v0)
+				got = append(got, "events."+string(key)+"="+doc[v0:v1])
+				return v1, err
+			})
+		})
+	})
+	if err != nil || doc[end:] != " yy" {
+		t.Fatalf("end %d (%q), %v", end, doc[end:], err)
+	}
+	if want := `"op"="x" events."a"=1 events."b"=[2,{"c":3}] events."a"="4" "last"=true`; strings.Join(got, " ") != want {
+		t.Errorf("read %q, want %q", strings.Join(got, " "), want)
+	}
+	for _, d := range []string{`{"a":[1,{"b":2}]}`, `{}`, `{"a":[]}`, `{"a":[1,]}`, `{"a":[1}`, `{"a" 1}`, `{"a":1,}`, `[1]`, `{"a":"\x"}`, `{"a":[{"b":1,}]}`} {
+		_, err := MembersAt([]byte(d), 0, func(_ []byte, _ bool, v0 int) (int, error) {
+			if d[v0] != '[' {
+				return SkipAt([]byte(d), v0)
+			}
+			return ElementsAt([]byte(d), v0, func(e0 int) (int, error) { return SkipAt([]byte(d), e0) })
+		})
+		if want := Value([]byte(d)) == nil && d[0] == '{'; (err == nil) != want {
+			t.Errorf("%s: read %v, Value accepts %v", d, err, want)
+		}
+	}
+}

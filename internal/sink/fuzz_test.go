@@ -316,6 +316,21 @@ func refCDC(obj map[string]any) (kind opKind, ok, anyKind bool) {
 	}
 	before, beforeIsObj := obj["before"].(map[string]any)
 	switch op {
+	case "x": // an envelope: every event an object the reference accepts, none an envelope
+		events, isArr := obj["events"].([]any)
+		if !isArr {
+			return 0, false, false
+		}
+		for _, e := range events {
+			ev, isObj := e.(map[string]any)
+			if !isObj || ev["op"] == "x" {
+				return 0, false, false
+			}
+			if _, ok, _ := refCDC(ev); !ok {
+				return 0, false, false
+			}
+		}
+		return opEnvelope, true, false
 	case "t":
 		return opTruncate, true, false
 	case "m":
@@ -380,6 +395,10 @@ func FuzzDecode(f *testing.F) {
 		`{"op":"c","after":{"id":1},"unchanged":"v"}`, `{"op":"c","after":{"id":1},"unchanged":[1]}`, `{"OP":"t"}`,
 		`{"Op":"c","Key":{"id":1},"After":{"id":1}}`, `{"op":"t","op":"x"}`, `{"op":"c","after":"{\"id\":1}"}`,
 		`{"op":"u","after":{"id":1},"before":5}`, `{"op":"u","after":{"id":{"a":1}},"before":{"id":{"a": 1}}}`,
+		`{"op":"x","id":"pg:1","events":[{"op":"c","key":{"id":1},"after":{"id":1,"v":"x"}},{"op":"d","key":{"id":1}},{"op":"m"}]}`,
+		`{"op":"x","events":[]}`, `{"op":"x","events":[{"op":"x","events":[]}]}`, `{"op":"x","events":[5,{"op":"t"}]}`,
+		`{"op":"x","events":[{"op":"c","after":{"v":1}}],"events":[{"op":"t"}]}`, `{"op":"x","events":[{"op":5}],"op":"c","after":{"id":1}}`,
+		`{"events":[{"op":"t"}],"op":"x"}`, `{"op":"x","key":5,"events":[]}`, `{"op":"x","events":{"op":"t"}}`,
 	} {
 		for mode := 0; mode < 3; mode++ {
 			f.Add(uint8(mode), []byte(seed))

@@ -228,7 +228,7 @@ type cdcMode struct{ w *writer }
 // event is the part of a change event the sink reads.
 type event struct {
 	Op        string
-	Table     string
+	Table     []byte // the table's name (read withTable), in the payload's bytes when unescaped
 	KeyRaw    json.RawMessage // null, or an object (see key)
 	After     json.RawMessage
 	Before    json.RawMessage
@@ -253,34 +253,66 @@ func readEvent(payload []byte, withTable bool) (event, error) {
 	if err != nil {
 		return event{}, err
 	}
-	var ev event
-	var opRaw, tableRaw, unchangedRaw json.RawMessage
-	err = scanMembers(t, func(k []byte, _ bool, v []byte) error {
-		name, err := jsonscan.Text(k)
-		if err != nil {
-			return err
-		}
-		switch string(name) {
-		case "op":
-			opRaw = v
-		case "table":
-			tableRaw = v
-		case "key":
-			ev.KeyRaw = v
-		case "after":
-			ev.After = v
-		case "before":
-			ev.Before = v
-		case "unchanged":
-			unchangedRaw = v
-		case "events":
-			ev.Events = v
-		}
-		return nil
-	})
+	var r eventReader
+	err = scanMembers(t, func(k []byte, _ bool, v []byte) error { return r.member(k, v) })
 	if err != nil {
 		return event{}, badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
 	}
+	return r.finish(withTable)
+}
+
+// readEventAt is readEvent for the event object at b[i] (an envelope's), returning where it ends;
+// an error that is not bad_payload means b is not JSON there.
+func readEventAt(b []byte, i int, withTable bool) (event, int, error) {
+	var r eventReader
+	end, err := jsonscan.MembersAt(b, i, func(k []byte, _ bool, v0 int) (int, error) {
+		v1, err := jsonscan.SkipAt(b, v0)
+		if err == nil {
+			err = r.member(k, b[v0:v1])
+		}
+		return v1, err
+	})
+	if err != nil {
+		return event{}, end, err // not JSON: the caller's document is refused whole
+	}
+	ev, err := r.finish(withTable)
+	return ev, end, err
+}
+
+// eventReader collects a change event's members as they are read.
+type eventReader struct {
+	ev                            event
+	opRaw, tableRaw, unchangedRaw json.RawMessage
+}
+
+// member takes the member named k (as written) with value v.
+func (r *eventReader) member(k, v []byte) error {
+	name, err := jsonscan.Text(k)
+	if err != nil {
+		return err
+	}
+	switch string(name) {
+	case "op":
+		r.opRaw = v
+	case "table":
+		r.tableRaw = v
+	case "key":
+		r.ev.KeyRaw = v
+	case "after":
+		r.ev.After = v
+	case "before":
+		r.ev.Before = v
+	case "unchanged":
+		r.unchangedRaw = v
+	case "events":
+		r.ev.Events = v
+	}
+	return nil
+}
+
+// finish checks the members' types and returns the event.
+func (r *eventReader) finish(withTable bool) (event, error) {
+	ev, opRaw, tableRaw, unchangedRaw := r.ev, r.opRaw, r.tableRaw, r.unchangedRaw
 	if !isNull(opRaw) {
 		if opRaw[0] != '"' {
 			return ev, badPayload("change event op is not a string: %s", excerpt(opRaw))
@@ -296,11 +328,11 @@ func readEvent(payload []byte, withTable bool) (event, error) {
 		}
 	}
 	if withTable && !isNull(tableRaw) {
-		table, err := textOf(tableRaw)
-		if err != nil || tableRaw[0] != '"' {
+		table, err := jsonscan.Text(tableRaw)
+		if err != nil {
 			return ev, badPayload("change event table is not a string: %s", excerpt(tableRaw))
 		}
-		ev.Table = table.String
+		ev.Table = table
 	}
 	if !isNull(ev.KeyRaw) && ev.KeyRaw[0] != '{' { // the scan checked it is valid JSON
 		return ev, badPayload("change event key is not an object: %s", excerpt(ev.KeyRaw))
@@ -314,50 +346,129 @@ func readEvent(payload []byte, withTable bool) (event, error) {
 }
 
 func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
+	decode := func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) }
+	if isEnvelope(m.Payload) {
+		if o, err := decodeEnvelope(m, false, decode); err != errNotEnvelope {
+			return o, err
+		}
+	}
 	ev, err := readEvent(m.Payload, false)
 	if err != nil {
 		return op{}, err
 	}
-	if ev.Op == "x" {
-		return decodeEnvelope(m, &ev, false, func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) })
+	if ev.Op == "x" { // an envelope that does not begin with its op: read again as one
+		return decodeEnvelope(m, false, decode)
 	}
-	return c.decodeEvent(m, &ev, buf)
+	return decode(&ev)
 }
+
+// isEnvelope reports whether payload begins as pg_cdc writes an envelope (op x first), which
+// decode then reads in one pass.
+func isEnvelope(payload []byte) bool { return bytes.HasPrefix(payload, []byte(`{"op":"x",`)) }
 
 // decodeEnvelope decodes an envelope (op x: one source transaction's change events for a queue, or
 // one part of them, docs/source.md) as one op whose sub ops are its events', decoded by decode in
 // order. The envelope is one message, applied in the batch's one transaction, so the source
 // transaction lands whole or not at all: an event that cannot be applied fails the message, naming
 // the event, and none of its events is written.
-func decodeEnvelope(m *Message, ev *event, withTable bool, decode func(ev *event) (op, error)) (op, error) {
-	if len(ev.Events) == 0 || ev.Events[0] != '[' {
-		return op{}, badPayload("envelope (op x) without an events array: %s", excerpt(m.Payload))
-	}
-	o := op{msg: m, kind: opEnvelope}
-	var failed error
-	err := jsonscan.Elements(ev.Events, func(v0, v1 int) error {
-		inner, err := readEvent(ev.Events[v0:v1], withTable)
-		if err == nil && inner.Op == "x" {
-			err = badPayload("an envelope inside an envelope")
+func decodeEnvelope(m *Message, withTable bool, decode func(ev *event) (op, error)) (op, error) {
+	o := op{msg: m, kind: opEnvelope, sub: make([]op, 0, envelopeEvents(m.Payload))}
+	err := readEnvelope(m.Payload, withTable, func(i int, ev *event) error {
+		if i == 0 {
+			o.sub = o.sub[:0] // events named again
 		}
-		var sub op
-		if err == nil {
-			sub, err = decode(&inner)
-		}
-		if err != nil {
-			failed = inEnvelope(len(o.sub), err)
-			return failed
-		}
+		sub, err := decode(ev)
 		o.sub = append(o.sub, sub)
-		return nil
+		return err
 	})
-	if failed != nil {
-		return op{}, failed
-	}
 	if err != nil {
-		return op{}, badPayload("envelope events: %v", err)
+		return op{}, err
 	}
 	return o, nil
+}
+
+// envelopeEvents estimates the events of an envelope as pg_cdc writes them (each begins with its
+// op), to size what holds them: more only when a value holds an object that begins the same way.
+func envelopeEvents(payload []byte) int {
+	return max(bytes.Count(payload, []byte(`{"op":"`))-1, 0)
+}
+
+// errNotEnvelope is readEnvelope's answer for a payload that began as an envelope and whose op
+// (the last one it names) is not x after all: it is read as one change event.
+var errNotEnvelope = errors.New("not an envelope")
+
+// readEnvelope reads the envelope payload in one pass (validating it whole), handing each of its
+// events, read as readEvent reads one, to each in order (i from 0). Its own members are checked as
+// an event's; a member named twice counts by its last value, events too (each then sees i = 0
+// again). The first event that cannot be read, or that each refuses, fails the envelope, named; the
+// events after it are only validated.
+func readEnvelope(payload []byte, withTable bool, each func(i int, ev *event) error) error {
+	t, err := objectBytes(payload)
+	if err != nil {
+		return err
+	}
+	var r eventReader // the envelope's own members
+	var ev event      // one for all its events: each reads it before the next
+	n, events := 0, false
+	var failed error
+	end, err := jsonscan.MembersAt(t, 0, func(k []byte, _ bool, v0 int) (int, error) {
+		name, err := jsonscan.Text(k)
+		if err != nil {
+			return v0, err
+		}
+		if string(name) != "events" || v0 == len(t) || t[v0] != '[' {
+			v1, err := jsonscan.SkipAt(t, v0)
+			if err == nil {
+				err = r.member(k, t[v0:v1])
+			}
+			if string(name) == "events" {
+				events, failed = false, nil
+			}
+			return v1, err
+		}
+		events, n, failed = true, 0, nil
+		return jsonscan.ElementsAt(t, v0, func(e0 int) (int, error) {
+			if failed != nil || e0 == len(t) || t[e0] != '{' {
+				e1, err := jsonscan.SkipAt(t, e0)
+				if err == nil && failed == nil {
+					failed = inEnvelope(n, badPayload("not an object: %s", excerpt(t[e0:e1])))
+				}
+				return e1, err
+			}
+			var e1 int
+			ev, e1, err = readEventAt(t, e0, withTable)
+			if err != nil && !errcode.Is(err, errcode.BadPayload) {
+				return e1, err // not JSON
+			}
+			if err == nil && ev.Op == "x" {
+				err = badPayload("an envelope inside an envelope")
+			}
+			if err == nil {
+				err = each(n, &ev)
+			}
+			if err != nil {
+				failed = inEnvelope(n, err)
+			}
+			n++
+			return e1, nil
+		})
+	})
+	if err == nil && end != len(t) {
+		err = fmt.Errorf("unexpected data after the value at byte %d", end)
+	}
+	if err != nil {
+		return badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
+	}
+	own, err := r.finish(false)
+	switch {
+	case err != nil:
+		return err
+	case own.Op != "x":
+		return errNotEnvelope
+	case !events:
+		return badPayload("envelope (op x) without an events array: %s", excerpt(t))
+	}
+	return failed
 }
 
 // inEnvelope names envelope event i (from 0, its index in events) in err, keeping err's code.

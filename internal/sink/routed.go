@@ -6,8 +6,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-
-	"github.com/pgrelay/pgrelay/internal/jsonscan"
 )
 
 // routedMode is mode cdc over several targets (Config.Tables): each change event goes to the table
@@ -30,14 +28,20 @@ type routed struct {
 // shared by the targets: its remembered member order is checked by name, and a row's column-set
 // signature depends only on the column indexes.
 func (r *routedMode) decode(m *Message, buf *rowBuf) (op, error) {
+	decode := func(ev *event) (op, error) { return r.decodeEvent(m, ev, buf) }
+	if isEnvelope(m.Payload) {
+		if o, err := decodeEnvelope(m, true, decode); err != errNotEnvelope {
+			return o, err
+		}
+	}
 	ev, err := readEvent(m.Payload, true)
 	if err != nil {
 		return op{}, err
 	}
 	if ev.Op == "x" { // its events go to their tables' targets
-		return decodeEnvelope(m, &ev, true, func(ev *event) (op, error) { return r.decodeEvent(m, ev, buf) })
+		return decodeEnvelope(m, true, decode)
 	}
-	return r.decodeEvent(m, &ev, buf)
+	return decode(&ev)
 }
 
 // decodeEvent decodes a read change event of m for its table's target.
@@ -45,13 +49,13 @@ func (r *routedMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error)
 	if ev.Op == "m" { // a published message: no table, nothing to write
 		return op{msg: m, kind: opNone}, nil
 	}
-	to := r.targets[ev.Table]
+	to := r.targets[string(ev.Table)]
 	if to == nil && r.skip != nil {
-		r.skip(ev.Table)
+		r.skip(string(ev.Table))
 		return op{msg: m, kind: opNone}, nil // applied as nothing: its offset moves on
 	}
 	if to == nil {
-		return op{}, unmappedError(ev.Table)
+		return op{}, unmappedError(string(ev.Table))
 	}
 	o, err := to.mode.decodeEvent(m, ev, buf)
 	o.to = to
@@ -212,22 +216,33 @@ func (a *Applier) routeTo(ctx context.Context, r *routedMode, target string) (*r
 // eventTables appends to dst the tables of a message's change events: its event's `table`, or an
 // envelope's events' tables, each once (empty names left out).
 func eventTables(dst []string, payload []byte) []string {
-	if !bytes.HasPrefix(payload, []byte(`{"op":"x"`)) {
+	if !isEnvelope(payload) {
 		if table := eventTable(payload); table != "" {
 			return append(dst, table)
 		}
-	}
-	ev, err := readEvent(payload, false)
-	if err != nil || ev.Op != "x" || len(ev.Events) == 0 || ev.Events[0] != '[' {
-		return dst
+		if ev, err := readEvent(payload, false); err != nil || ev.Op != "x" {
+			return dst
+		}
 	}
 	n := len(dst)
-	_ = jsonscan.Elements(ev.Events, func(v0, v1 int) error {
-		if table := eventTable(ev.Events[v0:v1]); table != "" && !slices.Contains(dst[n:], table) {
-			dst = append(dst, table)
+	err := readEnvelope(payload, true, func(i int, ev *event) error {
+		if i == 0 {
+			dst = dst[:n] // events named again
+		}
+		if len(ev.Table) > 0 && !slices.ContainsFunc(dst[n:], func(s string) bool { return s == string(ev.Table) }) {
+			dst = append(dst, string(ev.Table))
 		}
 		return nil
 	})
+	switch {
+	case err == errNotEnvelope:
+		if table := eventTable(payload); table != "" {
+			return append(dst[:n], table)
+		}
+		return dst[:n]
+	case err != nil:
+		return dst[:n] // the message fails: its tables need no target
+	}
 	return dst
 }
 

@@ -99,11 +99,14 @@ type span struct{ v0, v1 int }
 
 // newRowBuf sizes a rowBuf for msgs.
 func newRowBuf(msgs []*Message) *rowBuf {
-	total := 0
+	total, rows := 0, len(msgs)
 	for _, m := range msgs {
 		total += len(m.Payload)
+		if isEnvelope(m.Payload) {
+			rows += envelopeEvents(m.Payload) - 1
+		}
 	}
-	b := &rowBuf{rows: len(msgs)}
+	b := &rowBuf{rows: rows}
 	b.text.Grow(total)
 	return b
 }
