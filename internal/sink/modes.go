@@ -228,7 +228,7 @@ type cdcMode struct{ w *writer }
 // event is the part of a change event the sink reads.
 type event struct {
 	Op        string
-	Table     []byte // the table's name (read withTable), in the payload's bytes when unescaped
+	Table     []byte          // the table's name (read withTable), in the payload's bytes when unescaped
 	KeyRaw    json.RawMessage // null, or an object (see key)
 	After     json.RawMessage
 	Before    json.RawMessage
