@@ -8,11 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgrelay/pgrelay/internal/cdctest"
 )
 
 // ledgerDDL creates TestTransactionalCopy's tables in schema s: orders whose total is the sum of
@@ -47,13 +44,8 @@ func TestTransactionalCopy(t *testing.T) {
 	dsn, copies := e.copyDatabase("txcopy", "CREATE SCHEMA copy;"+ledgerDDL("copy"))
 	cfg := sinkPipeline{redisURL: e.rd.URL(), queue: "q", group: "txcopy", dsn: dsn, sink: "txcopy",
 		tables: `{"public.*": "copy.*"}`, mode: "cdc", batchCount: 16, maxAttempts: 3}.YAML()
-	p := startSinkPipeline(t, cfg)
-
-	stop, stopRead := make(chan struct{}), make(chan struct{})
-	done := make(chan int)
-	go func() { done <- ledgerWriter(e.ctx, t, e.pg.Pool(), 7, stop) }()
+	stopRead, readDone := make(chan struct{}), make(chan struct{})
 	var reads, broken atomic.Int64
-	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
 		for {
@@ -75,34 +67,13 @@ func TestTransactionalCopy(t *testing.T) {
 	}()
 	stopReader := sync.OnceFunc(func() { close(stopRead); <-readDone })
 	defer stopReader() // before the pools close
-	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "the sink applying", func() (bool, string) {
-		var n int
-		_ = copies.QueryRow(e.ctx, `SELECT count(*) FROM copy.orders`).Scan(&n)
-		return n > 0, sinkLastLines(p.Output(), 5)
-	})
-	time.Sleep(time.Second)
-	p.Kill()
-	time.Sleep(500 * time.Millisecond)
-	p = startSinkPipeline(t, cfg)
-	time.Sleep(2 * time.Second)
-	close(stop)
-	if n := <-done; n < 50 {
-		t.Fatalf("only %d transactions committed", n)
-	}
-	dump := func(pool *pgxpool.Pool, schema string) string {
-		var orders, items string
-		_ = pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(id || '/' || total, ',' ORDER BY id), '') FROM %s.orders`, schema)).Scan(&orders)
-		_ = pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(order_id || '.' || n || '/' || qty, ',' ORDER BY order_id, n), '') FROM %s.items`, schema)).Scan(&items)
-		return orders + " | " + items
-	}
-	want := dump(e.pg.Pool(), "public")
-	if !strings.Contains(want, "/") || !strings.Contains(want, ".") {
-		t.Fatalf("the source holds too little: %s", want)
-	}
-	cdctest.WaitEvery(t, 90*time.Second, 500*time.Millisecond, "the copy to equal the source", func() (bool, string) {
-		got := dump(copies, "copy")
-		return got == want, fmt.Sprintf("copy %d bytes, source %d; sink: %s", len(got), len(want), sinkLastLines(p.Output(), 5))
-	})
+	copyUnderSinkKill(t, e, cfg, copies, func(stop <-chan struct{}) int { return ledgerWriter(e.ctx, t, e.pg.Pool(), 7, stop) },
+		func(pool *pgxpool.Pool, schema string) string {
+			var orders, items string
+			_ = pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(id || '/' || total, ',' ORDER BY id), '') FROM %s.orders`, schema)).Scan(&orders)
+			_ = pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(order_id || '.' || n || '/' || qty, ',' ORDER BY order_id, n), '') FROM %s.items`, schema)).Scan(&items)
+			return orders + " | " + items
+		})
 	stopReader()
 	if reads.Load() < 20 {
 		t.Errorf("the reader checked the copy only %d times", reads.Load())

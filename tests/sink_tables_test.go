@@ -34,11 +34,25 @@ func TestOneSinkSeveralTables(t *testing.T) {
 	dsn, copies := e.copyDatabase("copies", "CREATE SCHEMA copy;"+sinkTablesDDL("copy"))
 	cfg := sinkPipeline{redisURL: e.rd.URL(), queue: "q", group: "copies", dsn: dsn, sink: "copies",
 		tables: `{"public.*": "copy.*"}`, mode: "cdc", batchCount: 64, maxAttempts: 3}.YAML()
-	p := startSinkPipeline(t, cfg)
+	copyUnderSinkKill(t, e, cfg, copies, func(stop <-chan struct{}) int { return ordersWriter(e.ctx, t, e.pg.Pool(), 11, stop) },
+		func(pool *pgxpool.Pool, schema string) string {
+			var orders, items string
+			_ = pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s/%%s/%%s', id, status, total), ',' ORDER BY id), '') FROM %s.orders`, schema)).Scan(&orders)
+			_ = pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s.%%s/%%s/%%s', order_id, n, sku, qty), ',' ORDER BY order_id, n), '') FROM %s."Order Items"`, schema)).Scan(&items)
+			return orders + " | " + items
+		})
+}
 
+// copyUnderSinkKill runs a sink pipeline (cfg) that copies the source's public.orders and its
+// items into schema copy of copies while writer commits transactions until stop (it returns how
+// many); once the copy has orders the sink is SIGKILLed and started again; after the writer stops,
+// the copy must come to equal the source as dump (of a pool and a schema) reads them.
+func copyUnderSinkKill(t *testing.T, e *cdcEnv, cfg string, copies *pgxpool.Pool, writer func(stop <-chan struct{}) int,
+	dump func(pool *pgxpool.Pool, schema string) string) {
+	p := startSinkPipeline(t, cfg)
 	stop := make(chan struct{})
 	done := make(chan int)
-	go func() { done <- ordersWriter(e.ctx, t, e.pg.Pool(), 11, stop) }()
+	go func() { done <- writer(stop) }()
 	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "the sink applying", func() (bool, string) {
 		var n int
 		_ = copies.QueryRow(e.ctx, `SELECT count(*) FROM copy.orders`).Scan(&n)
@@ -53,19 +67,13 @@ func TestOneSinkSeveralTables(t *testing.T) {
 	if n := <-done; n < 50 {
 		t.Fatalf("only %d transactions committed", n)
 	}
-	dump := func(pool *pgxpool.Pool, schema string) string {
-		var orders, items string
-		_ = pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s/%%s/%%s', id, status, total), ',' ORDER BY id), '') FROM %s.orders`, schema)).Scan(&orders)
-		_ = pool.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(format('%%s.%%s/%%s/%%s', order_id, n, sku, qty), ',' ORDER BY order_id, n), '') FROM %s."Order Items"`, schema)).Scan(&items)
-		return orders + " | " + items
-	}
 	want := dump(e.pg.Pool(), "public")
 	if !strings.Contains(want, "/") || !strings.Contains(want, ".") {
 		t.Fatalf("the source holds too little: %s", want)
 	}
-	cdctest.WaitEvery(t, 90*time.Second, 500*time.Millisecond, "the copies to equal the source", func() (bool, string) {
+	cdctest.WaitEvery(t, 90*time.Second, 500*time.Millisecond, "the copy to equal the source", func() (bool, string) {
 		got := dump(copies, "copy")
-		return got == want, fmt.Sprintf("copies %d bytes, source %d; sink: %s", len(got), len(want), sinkLastLines(p.Output(), 5))
+		return got == want, fmt.Sprintf("copy %d bytes, source %d; sink: %s", len(got), len(want), sinkLastLines(p.Output(), 5))
 	})
 }
 

@@ -237,17 +237,7 @@ func TestCDCTablesForeignKey(t *testing.T) {
 		CREATE TABLE fk.orders (id int PRIMARY KEY);
 		CREATE TABLE fk.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES fk.orders)`)
 	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "fk.*"}})
-	ev := func(op, table string, id, order int) string {
-		key := fmt.Sprintf(`{"id":%d}`, id)
-		after := key
-		if table == "public.items" {
-			after = fmt.Sprintf(`{"id":%d,"order_id":%d}`, id, order)
-		}
-		if op == "d" {
-			return `{"op":"d","table":"` + table + `","key":` + key + `,"after":null,"before":` + key + `}`
-		}
-		return `{"op":"` + op + `","table":"` + table + `","key":` + key + `,"after":` + after + `,"before":null}`
-	}
+	ev := fkEvent
 	if res := write(t, a, msg("q", 0, 1, ev("c", "public.orders", 1, 0)), msg("q", 0, 2, ev("c", "public.items", 1, 1))); res.Applied != 2 {
 		t.Fatalf("first batch: %v", res.Errs)
 	}
