@@ -5,7 +5,9 @@
 // Files by job: target.go reads the target table from pg_catalog; progress.go creates, checks, locks
 // and advances the progress table; payload.go decodes payloads and params paths exactly; writer.go
 // builds and runs the set-based statements per column set; modes.go turns messages into operations
-// (append, upsert, cdc, sql) and folds repeated keys; classify.go sorts errors by SQLSTATE class;
+// (append, upsert, cdc, sql) and folds repeated keys; envelope.go reads cdc's envelopes (one source
+// transaction per message); routes.go and routed.go map cdc events to several targets (tables);
+// classify.go sorts errors by SQLSTATE class;
 // applier.go runs one batch: the transaction, skipping, isolation of bad messages, retries.
 package sink
 
