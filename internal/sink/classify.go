@@ -101,7 +101,12 @@ func environmentError(err error) error {
 		return errcode.Wrap(errcode.TargetMissing, err, "the target table is gone", "recreate the table; the sink retries")
 	case pgErr.Code == "42501":
 		return errcode.Wrap(errcode.TargetPrivileges, err, "permission denied", "grant the sink's user the privilege named in the error")
-	case pgErr.Code == "42703", pgErr.Code == "42804", pgErr.Code == "0A000", strings.HasPrefix(pgErr.Code, "42"):
+	case pgErr.Code == "0A000": // the one a sink's statement meets: TRUNCATE of a table another references
+		return errcode.Wrap(errcode.TargetChanged, err, "the target table does not accept the sink's statement",
+			"a TRUNCATE of a table that other tables reference (the detail names them) is refused unless they are truncated with it: "+
+				"the source truncated them together, and their truncates reach the sink in another batch; truncate them in the target "+
+				"and the sink goes on, and put the queue under pg_cdc's envelopes so that a transaction's truncates arrive together")
+	case pgErr.Code == "42703", pgErr.Code == "42804", strings.HasPrefix(pgErr.Code, "42"):
 		return errcode.Wrap(errcode.TargetChanged, err, "the target table does not accept the sink's statement",
 			"fix the table or the config; the sink re-reads the table's shape and retries")
 	}

@@ -230,7 +230,8 @@ func TestCDCTablesStartChecks(t *testing.T) {
 // foreign key between the targets (a parent deleted before its child) is written message by
 // message, in message order, and every message is applied: the copies end as the events left the
 // source. The batch is large enough to go in pieces. Adjacent truncates of the two tables (one
-// TRUNCATE at the source) are one TRUNCATE here.
+// TRUNCATE at the source) are one TRUNCATE here; the referenced table's alone pauses the sink with a
+// fix that works (the referencing table truncated in the target).
 func TestCDCTablesForeignKey(t *testing.T) {
 	f := startPG(t)
 	f.exec(t, `CREATE SCHEMA fk;
@@ -275,6 +276,20 @@ func TestCDCTablesForeignKey(t *testing.T) {
 	}
 	if got := f.one(t, `SELECT (SELECT string_agg(id::text, ',') FROM fk.orders) || '/' || (SELECT count(*) FROM fk.items)`); got != "100/0" {
 		t.Errorf("after the truncates: %s", got)
+	}
+
+	// The truncate of the referenced table alone (its partner in the next batch) pauses the sink
+	// with a fix that names both ways on.
+	write(t, a, msg("q", 0, off+4, ev("c", "public.items", 100, 100)))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := a.Write(ctx, []*Message{msg("q", 0, off+5, trunc("public.orders"))})
+	if !errcode.Is(err, errcode.TargetChanged) || !strings.Contains(err.Error(), "truncate them in the target") || !strings.Contains(err.Error(), "envelopes") {
+		t.Errorf("a lone truncate of the referenced table: %v", err)
+	}
+	f.exec(t, `TRUNCATE fk.items`)
+	if res := write(t, a, msg("q", 0, off+5, trunc("public.orders")), msg("q", 0, off+6, trunc("public.items"))); res.Applied != 2 {
+		t.Fatalf("after the referencing table was truncated by hand: %v", res.Errs)
 	}
 }
 
