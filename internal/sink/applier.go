@@ -763,27 +763,43 @@ func (a *Applier) applyAll(ctx context.Context, conn *pgx.Conn, h modeHandler, m
 
 // applyEach applies message by message under savepoints: a data error rolls back that message
 // only and blocks the rest of its shard; any other error aborts the attempt. A message's ops are
-// planned in their order where the mode can reorder them (orderedPlanner).
+// planned in their order where the mode can reorder them (orderedPlanner), and adjacent truncates
+// go as one (one TRUNCATE at the source: tables that reference each other are emptied together).
 func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
 	plan := h.plan
 	if o, ok := h.(orderedPlanner); ok {
 		plan = o.planInOrder
 	}
-	for _, i := range pending {
+	var unit []int   // the messages applied together
+	var unitOps []op // their ops
+	for k := 0; k < len(pending); k++ {
+		i := pending[k]
 		if st.block(i, msgs[i]) {
 			continue
 		}
-		stmts, err := plan(ops[i : i+1])
+		unit, unitOps = append(unit[:0], i), append(unitOps[:0], ops[i])
+		for ops[i].kind == opTruncate && k+1 < len(pending) && ops[pending[k+1]].kind == opTruncate && !st.block(pending[k+1], msgs[pending[k+1]]) {
+			k++
+			unit, unitOps = append(unit, pending[k]), append(unitOps, ops[pending[k]])
+		}
+		fail := func(err error) {
+			for _, j := range unit {
+				st.fail(j, msgs[j], DataError(err))
+			}
+		}
+		stmts, err := plan(unitOps)
 		if err != nil {
 			if Classify(err) != Data {
 				return err
 			}
-			st.fail(i, msgs[i], DataError(err)) // nothing was sent: no savepoint to roll back
+			fail(err) // nothing was sent: no savepoint to roll back
 			continue
 		}
 		stmts = append(append([]stmt{{sql: "SAVEPOINT pgrelay_msg"}}, stmts...), stmt{sql: "RELEASE SAVEPOINT pgrelay_msg"})
 		if err = send(ctx, conn, stmts); err == nil {
-			st.applied(i, msgs[i])
+			for _, j := range unit {
+				st.applied(j, msgs[j])
+			}
 			continue
 		}
 		if Classify(err) != Data {
@@ -792,7 +808,7 @@ func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 		if _, rerr := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgrelay_msg"); rerr != nil {
 			return rerr
 		}
-		st.fail(i, msgs[i], DataError(err))
+		fail(err)
 	}
 	var stmts []stmt
 	if adv, ok := a.progress.advanceStmt(st.advanced); ok {

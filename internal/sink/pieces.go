@@ -50,15 +50,38 @@ func (a *Applier) piecewise(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 	}
 	buf := newRowBuf(msgs)
 	ops := make([]op, len(pending))
-	plan := func(p [2]int) ([]stmt, bool) {
-		for k := p[0]; k < p[1]; k++ {
+	decoded := 0 // ops[:decoded] are decoded
+	decode := func(to int) bool {
+		for ; decoded < to; decoded++ {
 			var err error
-			if ops[k], err = decodeMessage(h, msgs[pending[k]], buf); err != nil {
-				return nil, false
+			if ops[decoded], err = decodeMessage(h, msgs[pending[decoded]], buf); err != nil {
+				return false
 			}
+		}
+		return true
+	}
+	plan := func(p [2]int) ([]stmt, bool) {
+		if !decode(p[1]) {
+			return nil, false
 		}
 		stmts, err := h.plan(ops[p[0]:p[1]])
 		return stmts, err == nil
+	}
+	// adjacent truncates (one TRUNCATE at the source) stay in one piece, which plans them as one
+	if !decode(pieces[0][1]) {
+		return nil, streamRegular, nil
+	}
+	for cut := pieces[0][1]; cut < len(pending) && ops[cut-1].kind == opTruncate; cut++ {
+		if !decode(cut+1) {
+			return nil, streamRegular, nil
+		}
+		if ops[cut].kind != opTruncate {
+			break
+		}
+		pieces[0][1], pieces[1][0] = cut+1, cut+1
+	}
+	if pieces[0][1] == len(pending) {
+		pieces = pieces[:1]
 	}
 	data, ok := plan(pieces[0])
 	if !ok {

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -335,5 +336,70 @@ func TestCDCTablesSkipUnmapped(t *testing.T) {
 	}
 	if got := f.one(t, `SELECT last_offset::text FROM pgrelay.sink_progress WHERE sink = $1`, a.cfg.Name); got != "4" {
 		t.Errorf("progress %s", got)
+	}
+}
+
+// TestCDCTruncatesStayTogether: adjacent truncates of tables that reference each other (one
+// TRUNCATE at the source) go as one statement wherever the batch is cut: at the boundary of its
+// pieces, and message by message after another message's data error. Either split would leave the
+// referenced table's TRUNCATE alone, which PostgreSQL refuses, and pause the sink.
+func TestCDCTruncatesStayTogether(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE SCHEMA tt;
+		CREATE TABLE tt.orders (id int PRIMARY KEY);
+		CREATE TABLE tt.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES tt.orders)`)
+	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "tt.*"}})
+	trunc := func(table string) string {
+		return `{"op":"t","table":"` + table + `","key":null,"after":null,"before":null}`
+	}
+	writeWithin := func(msgs ...*Message) *Result {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := a.Write(ctx, msgs)
+		if err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		return res
+	}
+	state := func() string {
+		return f.one(t, `SELECT coalesce((SELECT string_agg(id::text, ',' ORDER BY id) FROM tt.orders), '-') || '/' ||
+			coalesce((SELECT string_agg(id::text, ',' ORDER BY id) FROM tt.items), '-')`)
+	}
+
+	// the pieces' boundary falls between the two truncates
+	var msgs []*Message
+	off := int64(0)
+	add := func(shard int32, p string) { off++; msgs = append(msgs, msg("q", shard, off, p)) }
+	for i := 1; i <= 15; i++ {
+		add(0, fkEvent("c", "public.orders", i, 0))
+		add(0, fkEvent("c", "public.items", i, i))
+	}
+	add(0, fkEvent("c", "public.orders", 99, 0))
+	if b := pieceBounds(len(msgs) + 33); b == nil || b[0][1] != len(msgs)+1 {
+		t.Fatalf("setup: the first piece ends at %v, want after message %d", b, len(msgs)+1)
+	}
+	add(0, trunc("public.orders"))
+	add(0, trunc("public.items"))
+	for i := 1; i <= 31; i++ {
+		add(0, fkEvent("c", "public.orders", 100+i, 0))
+	}
+	if res := writeWithin(msgs...); res.Applied != len(msgs) {
+		t.Fatalf("across the pieces: applied %d of %d: %v", res.Applied, len(msgs), res.Errs)
+	}
+	if got := state(); !strings.HasPrefix(got, "101,") || !strings.HasSuffix(got, ",131/-") {
+		t.Fatalf("across the pieces: %s", got)
+	}
+
+	// message by message: another shard's message fails (an item of no order)
+	f.exec(t, `INSERT INTO tt.items VALUES (1, 101)`)
+	res := writeWithin(msg("q", 1, 1, fkEvent("c", "public.items", 2, 999)),
+		msg("q", 0, off+1, trunc("public.orders")), msg("q", 0, off+2, trunc("public.items")),
+		msg("q", 0, off+3, fkEvent("c", "public.orders", 7, 0)))
+	if want := []Outcome{Failed, Applied, Applied, Applied}; !slices.Equal(res.Outcomes, want) {
+		t.Fatalf("message by message: %v, want %v (%v)", res.Outcomes, want, res.Errs)
+	}
+	if got := state(); got != "7/-" {
+		t.Fatalf("message by message: %s", got)
 	}
 }
