@@ -312,9 +312,11 @@ func (r *eventReader) finish(withTable bool) (event, error) {
 		return ev, badPayload("change event key is not an object: %s", excerpt(ev.KeyRaw))
 	}
 	if !isNull(unchangedRaw) {
-		if err := json.Unmarshal(unchangedRaw, &ev.Unchanged); err != nil {
+		var unchanged []string // not into ev: its address would move every event to the heap
+		if err := json.Unmarshal(unchangedRaw, &unchanged); err != nil {
 			return ev, badPayload("change event unchanged is not an array of column names: %s", excerpt(unchangedRaw))
 		}
+		ev.Unchanged = unchanged
 	}
 	return ev, nil
 }
@@ -333,7 +335,7 @@ func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
 	if ev.Op == "x" { // an envelope that does not begin with its op: read again as one
 		return decodeEnvelope(m, false, decode)
 	}
-	return decode(&ev)
+	return c.decodeEvent(m, &ev, buf)
 }
 
 // decodeEvent turns a read change event into its op; buf is the batch's row memory (nil: none).

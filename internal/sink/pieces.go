@@ -72,7 +72,7 @@ func (a *Applier) piecewise(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 		return nil, streamRegular, nil
 	}
 	for cut := pieces[0][1]; cut < len(pending) && ops[cut-1].kind == opTruncate; cut++ {
-		if !decode(cut+1) {
+		if !decode(cut + 1) {
 			return nil, streamRegular, nil
 		}
 		if ops[cut].kind != opTruncate {

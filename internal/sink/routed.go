@@ -41,7 +41,7 @@ func (r *routedMode) decode(m *Message, buf *rowBuf) (op, error) {
 	if ev.Op == "x" { // its events go to their tables' targets
 		return decodeEnvelope(m, true, decode)
 	}
-	return decode(&ev)
+	return r.decodeEvent(m, &ev, buf)
 }
 
 // decodeEvent decodes a read change event of m for its table's target.
