@@ -78,6 +78,10 @@ func TestTransactionalCopy(t *testing.T) {
 	if reads.Load() < 20 {
 		t.Errorf("the reader checked the copy only %d times", reads.Load())
 	}
+	// status names where the sink writes: its tables entries
+	if out, _ := runStatus(t, writeConfig(t, "sink.yaml", cfg), false); !strings.Contains(out, "tables public.* → copy.*") {
+		t.Errorf("status does not name the sink's tables:\n%s", out)
+	}
 	if n, err := e.rd.Client().XLen(e.ctx, "pgrelay:{q}:dlq").Result(); err != nil || n > 0 {
 		t.Errorf("%d envelopes dead-lettered (%v)", n, err)
 	}
