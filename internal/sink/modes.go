@@ -183,6 +183,9 @@ func (f *folder) flush(stmts []stmt) ([]stmt, error) {
 			if err != nil {
 				return nil, err
 			}
+			if o.vals.stored {
+				rv.onlyOverStored()
+			}
 			rows = append(rows, rv)
 		}
 		if len(dels) > 0 {
@@ -195,8 +198,9 @@ func (f *folder) flush(stmts []stmt) ([]stmt, error) {
 }
 
 // cdcMode applies change events (DESIGN §2): c/r/u upsert `after` (absent and `unchanged` columns
-// keep their value), a key change moves the row, d deletes by key, t truncates, m is ignored, and
-// an envelope (x) applies its events in order.
+// keep their value; a `c` listing unchanged columns only over a stored row, see onlyOverStored), a
+// key change moves the row, d deletes by key, t truncates, m is ignored, and an envelope (x)
+// applies its events in order.
 type cdcMode struct{ w *writer }
 
 // event is the part of a change event the sink reads.
@@ -388,6 +392,9 @@ func (c cdcMode) decodeWhole(m *Message, ev *event, buf *rowBuf) (op, bool) {
 			return op{}, false // a key change: decodeWrite makes it a move
 		}
 	}
+	if ev.Op == "c" && len(ev.Unchanged) > 0 {
+		vals.onlyOverStored()
+	}
 	return op{msg: m, kind: opWrite, vals: vals, key: key, mapped: true}, true
 }
 
@@ -441,6 +448,7 @@ func (c cdcMode) decodeWrite(m *Message, ev *event) (op, error) {
 		return op{}, badPayload("%s event has no non-null value for key column(s) %v", ev.Op, c.w.t.Key)
 	}
 	o := op{msg: m, kind: opWrite, row: after, key: key}
+	o.vals.stored = ev.Op == "c" && len(ev.Unchanged) > 0 // flush makes its row so (onlyOverStored)
 	if ev.Op != "u" || isNull(ev.Before) {
 		return o, nil
 	}

@@ -352,7 +352,8 @@ func TestModeMismatchHints(t *testing.T) {
 // before it finds the conflict, so a cdc u whose unchanged TOASTed value is in a NOT NULL column
 // (or an upsert payload that leaves such a column out) must still update the stored row, keeping
 // that column; where no row is stored the write is the data error it always was. Batches mix the
-// partial and whole rows, and a key change moves a row keeping the column.
+// partial and whole rows, and a key change moves a row keeping the column. A c that lists
+// unchanged columns writes only over a stored row.
 func TestPartialRowsKeepRequiredColumns(t *testing.T) {
 	f := startPG(t)
 	rows := func(t *testing.T, table string) string {
@@ -387,6 +388,24 @@ func TestPartialRowsKeepRequiredColumns(t *testing.T) {
 		}
 		if got := rows(t, table); got != "1/y/LONG1/10/D1/d/K1,2/z/NEW2/20/D2/d/K2,9/moved/LONG3/30/D3/d/K3" {
 			t.Fatalf("rows %q", got)
+		}
+
+		// A c that lists unchanged columns (pg_cdc's key change whose new row was gone when its
+		// values were read back; its d follows) writes only over a stored row: absent, it is
+		// applied as nothing, whether the column is required or not, on the path that maps after
+		// from its bytes and on the one through a map (after names a column unchanged lists).
+		res = write(t, a,
+			msg("q", 2, 1, ev("c", "7", `{"id":7,"a":"gone","n":7,"dom":"D7","ck":"K7"}`, "null", `["big"]`)),
+			msg("q", 2, 2, ev("c", "8", `{"id":8,"big":"B8","n":8,"dom":"D8","ck":"K8"}`, "null", `["a"]`)),
+			msg("q", 2, 3, ev("c", "6", `{"id":6,"a":"gone","big":"dropped","n":6,"dom":"D6","ck":"K6"}`, "null", `["big"]`)),
+			msg("q", 2, 4, ev("c", "1", `{"id":1,"a":"over stored","n":11}`, "null", `["big"]`)),
+			msg("q", 3, 1, ev("c", "10", `{"id":10,"a":"x","n":1,"dom":"D","ck":"K"}`, "null", `["big"]`)),
+			msg("q", 3, 2, `{"op":"d","table":"public.x","key":{"id":10},"after":null,"before":{"id":10}}`))
+		if res.Applied != 6 {
+			t.Fatalf("c with unchanged columns: %v %v", res.Outcomes, res.Errs)
+		}
+		if got := rows(t, table); got != "1/over stored/LONG1/11/D1/d/K1,2/z/NEW2/20/D2/d/K2,9/moved/LONG3/30/D3/d/K3" {
+			t.Fatalf("rows after c with unchanged columns %q", got)
 		}
 	})
 	t.Run("upsert", func(t *testing.T) {

@@ -32,9 +32,24 @@ type writer struct {
 
 // rowVals is one row to write: the target columns it names (ascending index) and their texts.
 type rowVals struct {
-	cols []int
-	vals []pgtype.Text
-	sig  string // the column set, as "i,j,k"
+	cols   []int
+	vals   []pgtype.Text
+	sig    string // the column set, as "i,j,k" (and storedOnlySig when stored)
+	stored bool   // written only over a stored row of its key (see onlyOverStored)
+}
+
+// storedOnlySig ends the signature of a column set written only over stored rows: its statement
+// differs from the same set's upsert.
+const storedOnlySig = "|stored"
+
+// onlyOverStored makes rv a row written only where its key has a stored row (an update of the
+// columns it names), never inserted: a cdc `c` that lists unchanged columns, pg_cdc's key change
+// whose new row was gone when its values were read back, so its `d` follows and the values it
+// lacks are known nowhere.
+func (rv *rowVals) onlyOverStored() {
+	if !rv.stored {
+		rv.stored, rv.sig = true, rv.sig+storedOnlySig
+	}
 }
 
 // stmt is one statement of a batch.
@@ -436,8 +451,9 @@ func (w *writer) cached(id string, build func() string) string {
 // so an upsert whose set leaves out a required column (NOT NULL, no default: say an unchanged
 // TOASTed value of a cdc u) reads it from the stored row (LEFT JOIN on the key) into the row to
 // insert: for a stored row it passes the check and is not updated; without one it is NULL, and the
-// insert fails as it would have.
-func (w *writer) insertSQL(cols []int, upsert bool) string {
+// insert fails as it would have. Rows written only over stored rows (stored) join the stored row
+// (inner JOIN): without one there is nothing to insert.
+func (w *writer) insertSQL(cols []int, upsert, stored bool) string {
 	if len(cols) == 0 {
 		return "INSERT INTO " + w.t.Ident() + " SELECT FROM generate_series(1, $1::int)"
 	}
@@ -472,7 +488,10 @@ func (w *writer) insertSQL(cols []int, upsert bool) string {
 				joined = true
 			}
 		}
-		if joined {
+		switch {
+		case stored && len(on) == len(w.keyIdx):
+			from += " JOIN " + w.t.Ident() + " AS s ON " + strings.Join(on, " AND ")
+		case joined:
 			from += " LEFT JOIN " + w.t.Ident() + " AS s ON " + strings.Join(on, " AND ")
 		}
 	}
@@ -511,7 +530,8 @@ func (w *writer) insertStmts(rows []rowVals, upsert bool) []stmt {
 		if upsert {
 			id = "u:" + g[0].sig
 		}
-		sql := w.cached(id, func() string { return w.insertSQL(cols, upsert) })
+		stored := g[0].stored
+		sql := w.cached(id, func() string { return w.insertSQL(cols, upsert, stored) })
 		if len(cols) == 0 {
 			out = append(out, stmt{sql: sql, args: []any{len(g)}})
 			continue
