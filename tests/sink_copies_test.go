@@ -8,8 +8,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/cdctest"
+	"github.com/pgrelay/pgrelay/internal/oracle"
 )
 
 // ledgerDDL creates TestTransactionalCopy's tables in schema s: orders whose total is the sum of
@@ -139,5 +143,54 @@ func ledgerWriter(ctx context.Context, t *testing.T, pool *pgxpool.Pool, seed ui
 			return n
 		}
 		n++
+	}
+}
+
+// TestKeyChangeOfAGoneRowThroughASink: a key change whose unchanged TOASTed value cannot be read
+// back (the row was deleted before pg_cdc decoded the change) reaches the sink as a `c` that lists
+// the value in `unchanged`, followed by its `d`. A cdc sink whose column is NOT NULL applies it as
+// nothing (no stored row of the new key): nothing is dead-lettered and the copy equals the source.
+func TestKeyChangeOfAGoneRowThroughASink(t *testing.T) {
+	e := newCDCEnv(t, "gone", `[{table: public.docs, queue: q}]`, "")
+	ddl := `CREATE TABLE S.docs (id int PRIMARY KEY, note text, body text NOT NULL); ALTER TABLE S.docs ALTER body SET STORAGE EXTERNAL;`
+	e.pg.Exec(strings.ReplaceAll(ddl, "S.", "public."))
+	src := e.start()
+	e.waitPointer()
+	dsn, copies := e.copyDatabase("gone", "CREATE SCHEMA copy;"+strings.ReplaceAll(ddl, "S.", "copy."))
+	p := startSinkPipeline(t, sinkPipeline{redisURL: e.rd.URL(), queue: "q", group: "gone", dsn: dsn, sink: "gone",
+		table: "copy.docs", mode: "cdc", batchCount: 16, maxAttempts: 2}.YAML())
+	defer p.Kill()
+	e.pg.Exec(`INSERT INTO docs VALUES (1, 'one', repeat('x', 5000)), (3, 'three', repeat('y', 5000))`)
+	count := func() (n int) {
+		_ = copies.QueryRow(e.ctx, `SELECT count(*) FROM copy.docs`).Scan(&n)
+		return n
+	}
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "the rows in the copy", func() (bool, string) {
+		return count() == 2, sinkLastLines(p.Output(), 5)
+	})
+	src.Kill() // the key change is decoded after the row is gone
+	e.pg.Exec(`UPDATE docs SET id = 2, note = 'moved' WHERE id = 1`)
+	e.pg.Exec(`DELETE FROM docs WHERE id = 2`)
+	e.pg.Exec(`UPDATE docs SET note = 'last' WHERE id = 3`)
+	src = e.start()
+	defer src.Kill()
+	cdctest.WaitEvery(t, 60*time.Second, 200*time.Millisecond, "the copy to equal the source", func() (bool, string) {
+		var got string
+		_ = copies.QueryRow(e.ctx, `SELECT coalesce(string_agg(id || '/' || note || '/' || length(body), ','), '') FROM copy.docs`).Scan(&got)
+		return got == "3/last/5000", got + "; " + sinkLastLines(p.Output(), 5)
+	})
+	var unchanged bool
+	entries, err := oracle.ReadQueue(e.ctx, e.rd.Client(), "pgrelay", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, en := range entries {
+		unchanged = unchanged || strings.Contains(string(en.Payload), `"op":"c"`) && strings.Contains(string(en.Payload), `"unchanged":["body"]`)
+	}
+	if !unchanged {
+		t.Fatalf("setup: no c with an unchanged body in the queue")
+	}
+	if n, err := e.rd.Client().XLen(e.ctx, "pgrelay:{q}:dlq").Result(); err != nil || n > 0 {
+		t.Errorf("%d dead letters (%v): %s", n, err, sinkLastLines(p.Output(), 5))
 	}
 }
