@@ -116,6 +116,9 @@ type span struct{ v0, v1 int }
 func newRowBuf(msgs []*Message) *rowBuf {
 	total, rows := 0, len(msgs)
 	for _, m := range msgs {
+		if len(m.Payload) > MaxPayloadBytes {
+			continue // refused before it is read (checkSize)
+		}
 		total += len(m.Payload)
 		if isEnvelope(m.Payload) {
 			rows += envelopeEvents(m.Payload) - 1
