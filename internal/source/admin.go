@@ -274,7 +274,7 @@ func (st *Status) readSnapshot(ctx context.Context, pool *pgxpool.Pool, ptr *poi
 	if live != nil && live.Table == cur.Table {
 		p.RowsPerSec, p.ETASec, p.At = live.RowsPerSec, live.ETASec, live.At
 	}
-	est, err := estimateRows(ctx, pool, cur.Table)
+	est, err := estimateRows(ctx, pool, cur.Table, 0)
 	if err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}

@@ -2,10 +2,13 @@ package source
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgrelay/pgrelay/internal/snapshot"
 )
@@ -94,15 +97,20 @@ func (p *SnapshotProgress) String() string {
 }
 
 // estimateRows reads the table's row estimate (reltuples; -1 or 0 when never analyzed); of a
-// partitioned table, the sum of its partitions'.
-func estimateRows(ctx context.Context, q queryer, table string) (int64, error) {
+// partitioned table, the sum of its partitions'. The table is found by its oid when known (0: by
+// name): a table renamed while its snapshot runs keeps its estimate. One no longer found has none
+// (0).
+func estimateRows(ctx context.Context, q queryer, table string, oid uint32) (int64, error) {
 	schema, name := ParseTable(table)
 	var est float64
 	err := q.QueryRow(ctx, `SELECT CASE WHEN c.relkind = 'p' THEN (SELECT coalesce(sum(greatest(l.reltuples, 0)), 0)::float8
 			FROM pg_catalog.pg_partition_tree(c.oid) t JOIN pg_catalog.pg_class l ON l.oid = t.relid WHERE t.isleaf)
 		ELSE c.reltuples::float8 END
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&est)
+		WHERE CASE WHEN $3::oid = 0 THEN n.nspname = $1 AND c.relname = $2 ELSE c.oid = $3::oid END`, schema, name, oid).Scan(&est)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
 	if err != nil {
 		return 0, fmt.Errorf("row estimate of %s: %w", table, err)
 	}
@@ -111,7 +119,11 @@ func estimateRows(ctx context.Context, q queryer, table string) (int64, error) {
 
 // trackTable starts following cur's table (its estimate read once).
 func (sn *snapshotter) trackTable(ctx context.Context, cur snapshot.Cursor) {
-	est, err := estimateRows(ctx, sn.pool, cur.Table)
+	var oid uint32
+	if t := sn.tables[cur.Table]; t != nil {
+		oid = t.info.OID
+	}
+	est, err := estimateRows(ctx, sn.pool, cur.Table, oid)
 	if err != nil {
 		est = 0 // the line says "no estimate"; the snapshot itself goes on
 	}

@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/source"
 )
 
 // TestRenamedTableKeepsStreaming: a configured table renamed while pg_cdc streams keeps streaming
@@ -99,34 +102,54 @@ func TestRenamedTableKeepsStreaming(t *testing.T) {
 // TestRenameDuringSnapshot: a table renamed while its snapshot reads it (the rename commits while
 // a chunk's read waits for its lock, so that read fails on the old name) is read on under its new
 // name, found by its oid, from where the snapshot was: every row once as an `r` event, the stream's
-// changes made under either name in the queue too, and the log says to set the new name.
+// changes made under either name in the queue too, and the log says to set the new name. A second
+// table renamed before its snapshot starts is read the same way, and `pgrelay status` reads the
+// snapshot's progress while the renamed table is read (no estimate by its configured name, no
+// error).
 func TestRenameDuringSnapshot(t *testing.T) {
 	e := newEnv(t)
 	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
-		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 3000) i`)
+		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 3000) i;
+		CREATE TABLE b (id int PRIMARY KEY, v text);
+		INSERT INTO b SELECT i, md5(i::text) FROM generate_series(1, 1000) i;
+		ANALYZE a, b`)
 	logs := &logBuffer{}
-	stop := runStream(t, cdctest.Pipeline{Name: "rs", DSN: e.pg.DSN(), Tables: "[{table: a, queue: q}]", Redis: e.rd.URL(),
-		Source: "snapshot: initial\nchunk_rows: 10", LogLevel: "info"}.YAML(),
+	tables, extra := "[{table: a, queue: q}, {table: b, queue: q}]", "snapshot: initial\nchunk_rows: 10"
+	stop := runStream(t, cdctest.Pipeline{Name: "rs", DSN: e.pg.DSN(), Tables: tables, Redis: e.rd.URL(),
+		Source: extra, LogLevel: "info"}.YAML(),
 		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	defer stop()
 	cdctest.Wait(t, 60*time.Second, "a chunk of a written", func() (bool, string) { return e.cursorAfter("rs", "q") > 0, "" })
-	lock, err := e.pg.Pool().Begin(e.ctx)
-	if err != nil {
+	lock := func(table string) pgx.Tx {
+		t.Helper()
+		tx, err := e.pg.Pool().Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		if _, err := tx.Exec(e.ctx, `SET LOCAL synchronous_commit = local; LOCK TABLE `+table+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		cdctest.Wait(t, 30*time.Second, "a chunk's read of "+table+" waiting for the lock", func() (bool, string) {
+			var n int
+			err := e.pg.Pool().QueryRow(e.ctx, chunkReadsWaiting, `"public"."`+table+`"`).Scan(&n)
+			return err == nil && n > 0, fmt.Sprint(err)
+		})
+		return tx
+	}
+	tx := lock("a")
+	if _, err := tx.Exec(e.ctx, `UPDATE a SET v = 'before' WHERE id = 2999; ALTER TABLE a RENAME TO a_renamed; ALTER TABLE b RENAME TO b_renamed`); err != nil {
 		t.Fatal(err)
 	}
-	defer lock.Rollback(context.Background())
-	if _, err := lock.Exec(e.ctx, `SET LOCAL synchronous_commit = local; LOCK TABLE a IN ACCESS EXCLUSIVE MODE`); err != nil {
+	if err := tx.Commit(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	cdctest.Wait(t, 30*time.Second, "a chunk's read of a waiting for the lock", func() (bool, string) {
-		var n int
-		err := e.pg.Pool().QueryRow(e.ctx, chunkReadsWaiting, `"public"."a"`).Scan(&n)
-		return err == nil && n > 0, fmt.Sprint(err)
-	})
-	if _, err := lock.Exec(e.ctx, `UPDATE a SET v = 'before' WHERE id = 2999; ALTER TABLE a RENAME TO a_renamed`); err != nil {
-		t.Fatal(err)
+	tx = lock("a_renamed") // the snapshot reads on under the new name, and waits here
+	st, err := source.ReadStatus(e.ctx, sourceConfig(t, e.section("rs", "a", extra)))
+	if err != nil || st.PostgresProblem != "" || st.Snapshot == nil || st.Snapshot.Table != "public.a" || st.Snapshot.RowsDone == 0 {
+		t.Errorf("status while the renamed table is read: %+v, %v", st, err)
 	}
-	if err := lock.Commit(e.ctx); err != nil {
+	if err := tx.Commit(e.ctx); err != nil {
 		t.Fatal(err)
 	}
 	e.pg.Exec(`UPDATE a_renamed SET v = 'after' WHERE id IN (1, 3000); DELETE FROM a_renamed WHERE id = 2`)
@@ -134,16 +157,16 @@ func TestRenameDuringSnapshot(t *testing.T) {
 	if !strings.Contains(logs.String(), "was renamed to public.a_renamed") {
 		t.Errorf("no warning of the rename in the log:\n%s", logs.String())
 	}
-	e.pg.Exec(`ALTER TABLE a_renamed RENAME TO a`) // the oracle reads the configured name
-	e.waitOracle("q", 10*time.Second, map[string][]string{"public.a": {"id"}})
+	e.pg.Exec(`ALTER TABLE a_renamed RENAME TO a; ALTER TABLE b_renamed RENAME TO b`) // the oracle reads the configured names
+	e.waitOracle("q", 10*time.Second, map[string][]string{"public.a": {"id"}, "public.b": {"id"}})
 	read := map[string]int{}
-	for _, en := range e.waitEntries("q", 3000) {
+	for _, en := range e.waitEntries("q", 4000) {
 		if ev := event(t, en); string(ev["op"]) == `"r"` {
-			read[string(ev["key"])]++
+			read[string(ev["table"])+string(ev["key"])]++
 		}
 	}
-	if len(read) < 2999 { // id 2 may be deleted before its chunk
-		t.Errorf("%d rows read by the snapshot, want 2999 or 3000", len(read))
+	if len(read) < 3999 { // id 2 may be deleted before its chunk
+		t.Errorf("%d rows read by the snapshot, want 3999 or 4000", len(read))
 	}
 	for k, n := range read {
 		if n != 1 {
