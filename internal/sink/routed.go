@@ -220,6 +220,10 @@ func eventTables(dst []string, payload []byte) []string {
 		if table := eventTable(payload); table != "" {
 			return append(dst, table)
 		}
+		const head = `{"op":"`
+		if len(payload) > len(head)+1 && bytes.HasPrefix(payload, []byte(head)) && payload[len(head)] != 'x' && payload[len(head)+1] == '"' {
+			return dst // an event of another op (a published m) as pg_cdc writes it: not read again
+		}
 		if ev, err := readEvent(payload, false); err != nil || ev.Op != "x" {
 			return dst
 		}

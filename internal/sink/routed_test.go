@@ -94,6 +94,8 @@ func TestEventTable(t *testing.T) {
 		{`{"op":"x","events":[]}`, ""},
 		{`{"op":"x","events":{"op":"c","table":"public.a"}}`, ""},
 		{`{"op":"c","events":[{"op":"c","table":"public.a"}]}`, ""},
+		{`{"op":"m","table":null,"key":null,"after":{"events":[{"op":"c","table":"public.a"}]}}`, ""},
+		{`{"op":"x" ,"events":[{"op":"c","table":"public.a"}]}`, "public.a"},
 	} {
 		if got := strings.Join(eventTables([]string{"kept"}, []byte(c.payload))[1:], ","); got != c.want {
 			t.Errorf("eventTables(%s) = %q, want %q", c.payload, got, c.want)
