@@ -13,9 +13,30 @@ import (
 // envelopes, docs/source.md). Mode cdc applies an envelope's events in order in the batch's
 // transaction, so the transaction lands whole or not at all.
 
+// eventHead is how pg_cdc begins every change event and envelope: its op first.
+const eventHead = `{"op":"`
+
 // isEnvelope reports whether payload begins as pg_cdc writes an envelope (op x first), which
-// decode then reads in one pass.
-func isEnvelope(payload []byte) bool { return bytes.HasPrefix(payload, []byte(`{"op":"x",`)) }
+// readChange then reads in one pass.
+func isEnvelope(payload []byte) bool { return bytes.HasPrefix(payload, []byte(eventHead+`x",`)) }
+
+// readChange reads m: a change event into ev, for the caller to decode (env false), or an
+// envelope, whose events it decodes through decode (read with their table when withTable) into o
+// (env true). An envelope that does not begin with its op is read twice: once as an event, to find
+// its op, then as an envelope. (The event is left to the caller rather than handed to decode:
+// through a function value it would move to the heap, an allocation per event.)
+func readChange(m *Message, withTable bool, ev *event, decode func(ev *event) (op, error)) (o op, env bool, err error) {
+	if isEnvelope(m.Payload) {
+		if o, err = decodeEnvelope(m, withTable, decode); err != errNotEnvelope {
+			return o, true, err
+		}
+	}
+	if *ev, err = readEvent(m.Payload, withTable); err != nil || ev.Op != "x" {
+		return op{}, false, err
+	}
+	o, err = decodeEnvelope(m, withTable, decode)
+	return o, true, err
+}
 
 // decodeEnvelope decodes an envelope (op x: one source transaction's change events for a queue, or
 // one part of them, docs/source.md) as one op whose sub ops are its events', decoded by decode in
@@ -41,7 +62,7 @@ func decodeEnvelope(m *Message, withTable bool, decode func(ev *event) (op, erro
 // envelopeEvents estimates the events of an envelope as pg_cdc writes them (each begins with its
 // op), to size what holds them: more only when a value holds an object that begins the same way.
 func envelopeEvents(payload []byte) int {
-	return max(bytes.Count(payload, []byte(`{"op":"`))-1, 0)
+	return max(bytes.Count(payload, []byte(eventHead))-1, 0)
 }
 
 // errNotEnvelope is readEnvelope's answer for a payload that began as an envelope and whose op

@@ -27,6 +27,11 @@ func fkEvent(op, table string, id, order int) string {
 	return `{"op":"` + op + `","table":"` + table + `","key":` + key + `,"after":` + after + `,"before":null}`
 }
 
+// fkTruncate is the truncate event of table.
+func fkTruncate(table string) string {
+	return `{"op":"t","table":"` + table + `","key":null,"after":null,"before":null}`
+}
+
 // TestCDCEnvelopes: mode cdc applies an envelope's events in order, in the batch's transaction, so a
 // source transaction lands whole or not at all:
 //   - with tables, the targets of an envelope's events are found like single events' (patterns

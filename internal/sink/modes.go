@@ -326,18 +326,10 @@ func (r *eventReader) finish(withTable bool) (event, error) {
 }
 
 func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
-	decode := func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) }
-	if isEnvelope(m.Payload) {
-		if o, err := decodeEnvelope(m, false, decode); err != errNotEnvelope {
-			return o, err
-		}
-	}
-	ev, err := readEvent(m.Payload, false)
-	if err != nil {
-		return op{}, err
-	}
-	if ev.Op == "x" { // an envelope that does not begin with its op: read again as one
-		return decodeEnvelope(m, false, decode)
+	var ev event
+	o, env, err := readChange(m, false, &ev, func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) })
+	if env || err != nil {
+		return o, err
 	}
 	return c.decodeEvent(m, &ev, buf)
 }

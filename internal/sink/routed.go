@@ -28,18 +28,10 @@ type routed struct {
 // shared by the targets: its remembered member order is checked by name, and a row's column-set
 // signature depends only on the column indexes.
 func (r *routedMode) decode(m *Message, buf *rowBuf) (op, error) {
-	decode := func(ev *event) (op, error) { return r.decodeEvent(m, ev, buf) }
-	if isEnvelope(m.Payload) {
-		if o, err := decodeEnvelope(m, true, decode); err != errNotEnvelope {
-			return o, err
-		}
-	}
-	ev, err := readEvent(m.Payload, true)
-	if err != nil {
-		return op{}, err
-	}
-	if ev.Op == "x" { // its events go to their tables' targets
-		return decodeEnvelope(m, true, decode)
+	var ev event
+	o, env, err := readChange(m, true, &ev, func(ev *event) (op, error) { return r.decodeEvent(m, ev, buf) })
+	if env || err != nil {
+		return o, err
 	}
 	return r.decodeEvent(m, &ev, buf)
 }
@@ -220,7 +212,7 @@ func eventTables(dst []string, payload []byte) []string {
 		if table := eventTable(payload); table != "" {
 			return append(dst, table)
 		}
-		const head = `{"op":"`
+		const head = eventHead
 		if len(payload) > len(head)+1 && bytes.HasPrefix(payload, []byte(head)) && payload[len(head)] != 'x' && payload[len(head)+1] == '"' {
 			return dst // an event of another op (a published m) as pg_cdc writes it: not read again
 		}
@@ -254,7 +246,7 @@ func eventTables(dst []string, payload []byte) []string {
 // front of the payload when it begins as pg_cdc writes events (`{"op":"c","table":"…"`), else
 // parsed.
 func eventTable(payload []byte) string {
-	const head, mid = `{"op":"`, `","table":"`
+	const head, mid = eventHead, `","table":"`
 	if len(payload) > len(head)+1+len(mid) && bytes.HasPrefix(payload, []byte(head)) && bytes.HasPrefix(payload[len(head)+1:], []byte(mid)) {
 		rest := payload[len(head)+1+len(mid):]
 		if end := bytes.IndexByte(rest, '"'); end >= 0 && bytes.IndexByte(rest[:end], '\\') < 0 {

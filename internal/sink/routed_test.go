@@ -269,9 +269,7 @@ func TestCDCTablesForeignKey(t *testing.T) {
 
 	// TRUNCATE fk.orders, fk.items at the source: two t events, one statement here (either table
 	// alone is refused while the other references it)
-	trunc := func(table string) string {
-		return `{"op":"t","table":"` + table + `","key":null,"after":null,"before":null}`
-	}
+	trunc := fkTruncate
 	res := write(t, a, msg("q", 0, off+1, trunc("public.orders")), msg("q", 0, off+2, trunc("public.items")),
 		msg("q", 0, off+3, ev("c", "public.orders", 100, 0)))
 	if res.Applied != 3 {
@@ -351,9 +349,7 @@ func TestCDCTruncatesStayTogether(t *testing.T) {
 		CREATE TABLE tt.orders (id int PRIMARY KEY);
 		CREATE TABLE tt.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES tt.orders)`)
 	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "tt.*"}})
-	trunc := func(table string) string {
-		return `{"op":"t","table":"` + table + `","key":null,"after":null,"before":null}`
-	}
+	trunc := fkTruncate
 	writeWithin := func(msgs ...*Message) *Result {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -39,13 +39,9 @@ func readback(ctx context.Context, pool *pgxpool.Pool, rel *relation, row event.
 		return nil, fmt.Errorf("read back unchanged values: %w", err)
 	}
 	defer conn.Release()
-	schema, name, _ := strings.Cut(t.Name, ".")
-	if rel.info != nil {
-		schema, name = rel.info.Schema, rel.info.Name
-	}
-	sql := selectFrom(schema, name)
+	sql := selectFrom(rel.info.Schema, rel.info.Name) // a configured table's: the decoder builds no other's events
 	res := conn.Conn().PgConn().ExecParams(ctx, sql, params, nil, nil, nil).Read()
-	if renamedAway(res.Err) && rel.info != nil && rel.info.OID != 0 {
+	if renamedAway(res.Err) && rel.info.OID != 0 {
 		// renamed since: the configured table by its oid, under its name of now
 		if schema, name, err := relationName(ctx, conn, rel.info.OID); err == nil && name != "" {
 			sql = selectFrom(schema, name)

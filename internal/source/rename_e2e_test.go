@@ -1,15 +1,12 @@
 package source_test
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"maps"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
@@ -120,31 +117,14 @@ func TestRenameDuringSnapshot(t *testing.T) {
 		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	defer stop()
 	cdctest.Wait(t, 60*time.Second, "a chunk of a written", func() (bool, string) { return e.cursorAfter("rs", "q") > 0, "" })
-	lock := func(table string) pgx.Tx {
-		t.Helper()
-		tx, err := e.pg.Pool().Begin(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-		if _, err := tx.Exec(e.ctx, `SET LOCAL synchronous_commit = local; LOCK TABLE `+table+` IN ACCESS EXCLUSIVE MODE`); err != nil {
-			t.Fatal(err)
-		}
-		cdctest.Wait(t, 30*time.Second, "a chunk's read of "+table+" waiting for the lock", func() (bool, string) {
-			var n int
-			err := e.pg.Pool().QueryRow(e.ctx, chunkReadsWaiting, `"public"."`+table+`"`).Scan(&n)
-			return err == nil && n > 0, fmt.Sprint(err)
-		})
-		return tx
-	}
-	tx := lock("a")
+	tx := e.lockChunkReads("a")
 	if _, err := tx.Exec(e.ctx, `UPDATE a SET v = 'before' WHERE id = 2999; ALTER TABLE a RENAME TO a_renamed; ALTER TABLE b RENAME TO b_renamed`); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	tx = lock("a_renamed") // the snapshot reads on under the new name, and waits here
+	tx = e.lockChunkReads("a_renamed") // the snapshot reads on under the new name, and waits here
 	st, err := source.ReadStatus(e.ctx, sourceConfig(t, e.section("rs", "a", extra)))
 	if err != nil || st.PostgresProblem != "" || st.Snapshot == nil || st.Snapshot.Table != "public.a" || st.Snapshot.RowsDone == 0 {
 		t.Errorf("status while the renamed table is read: %+v, %v", st, err)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/snapshot"
@@ -128,14 +130,11 @@ func TestSnapshotTableSwitchIgnoresOpenTransactions(t *testing.T) {
 const chunkReadsWaiting = `SELECT count(*) FROM pg_stat_activity
 	WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT %FROM ' || $1 || '% ORDER BY % LIMIT %'`
 
-// holdChunkReads waits until a chunk of table is in the queue, then holds the snapshot's reads of
-// table (an ACCESS EXCLUSIVE lock, which the next chunk's read waits for) and returns once a read
-// waits. release (safe to call twice) lets the reads go on. The table must have many more chunks
-// than the snapshot reads ahead of the output (chunksAhead), or it may be read to its end before the
-// lock is taken.
-func (e *env) holdChunkReads(name, queue, table string) (release func()) {
+// lockChunkReads takes an ACCESS EXCLUSIVE lock on table (of schema public) in a transaction it
+// returns once a snapshot chunk's read of table waits for it.
+func (e *env) lockChunkReads(table string) pgx.Tx {
 	t, ctx := e.t, e.ctx
-	cdctest.Wait(t, 60*time.Second, "a chunk of "+table+" written", func() (bool, string) { return e.cursorAfter(name, queue) > 0, "" })
+	t.Helper()
 	lock, err := e.pg.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -151,6 +150,18 @@ func (e *env) holdChunkReads(name, queue, table string) (release func()) {
 		err := e.pg.Pool().QueryRow(ctx, chunkReadsWaiting, `"public"."`+table+`"`).Scan(&n)
 		return err == nil && n > 0, fmt.Sprint(err)
 	})
+	return lock
+}
+
+// holdChunkReads waits until a chunk of table is in the queue, then holds the snapshot's reads of
+// table (an ACCESS EXCLUSIVE lock, which the next chunk's read waits for) and returns once a read
+// waits. release (safe to call twice) lets the reads go on. The table must have many more chunks
+// than the snapshot reads ahead of the output (chunksAhead), or it may be read to its end before the
+// lock is taken.
+func (e *env) holdChunkReads(name, queue, table string) (release func()) {
+	t, ctx := e.t, e.ctx
+	cdctest.Wait(t, 60*time.Second, "a chunk of "+table+" written", func() (bool, string) { return e.cursorAfter(name, queue) > 0, "" })
+	lock := e.lockChunkReads(table)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
