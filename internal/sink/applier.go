@@ -305,12 +305,18 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 	}
 	isolate, immediate := false, false
 	wait := 100 * time.Millisecond
+	var cause error // the error that paused the sink, if one did
 	for {
 		res, err := a.attempt(ctx, msgs, isolate, immediate)
 		if err == nil {
 			return res, nil
 		}
 		if isCtxErr(ctx, err) {
+			if cause != nil {
+				// cut short while retrying: what the user must fix is the pause's cause, not the
+				// shutdown that ended its retries
+				return nil, pausedBy(cause)
+			}
 			return nil, errcode.Wrap(errcode.Paused, err, "the batch was not written before shutdown", "none: the input redelivers it")
 		}
 		class := Classify(err)
@@ -337,16 +343,23 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 			a.stale = true
 			a.mu.Unlock()
 		}
+		cause = err
 		sleep := wait/2 + rand.N(wait/2+1)
 		a.onRetry(err, class, sleep)
 		select {
 		case <-ctx.Done():
-			return nil, errcode.Wrap(errcode.Paused, err, "the sink is paused by an error and the batch was not written",
-				"fix the cause; the input redelivers the batch and nothing is dead-lettered")
+			return nil, pausedBy(err)
 		case <-time.After(sleep):
 		}
 		wait = min(2*wait, a.cfg.RetryMax)
 	}
+}
+
+// pausedBy is what Write returns when its context ends while an error keeps the batch from
+// being written: the error, whose code and fix say what to do, under paused.
+func pausedBy(err error) error {
+	return errcode.Wrap(errcode.Paused, err, "the sink is paused by an error and the batch was not written",
+		"fix the cause; the input redelivers the batch and nothing is dead-lettered")
 }
 
 // ErrUnreachable is what Write returns, having written nothing, when a connection to PostgreSQL

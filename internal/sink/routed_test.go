@@ -294,6 +294,46 @@ func TestCDCTablesForeignKey(t *testing.T) {
 	}
 }
 
+// TestPauseKeepsItsCause: when the context ends while a paused batch is being tried again (here
+// the retry waits on a lock), Write returns the error that paused the sink, with its code and fix,
+// not the shutdown that cut the retry short.
+func TestPauseKeepsItsCause(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE SCHEMA pk;
+		CREATE TABLE pk.orders (id int PRIMARY KEY);
+		CREATE TABLE pk.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES pk.orders)`)
+	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "pk.*"}})
+	write(t, a, msg("q", 0, 1, fkEvent("c", "public.orders", 1, 0)), msg("q", 0, 2, fkEvent("c", "public.items", 1, 1)))
+
+	ctx := context.Background()
+	holder, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	retries := 0
+	a.onRetry = func(error, Class, time.Duration) {
+		if retries++; retries == 1 {
+			// the next attempt's TRUNCATE waits on this lock until the context ends
+			if _, err := holder.Exec(ctx, `BEGIN; LOCK TABLE pk.orders IN ACCESS EXCLUSIVE MODE`); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_, err = a.Write(wctx, []*Message{msg("q", 0, 3, fkTruncate("public.orders"))})
+	if _, rerr := holder.Exec(ctx, `ROLLBACK`); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if retries != 1 {
+		t.Fatalf("%d retries, want 1 (the second attempt waits on the lock)", retries)
+	}
+	if !errcode.Is(err, errcode.Paused) || !errcode.Is(err, errcode.TargetChanged) || !strings.Contains(err.Error(), "truncate them in the target") {
+		t.Errorf("Write = %v, want paused by target_changed with its fix", err)
+	}
+}
+
 // TestInto: where a sink writes, as status prints it.
 func TestInto(t *testing.T) {
 	for _, c := range []struct {
