@@ -259,8 +259,8 @@ func Teardown(ctx context.Context, cfg Config, force bool, w io.Writer) error {
 }
 
 // readSnapshot fills st.Snapshot from the pointer's cursor (nothing when no snapshot runs): rows
-// done as the queue holds them, the table's estimate, and the rate and time left the owner last
-// reported for that table.
+// done as the queue holds them, the table's estimate (the owner's when the configured name finds
+// no table), and the rate and time left the owner last reported for that table.
 func (st *Status) readSnapshot(ctx context.Context, pool *pgxpool.Pool, ptr *pointer.Pointer, live *SnapshotProgress) error {
 	if ptr == nil || !ptr.SnapshotRuns() {
 		return nil
@@ -277,6 +277,11 @@ func (st *Status) readSnapshot(ctx context.Context, pool *pgxpool.Pool, ptr *poi
 	est, err := estimateRows(ctx, pool, cur.Table, 0)
 	if err != nil {
 		return fmt.Errorf("snapshot: %w", err)
+	}
+	if est <= 0 && live != nil && live.Table == cur.Table {
+		// no table of the configured name (renamed while its snapshot runs): the owner's estimate,
+		// read by the table's oid
+		est = live.Estimate
 	}
 	p.Estimate, p.Percent = est, percentOf(p.RowsDone, est)
 	return nil

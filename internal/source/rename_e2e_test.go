@@ -101,9 +101,10 @@ func TestRenamedTableKeepsStreaming(t *testing.T) {
 // name, found by its oid, from where the snapshot was: every row once as an `r` event, the stream's
 // changes made under either name in the queue too, and the log says to set the new name. A second
 // table renamed before its snapshot starts is read the same way, and `pgrelay status` reads the
-// snapshot's progress while the renamed table is read (no estimate by its configured name, no
-// error).
+// snapshot's progress while the renamed table is read, with the estimate its owner read by the
+// table's oid (none is found by the configured name) and no error.
 func TestRenameDuringSnapshot(t *testing.T) {
+	defer source.SetProgressEvery(source.SetProgressEvery(0)) // the owner records its progress at each chunk
 	e := newEnv(t)
 	e.pg.Exec(`CREATE TABLE a (id int PRIMARY KEY, v text);
 		INSERT INTO a SELECT i, md5(i::text) FROM generate_series(1, 3000) i;
@@ -126,7 +127,8 @@ func TestRenameDuringSnapshot(t *testing.T) {
 	}
 	tx = e.lockChunkReads("a_renamed") // the snapshot reads on under the new name, and waits here
 	st, err := source.ReadStatus(e.ctx, sourceConfig(t, e.section("rs", "a", extra)))
-	if err != nil || st.PostgresProblem != "" || st.Snapshot == nil || st.Snapshot.Table != "public.a" || st.Snapshot.RowsDone == 0 {
+	if err != nil || st.PostgresProblem != "" || st.Snapshot == nil || st.Snapshot.Table != "public.a" || st.Snapshot.RowsDone == 0 ||
+		st.Snapshot.Estimate != 3000 {
 		t.Errorf("status while the renamed table is read: %+v, %v", st, err)
 	}
 	if err := tx.Commit(e.ctx); err != nil {
