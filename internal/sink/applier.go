@@ -821,6 +821,12 @@ func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 		if _, rerr := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgrelay_msg"); rerr != nil {
 			return rerr
 		}
+		if len(unitOps) == 1 && unitOps[0].kind == opEnvelope {
+			var rerr error
+			if err, rerr = refusedEvent(ctx, conn, plan, unitOps[0], err); rerr != nil {
+				return rerr
+			}
+		}
 		fail(err)
 	}
 	var stmts []stmt
@@ -828,6 +834,35 @@ func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 		stmts = append(stmts, adv)
 	}
 	return send(ctx, conn, append(stmts, stmt{sql: "COMMIT"}))
+}
+
+// refusedEvent names the event of an envelope that PostgreSQL refused (err: the envelope's error,
+// its statements being set-based): the events are applied again one by one, in order, in a
+// savepoint rolled back afterwards, and the first one refused gives the error, as "envelope event
+// <i>". When none is refused alone (the error arose from them together), err is returned as it
+// is. An error that is not the data's (rerr) ends the batch's attempt.
+func refusedEvent(ctx context.Context, conn *pgx.Conn, plan func([]op) ([]stmt, error), env op, err error) (named, rerr error) {
+	if _, rerr := conn.Exec(ctx, "SAVEPOINT pgrelay_msg"); rerr != nil {
+		return err, rerr
+	}
+	named = err
+	for i := range env.sub {
+		stmts, perr := plan(env.sub[i : i+1])
+		if perr != nil {
+			break
+		}
+		if serr := send(ctx, conn, stmts); serr != nil {
+			if Classify(serr) != Data {
+				return err, serr
+			}
+			named = fmt.Errorf("envelope event %d: %w", i, DataError(serr))
+			break
+		}
+	}
+	if _, rerr := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgrelay_msg"); rerr != nil {
+		return err, rerr
+	}
+	return named, nil
 }
 
 func (r *Result) count() {

@@ -87,8 +87,8 @@ func TestCDCEnvelopes(t *testing.T) {
 	if err := res.Errs[0]; !errcode.Is(err, errcode.BadPayload) || !strings.Contains(err.Error(), "envelope event 1") {
 		t.Errorf("the unreadable event: %v, want bad_payload naming envelope event 1", err)
 	}
-	if err := res.Errs[1]; !strings.Contains(err.Error(), "23503") {
-		t.Errorf("the refused event: %v, want a foreign key violation", err)
+	if err := res.Errs[1]; !strings.Contains(err.Error(), "23503") || !strings.Contains(err.Error(), "envelope event 1") {
+		t.Errorf("the refused event: %v, want a foreign key violation naming envelope event 1", err)
 	}
 	if got := state(); got != "2,30/3:30" {
 		t.Fatalf("after the failed envelopes: %s (none of their events may be written)", got)
