@@ -192,6 +192,11 @@ func (a *Applier) refresh(ctx context.Context) error {
 		if a.cfg.SkipUnmapped {
 			r.skip = a.skipped
 		}
+		for _, e := range a.cfg.routes.schemaEntries() {
+			if err := checkSchema(ctx, a.pool, e.schema, e.entry); err != nil {
+				return err
+			}
+		}
 		for _, table := range a.cfg.routes.names() {
 			target, _ := r.routes.Target(table)
 			to, err := a.routeTo(ctx, r, target)

@@ -217,14 +217,15 @@ func TestCDCTables(t *testing.T) {
 }
 
 // TestCDCTablesStartChecks: the targets of entries by name are checked at start (a missing one is
-// target_missing before any message); those of patterns as their events come.
+// target_missing before any message); those of patterns as their events come (their schema at
+// start: TestPatternSchemasCheckedAtStart).
 func TestCDCTablesStartChecks(t *testing.T) {
 	f := startPG(t)
-	_, err := f.applierErr(Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "nowhere.*", "public.t": "public.missing_target"}})
+	_, err := f.applierErr(Config{Mode: ModeCDC, Tables: map[string]string{"app.*": "public.*", "public.t": "public.missing_target"}})
 	if !errcode.Is(err, errcode.TargetMissing) || !strings.Contains(err.Error(), "missing_target") {
 		t.Fatalf("start: %v, want target_missing naming missing_target", err)
 	}
-	if _, err := f.applierErr(Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "nowhere.*"}}); err != nil {
+	if _, err := f.applierErr(Config{Mode: ModeCDC, Tables: map[string]string{"app.*": "public.*"}}); err != nil {
 		t.Fatalf("a pattern's targets are not checked at start: %v", err)
 	}
 }
@@ -331,6 +332,41 @@ func TestPauseKeepsItsCause(t *testing.T) {
 	}
 	if !errcode.Is(err, errcode.Paused) || !errcode.Is(err, errcode.TargetChanged) || !strings.Contains(err.Error(), "truncate them in the target") {
 		t.Errorf("Write = %v, want paused by target_changed with its fix", err)
+	}
+}
+
+// TestPatternSchemasCheckedAtStart: the target schema of a `schema.*` entry of tables is checked at
+// start, though its tables are found only as events come: a missing one is target_missing naming
+// the entry, one the role may not use target_privileges with its GRANT; `*` (each table's own
+// schema) checks nothing, and a quoted schema is found as written.
+func TestPatternSchemasCheckedAtStart(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE SCHEMA "Copy"; CREATE SCHEMA locked;`+progressDDL+`;
+		GRANT USAGE ON SCHEMA pgrelay TO PUBLIC; GRANT SELECT, INSERT, UPDATE ON pgrelay.sink_progress TO PUBLIC;
+		CREATE TABLE public.t2 (id int PRIMARY KEY)`)
+	f.pg.CreateRole("pat", "LOGIN", `GRANT USAGE ON SCHEMA "Copy" TO %s`, `GRANT SELECT, INSERT, UPDATE, DELETE ON public.t2 TO %s`)
+	pool := f.rolePool(t, "pat")
+	for _, c := range []struct {
+		tables map[string]string
+		code   errcode.Code
+		want   string
+	}{
+		{map[string]string{"public.*": `"Copy".*`, "app.t": "public.t2"}, "", ""},
+		{map[string]string{"*": "*"}, "", ""},
+		{map[string]string{"public.*": "copy.*"}, errcode.TargetMissing, `schema copy of tables entry "public.*" does not exist`},
+		{map[string]string{"*": "nosuch.*", "public.*": `"Copy".*`}, errcode.TargetMissing, `schema nosuch of tables entry "*"`},
+		{map[string]string{"public.*": "locked.*"}, errcode.TargetPrivileges, `GRANT USAGE ON SCHEMA "locked" TO "pat"`},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := NewApplier(ctx, pool, Config{Name: f.name("pat"), Mode: ModeCDC, Tables: c.tables,
+			ProgressTable: DefaultProgressTable, RequireProgress: true}, nil)
+		cancel()
+		switch {
+		case c.code == "" && err != nil:
+			t.Errorf("%v: %v", c.tables, err)
+		case c.code != "" && (!errcode.Is(err, c.code) || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%v: %v, want %s with %q", c.tables, err, c.code, c.want)
+		}
 	}
 }
 

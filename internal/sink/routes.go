@@ -93,6 +93,25 @@ func (r Routes) names() []string {
 	return slices.Sorted(maps.Keys(r.byName))
 }
 
+// schemaEntry is an entry of tables whose target is `schema.*`: its tables are found as events
+// come, its schema (SQL text, as written) is checked at start.
+type schemaEntry struct{ entry, schema string }
+
+// schemaEntries lists the entries whose target is `schema.*`, by entry.
+func (r Routes) schemaEntries() []schemaEntry {
+	var out []schemaEntry
+	for from, to := range r.bySchema {
+		if s, ok := strings.CutSuffix(to, ".*"); ok {
+			out = append(out, schemaEntry{from + ".*", s})
+		}
+	}
+	if s, ok := strings.CutSuffix(r.all, ".*"); ok {
+		out = append(out, schemaEntry{"*", s})
+	}
+	slices.SortFunc(out, func(a, b schemaEntry) int { return strings.Compare(a.entry, b.entry) })
+	return out
+}
+
 // unmappedError is the data error of an event whose table no entry of tables maps.
 func unmappedError(table string) error {
 	return errcode.New(errcode.TableUnmapped, fmt.Sprintf("change event of table %q: no entry of tables maps it", table),

@@ -318,6 +318,28 @@ func sqlName(s string) string {
 	return s
 }
 
+// checkSchema checks that the target schema of a `schema.*` entry of tables (SQL text) exists and
+// that the role may use it: its tables are found only as events come, so a typo or a missing grant
+// is told at start instead of pausing the sink at the first event.
+func checkSchema(ctx context.Context, q Querier, schema, entry string) error {
+	var name, role string
+	var usable bool
+	err := q.QueryRow(ctx, `SELECT n.nspname, current_user, has_schema_privilege(n.oid, 'USAGE')
+		FROM pg_namespace n WHERE n.oid = to_regnamespace($1)`, schema).Scan(&name, &role, &usable)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errcode.New(errcode.TargetMissing, fmt.Sprintf("schema %s of tables entry %q does not exist", schema, entry),
+			"create the schema and its tables first (pg_sink never creates them) or fix the entry (names are taken as in SQL: unquoted ones in lower case)")
+	}
+	if err != nil {
+		return fmt.Errorf("inspect schema %s: %w", schema, err)
+	}
+	if !usable {
+		return errcode.New(errcode.TargetPrivileges, fmt.Sprintf("role %s may not use schema %s of tables entry %q", role, schema, entry),
+			"GRANT USAGE ON SCHEMA "+pgx.Identifier{name}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize())
+	}
+	return nil
+}
+
 // schemaUsageError is the target_privileges error of a table whose schema the role may not use
 // (PostgreSQL refuses even to look the table up).
 func schemaUsageError(ctx context.Context, q Querier, table string, cause error) error {
