@@ -842,27 +842,31 @@ func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 }
 
 // refusedEvent names the event of an envelope that PostgreSQL refused (err: the envelope's error,
-// its statements being set-based): the events are applied again one by one, in order, in a
-// savepoint rolled back afterwards, and the first one refused gives the error, as "envelope event
-// <i>". When none is refused alone (the error arose from them together), err is returned as it
-// is. An error that is not the data's (rerr) ends the batch's attempt.
+// its statements being set-based): each event is planned alone, their statements go in order in
+// one pipeline inside a savepoint rolled back afterwards, and the event of the first statement
+// refused gives the error, as "envelope event <i>". When none is refused (the error arose from the
+// events together), err is returned as it is. An error that is not the data's (rerr) ends the
+// batch's attempt.
 func refusedEvent(ctx context.Context, conn *pgx.Conn, plan func([]op) ([]stmt, error), env op, err error) (named, rerr error) {
-	if _, rerr := conn.Exec(ctx, "SAVEPOINT pgrelay_msg"); rerr != nil {
-		return err, rerr
+	stmts := []stmt{{sql: "SAVEPOINT pgrelay_msg"}}
+	of := []int{-1} // the event of each statement
+	for i := range env.sub {
+		s, perr := plan(env.sub[i : i+1])
+		if perr != nil {
+			return err, nil
+		}
+		stmts = append(stmts, s...)
+		for range s {
+			of = append(of, i)
+		}
 	}
 	named = err
-	for i := range env.sub {
-		stmts, perr := plan(env.sub[i : i+1])
-		if perr != nil {
-			break
+	at, serr := sendAt(ctx, conn, stmts)
+	if serr != nil {
+		if Classify(serr) != Data || at < 1 {
+			return err, serr
 		}
-		if serr := send(ctx, conn, stmts); serr != nil {
-			if Classify(serr) != Data {
-				return err, serr
-			}
-			named = fmt.Errorf("envelope event %d: %w", i, DataError(serr))
-			break
-		}
+		named = fmt.Errorf("envelope event %d: %w", of[at], DataError(serr))
 	}
 	if _, rerr := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgrelay_msg"); rerr != nil {
 		return err, rerr

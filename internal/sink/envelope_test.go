@@ -75,7 +75,8 @@ func TestCDCEnvelopes(t *testing.T) {
 	// One envelope fails whole; the envelopes of other shards are applied.
 	res = write(t, a,
 		msg("q", 0, 3, envelope(fkEvent("c", "public.orders", 10, 0), `{"op":"c","table":"public.items","key":{"id":11},"after":[1],"before":null}`)),
-		msg("q", 1, 1, envelope(fkEvent("c", "public.orders", 20, 0), fkEvent("c", "public.items", 21, 999))),
+		msg("q", 1, 1, envelope(fkEvent("c", "public.orders", 20, 0), published, fkEvent("c", "public.items", 20, 20),
+			fkEvent("c", "public.items", 21, 999), fkEvent("c", "public.items", 22, 20))),
 		msg("q", 2, 1, envelope(fkEvent("c", "public.orders", 30, 0), fkEvent("u", "public.items", 3, 30))),
 	)
 	want := []Outcome{Failed, Failed, Applied}
@@ -87,8 +88,8 @@ func TestCDCEnvelopes(t *testing.T) {
 	if err := res.Errs[0]; !errcode.Is(err, errcode.BadPayload) || !strings.Contains(err.Error(), "envelope event 1") {
 		t.Errorf("the unreadable event: %v, want bad_payload naming envelope event 1", err)
 	}
-	if err := res.Errs[1]; !strings.Contains(err.Error(), "23503") || !strings.Contains(err.Error(), "envelope event 1") {
-		t.Errorf("the refused event: %v, want a foreign key violation naming envelope event 1", err)
+	if err := res.Errs[1]; !strings.Contains(err.Error(), "23503") || !strings.Contains(err.Error(), "envelope event 3:") {
+		t.Errorf("the refused event: %v, want a foreign key violation naming envelope event 3", err)
 	}
 	if got := state(); got != "2,30/3:30" {
 		t.Fatalf("after the failed envelopes: %s (none of their events may be written)", got)
