@@ -263,9 +263,10 @@ func (a *Applier) checkStatement(ctx context.Context) error {
 	return nil
 }
 
-// current is the mode for a batch of msgs: rebuilt when a target's shape changed (checked at most
-// once a second) or an error made it stale, and with tables knowing every target msgs need.
-func (a *Applier) current(ctx context.Context, msgs []*Message) (modeHandler, error) {
+// current is the mode for a batch: rebuilt when a target's shape changed (checked at most once a
+// second) or an error made it stale. With tables, the targets of tables met for the first time are
+// found as their events are decoded (decodeResolving).
+func (a *Applier) current(ctx context.Context) (modeHandler, error) {
 	targets := a.targets()
 	a.mu.Lock()
 	stale, h := a.stale, a.handler
@@ -294,9 +295,6 @@ func (a *Applier) current(ctx context.Context, msgs []*Message) (modeHandler, er
 		a.mu.Lock()
 		h = a.handler
 		a.mu.Unlock()
-	}
-	if r, ok := h.(*routedMode); ok {
-		return a.resolve(ctx, r, msgs)
 	}
 	return h, nil
 }
@@ -461,7 +459,7 @@ func (s *batchState) applied(i int, m *Message) {
 // With immediate (isolate only), deferrable constraints are checked at each statement (SET
 // CONSTRAINTS ALL IMMEDIATE), so one that a message violates fails that message, not the COMMIT.
 func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immediate bool) (*Result, error) {
-	h, err := a.current(ctx, msgs)
+	h, err := a.current(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -494,7 +492,9 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immedia
 	buf := newRowBuf(msgs)
 	readable := true
 	for i, m := range msgs {
-		ops[i], decodeErr[i] = decodeMessage(h, m, buf)
+		if ops[i], decodeErr[i], err = a.decodeResolving(ctx, &h, m, buf); err != nil {
+			return nil, err
+		}
 		readable = readable && decodeErr[i] == nil
 		if m.HasPosition && !seen[m.shardKey()] {
 			seen[m.shardKey()] = true
@@ -542,6 +542,24 @@ func decodeMessage(h modeHandler, m *Message, buf *rowBuf) (op, error) {
 		return op{}, err
 	}
 	return h.decode(m, buf)
+}
+
+// decodeResolving decodes m for *h; with tables, an event of a table met for the first time that
+// an entry maps has its target inspected (resolve), *h becoming the mode that knows it, and m is
+// decoded again. err is not m's: the target could not be inspected, and the batch waits.
+func (a *Applier) decodeResolving(ctx context.Context, h *modeHandler, m *Message, buf *rowBuf) (o op, decodeErr, err error) {
+	for {
+		o, decodeErr = decodeMessage(*h, m, buf)
+		u, ok := errors.AsType[*unresolvedError](decodeErr)
+		if !ok {
+			return o, decodeErr, nil
+		}
+		next, err := a.resolve(ctx, (*h).(*routedMode), u.table)
+		if err != nil {
+			return op{}, nil, err
+		}
+		*h = next
+	}
 }
 
 func newBatchState(n int) *batchState {

@@ -398,15 +398,18 @@ func BenchmarkCDCGoSide(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			cpu0 := benchenv.SelfCPU()
+			a, ctx := &Applier{}, context.Background()
 			for i := 0; i < b.N; i++ {
 				ops := make([]op, len(msgs))
 				buf := newRowBuf(msgs)
+				h := c.h
 				for j, m := range msgs {
-					if ops[j], err = c.h.decode(m, buf); err != nil {
-						b.Fatal(err)
+					var decodeErr error
+					if ops[j], decodeErr, err = a.decodeResolving(ctx, &h, m, buf); err != nil || decodeErr != nil {
+						b.Fatal(err, decodeErr)
 					}
 				}
-				stmts, err := c.h.plan(ops)
+				stmts, err := h.plan(ops)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -1,7 +1,6 @@
 package sink
 
 import (
-	"bytes"
 	"context"
 	"maps"
 	"slices"
@@ -42,11 +41,14 @@ func (r *routedMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error)
 		return op{msg: m, kind: opNone}, nil
 	}
 	to := r.targets[string(ev.Table)]
-	if to == nil && r.skip != nil {
-		r.skip(string(ev.Table))
-		return op{msg: m, kind: opNone}, nil // applied as nothing: its offset moves on
-	}
 	if to == nil {
+		if _, ok := r.routes.Target(string(ev.Table)); ok {
+			return op{}, &unresolvedError{table: string(ev.Table)}
+		}
+		if r.skip != nil {
+			r.skip(string(ev.Table))
+			return op{msg: m, kind: opNone}, nil // applied as nothing: its offset moves on
+		}
 		return op{}, unmappedError(string(ev.Table))
 	}
 	o, err := to.mode.decodeEvent(m, ev, buf)
@@ -151,37 +153,24 @@ func (r *routedMode) targetList() []*Target {
 	return out
 }
 
-// resolve returns h with the targets of every event table of msgs that h does not know yet and an
-// entry maps (inspected now: a missing target is an environment error, and the batch waits for
-// it), or h itself when there are none. Tables no entry maps stay out: decode fails their events.
-func (a *Applier) resolve(ctx context.Context, h *routedMode, msgs []*Message) (*routedMode, error) {
-	var next *routedMode
-	known := h.targets // next's, once there is a next
-	var tables []string
-	for _, m := range msgs {
-		tables = eventTables(tables[:0], m.Payload)
-		for _, table := range tables {
-			if _, ok := known[table]; ok || table == "" {
-				continue
-			}
-			target, ok := h.routes.Target(table)
-			if !ok {
-				continue
-			}
-			if next == nil {
-				next = &routedMode{routes: h.routes, targets: maps.Clone(h.targets), skip: h.skip}
-				known = next.targets
-			}
-			to, err := a.routeTo(ctx, next, target)
-			if err != nil {
-				return nil, err
-			}
-			next.targets[table] = to
-		}
+// unresolvedError is decode's answer for an event of a table that an entry maps but whose target
+// the mode does not know yet: the caller resolves it (resolve) and decodes the message again. It is
+// no error of the message's.
+type unresolvedError struct{ table string }
+
+func (e *unresolvedError) Error() string { return "the target of " + e.table + " is not resolved yet" }
+
+// resolve returns h with the target of event table (which an entry maps) inspected now: a missing
+// target is an environment error, and the batch waits for it. The targets are found as their
+// events are decoded, so a batch is read once.
+func (a *Applier) resolve(ctx context.Context, h *routedMode, table string) (*routedMode, error) {
+	target, _ := h.routes.Target(table)
+	next := &routedMode{routes: h.routes, targets: maps.Clone(h.targets), skip: h.skip}
+	to, err := a.routeTo(ctx, next, target)
+	if err != nil {
+		return nil, err
 	}
-	if next == nil {
-		return h, nil
-	}
+	next.targets[table] = to
 	a.mu.Lock()
 	if a.handler == modeHandler(h) {
 		a.handler = next
@@ -203,63 +192,4 @@ func (a *Applier) routeTo(ctx context.Context, r *routedMode, target string) (*r
 		}
 	}
 	return &routed{t: t, mode: cdcMode{w: newWriter(t, a.cfg.Metadata).watching(a.keysFor(t.Ident()))}}, nil
-}
-
-// eventTables appends to dst the tables of a message's change events: its event's `table`, or an
-// envelope's events' tables, each once (empty names left out).
-func eventTables(dst []string, payload []byte) []string {
-	if !isEnvelope(payload) {
-		if table := eventTable(payload); table != "" {
-			return append(dst, table)
-		}
-		const head = eventHead
-		if len(payload) > len(head)+1 && bytes.HasPrefix(payload, []byte(head)) && payload[len(head)] != 'x' && payload[len(head)+1] == '"' {
-			return dst // an event of another op (a published m) as pg_cdc writes it: not read again
-		}
-		if ev, err := readEvent(payload, false); err != nil || ev.Op != "x" {
-			return dst
-		}
-	}
-	n := len(dst)
-	err := readEnvelope(payload, true, func(i int, ev *event) error {
-		if i == 0 {
-			dst = dst[:n] // events named again
-		}
-		if len(ev.Table) > 0 && !slices.ContainsFunc(dst[n:], func(s string) bool { return s == string(ev.Table) }) {
-			dst = append(dst, string(ev.Table))
-		}
-		return nil
-	})
-	switch {
-	case err == errNotEnvelope:
-		if table := eventTable(payload); table != "" {
-			return append(dst[:n], table)
-		}
-		return dst[:n]
-	case err != nil:
-		return dst[:n] // the message fails: its tables need no target
-	}
-	return dst
-}
-
-// eventTable is a change event's `table` ("" when it has none or is not an object): read from the
-// front of the payload when it begins as pg_cdc writes events (`{"op":"c","table":"…"`), else
-// parsed.
-func eventTable(payload []byte) string {
-	const head, mid = eventHead, `","table":"`
-	if len(payload) > len(head)+1+len(mid) && bytes.HasPrefix(payload, []byte(head)) && bytes.HasPrefix(payload[len(head)+1:], []byte(mid)) {
-		rest := payload[len(head)+1+len(mid):]
-		if end := bytes.IndexByte(rest, '"'); end >= 0 && bytes.IndexByte(rest[:end], '\\') < 0 {
-			return string(rest[:end])
-		}
-	}
-	row, err := decodeObject(payload)
-	if err != nil || isNull(row["table"]) || row["table"][0] != '"' {
-		return ""
-	}
-	table, err := textOf(row["table"])
-	if err != nil {
-		return ""
-	}
-	return table.String
 }
