@@ -14,6 +14,16 @@ func envelope(events ...string) string {
 		strings.Join(events, ",") + `]}`
 }
 
+// fkCopies creates schema with copies of public.orders and public.items (whose order_id references
+// orders) and returns a cdc sink with `tables` that keeps them ("public.*": "<schema>.*").
+func (f *pgFixture) fkCopies(t *testing.T, schema string) *Applier {
+	t.Helper()
+	f.exec(t, fmt.Sprintf(`CREATE SCHEMA %[1]s;
+		CREATE TABLE %[1]s.orders (id int PRIMARY KEY);
+		CREATE TABLE %[1]s.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES %[1]s.orders)`, schema))
+	return f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": schema + ".*"}})
+}
+
 // fkEvent is a change event of public.orders or public.items (whose order_id references orders).
 func fkEvent(op, table string, id, order int) string {
 	key := fmt.Sprintf(`{"id":%d}`, id)
@@ -44,10 +54,7 @@ func fkTruncate(table string) string {
 //   - a sink of one table applies an envelope's events too.
 func TestCDCEnvelopes(t *testing.T) {
 	f := startPG(t)
-	f.exec(t, `CREATE SCHEMA env;
-		CREATE TABLE env.orders (id int PRIMARY KEY);
-		CREATE TABLE env.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES env.orders)`)
-	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "env.*"}})
+	a := f.fkCopies(t, "env")
 	state := func() string {
 		return f.one(t, `SELECT coalesce((SELECT string_agg(id::text, ',' ORDER BY id) FROM env.orders), '-') || '/' ||
 			coalesce((SELECT string_agg(id || ':' || order_id, ',' ORDER BY id) FROM env.items), '-')`)

@@ -242,10 +242,7 @@ func TestCDCTablesStartChecks(t *testing.T) {
 // fix that works (the referencing table truncated in the target).
 func TestCDCTablesForeignKey(t *testing.T) {
 	f := startPG(t)
-	f.exec(t, `CREATE SCHEMA fk;
-		CREATE TABLE fk.orders (id int PRIMARY KEY);
-		CREATE TABLE fk.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES fk.orders)`)
-	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "fk.*"}})
+	a := f.fkCopies(t, "fk")
 	ev := fkEvent
 	if res := write(t, a, msg("q", 0, 1, ev("c", "public.orders", 1, 0)), msg("q", 0, 2, ev("c", "public.items", 1, 1))); res.Applied != 2 {
 		t.Fatalf("first batch: %v", res.Errs)
@@ -304,10 +301,7 @@ func TestCDCTablesForeignKey(t *testing.T) {
 // not the shutdown that cut the retry short.
 func TestPauseKeepsItsCause(t *testing.T) {
 	f := startPG(t)
-	f.exec(t, `CREATE SCHEMA pk;
-		CREATE TABLE pk.orders (id int PRIMARY KEY);
-		CREATE TABLE pk.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES pk.orders)`)
-	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "pk.*"}})
+	a := f.fkCopies(t, "pk")
 	write(t, a, msg("q", 0, 1, fkEvent("c", "public.orders", 1, 0)), msg("q", 0, 2, fkEvent("c", "public.items", 1, 1)))
 
 	ctx := context.Background()
@@ -425,10 +419,7 @@ func TestCDCTablesSkipUnmapped(t *testing.T) {
 // referenced table's TRUNCATE alone, which PostgreSQL refuses, and pause the sink.
 func TestCDCTruncatesStayTogether(t *testing.T) {
 	f := startPG(t)
-	f.exec(t, `CREATE SCHEMA tt;
-		CREATE TABLE tt.orders (id int PRIMARY KEY);
-		CREATE TABLE tt.items (id int PRIMARY KEY, order_id int NOT NULL REFERENCES tt.orders)`)
-	a := f.applier(t, Config{Mode: ModeCDC, Tables: map[string]string{"public.*": "tt.*"}})
+	a := f.fkCopies(t, "tt")
 	trunc := fkTruncate
 	writeWithin := func(msgs ...*Message) *Result {
 		t.Helper()
