@@ -26,3 +26,17 @@ func TestFailedPhase(t *testing.T) {
 		}
 	}
 }
+
+// TestReadyPhase: a replica is ready (`/ready` 200, the input connected) while it streams,
+// snapshots, stands by for the owner, or waits for the slot an earlier owner's connection still
+// holds; not while it connects, has failed or has stopped.
+func TestReadyPhase(t *testing.T) {
+	for p, want := range map[string]bool{
+		PhaseStreaming: true, PhaseSnapshot: true, PhaseStandby: true, PhaseWaitingForSlot: true,
+		PhaseConnecting: false, PhaseError: false, PhaseStopped: false, "": false,
+	} {
+		if got := ReadyPhase(p); got != want {
+			t.Errorf("ReadyPhase(%q) = %v, want %v", p, got, want)
+		}
+	}
+}
