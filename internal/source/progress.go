@@ -117,7 +117,9 @@ func estimateRows(ctx context.Context, q queryer, table string, oid uint32) (int
 	return int64(est), nil
 }
 
-// trackTable starts following cur's table (its estimate read once).
+// trackTable starts following cur's table (its estimate read once) and records it in the status
+// hash at once, so `pgrelay status` has the table's estimate from its start (the owner's, read by
+// the table's oid, is the only one for a table renamed while it is read).
 func (sn *snapshotter) trackTable(ctx context.Context, cur snapshot.Cursor) {
 	var oid uint32
 	if t := sn.tables[cur.Table]; t != nil {
@@ -128,6 +130,8 @@ func (sn *snapshotter) trackTable(ctx context.Context, cur snapshot.Cursor) {
 		est = 0 // the line says "no estimate"; the snapshot itself goes on
 	}
 	sn.progress = newProgress(cur, est, time.Now())
+	snap := sn.progress.SnapshotProgress
+	sn.ss.src.setSnapshotProgress(&snap)
 }
 
 // report logs the progress line and records it in the status hash when progressEvery has passed
