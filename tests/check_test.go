@@ -18,9 +18,9 @@ import (
 // missing sink target and a Redis without AOF under `durability: aof`, it exits 1 naming each
 // failure by its code (text and --json); a role that may not create the managed publication
 // fails on it (its statements tried in a transaction rolled back), a sink into a read-only
-// database is pg_read_only; in sql mode a statement
-// PostgreSQL cannot prepare is sql_statement. No run leaves anything behind: no publication, slot or progress table in
-// PostgreSQL, no key in Redis.
+// database is pg_read_only; in sql mode a statement PostgreSQL cannot prepare is sql_statement, and
+// a cdc sink's `schema.*` target in a missing schema is target_missing. No run leaves anything
+// behind: no publication, slot or progress table in PostgreSQL, no key in Redis.
 func TestCheckRunsEveryStartCheckAndChangesNothing(t *testing.T) {
 	t.Parallel()
 	pg := testenv.StartPostgres(t)
@@ -134,6 +134,21 @@ output:
 	}
 	if out, code := check(sqlSink(`UPDATE ordres SET v = 'x' WHERE id = $1::int`)); code != 1 || !strings.Contains(out, "sql_statement:") {
 		t.Errorf("sql mode, a typo: exit %d\n%s", code, out)
+	}
+
+	// cdc with tables: the schema of a schema.* target is checked, its tables come with their events
+	tablesSink := func(target string) string {
+		return writeConfig(t, "tables.yaml", fmt.Sprintf(`input:
+  redis_queue: {url: %q, queue: shop, group: tables}
+output:
+  pg_sink: {name: tables, dsn: %q, mode: cdc, tables: {"public.*": %q}}
+`, rd.URL(), pg.DSN(), target))
+	}
+	if out, code := check(tablesSink("public.*")); code != 0 {
+		t.Errorf("tables into an existing schema: exit %d\n%s", code, out)
+	}
+	if out, code := check(tablesSink("copy.*")); code != 1 || !strings.Contains(out, `target_missing: schema copy of tables entry "public.*" does not exist`) {
+		t.Errorf("tables into a missing schema: exit %d\n%s", code, out)
 	}
 
 	var pubs, slots, progress int
