@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/pgrelay/pgrelay/internal/cdctest"
+	"github.com/pgrelay/pgrelay/internal/source"
 )
 
 // TestStreamThroughAnAllTablesPublication: with publication.manage: false, a FOR ALL TABLES
@@ -29,14 +32,29 @@ func TestStreamThroughAnAllTablesPublication(t *testing.T) {
 		n := counts()
 		return n["c public.a_1"] == 1 && n["u public.a_1"] == 1 && n["r public.a_2"] == 5, fmt.Sprint(n)
 	})
-	// Four heartbeat ticks (every heartbeat/2 = 0.5 s) with the source streaming: no publication error.
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
+	// Heartbeat ticks (every heartbeat/2 = 0.5 s) check the publication, and an idle source's tick
+	// then emits a heartbeat message, which moves the pointer: at least 2 s and two such moves with
+	// no publication error, so the checks did run (however slow the machine).
+	lsn := func() pglogrepl.LSN {
+		p, err := source.ReadPointer(e.ctx, e.rd.Client(), cdctest.SourceKey("qa", "all", "ptr"))
+		if err != nil || p == nil {
+			t.Fatalf("pointer: %v", err)
+		}
+		return p.LSNValue()
+	}
+	last, moves, start := lsn(), 0, time.Now()
+	for moves < 2 || time.Since(start) < 2*time.Second {
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("the pointer moved %d times in 60 s of an idle source", moves)
+		}
 		st, _ := e.rd.Client().HGetAll(e.ctx, cdctest.SourceKey("qa", "all", "status")).Result()
 		for _, v := range st {
 			if strings.Contains(v, `"code":"publication"`) {
 				t.Fatalf("the publication check ended the session: %s", v)
 			}
+		}
+		if l := lsn(); l > last {
+			last, moves = l, moves+1
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
