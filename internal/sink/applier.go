@@ -456,8 +456,8 @@ func (s *batchState) applied(i int, m *Message) {
 // fast); the others, and batches the fast path's guard refuses, lock and read their progress rows first (one
 // round trip with BEGIN), then send the statements, the progress update and COMMIT (another).
 //
-// With immediate (isolate only), deferrable constraints are checked at each statement (SET
-// CONSTRAINTS ALL IMMEDIATE), so one that a message violates fails that message, not the COMMIT.
+// With immediate (isolate only), deferrable constraints are checked at each message's end (see
+// applyEach), so one that a message violates fails that message, not the COMMIT.
 func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immediate bool) (*Result, error) {
 	h, err := a.current(ctx)
 	if err != nil {
@@ -525,7 +525,7 @@ func (a *Applier) attempt(ctx context.Context, msgs []*Message, isolate, immedia
 		}
 	}
 	if isolate {
-		err = a.applyEach(ctx, conn, h, msgs, ops, pending, st)
+		err = a.applyEach(ctx, conn, h, msgs, ops, pending, st, immediate)
 	} else {
 		err = a.applyAll(ctx, conn, h, msgs, ops, pending, st)
 	}
@@ -801,7 +801,12 @@ func (a *Applier) applyAll(ctx context.Context, conn *pgx.Conn, h modeHandler, m
 // only and blocks the rest of its shard; any other error aborts the attempt. A message's ops are
 // planned in their order where the mode can reorder them (orderedPlanner), and adjacent truncates
 // go as one (one TRUNCATE at the source: tables that reference each other are emptied together).
-func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState) error {
+//
+// With immediate, deferrable constraints are checked at each message's end (deferred inside it,
+// then SET CONSTRAINTS ALL IMMEDIATE, which checks what the message left pending): a violation
+// fails its message, not the COMMIT, while a message that was one source transaction may still
+// rely on the deferral inside it (an envelope writing an item before its order).
+func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, msgs []*Message, ops []op, pending []int, st *batchState, immediate bool) error {
 	plan := h.plan
 	if o, ok := h.(orderedPlanner); ok {
 		plan = o.planInOrder
@@ -831,6 +836,9 @@ func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 			fail(err) // nothing was sent: no savepoint to roll back
 			continue
 		}
+		if immediate {
+			stmts = append(append([]stmt{{sql: "SET CONSTRAINTS ALL DEFERRED"}}, stmts...), stmt{sql: "SET CONSTRAINTS ALL IMMEDIATE"})
+		}
 		stmts = append(append([]stmt{{sql: "SAVEPOINT pgrelay_msg"}}, stmts...), stmt{sql: "RELEASE SAVEPOINT pgrelay_msg"})
 		if err = send(ctx, conn, stmts); err == nil {
 			for _, j := range unit {
@@ -846,7 +854,7 @@ func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 		}
 		if len(unitOps) == 1 && unitOps[0].kind == opEnvelope {
 			var rerr error
-			if err, rerr = refusedEvent(ctx, conn, plan, unitOps[0], err); rerr != nil {
+			if err, rerr = refusedEvent(ctx, conn, plan, unitOps[0], err, immediate); rerr != nil {
 				return rerr
 			}
 		}
@@ -863,11 +871,16 @@ func (a *Applier) applyEach(ctx context.Context, conn *pgx.Conn, h modeHandler, 
 // its statements being set-based): each event is planned alone, their statements go in order in
 // one pipeline inside a savepoint rolled back afterwards, and the event of the first statement
 // refused gives the error, as "envelope event <i>". When none is refused (the error arose from the
-// events together), err is returned as it is. An error that is not the data's (rerr) ends the
+// events together, or from a deferred constraint at the envelope's end, which no one event is
+// charged with), err is returned as it is. With deferred, deferrable constraints are deferred
+// during the replay, as during the envelope. An error that is not the data's (rerr) ends the
 // batch's attempt.
-func refusedEvent(ctx context.Context, conn *pgx.Conn, plan func([]op) ([]stmt, error), env op, err error) (named, rerr error) {
+func refusedEvent(ctx context.Context, conn *pgx.Conn, plan func([]op) ([]stmt, error), env op, err error, deferred bool) (named, rerr error) {
 	stmts := []stmt{{sql: "SAVEPOINT pgrelay_msg"}}
 	of := []int{-1} // the event of each statement
+	if deferred {
+		stmts, of = append(stmts, stmt{sql: "SET CONSTRAINTS ALL DEFERRED"}), append(of, -1)
+	}
 	for i := range env.sub {
 		s, perr := plan(env.sub[i : i+1])
 		if perr != nil {
@@ -881,7 +894,7 @@ func refusedEvent(ctx context.Context, conn *pgx.Conn, plan func([]op) ([]stmt, 
 	named = err
 	at, serr := sendAt(ctx, conn, stmts)
 	if serr != nil {
-		if Classify(serr) != Data || at < 1 {
+		if Classify(serr) != Data || at < 0 || of[at] < 0 {
 			return err, serr
 		}
 		named = fmt.Errorf("envelope event %d: %w", of[at], DataError(serr))
