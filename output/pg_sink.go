@@ -297,6 +297,10 @@ func newPGSink(c PgSinkConfig, mgr *service.Resources) *pgSink {
 	c.Sink.OnUnmapped = func(table string) {
 		log.Infof("change events of table %s match no entry of tables: skipped (%s: %s)", table, psFieldOnUnmappedTable, psUnmappedSkip)
 	}
+	c.Sink.OnOtherTable = func(first, table string) {
+		log.Warnf("change events of table %s reach this sink besides those of %s: with %s, mode cdc applies every event to %s whatever its table; "+
+			"to keep copies of several tables use %s, or route other tables' events elsewhere", table, first, psFieldTable, c.Sink.Table, psFieldTables)
+	}
 	return &pgSink{conf: c, log: log, m: sinkMetrics{
 		applied:   m.NewCounter("pg_sink_applied", "sink"),
 		skipped:   m.NewCounter("pg_sink_skipped", "sink"),

@@ -3,6 +3,8 @@ package output
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -77,5 +79,43 @@ func TestPGSinkKeepsAConnectionWhileIdle(t *testing.T) {
 	}
 	if idle := s.pool.Stat().IdleConns(); idle < 1 {
 		t.Errorf("%d idle connections after Connect; want at least 1", idle)
+	}
+}
+
+// TestPGSinkWarnsOfOtherTables: a cdc sink of one table logs, once per table, a warning naming an
+// event table after the first it meets and the fix (`tables`), and still applies the events.
+func TestPGSinkWarnsOfOtherTables(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	pg.Exec(`CREATE TABLE one_copy (id int PRIMARY KEY)`)
+	parsed, err := PgSinkSpec().ParseYAML(fmt.Sprintf("dsn: %q\nname: one\ntable: one_copy\nmode: cdc\nrequire_progress: false\n", pg.DSN()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := PgSinkConfigFromParsed(parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.SyncBuffer
+	ctx := context.Background()
+	s := newPGSink(conf, service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil))))))
+	if err := s.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	ev := func(table string, id int) *service.Message {
+		return service.NewMessage(fmt.Appendf(nil, `{"op":"c","table":%q,"key":{"id":%d},"after":{"id":%d},"before":null}`, table, id, id))
+	}
+	for _, batch := range []service.MessageBatch{{ev("public.a", 1), ev("public.b", 2)}, {ev("public.b", 3), ev("public.a", 4)}} {
+		if err := s.WriteBatch(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := logs.String()
+	if n := strings.Count(out, "change events of table public.b reach this sink besides those of public.a"); n != 1 || !strings.Contains(out, "use tables") {
+		t.Errorf("%d warnings of public.b, want 1 naming tables:\n%s", n, out)
+	}
+	var rows int
+	if err := pg.Pool().QueryRow(ctx, `SELECT count(*) FROM one_copy`).Scan(&rows); err != nil || rows != 4 {
+		t.Errorf("%d rows (%v), want 4", rows, err)
 	}
 }

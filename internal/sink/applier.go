@@ -71,6 +71,7 @@ type Applier struct {
 	keys    map[string]*unknownKeys // by target: payload keys that name no column, across its shapes
 	// skippedTables are the event tables on_unmapped_table: skip has told of
 	skippedTables map[string]bool
+	otherTables   *tableWatch // mode cdc with table: the event tables met (nil: not followed)
 }
 
 // shapeCheckInterval is how often a batch compares the target's catalog version with the one the
@@ -119,6 +120,9 @@ func start(ctx context.Context, pool *pgxpool.Pool, cfg Config, create bool) (a 
 		creates = true
 	}
 	a = &Applier{pool: pool, cfg: cfg, progress: prog, keys: map[string]*unknownKeys{}, skippedTables: map[string]bool{}}
+	if cfg.OnOtherTable != nil && cfg.Mode == ModeCDC {
+		a.otherTables = newTableWatch(cfg.OnOtherTable)
+	}
 	if err := a.refresh(ctx); err != nil {
 		return nil, false, err
 	}
@@ -226,6 +230,10 @@ func (a *Applier) refresh(ctx context.Context) error {
 	h, err := newModeHandler(&a.cfg, t, keys)
 	if err != nil {
 		return err
+	}
+	if c, ok := h.(cdcMode); ok && a.otherTables != nil {
+		c.tables = a.otherTables
+		h = c
 	}
 	a.mu.Lock()
 	a.target, a.handler, a.stale = t, h, false

@@ -366,10 +366,12 @@ func BenchmarkCDCGoSide(b *testing.B) {
 		msgs[i] = &Message{Queue: "bench", Shard: int32(i % 4), Offset: int64(i + 1), HasPosition: true, Payload: payload}
 	}
 	cfg := Config{Mode: ModeCDC, Table: "bench", UnknownKeys: UnknownKeysWarn}
-	single, err := newModeHandler(&cfg, benchTarget(), newUnknownKeys(&cfg, cfg.Table))
+	h, err := newModeHandler(&cfg, benchTarget(), newUnknownKeys(&cfg, cfg.Table))
 	if err != nil {
 		b.Fatal(err)
 	}
+	single := h.(cdcMode)
+	single.tables = newTableWatch(func(_, _ string) {}) // as the plugin runs it: the event tables followed
 	routes := mustRoutes(b, map[string]string{"public.*": "public.*"})
 	t2 := benchTarget()
 	t2.Name, t2.OID = "bench2", 2

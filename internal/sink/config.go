@@ -73,6 +73,10 @@ type Config struct {
 	// OnUnmapped is told, once per table, that events of a table no entry of Tables maps are
 	// skipped (SkipUnmapped), for the log. It may be called from concurrent batches.
 	OnUnmapped func(table string)
+	// OnOtherTable is told, once per table, that with Table in mode cdc events of table reach the
+	// one target besides those of first (the first event table met): every event is applied to
+	// it whatever its table, for the log. It may be called from concurrent batches.
+	OnOtherTable func(first, table string)
 }
 
 // Into names where the sink writes, for people: its table, or its tables entries

@@ -201,7 +201,10 @@ func (f *folder) flush(stmts []stmt) ([]stmt, error) {
 // keep their value; a `c` listing unchanged columns only over a stored row, see onlyOverStored), a
 // key change moves the row, d deletes by key, t truncates, m is ignored, and an envelope (x)
 // applies its events in order.
-type cdcMode struct{ w *writer }
+type cdcMode struct {
+	w      *writer
+	tables *tableWatch // a sink of one table: the event tables it meets (nil: not read)
+}
 
 // event is the part of a change event the sink reads.
 type event struct {
@@ -327,7 +330,7 @@ func (r *eventReader) finish(withTable bool) (event, error) {
 
 func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
 	var ev event
-	o, env, err := readChange(m, false, &ev, func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) })
+	o, env, err := readChange(m, c.tables != nil, &ev, func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) })
 	if env || err != nil {
 		return o, err
 	}
@@ -336,6 +339,9 @@ func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
 
 // decodeEvent turns a read change event into its op; buf is the batch's row memory (nil: none).
 func (c cdcMode) decodeEvent(m *Message, ev *event, buf *rowBuf) (op, error) {
+	if c.tables != nil && len(ev.Table) > 0 {
+		c.tables.saw(ev.Table)
+	}
 	switch ev.Op {
 	case "c", "r", "u":
 		if o, ok := c.decodeWhole(m, ev, buf); ok {

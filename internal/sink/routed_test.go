@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -365,6 +366,31 @@ func TestPatternSchemasCheckedAtStart(t *testing.T) {
 		case c.code != "" && (!errcode.Is(err, c.code) || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%v: %v, want %s with %q", c.tables, err, c.code, c.want)
 		}
+	}
+}
+
+// TestOtherTablesTold: a cdc sink of one table applies every event to it whatever its table, and
+// tells each table after the first one it meets, once (an envelope's events too).
+func TestOtherTablesTold(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE TABLE one_copy (id int PRIMARY KEY)`)
+	var mu sync.Mutex
+	var told []string
+	a := f.applier(t, Config{Mode: ModeCDC, Table: "one_copy", OnOtherTable: func(first, table string) {
+		mu.Lock()
+		told = append(told, first+">"+table)
+		mu.Unlock()
+	}})
+	ev := func(table string, id int) string {
+		return fmt.Sprintf(`{"op":"c","table":%q,"key":{"id":%d},"after":{"id":%d},"before":null}`, table, id, id)
+	}
+	write(t, a, msg("q", 0, 1, ev("public.a", 1)), msg("q", 0, 2, ev("public.a", 2)), msg("q", 0, 3, ev("public.b", 3)))
+	write(t, a, msg("q", 0, 4, envelope(ev("public.c", 4), ev("public.a", 5), ev("public.b", 6))), msg("q", 0, 5, ev("public.b", 7)))
+	if got := strings.Join(told, ","); got != "public.a>public.b,public.a>public.c" {
+		t.Errorf("told %s", got)
+	}
+	if got := f.one(t, `SELECT string_agg(id::text, ',' ORDER BY id) FROM one_copy`); got != "1,2,3,4,5,6,7" {
+		t.Errorf("rows %s", got)
 	}
 }
 

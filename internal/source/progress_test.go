@@ -16,6 +16,7 @@ import (
 	"github.com/pgrelay/pgrelay/input"
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/source"
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 var progressLine = regexp.MustCompile(`snapshot of public\.p \(table 1 of 1\): (\d+) of ~(\d+) rows \(([0-9.]+)%\), (\d+) rows/s(, ETA ([0-9hms.]+))?`)
@@ -30,7 +31,7 @@ func TestSnapshotProgressInTheLogAndTheStatus(t *testing.T) {
 		INSERT INTO p SELECT g, 'row ' || g FROM generate_series(1, 1200) g;
 		ANALYZE p`)
 	section := e.section("prog", "p", "snapshot: initial\nchunk_rows: 100\nmax_bundle_messages: 100")
-	logs := &logBuffer{}
+	logs := &testenv.SyncBuffer{}
 	b := service.NewStreamBuilder()
 	b.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err := b.AddInputYAML("pg_cdc:\n" + indent(section)); err != nil {

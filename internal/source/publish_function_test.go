@@ -1,14 +1,13 @@
 package source_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/pgrelay/pgrelay/internal/oracle"
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // publishExists reports whether pgrelay.publish(text,text,jsonb) exists, asking as the superuser.
@@ -109,27 +108,9 @@ func TestPublishFunctionFalseInstallsNothing(t *testing.T) {
 	}
 }
 
-// logBuffer collects a pipeline's log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // startLoggedStream runs a pipeline like startStream, its warnings and errors going to the returned buffer.
-func startLoggedStream(tb testing.TB, yaml string) (*logBuffer, func()) {
-	logs := &logBuffer{}
+func startLoggedStream(tb testing.TB, yaml string) (*testenv.SyncBuffer, func()) {
+	logs := &testenv.SyncBuffer{}
 	return logs, runStream(tb, yaml, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 	"github.com/pgrelay/pgrelay/internal/oracle"
 	"github.com/pgrelay/pgrelay/internal/source"
+	"github.com/pgrelay/pgrelay/internal/testenv"
 )
 
 // TestRenamedTableKeepsStreaming: a configured table renamed while pg_cdc streams keeps streaming
@@ -24,7 +25,7 @@ func TestRenamedTableKeepsStreaming(t *testing.T) {
 	e := newEnv(t)
 	e.pg.Exec(`CREATE TABLE orders (id int PRIMARY KEY, note text, body text);
 		ALTER TABLE orders ALTER body SET STORAGE EXTERNAL`)
-	logs := &logBuffer{}
+	logs := &testenv.SyncBuffer{}
 	run := func(table string) func() {
 		return runStream(t, cdctest.Pipeline{Name: "ren", DSN: e.pg.DSN(), Tables: fmt.Sprintf("[{table: %s, queue: qr}]", table),
 			Redis: e.rd.URL(), LogLevel: "info"}.YAML(), slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
@@ -110,7 +111,7 @@ func TestRenameDuringSnapshot(t *testing.T) {
 		CREATE TABLE b (id int PRIMARY KEY, v text);
 		INSERT INTO b SELECT i, md5(i::text) FROM generate_series(1, 1000) i;
 		ANALYZE a, b`)
-	logs := &logBuffer{}
+	logs := &testenv.SyncBuffer{}
 	tables, extra := "[{table: a, queue: q}, {table: b, queue: q}]", "snapshot: initial\nchunk_rows: 10"
 	stop := runStream(t, cdctest.Pipeline{Name: "rs", DSN: e.pg.DSN(), Tables: tables, Redis: e.rd.URL(),
 		Source: extra, LogLevel: "info"}.YAML(),
