@@ -21,20 +21,20 @@ const eventHead = `{"op":"`
 func isEnvelope(payload []byte) bool { return bytes.HasPrefix(payload, []byte(eventHead+`x",`)) }
 
 // readChange reads m: a change event into ev, for the caller to decode (env false), or an
-// envelope, whose events it decodes through decode (read with their table when withTable) into o
+// envelope, whose events it decodes through decode (their table read as table says) into o
 // (env true). An envelope that does not begin with its op is read twice: once as an event, to find
 // its op, then as an envelope. (The event is left to the caller rather than handed to decode:
 // through a function value it would move to the heap, an allocation per event.)
-func readChange(m *Message, withTable bool, ev *event, decode func(ev *event) (op, error)) (o op, env bool, err error) {
+func readChange(m *Message, table tableRead, ev *event, decode func(ev *event) (op, error)) (o op, env bool, err error) {
 	if isEnvelope(m.Payload) {
-		if o, err = decodeEnvelope(m, withTable, decode); err != errNotEnvelope {
+		if o, err = decodeEnvelope(m, table, decode); err != errNotEnvelope {
 			return o, true, err
 		}
 	}
-	if *ev, err = readEvent(m.Payload, withTable); err != nil || ev.Op != "x" {
+	if *ev, err = readEvent(m.Payload, table); err != nil || ev.Op != "x" {
 		return op{}, false, err
 	}
-	o, err = decodeEnvelope(m, withTable, decode)
+	o, err = decodeEnvelope(m, table, decode)
 	return o, true, err
 }
 
@@ -43,9 +43,9 @@ func readChange(m *Message, withTable bool, ev *event, decode func(ev *event) (o
 // order. The envelope is one message, applied in the batch's one transaction, so the source
 // transaction lands whole or not at all: an event that cannot be applied fails the message, naming
 // the event, and none of its events is written.
-func decodeEnvelope(m *Message, withTable bool, decode func(ev *event) (op, error)) (op, error) {
+func decodeEnvelope(m *Message, table tableRead, decode func(ev *event) (op, error)) (op, error) {
 	o := op{msg: m, kind: opEnvelope, sub: make([]op, 0, envelopeEvents(m.Payload))}
-	err := readEnvelope(m.Payload, withTable, func(i int, ev *event) error {
+	err := readEnvelope(m.Payload, table, func(i int, ev *event) error {
 		if i == 0 {
 			o.sub = o.sub[:0] // events named again
 		}
@@ -74,7 +74,7 @@ var errNotEnvelope = errors.New("not an envelope")
 // an event's; a member named twice counts by its last value, events too (each then sees i = 0
 // again). The first event that cannot be read, or that each refuses, fails the envelope, named; the
 // events after it are only validated.
-func readEnvelope(payload []byte, withTable bool, each func(i int, ev *event) error) error {
+func readEnvelope(payload []byte, table tableRead, each func(i int, ev *event) error) error {
 	t, err := objectBytes(payload)
 	if err != nil {
 		return err
@@ -108,7 +108,7 @@ func readEnvelope(payload []byte, withTable bool, each func(i int, ev *event) er
 				return e1, err
 			}
 			var e1 int
-			ev, e1, err = readEventAt(t, e0, withTable)
+			ev, e1, err = readEventAt(t, e0, table)
 			if err != nil && !errcode.Is(err, errcode.BadPayload) {
 				return e1, err // not JSON
 			}
@@ -131,7 +131,7 @@ func readEnvelope(payload []byte, withTable bool, each func(i int, ev *event) er
 	if err != nil {
 		return badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
 	}
-	own, err := r.finish(false)
+	own, err := r.finish(tableSkipped)
 	switch {
 	case err != nil:
 		return err

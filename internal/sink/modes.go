@@ -206,10 +206,19 @@ type cdcMode struct {
 	tables *tableWatch // a sink of one table: the event tables it meets (nil: not read)
 }
 
+// tableRead is how a change event's table is read.
+type tableRead uint8
+
+const (
+	tableSkipped  tableRead = iota // not read (a sink of one table)
+	tableNoted                     // read when it is a string, for a sink of one table's watch; else left out
+	tableRequired                  // read, a string or null (with tables: the event's target depends on it)
+)
+
 // event is the part of a change event the sink reads.
 type event struct {
 	Op        string
-	Table     []byte          // the table's name (read withTable), in the payload's bytes when unescaped
+	Table     []byte          // the table's name (as tableRead says), in the payload's bytes when unescaped
 	KeyRaw    json.RawMessage // null, or an object (see key)
 	After     json.RawMessage
 	Before    json.RawMessage
@@ -227,9 +236,9 @@ func (ev *event) key() (Row, error) {
 
 // readEvent reads a change event's members by their exact names (DESIGN §2): op a string, key null
 // or an object, unchanged null or an array of strings; after and before are read by the op.
-// Table is read only withTable (the routed mode's): a sink of one table does not check it. One
-// pass over the payload, keeping the members' bytes (a member named twice: the last); no map.
-func readEvent(payload []byte, withTable bool) (event, error) {
+// Table is read as table says: a sink of one table does not check it. One pass over the payload,
+// keeping the members' bytes (a member named twice: the last); no map.
+func readEvent(payload []byte, table tableRead) (event, error) {
 	t, err := objectBytes(payload)
 	if err != nil {
 		return event{}, err
@@ -239,12 +248,12 @@ func readEvent(payload []byte, withTable bool) (event, error) {
 	if err != nil {
 		return event{}, badPayload("payload is not valid JSON (%v): %s", err, excerpt(t))
 	}
-	return r.finish(withTable)
+	return r.finish(table)
 }
 
 // readEventAt is readEvent for the event object at b[i] (an envelope's), returning where it ends;
 // an error that is not bad_payload means b is not JSON there.
-func readEventAt(b []byte, i int, withTable bool) (event, int, error) {
+func readEventAt(b []byte, i int, table tableRead) (event, int, error) {
 	var r eventReader
 	end, err := jsonscan.MembersAt(b, i, func(k []byte, _ bool, v0 int) (int, error) {
 		v1, err := jsonscan.SkipAt(b, v0)
@@ -256,7 +265,7 @@ func readEventAt(b []byte, i int, withTable bool) (event, int, error) {
 	if err != nil {
 		return event{}, end, err // not JSON: the caller's document is refused whole
 	}
-	ev, err := r.finish(withTable)
+	ev, err := r.finish(table)
 	return ev, end, err
 }
 
@@ -292,7 +301,7 @@ func (r *eventReader) member(k, v []byte) error {
 }
 
 // finish checks the members' types and returns the event.
-func (r *eventReader) finish(withTable bool) (event, error) {
+func (r *eventReader) finish(table tableRead) (event, error) {
 	ev, opRaw, tableRaw, unchangedRaw := r.ev, r.opRaw, r.tableRaw, r.unchangedRaw
 	if !isNull(opRaw) {
 		if opRaw[0] != '"' {
@@ -308,12 +317,14 @@ func (r *eventReader) finish(withTable bool) (event, error) {
 			ev.Op = op.String
 		}
 	}
-	if withTable && !isNull(tableRaw) {
-		table, err := jsonscan.Text(tableRaw)
-		if err != nil {
+	if table != tableSkipped && !isNull(tableRaw) {
+		name, err := jsonscan.Text(tableRaw)
+		switch {
+		case err == nil:
+			ev.Table = name
+		case table == tableRequired:
 			return ev, badPayload("change event table is not a string: %s", excerpt(tableRaw))
 		}
-		ev.Table = table
 	}
 	if !isNull(ev.KeyRaw) && ev.KeyRaw[0] != '{' { // the scan checked it is valid JSON
 		return ev, badPayload("change event key is not an object: %s", excerpt(ev.KeyRaw))
@@ -330,7 +341,11 @@ func (r *eventReader) finish(withTable bool) (event, error) {
 
 func (c cdcMode) decode(m *Message, buf *rowBuf) (op, error) {
 	var ev event
-	o, env, err := readChange(m, c.tables != nil, &ev, func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) })
+	table := tableSkipped
+	if c.tables != nil {
+		table = tableNoted
+	}
+	o, env, err := readChange(m, table, &ev, func(ev *event) (op, error) { return c.decodeEvent(m, ev, buf) })
 	if env || err != nil {
 		return o, err
 	}

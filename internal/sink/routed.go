@@ -28,7 +28,7 @@ type routed struct {
 // signature depends only on the column indexes.
 func (r *routedMode) decode(m *Message, buf *rowBuf) (op, error) {
 	var ev event
-	o, env, err := readChange(m, true, &ev, func(ev *event) (op, error) { return r.decodeEvent(m, ev, buf) })
+	o, env, err := readChange(m, tableRequired, &ev, func(ev *event) (op, error) { return r.decodeEvent(m, ev, buf) })
 	if env || err != nil {
 		return o, err
 	}
