@@ -86,42 +86,58 @@ func (a appendMode) plan(ops []op) ([]stmt, error) {
 	return a.w.insertStmts(rows, false), nil
 }
 
-// looksLikeChangeEvent reports whether payload is an object with a change event's op, table and
-// key or after (DESIGN §2) where t has no such columns: a stream of change events sent to a mode
-// that reads rows.
-func looksLikeChangeEvent(payload []byte, t *Target) bool {
+// changePayload names what payload is when it is an object with a change event's op, table and
+// key or after, or an envelope's op and events (DESIGN §2), where t has no such columns: a stream
+// of change events sent to a mode that reads rows. "" for anything else.
+func changePayload(payload []byte, t *Target) string {
 	r, err := decodeObject(payload)
 	if err != nil {
-		return false
+		return ""
 	}
 	_, hasOp := r["op"]
 	_, hasTable := r["table"]
 	_, hasKey := r["key"]
 	_, hasAfter := r["after"]
-	if !hasOp || !hasTable || !hasKey && !hasAfter {
-		return false
+	_, hasEvents := r["events"]
+	what := ""
+	switch {
+	case hasOp && hasTable && (hasKey || hasAfter):
+		what = "a change event (op, table, key, after)"
+	case hasOp && hasEvents:
+		what = "an envelope (op x: a source transaction's change events)"
+	default:
+		return ""
 	}
 	for _, c := range t.Columns {
-		if c.Name == "op" || c.Name == "after" {
-			return false
+		if c.Name == "op" || c.Name == "after" || c.Name == "events" {
+			return ""
 		}
 	}
-	return true
+	return what
+}
+
+// notARow is the bad_payload of change events or envelopes sent to a mode that reads rows.
+func notARow(msg string) error {
+	return errcode.New(errcode.BadPayload, msg,
+		"set mode: cdc to apply change events such as pg_cdc writes; the input dead-letters this message after max_attempts")
 }
 
 // upsertMode inserts or updates on the key; repeated keys go in rounds (see folder).
 type upsertMode struct{ w *writer }
 
 func (u upsertMode) decode(m *Message, buf *rowBuf) (op, error) {
+	if isEnvelope(m.Payload) { // its id member would be taken for an id column's value
+		if what := changePayload(m.Payload, u.w.t); what != "" {
+			return op{}, notARow("payload is " + what + ", not a row")
+		}
+	}
 	vals, key, hasKey, err := u.w.rowFromPayload(m.Payload, m, buf)
 	if err != nil {
 		return op{}, err
 	}
 	if !hasKey {
-		if looksLikeChangeEvent(m.Payload, u.w.t) {
-			return op{}, errcode.New(errcode.BadPayload,
-				fmt.Sprintf("payload has no non-null value for key column(s) %v: it is a change event (op, table, key, after), not a row", u.w.t.Key),
-				"set mode: cdc to apply change events such as pg_cdc writes; the input dead-letters this message after max_attempts")
+		if what := changePayload(m.Payload, u.w.t); what != "" {
+			return op{}, notARow(fmt.Sprintf("payload has no non-null value for key column(s) %v: it is %s, not a row", u.w.t.Key, what))
 		}
 		return op{}, badPayload("payload has no non-null value for key column(s) %v", u.w.t.Key)
 	}
