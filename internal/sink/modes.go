@@ -126,11 +126,6 @@ func notARow(msg string) error {
 type upsertMode struct{ w *writer }
 
 func (u upsertMode) decode(m *Message, buf *rowBuf) (op, error) {
-	if isEnvelope(m.Payload) { // its id member would be taken for an id column's value
-		if what := changePayload(m.Payload, u.w.t); what != "" {
-			return op{}, notARow("payload is " + what + ", not a row")
-		}
-	}
 	vals, key, hasKey, err := u.w.rowFromPayload(m.Payload, m, buf)
 	if err != nil {
 		return op{}, err

@@ -314,7 +314,7 @@ func TestUpsertEmptyStringKey(t *testing.T) {
 // TestModeMismatchHints: change events and envelopes (DESIGN §2) sent to upsert have no key column
 // at the top level; the refusal says what they are and names mode cdc, while a row without its
 // key, and an event-shaped payload for a table with an op column, keep the plain one. A row sent to
-// cdc has no op; its refusal names mode upsert.
+// cdc has no op; its refusal names mode upsert. An envelope sent to append is refused as one too.
 func TestModeMismatchHints(t *testing.T) {
 	f := startPG(t)
 	rowsTable, opTable := f.name("rows"), f.name("ops")
@@ -347,6 +347,14 @@ func TestModeMismatchHints(t *testing.T) {
 	if err := res.Errs[0]; res.Outcomes[0] != Failed || !errcode.Is(err, errcode.BadPayload) ||
 		!strings.Contains(err.Error(), "Fix: if the queue holds rows rather than change events, set mode: upsert") {
 		t.Errorf("a row in mode cdc: %v %v", res.Outcomes, err)
+	}
+	// append takes an envelope for what it is too, in its streamed COPY and after it
+	env := `{"op":"x","id":"pg:1","lsn":"0/1","part":1,"last":true,"events":[` + event + `]}`
+	app := f.applier(t, Config{Table: rowsTable, Mode: ModeAppend})
+	res = write(t, app, msg("q", 0, 1, `{"id":7,"v":"a"}`), msg("q", 0, 2, env), msg("q", 1, 1, `{"id":8,"v":"b"}`))
+	if err := res.Errs[1]; res.Outcomes[0] != Applied || res.Outcomes[2] != Applied || !errcode.Is(err, errcode.BadPayload) ||
+		!strings.Contains(err.Error(), "is an envelope") || !strings.Contains(err.Error(), "set mode: cdc") {
+		t.Errorf("an envelope in mode append: %v %v", res.Outcomes, res.Errs)
 	}
 }
 

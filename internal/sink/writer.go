@@ -153,8 +153,15 @@ func (b *rowBuf) sigOf(w *writer, cols []int) string {
 
 // rowFromPayload is rowFrom straight from the payload bytes (append and upsert's hot path: no map
 // of the payload is built, values are substrings of buf's copy of the payload); key is the fold
-// identity of the key columns ("" if one is missing or null).
+// identity of the key columns ("" if one is missing or null). An envelope as pg_cdc writes one is
+// refused as one where the table has no column of its (its id member would be taken for an id
+// column's value).
 func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv rowVals, key string, hasKey bool, err error) {
+	if isEnvelope(payload) {
+		if what := changePayload(payload, w.t); what != "" {
+			return rv, "", false, notARow("payload is " + what + ", not a row")
+		}
+	}
 	t, err := objectBytes(payload)
 	if err != nil {
 		return rv, "", false, err
