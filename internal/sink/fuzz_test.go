@@ -432,11 +432,15 @@ func FuzzDecode(f *testing.F) {
 		}
 		switch mode {
 		case 0, 1:
-			// an envelope as pg_cdc writes one (its op first; the target has no op, after or events
-			// column) is refused by both, and upsert refuses a row without its key
+			// a change event or an envelope as pg_cdc writes them (op first; the target has no op,
+			// after or events column) is refused by both, and upsert refuses a row without its key
+			_, op := obj["op"]
+			_, table := obj["table"]
+			_, key := obj["key"]
+			_, after := obj["after"]
 			_, events := obj["events"]
-			envelope := bytes.HasPrefix(payload, []byte(`{"op":"x",`)) && events
-			wantErr := envelope || mode == 1 && obj["id"] == nil
+			change := bytes.HasPrefix(payload, []byte(`{"op":"`)) && op && (table && (key || after) || events)
+			wantErr := change || mode == 1 && obj["id"] == nil
 			if (err != nil) != wantErr {
 				t.Fatalf("mode %d, %q: error %v, want an error: %v", mode, payload, err, wantErr)
 			}

@@ -314,7 +314,9 @@ func TestUpsertEmptyStringKey(t *testing.T) {
 // TestModeMismatchHints: change events and envelopes (DESIGN §2) sent to upsert have no key column
 // at the top level; the refusal says what they are and names mode cdc, while a row without its
 // key, and an event-shaped payload for a table with an op column, keep the plain one. A row sent to
-// cdc has no op; its refusal names mode upsert. An envelope sent to append is refused as one too.
+// cdc has no op; its refusal names mode upsert. An envelope or an event sent to append is refused
+// as one too, unless the table has an op or after column (a log of events) or keeps the payload
+// whole (metadata payload).
 func TestModeMismatchHints(t *testing.T) {
 	f := startPG(t)
 	rowsTable, opTable := f.name("rows"), f.name("ops")
@@ -327,6 +329,7 @@ func TestModeMismatchHints(t *testing.T) {
 	}{
 		{rowsTable, event, true},
 		{rowsTable, `{"op":"d","table":"public.t","key":{"id":1}}`, true},
+		{rowsTable, `{"table":"public.t","op":"c","after":{"id":1}}`, true}, // op not first: found by its missing key
 		{rowsTable, `{"op":"x","id":"pg:1","lsn":"0/1","part":1,"last":true,"events":[` + event + `]}`, true},
 		{rowsTable, `{"v":"no key"}`, false},
 		{opTable, `{"op":"c","table":"public.t","after":{"id":1}}`, false},
@@ -334,10 +337,10 @@ func TestModeMismatchHints(t *testing.T) {
 		a := f.applier(t, Config{Table: c.table, Mode: ModeUpsert})
 		res := write(t, a, msg("q", 0, 1, c.payload))
 		err := res.Errs[0]
-		if res.Outcomes[0] != Failed || !errcode.Is(err, errcode.BadPayload) || !strings.Contains(err.Error(), "no non-null value for key") && !strings.Contains(err.Error(), "is an envelope") {
+		if res.Outcomes[0] != Failed || !errcode.Is(err, errcode.BadPayload) || !strings.Contains(err.Error(), "no non-null value for key") && !strings.Contains(err.Error(), "not a row") {
 			t.Fatalf("%s: %v %v, want bad_payload", c.payload, res.Outcomes, err)
 		}
-		if hint := (strings.Contains(err.Error(), "it is a change event") || strings.Contains(err.Error(), "is an envelope")) &&
+		if hint := (strings.Contains(err.Error(), "is a change event") || strings.Contains(err.Error(), "is an envelope")) &&
 			strings.Contains(err.Error(), "Fix: set mode: cdc"); hint != c.cdcHint {
 			t.Errorf("%s: %v, want the cdc hint %v", c.payload, err, c.cdcHint)
 		}
@@ -348,13 +351,27 @@ func TestModeMismatchHints(t *testing.T) {
 		!strings.Contains(err.Error(), "Fix: if the queue holds rows rather than change events, set mode: upsert") {
 		t.Errorf("a row in mode cdc: %v %v", res.Outcomes, err)
 	}
-	// append takes an envelope for what it is too, in its streamed COPY and after it
+	// append takes an envelope or a change event for what it is too, in its streamed COPY and after
+	// it, unless the table has the columns to hold it
 	env := `{"op":"x","id":"pg:1","lsn":"0/1","part":1,"last":true,"events":[` + event + `]}`
 	app := f.applier(t, Config{Table: rowsTable, Mode: ModeAppend})
-	res = write(t, app, msg("q", 0, 1, `{"id":7,"v":"a"}`), msg("q", 0, 2, env), msg("q", 1, 1, `{"id":8,"v":"b"}`))
-	if err := res.Errs[1]; res.Outcomes[0] != Applied || res.Outcomes[2] != Applied || !errcode.Is(err, errcode.BadPayload) ||
-		!strings.Contains(err.Error(), "is an envelope") || !strings.Contains(err.Error(), "set mode: cdc") {
-		t.Errorf("an envelope in mode append: %v %v", res.Outcomes, res.Errs)
+	res = write(t, app, msg("q", 0, 1, `{"id":7,"v":"a"}`), msg("q", 0, 2, env), msg("q", 1, 1, `{"id":8,"v":"b"}`), msg("q", 2, 1, event))
+	if res.Outcomes[0] != Applied || res.Outcomes[2] != Applied || !errcode.Is(res.Errs[1], errcode.BadPayload) || !errcode.Is(res.Errs[3], errcode.BadPayload) ||
+		!strings.Contains(res.Errs[1].Error(), "is an envelope") || !strings.Contains(res.Errs[3].Error(), "is a change event") ||
+		!strings.Contains(res.Errs[1].Error(), "set mode: cdc") {
+		t.Errorf("an envelope and an event in mode append: %v %v", res.Outcomes, res.Errs)
+	}
+	logTable, bodyTable := f.name("log"), f.name("body")
+	f.exec(t, `CREATE TABLE `+logTable+` (op text, "table" text, key jsonb, after jsonb);
+		CREATE TABLE `+bodyTable+` (message_id text, body jsonb)`)
+	log := f.applier(t, Config{Table: logTable, Mode: ModeAppend})
+	if res := write(t, log, msg("q", 0, 1, event)); res.Applied != 1 {
+		t.Errorf("a change event appended to a log of events: %v", res.Errs)
+	}
+	body := f.applier(t, Config{Table: bodyTable, Mode: ModeAppend, UnknownKeys: UnknownKeysIgnore,
+		Metadata: MetadataColumns{MessageID: "message_id", Payload: "body"}})
+	if res := write(t, body, msg("q", 0, 1, event), msg("q", 0, 2, env)); res.Applied != 2 {
+		t.Errorf("events kept whole in a payload column: %v", res.Errs)
 	}
 }
 

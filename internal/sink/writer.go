@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,15 +20,16 @@ import (
 // writer builds the set-based statements for one shape of the target table and caches their SQL
 // per column set; pgx prepares each distinct SQL text once per connection (statement cache).
 type writer struct {
-	t       *Target
-	meta    []string   // per column index: the metadata field it is filled from (partition, shard, ...), or ""
-	keyIdx  []int      // column indexes of t.Key
-	colSig  []string   // "i," per column, the pieces of a column-set signature
-	bin     []binField // per column index: its COPY binary encoder, or nil (see copy.go)
-	stream  *streamGate
-	keys    *unknownKeys // payload keys that name no column (nil: left out silently)
-	mu      sync.Mutex
-	sqlByID map[string]string
+	t        *Target
+	meta     []string   // per column index: the metadata field it is filled from (partition, shard, ...), or ""
+	keyIdx   []int      // column indexes of t.Key
+	colSig   []string   // "i," per column, the pieces of a column-set signature
+	bin      []binField // per column index: its COPY binary encoder, or nil (see copy.go)
+	stream   *streamGate
+	keys     *unknownKeys // payload keys that name no column (nil: left out silently)
+	rowsOnly bool         // no op, after or events column, nor one for the whole payload: a change event is no row for it
+	mu       sync.Mutex
+	sqlByID  map[string]string
 }
 
 // rowVals is one row to write: the target columns it names (ascending index) and their texts.
@@ -74,6 +76,10 @@ func newWriter(t *Target, mc MetadataColumns) *writer {
 		w.bin = append(w.bin, binFieldFor(t.Columns[i].BaseType))
 	}
 	w.stream = &streamGate{}
+	_, op := t.byName["op"]
+	_, after := t.byName["after"]
+	_, events := t.byName["events"]
+	w.rowsOnly = !op && !after && !events && mc.Payload == ""
 	return w
 }
 
@@ -153,11 +159,12 @@ func (b *rowBuf) sigOf(w *writer, cols []int) string {
 
 // rowFromPayload is rowFrom straight from the payload bytes (append and upsert's hot path: no map
 // of the payload is built, values are substrings of buf's copy of the payload); key is the fold
-// identity of the key columns ("" if one is missing or null). An envelope as pg_cdc writes one is
-// refused as one where the table has no column of its (its id member would be taken for an id
-// column's value).
+// identity of the key columns ("" if one is missing or null). A change event or an envelope as
+// pg_cdc writes them (op first) is refused as what it is where the table has no op, after or
+// events column and the payload is not kept whole (metadata payload): its members would be taken
+// for columns (an envelope's id for an id column's value).
 func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv rowVals, key string, hasKey bool, err error) {
-	if isEnvelope(payload) {
+	if w.rowsOnly && bytes.HasPrefix(payload, []byte(eventHead)) {
 		if what := changePayload(payload, w.t); what != "" {
 			return rv, "", false, notARow("payload is " + what + ", not a row")
 		}
