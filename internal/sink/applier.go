@@ -316,7 +316,8 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 	}
 	isolate, immediate := false, false
 	wait := 100 * time.Millisecond
-	var cause error // the error that paused the sink, if one did
+	var cause error // the error the batch is being retried after, if one was
+	var causeClass Class
 	for {
 		res, err := a.attempt(ctx, msgs, isolate, immediate)
 		if err == nil {
@@ -326,7 +327,7 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 			if cause != nil {
 				// cut short while retrying: what the user must fix is the pause's cause, not the
 				// shutdown that ended its retries
-				return nil, pausedBy(cause)
+				return nil, stopped(cause, causeClass)
 			}
 			return nil, errcode.Wrap(errcode.Paused, err, "the batch was not written before shutdown", "none: the input redelivers it")
 		}
@@ -343,7 +344,7 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 		}
 		if class == Data && !immediate {
 			// a data error that no message's savepoint caught: a deferred constraint failed at
-			// COMMIT; check constraints at each message's statements to charge it to its message
+			// COMMIT; check constraints at each message's end to charge it to its message
 			immediate = true
 			continue
 		}
@@ -354,21 +355,26 @@ func (a *Applier) Write(ctx context.Context, msgs []*Message) (*Result, error) {
 			a.stale = true
 			a.mu.Unlock()
 		}
-		cause = err
+		cause, causeClass = err, class
 		sleep := wait/2 + rand.N(wait/2+1)
 		a.onRetry(err, class, sleep)
 		select {
 		case <-ctx.Done():
-			return nil, pausedBy(err)
+			return nil, stopped(err, class)
 		case <-time.After(sleep):
 		}
 		wait = min(2*wait, a.cfg.RetryMax)
 	}
 }
 
-// pausedBy is what Write returns when its context ends while an error keeps the batch from
-// being written: the error, whose code and fix say what to do, under paused.
-func pausedBy(err error) error {
+// stopped is what Write returns when its context ends while the batch is retried after err (of
+// class): under paused, err itself, whose code and fix say what to do when it paused the sink, or
+// named as what the retries were for when it was transient.
+func stopped(err error, class Class) error {
+	if class == Transient {
+		return errcode.Wrap(errcode.Paused, err, "the batch was not written before shutdown, retried after a transient error",
+			"none: the input redelivers the batch")
+	}
 	return errcode.Wrap(errcode.Paused, err, "the sink is paused by an error and the batch was not written",
 		"fix the cause; the input redelivers the batch and nothing is dead-lettered")
 }

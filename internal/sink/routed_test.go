@@ -334,6 +334,30 @@ func TestPauseKeepsItsCause(t *testing.T) {
 	}
 }
 
+// TestStoppedDuringATransientRetry: when the context ends while a batch is retried after a
+// transient error (a serialization failure, here raised by a trigger), Write names that error as
+// what the retries were for, under paused, and does not call the sink paused by it.
+func TestStoppedDuringATransientRetry(t *testing.T) {
+	f := startPG(t)
+	f.exec(t, `CREATE TABLE flaky (id int PRIMARY KEY);
+		CREATE FUNCTION flaky_fail() RETURNS trigger LANGUAGE plpgsql AS
+		  $$BEGIN RAISE EXCEPTION 'could not serialize' USING ERRCODE = '40001'; END$$;
+		CREATE TRIGGER flaky_fail BEFORE INSERT ON flaky FOR EACH ROW EXECUTE FUNCTION flaky_fail()`)
+	a := f.applier(t, Config{Table: "flaky", Mode: ModeUpsert})
+	var classes []Class
+	a.onRetry = func(_ error, c Class, _ time.Duration) { classes = append(classes, c) }
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := a.Write(ctx, []*Message{msg("q", 0, 1, `{"id":1}`)})
+	if len(classes) == 0 || classes[0] != Transient {
+		t.Fatalf("retried as %v, want transient", classes)
+	}
+	if !errcode.Is(err, errcode.Paused) || !strings.Contains(err.Error(), "40001") ||
+		!strings.Contains(err.Error(), "retried after a transient error") || strings.Contains(err.Error(), "paused by an error") {
+		t.Errorf("Write = %v, want the transient error named as what the retries were for", err)
+	}
+}
+
 // TestPatternSchemasCheckedAtStart: the target schema of a `schema.*` entry of tables is checked at
 // start, though its tables are found only as events come: a missing one is target_missing naming
 // the entry, one the role may not use target_privileges with its GRANT; `*` (each table's own
