@@ -60,20 +60,7 @@ func TestToSinkMessage(t *testing.T) {
 func TestPGSinkKeepsAConnectionWhileIdle(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	pg.Exec(`CREATE TABLE kept (id int PRIMARY KEY, v text)`)
-	parsed, err := PgSinkSpec().ParseYAML(fmt.Sprintf("dsn: %q\nname: kept\ntable: kept\nmode: upsert\n", pg.DSN()), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf, err := PgSinkConfigFromParsed(parsed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	s := newPGSink(conf, service.MockResources())
-	if err := s.Connect(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s := connectedSink(t, fmt.Sprintf("dsn: %q\nname: kept\ntable: kept\nmode: upsert\n", pg.DSN()), service.MockResources())
 	if got := s.pool.Config().MinConns; got < 1 {
 		t.Errorf("the sink's pool keeps %d connections while idle; want at least 1", got)
 	}
@@ -87,21 +74,10 @@ func TestPGSinkKeepsAConnectionWhileIdle(t *testing.T) {
 func TestPGSinkWarnsOfOtherTables(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	pg.Exec(`CREATE TABLE one_copy (id int PRIMARY KEY)`)
-	parsed, err := PgSinkSpec().ParseYAML(fmt.Sprintf("dsn: %q\nname: one\ntable: one_copy\nmode: cdc\nrequire_progress: false\n", pg.DSN()), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf, err := PgSinkConfigFromParsed(parsed)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs testenv.SyncBuffer
 	ctx := context.Background()
-	s := newPGSink(conf, service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil))))))
-	if err := s.Connect(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s := connectedSink(t, fmt.Sprintf("dsn: %q\nname: one\ntable: one_copy\nmode: cdc\nrequire_progress: false\n", pg.DSN()),
+		service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil))))))
 	ev := func(table string, id int) *service.Message {
 		return service.NewMessage(fmt.Appendf(nil, `{"op":"c","table":%q,"key":{"id":%d},"after":{"id":%d},"before":null}`, table, id, id))
 	}
@@ -118,4 +94,23 @@ func TestPGSinkWarnsOfOtherTables(t *testing.T) {
 	if err := pg.Pool().QueryRow(ctx, `SELECT count(*) FROM one_copy`).Scan(&rows); err != nil || rows != 4 {
 		t.Errorf("%d rows (%v), want 4", rows, err)
 	}
+}
+
+// connectedSink is the pg_sink output of yaml with res, connected, closed when the test ends.
+func connectedSink(t *testing.T, yaml string, res *service.Resources) *pgSink {
+	t.Helper()
+	parsed, err := PgSinkSpec().ParseYAML(yaml, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := PgSinkConfigFromParsed(parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newPGSink(conf, res)
+	if err := s.Connect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
 }

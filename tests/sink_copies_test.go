@@ -19,7 +19,7 @@ import (
 // ledgerDDL creates TestTransactionalCopy's tables in schema s: orders whose total is the sum of
 // their items' quantities, and items that reference them.
 func ledgerDDL(s string) string {
-	return strings.NewReplacer("S.", s+".").Replace(`
+	return inSchema(s, `
 CREATE TABLE S.orders (id bigint PRIMARY KEY, total bigint NOT NULL);
 CREATE TABLE S.items (order_id bigint NOT NULL REFERENCES S.orders, n int, qty bigint NOT NULL, PRIMARY KEY (order_id, n));`)
 }
@@ -27,7 +27,7 @@ CREATE TABLE S.items (order_id bigint NOT NULL REFERENCES S.orders, n int, qty b
 // ledgerBroken counts the orders of schema s whose total is not the sum of their items': none, in
 // any state a source transaction left.
 func ledgerBroken(s string) string {
-	return strings.NewReplacer("S.", s+".").Replace(`SELECT count(*) FROM S.orders o
+	return inSchema(s, `SELECT count(*) FROM S.orders o
 		WHERE o.total <> coalesce((SELECT sum(qty) FROM S.items i WHERE i.order_id = o.id), 0)`)
 }
 
@@ -100,15 +100,8 @@ func TestTransactionalCopy(t *testing.T) {
 // another (both totals changed); an item's n changed (a key change); an order deleted with its
 // items. It returns the transactions committed.
 func ledgerWriter(ctx context.Context, t *testing.T, pool *pgxpool.Pool, seed uint64, stop <-chan struct{}) int {
-	rng := rand.New(rand.NewPCG(seed, seed))
-	next, n := int64(1), 0
-	for {
-		select {
-		case <-stop:
-			return n
-		default:
-		}
-		var sql string
+	next := int64(1)
+	return writeTransactions(ctx, t, pool, seed, stop, func(rng *rand.Rand) string {
 		a, b := rng.Int64N(next)+1, rng.Int64N(next)+1
 		switch k := rng.IntN(10); {
 		case k < 4 || next < 5:
@@ -119,31 +112,25 @@ func ledgerWriter(ctx context.Context, t *testing.T, pool *pgxpool.Pool, seed ui
 				total += q
 				items += fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, %d);`, next, i, q)
 			}
-			sql = fmt.Sprintf(`INSERT INTO orders VALUES (%d, %d);`, next, total) + items
 			next++
+			return fmt.Sprintf(`INSERT INTO orders VALUES (%d, %d);`, next-1, total) + items
 		case k < 8:
 			if a == b {
-				continue
+				return ""
 			}
 			x := 1 + rng.IntN(5)
 			// both orders' first item, when both have one with enough left
-			sql = fmt.Sprintf(`WITH f AS (SELECT order_id, min(n) AS n FROM items WHERE order_id IN (%[1]d, %[2]d) GROUP BY order_id),
+			return fmt.Sprintf(`WITH f AS (SELECT order_id, min(n) AS n FROM items WHERE order_id IN (%[1]d, %[2]d) GROUP BY order_id),
 					ok AS (SELECT count(*) = 2 AND bool_and(i.qty >= %[3]d OR i.order_id = %[2]d) AS go FROM f JOIN items i USING (order_id, n)),
 					moved AS (UPDATE items i SET qty = i.qty + CASE WHEN i.order_id = %[1]d THEN -%[3]d ELSE %[3]d END
 						FROM f, ok WHERE ok.go AND i.order_id = f.order_id AND i.n = f.n RETURNING i.order_id)
 				UPDATE orders o SET total = o.total + CASE WHEN o.id = %[1]d THEN -%[3]d ELSE %[3]d END
 				FROM moved WHERE o.id = moved.order_id;`, a, b, x)
 		case k < 9:
-			sql = fmt.Sprintf(`UPDATE items SET n = n + 10 WHERE order_id = %d AND n = (SELECT max(n) FROM items WHERE order_id = %d);`, a, a)
-		default:
-			sql = fmt.Sprintf(`DELETE FROM items WHERE order_id = %d; DELETE FROM orders WHERE id = %d;`, a, a)
+			return fmt.Sprintf(`UPDATE items SET n = n + 10 WHERE order_id = %d AND n = (SELECT max(n) FROM items WHERE order_id = %d);`, a, a)
 		}
-		if _, err := pool.Exec(ctx, "BEGIN;"+sql+"COMMIT;"); err != nil {
-			t.Errorf("writer: %v", err)
-			return n
-		}
-		n++
-	}
+		return fmt.Sprintf(`DELETE FROM items WHERE order_id = %d; DELETE FROM orders WHERE id = %d;`, a, a)
+	})
 }
 
 // TestKeyChangeOfAGoneRowThroughASink: a key change whose unchanged TOASTed value cannot be read
@@ -153,10 +140,10 @@ func ledgerWriter(ctx context.Context, t *testing.T, pool *pgxpool.Pool, seed ui
 func TestKeyChangeOfAGoneRowThroughASink(t *testing.T) {
 	e := newCDCEnv(t, "gone", `[{table: public.docs, queue: q}]`, "")
 	ddl := `CREATE TABLE S.docs (id int PRIMARY KEY, note text, body text NOT NULL); ALTER TABLE S.docs ALTER body SET STORAGE EXTERNAL;`
-	e.pg.Exec(strings.ReplaceAll(ddl, "S.", "public."))
+	e.pg.Exec(inSchema("public", ddl))
 	src := e.start()
 	e.waitPointer()
-	dsn, copies := e.copyDatabase("gone", "CREATE SCHEMA copy;"+strings.ReplaceAll(ddl, "S.", "copy."))
+	dsn, copies := e.copyDatabase("gone", "CREATE SCHEMA copy;"+inSchema("copy", ddl))
 	p := startSinkPipeline(t, sinkPipeline{redisURL: e.rd.URL(), queue: "q", group: "gone", dsn: dsn, sink: "gone",
 		table: "copy.docs", mode: "cdc", batchCount: 16, maxAttempts: 2}.YAML())
 	defer p.Kill()

@@ -13,9 +13,13 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cdctest"
 )
 
+// inSchema is sql with its tables written S.name taken from schema s instead: the source's tables
+// and their copies' in one text.
+func inSchema(s, sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
+
 // sinkTablesDDL creates the two tables of TestOneSinkSeveralTables in schema s.
 func sinkTablesDDL(s string) string {
-	return strings.NewReplacer("S.", s+".").Replace(`
+	return inSchema(s, `
 CREATE TABLE S.orders (id bigint PRIMARY KEY, status text NOT NULL, total numeric NOT NULL);
 CREATE TABLE S."Order Items" (order_id bigint, n int, sku text, qty int NOT NULL, PRIMARY KEY (order_id, n));`)
 }
@@ -97,15 +101,8 @@ func (e *cdcEnv) copyDatabase(db, ddl string) (string, *pgxpool.Pool) {
 // with 1–3 items, an order's status and an item's quantity changed, an item moved to another n
 // (a key change), an order deleted with its items. It returns the transactions committed.
 func ordersWriter(ctx context.Context, t *testing.T, pool *pgxpool.Pool, seed uint64, stop <-chan struct{}) int {
-	rng := rand.New(rand.NewPCG(seed, seed))
-	next, n := int64(1), 0
-	for {
-		select {
-		case <-stop:
-			return n
-		default:
-		}
-		var sql string
+	next := int64(1)
+	return writeTransactions(ctx, t, pool, seed, stop, func(rng *rand.Rand) string {
 		id := rng.Int64N(next) + 1
 		switch k := rng.IntN(10); {
 		case k < 4 || next < 5:
@@ -113,14 +110,30 @@ func ordersWriter(ctx context.Context, t *testing.T, pool *pgxpool.Pool, seed ui
 			for i := 1; i <= 1+rng.IntN(3); i++ {
 				items += fmt.Sprintf(`INSERT INTO "Order Items" VALUES (%d, %d, 'sku%d', %d);`, next, i, rng.IntN(100), 1+rng.IntN(9))
 			}
-			sql = fmt.Sprintf(`INSERT INTO orders VALUES (%d, 'new', %d.%02d);`, next, rng.IntN(1000), rng.IntN(100)) + items
 			next++
+			return fmt.Sprintf(`INSERT INTO orders VALUES (%d, 'new', %d.%02d);`, next-1, rng.IntN(1000), rng.IntN(100)) + items
 		case k < 7:
-			sql = fmt.Sprintf(`UPDATE orders SET status = 'paid', total = total + 1 WHERE id = %d; UPDATE "Order Items" SET qty = qty + 1 WHERE order_id = %d AND n = 1;`, id, id)
+			return fmt.Sprintf(`UPDATE orders SET status = 'paid', total = total + 1 WHERE id = %d; UPDATE "Order Items" SET qty = qty + 1 WHERE order_id = %d AND n = 1;`, id, id)
 		case k < 9:
-			sql = fmt.Sprintf(`UPDATE "Order Items" SET n = n + 10 WHERE order_id = %d AND n = (SELECT max(n) FROM "Order Items" WHERE order_id = %d);`, id, id)
+			return fmt.Sprintf(`UPDATE "Order Items" SET n = n + 10 WHERE order_id = %d AND n = (SELECT max(n) FROM "Order Items" WHERE order_id = %d);`, id, id)
+		}
+		return fmt.Sprintf(`DELETE FROM "Order Items" WHERE order_id = %d; DELETE FROM orders WHERE id = %d;`, id, id)
+	})
+}
+
+// writeTransactions commits the transactions tx writes (the text of its statements; "" to skip a
+// turn), drawing from a random source of seed, until stop; it returns how many committed.
+func writeTransactions(ctx context.Context, t *testing.T, pool *pgxpool.Pool, seed uint64, stop <-chan struct{}, tx func(rng *rand.Rand) string) int {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	for n := 0; ; {
+		select {
+		case <-stop:
+			return n
 		default:
-			sql = fmt.Sprintf(`DELETE FROM "Order Items" WHERE order_id = %d; DELETE FROM orders WHERE id = %d;`, id, id)
+		}
+		sql := tx(rng)
+		if sql == "" {
+			continue
 		}
 		if _, err := pool.Exec(ctx, "BEGIN;"+sql+"COMMIT;"); err != nil {
 			t.Errorf("writer: %v", err)

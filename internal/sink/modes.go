@@ -87,9 +87,9 @@ func (a appendMode) plan(ops []op) ([]stmt, error) {
 }
 
 // changePayload names what payload is when it is an object with a change event's op, table and
-// key or after, or an envelope's op and events (DESIGN §2), where t has no such columns: a stream
-// of change events sent to a mode that reads rows. "" for anything else.
-func changePayload(payload []byte, t *Target) string {
+// key or after, or an envelope's op and events (DESIGN §2): sent to a mode that reads rows, into a
+// table without such columns (writer.events), a stream of change events. "" for anything else.
+func changePayload(payload []byte) string {
 	r, err := decodeObject(payload)
 	if err != nil {
 		return ""
@@ -99,21 +99,13 @@ func changePayload(payload []byte, t *Target) string {
 	_, hasKey := r["key"]
 	_, hasAfter := r["after"]
 	_, hasEvents := r["events"]
-	what := ""
 	switch {
 	case hasOp && hasTable && (hasKey || hasAfter):
-		what = "a change event (op, table, key, after)"
+		return "a change event (op, table, key, after)"
 	case hasOp && hasEvents:
-		what = "an envelope (op x: a source transaction's change events)"
-	default:
-		return ""
+		return "an envelope (op x: a source transaction's change events)"
 	}
-	for _, c := range t.Columns {
-		if c.Name == "op" || c.Name == "after" || c.Name == "events" {
-			return ""
-		}
-	}
-	return what
+	return ""
 }
 
 // notARow is the bad_payload of change events or envelopes sent to a mode that reads rows.
@@ -131,8 +123,10 @@ func (u upsertMode) decode(m *Message, buf *rowBuf) (op, error) {
 		return op{}, err
 	}
 	if !hasKey {
-		if what := changePayload(m.Payload, u.w.t); what != "" {
-			return op{}, notARow(fmt.Sprintf("payload has no non-null value for key column(s) %v: it is %s, not a row", u.w.t.Key, what))
+		if !u.w.events {
+			if what := changePayload(m.Payload); what != "" {
+				return op{}, notARow(fmt.Sprintf("payload has no non-null value for key column(s) %v: it is %s, not a row", u.w.t.Key, what))
+			}
 		}
 		return op{}, badPayload("payload has no non-null value for key column(s) %v", u.w.t.Key)
 	}

@@ -473,16 +473,6 @@ func TestCDCTruncatesStayTogether(t *testing.T) {
 	f := startPG(t)
 	a := f.fkCopies(t, "tt")
 	trunc := fkTruncate
-	writeWithin := func(msgs ...*Message) *Result {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		res, err := a.Write(ctx, msgs)
-		if err != nil {
-			t.Fatalf("write: %v", err)
-		}
-		return res
-	}
 	state := func() string {
 		return f.one(t, `SELECT coalesce((SELECT string_agg(id::text, ',' ORDER BY id) FROM tt.orders), '-') || '/' ||
 			coalesce((SELECT string_agg(id::text, ',' ORDER BY id) FROM tt.items), '-')`)
@@ -505,7 +495,7 @@ func TestCDCTruncatesStayTogether(t *testing.T) {
 	for i := 1; i <= 31; i++ {
 		add(0, fkEvent("c", "public.orders", 100+i, 0))
 	}
-	if res := writeWithin(msgs...); res.Applied != len(msgs) {
+	if res := write(t, a, msgs...); res.Applied != len(msgs) {
 		t.Fatalf("across the pieces: applied %d of %d: %v", res.Applied, len(msgs), res.Errs)
 	}
 	if got := state(); !strings.HasPrefix(got, "101,") || !strings.HasSuffix(got, ",131/-") {
@@ -514,7 +504,7 @@ func TestCDCTruncatesStayTogether(t *testing.T) {
 
 	// message by message: another shard's message fails (an item of no order)
 	f.exec(t, `INSERT INTO tt.items VALUES (1, 101)`)
-	res := writeWithin(msg("q", 1, 1, fkEvent("c", "public.items", 2, 999)),
+	res := write(t, a, msg("q", 1, 1, fkEvent("c", "public.items", 2, 999)),
 		msg("q", 0, off+1, trunc("public.orders")), msg("q", 0, off+2, trunc("public.items")),
 		msg("q", 0, off+3, fkEvent("c", "public.orders", 7, 0)))
 	if want := []Outcome{Failed, Applied, Applied, Applied}; !slices.Equal(res.Outcomes, want) {

@@ -27,7 +27,8 @@ type writer struct {
 	bin      []binField // per column index: its COPY binary encoder, or nil (see copy.go)
 	stream   *streamGate
 	keys     *unknownKeys // payload keys that name no column (nil: left out silently)
-	rowsOnly bool         // no op, after or events column, nor one for the whole payload: a change event is no row for it
+	events   bool         // the table has an op, after or events column: a change event may be a row of it
+	rowsOnly bool         // neither events nor a column for the whole payload: a change event is no row for it
 	mu       sync.Mutex
 	sqlByID  map[string]string
 }
@@ -79,7 +80,8 @@ func newWriter(t *Target, mc MetadataColumns) *writer {
 	_, op := t.byName["op"]
 	_, after := t.byName["after"]
 	_, events := t.byName["events"]
-	w.rowsOnly = !op && !after && !events && mc.Payload == ""
+	w.events = op || after || events
+	w.rowsOnly = !w.events && mc.Payload == ""
 	return w
 }
 
@@ -165,7 +167,7 @@ func (b *rowBuf) sigOf(w *writer, cols []int) string {
 // for columns (an envelope's id for an id column's value).
 func (w *writer) rowFromPayload(payload []byte, m *Message, buf *rowBuf) (rv rowVals, key string, hasKey bool, err error) {
 	if w.rowsOnly && bytes.HasPrefix(payload, []byte(eventHead)) {
-		if what := changePayload(payload, w.t); what != "" {
+		if what := changePayload(payload); what != "" {
 			return rv, "", false, notARow("payload is " + what + ", not a row")
 		}
 	}
